@@ -1,0 +1,43 @@
+"""flowrt: an asynchronous dataflow inference engine for neural networks, built on trio.
+
+::
+
+    net = flowrt.onnx.load("model.onnx")
+    opt = flowrt.optimize(net, backends=["CpuRef"])
+    async with flowrt.Runtime() as rt:
+        model = await rt.load(opt)
+        outputs = await model.run({"data": x})
+"""
+
+from flowrt import errors, onnx
+from flowrt.engine.graph.network import Network
+from flowrt.engine.graph.optimizer import OptimizedNetwork, OptimizerOptions, optimize
+from flowrt.registry import BackendId, BackendRegistry, backend_registry
+from flowrt.runtime import LoadedNetwork, Runtime
+from flowrt.session import InferenceSession
+from flowrt.types import DataType, Priority, TensorInfo
+from flowrt.workers.cpu.ref import RefBackend
+
+__version__ = "0.1.0"
+
+if not backend_registry().is_registered(RefBackend.id):
+    backend_registry().register(RefBackend.id, RefBackend)
+
+__all__ = [
+    "BackendId",
+    "BackendRegistry",
+    "DataType",
+    "InferenceSession",
+    "LoadedNetwork",
+    "Network",
+    "OptimizedNetwork",
+    "OptimizerOptions",
+    "Priority",
+    "RefBackend",
+    "Runtime",
+    "TensorInfo",
+    "backend_registry",
+    "errors",
+    "onnx",
+    "optimize",
+]

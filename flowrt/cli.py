@@ -1,0 +1,149 @@
+"""The ``flowrt`` command line: run, inspect, backends."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import trio
+
+import flowrt
+from flowrt.errors import FlowrtError, InputError
+from flowrt.models import default_model, expected_outputs, pattern_input
+from flowrt.types import TensorInfo
+
+
+def _backends(text: str) -> list[str]:
+    return [b.strip() for b in text.split(",") if b.strip()]
+
+
+def _parse_inputs(items: Sequence[str]) -> dict[str, np.ndarray]:
+    feeds = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise InputError(f"--input expects NAME=FILE.npy, got {item!r}")
+        try:
+            feeds[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise InputError(f"--input {name}: cannot read {path}: {e}") from e
+    return feeds
+
+
+def _top5(name: str, array: np.ndarray) -> list[str]:
+    scores = array.reshape(-1)
+    if array.ndim < 1 or scores.size < 5 or array.dtype.kind != "f":
+        return []
+    best = np.argsort(scores)[::-1][:5]
+    return [f"top-5 of {name}:"] + [f"  class {int(i):>4}  score {float(scores[i]):.6f}" for i in best]
+
+
+async def _run(model_path: str, feeds_given: dict[str, np.ndarray], backends: list[str], iterations: int):
+    t0 = time.perf_counter()
+    opt = flowrt.optimize(flowrt.onnx.load(model_path), backends=backends)
+    async with flowrt.Runtime() as rt:
+        model = await rt.load(opt)
+        load_s = time.perf_counter() - t0
+        unknown = set(feeds_given) - set(model.inputs)
+        if unknown:
+            raise InputError(f"--input names {sorted(unknown)[0]!r}, which the model does not have; its inputs: {', '.join(model.inputs)}")
+        feeds = {n: feeds_given.get(n, pattern_input(info)) for n, info in model.inputs.items()}
+        latencies, outputs = [], {}
+        for _ in range(iterations):
+            start = time.perf_counter()
+            outputs = await model.run(feeds)
+            latencies.append(time.perf_counter() - start)
+    return opt, feeds, outputs, latencies, load_s
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    path = args.model or str(default_model())
+    feeds_given = _parse_inputs(args.input)
+    if args.iterations < 1:
+        raise InputError(f"--iterations must be at least 1, got {args.iterations}")
+    opt, feeds, outputs, latencies, load_s = trio.run(_run, path, feeds_given, _backends(args.backends), args.iterations)
+    print(f"model: {path}")
+    print("layers per backend: " + ", ".join(f"{b}={n}" for b, n in opt.backend_counts().items()))
+    for name, array in feeds.items():
+        source = "given" if name in feeds_given else "pattern"
+        print(f"input {name}: {TensorInfo.of(array)} ({source})")
+    ms = [t * 1e3 for t in latencies]
+    print(f"load: {load_s * 1e3:.1f} ms")
+    print(f"latency over {len(ms)} run(s): min {min(ms):.2f} ms, median {statistics.median(ms):.2f} ms, max {max(ms):.2f} ms")
+    for name, array in outputs.items():
+        print(f"output {name}: {TensorInfo.of(array)}")
+        for line in _top5(name, array):
+            print(line)
+    if not feeds_given:
+        expected = expected_outputs(path)
+        for (name, array), reference in zip(outputs.items(), expected):
+            ok = array.shape == reference.shape and np.allclose(array, reference, rtol=1e-3, atol=1e-7)
+            diff = float(np.max(np.abs(array - reference))) if array.shape == reference.shape else float("nan")
+            print(f"output {name} vs the model's shipped expected output: {'match' if ok else 'MISMATCH'} (max abs diff {diff:.3g})")
+    if args.output_dir:
+        out_dir = Path(args.output_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name, array in outputs.items():
+            target = out_dir / (name.replace("/", "_") + ".npy")
+            np.save(target, array)
+            print(f"wrote {target}")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    path = args.model or str(default_model())
+    opt = flowrt.optimize(flowrt.onnx.load(path), backends=_backends(args.backends))
+    print(f"model: {path}")
+    print(opt.report())
+    return 0
+
+
+def cmd_backends(args: argparse.Namespace) -> int:
+    registry = flowrt.backend_registry()
+    for bid in registry.ids():
+        backend = registry.get(bid)
+        major, minor = backend.version
+        caps = ", ".join(f"{k}={v}" for k, v in backend.capabilities.items())
+        print(f"{bid}  version {major}.{minor}  capabilities: {caps}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flowrt", description="flowrt: an asynchronous inference engine")
+    parser.add_argument("--version", action="version", version=f"flowrt {flowrt.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a model and print latency and outputs (default: squeezenet)")
+    run.add_argument("model", nargs="?", help="an .onnx file (default: the squeezenet shipped with onnx)")
+    run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="feed an input from a .npy file (repeatable); inputs not given get the deterministic pattern")
+    run.add_argument("--output-dir", help="write each output as NAME.npy here")
+    run.add_argument("--backends", default="CpuRef", help="comma-separated backend preference list (default: CpuRef)")
+    run.add_argument("--iterations", type=int, default=1, help="how many runs to time (default: 1)")
+    run.set_defaults(func=cmd_run)
+
+    inspect = sub.add_parser("inspect", help="print each layer's type, output shape and backend")
+    inspect.add_argument("model", nargs="?", help="an .onnx file (default: squeezenet)")
+    inspect.add_argument("--backends", default="CpuRef", help="comma-separated backend preference list")
+    inspect.set_defaults(func=cmd_inspect)
+
+    backends = sub.add_parser("backends", help="list registered backends")
+    backends.set_defaults(func=cmd_backends)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except FlowrtError as e:
+        print(f"flowrt: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

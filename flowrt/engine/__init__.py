@@ -1,0 +1,1 @@
+"""The engine: graphs and their optimizer, memory, and the scheduler."""

@@ -1,0 +1,1 @@
+"""Networks, layer kinds, shape inference, subgraph views and the optimizer."""

@@ -1,0 +1,41 @@
+"""Shape arithmetic shared by the shape inference of layer kinds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from flowrt.errors import ShapeError
+from flowrt.types import Dim
+
+
+def broadcast_shapes(*shapes: Sequence[Dim] | None, where: str = "") -> tuple[Dim, ...] | None:
+    """Numpy-style broadcast of shapes whose dims may be unknown (None) or symbolic (str).
+
+    Returns None when a shape's rank is unknown; raises ShapeError naming ``where`` when two
+    known dims disagree.
+    """
+    if any(s is None for s in shapes):
+        return None
+    rank = max((len(s) for s in shapes), default=0)  # type: ignore[arg-type]
+    out: list[Dim] = []
+    for axis in range(rank):
+        dims = [s[len(s) - rank + axis] for s in shapes if len(s) - rank + axis >= 0]  # type: ignore[arg-type]
+        known = {d for d in dims if isinstance(d, int) and d != 1}
+        if len(known) > 1:
+            found = " and ".join(str(tuple(s)) for s in shapes)  # type: ignore[arg-type]
+            raise ShapeError(f"{where}: shapes {found} cannot be broadcast together")
+        if known:
+            out.append(known.pop())
+        elif all(d == 1 for d in dims):
+            out.append(1)
+        else:
+            symbolic = [d for d in dims if d != 1]
+            out.append(symbolic[0] if len(set(symbolic)) == 1 else None)
+    return tuple(out)
+
+
+def normalize_axis(axis: int, rank: int, where: str = "") -> int:
+    """An axis in [-rank, rank) made non-negative; ShapeError when out of range."""
+    if not -rank <= axis < rank:
+        raise ShapeError(f"{where}: axis {axis} is out of range for rank {rank}")
+    return axis % rank

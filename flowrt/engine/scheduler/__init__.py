@@ -1,0 +1,1 @@
+"""The dataflow of workloads and the trio executor that runs it."""

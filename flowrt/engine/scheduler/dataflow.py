@@ -1,0 +1,134 @@
+"""The dataflow of a loaded network: workloads, the tensors between them, and segments.
+
+A *segment* is a chain of workloads on one backend that can run back to back: each member
+after the first reads the previous one's only output reader. A segment is one task in a run's
+nursery and one crossing into a worker thread; independent segments run concurrently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import numpy as np
+
+from flowrt.engine.graph.graph import Graph, Layer, OutputSlot
+from flowrt.registry import Workload, WorkloadInfo
+from flowrt.types import TensorInfo
+
+
+@attrs.frozen
+class WorkloadNode:
+    """One layer's workload and the tensor ids it reads and writes (None: absent or unread)."""
+
+    layer: str
+    kind: str
+    backend: str
+    workload: Workload
+    inputs: tuple[int | None, ...]
+    outputs: tuple[int | None, ...]
+
+
+@attrs.frozen
+class Segment:
+    """Workloads that run in order on one backend; starts when ``depends_on`` segments are done."""
+
+    index: int
+    backend: str
+    nodes: tuple[WorkloadNode, ...]
+    depends_on: frozenset[int]
+
+
+@attrs.frozen
+class Dataflow:
+    """Everything a run needs: segments, constants, where inputs go and outputs come from."""
+
+    segments: tuple[Segment, ...]
+    constants: dict[int, np.ndarray] = attrs.field(eq=False)
+    inputs: dict[str, int]
+    input_infos: dict[str, TensorInfo]
+    outputs: dict[str, int]
+    output_infos: dict[str, TensorInfo | None]
+    readers: dict[int, int]  # tensor id -> number of workloads that read it
+
+    @property
+    def nodes(self) -> list[WorkloadNode]:
+        return [node for seg in self.segments for node in seg.nodes]
+
+
+WorkloadMaker = Callable[[Layer, WorkloadInfo], Workload]
+
+
+def build_dataflow(graph: Graph, make_workload: WorkloadMaker) -> Dataflow:
+    """Compile an optimized graph into a dataflow; ``make_workload`` builds each layer's workload."""
+    ids: dict[tuple[str, int], int] = {}
+
+    def tensor_id(slot: OutputSlot) -> int:
+        return ids.setdefault((slot.layer.name, slot.index), len(ids))
+
+    constants, inputs, input_infos, outputs, output_infos = {}, {}, {}, {}, {}
+    nodes: list[tuple[Layer, WorkloadNode]] = []
+    for layer in graph.topological_order():
+        if layer.kind == "Constant":
+            constants[tensor_id(layer.outputs[0])] = layer.descriptor.value
+        elif layer.kind == "Input":
+            inputs[layer.descriptor.name] = tensor_id(layer.outputs[0])
+            input_infos[layer.descriptor.name] = layer.descriptor.info
+        elif layer.kind == "Output":
+            source = layer.inputs[0].source
+            outputs[layer.descriptor.name] = tensor_id(source)  # type: ignore[arg-type]
+            output_infos[layer.descriptor.name] = source.info  # type: ignore[union-attr]
+        else:
+            info = WorkloadInfo(
+                layer.name,
+                layer.kind,
+                layer.descriptor,
+                tuple(layer.input_infos),
+                tuple(o.info for o in layer.outputs),  # type: ignore[misc]
+                tuple(constants.get(tensor_id(s.source)) if s.source else None for s in layer.inputs),
+            )
+            node = WorkloadNode(
+                layer.name,
+                layer.kind,
+                layer.backend,  # type: ignore[arg-type]
+                make_workload(layer, info),
+                tuple(tensor_id(s.source) if s.source else None for s in layer.inputs),
+                tuple(tensor_id(o) if o.connections else None for o in layer.outputs),
+            )
+            nodes.append((layer, node))
+    readers: dict[int, int] = {}
+    for _, node in nodes:
+        for tid in node.inputs:
+            if tid is not None and tid not in constants:
+                readers[tid] = readers.get(tid, 0) + 1
+    return Dataflow(_segments(nodes), constants, inputs, input_infos, outputs, output_infos, readers)
+
+
+def _compute_producers(layer: Layer) -> list[Layer]:
+    return [p for p in dict.fromkeys(layer.producers()) if p.kind not in ("Constant", "Input")]
+
+
+def _segments(nodes: list[tuple[Layer, WorkloadNode]]) -> tuple[Segment, ...]:
+    segment_of: dict[str, int] = {}
+    members: list[list[WorkloadNode]] = []
+    backends: list[str] = []
+    deps: list[set[int]] = []
+    for layer, node in nodes:
+        producers = _compute_producers(layer)
+        chain = None
+        if len(producers) == 1:
+            prev = producers[0]
+            seg = segment_of[prev.name]
+            only_reader = len([c for c in prev.consumers()]) == 1
+            if only_reader and backends[seg] == node.backend and members[seg][-1].layer == prev.name:
+                chain = seg
+        if chain is None:
+            chain = len(members)
+            members.append([])
+            backends.append(node.backend)
+            deps.append({segment_of[p.name] for p in producers})
+        members[chain].append(node)
+        segment_of[layer.name] = chain
+    return tuple(
+        Segment(i, backends[i], tuple(members[i]), frozenset(deps[i])) for i in range(len(members))
+    )

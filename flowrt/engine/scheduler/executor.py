@@ -1,0 +1,93 @@
+"""The trio executor: one run of a dataflow as a nursery of segment tasks.
+
+Each segment waits for the segments it depends on, then crosses once into a worker thread
+that runs its workloads in order. A failing workload cancels the run and surfaces as a
+RunError naming the layer and backend. A run cancelled from outside stops at the next
+workload boundary; no thread is left running a cancelled run's work.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+
+import numpy as np
+import trio
+
+from flowrt.engine.scheduler.dataflow import Dataflow, Segment
+from flowrt.errors import FlowrtError, RunError
+
+
+class _RunState:
+    """The tensors of one run, and what lets its threads stop early."""
+
+    def __init__(self, dataflow: Dataflow, feeds: Mapping[str, np.ndarray]) -> None:
+        self.values: dict[int, np.ndarray] = dict(dataflow.constants)
+        for name, tid in dataflow.inputs.items():
+            self.values[tid] = feeds[name]
+        self.readers = dict(dataflow.readers)
+        self.keep = set(dataflow.outputs.values())
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.error: RunError | None = None
+
+    def run_segment(self, segment: Segment) -> None:
+        """Run a segment's workloads in order (in a worker thread)."""
+        for node in segment.nodes:
+            if self.stop.is_set():
+                return
+            args = [self.values[tid] if tid is not None else None for tid in node.inputs]
+            try:
+                results = node.workload.execute(args)
+                if len(results) < sum(1 for t in node.outputs if t is not None):
+                    raise FlowrtError(f"workload returned {len(results)} outputs, expected {len(node.outputs)}")
+            except Exception as e:
+                raise RunError(node.layer, node.backend, e) from e
+            for tid, value in zip(node.outputs, results):
+                if tid is not None:
+                    self.values[tid] = value
+            self._release(node.inputs)
+
+    def _release(self, tensor_ids) -> None:
+        with self.lock:
+            for tid in tensor_ids:
+                if tid is None or tid not in self.readers:
+                    continue
+                self.readers[tid] -= 1
+                if self.readers[tid] == 0 and tid not in self.keep:
+                    self.values.pop(tid, None)
+
+
+async def execute(dataflow: Dataflow, feeds: Mapping[str, np.ndarray], limiter: trio.CapacityLimiter) -> dict[str, np.ndarray]:
+    """Run the dataflow once on checked feeds; return fresh output arrays by name."""
+    state = _RunState(dataflow, feeds)
+    done = [trio.Event() for _ in dataflow.segments]
+
+    async def run(segment: Segment, cancel_scope: trio.CancelScope) -> None:
+        for dep in segment.depends_on:
+            await done[dep].wait()
+        try:
+            await trio.to_thread.run_sync(state.run_segment, segment, limiter=limiter)
+        except RunError as e:
+            if state.error is None:
+                state.error = e
+            state.stop.set()
+            cancel_scope.cancel()
+            return
+        done[segment.index].set()
+
+    async def stop_threads_on_cancel() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            state.stop.set()
+
+    async with trio.open_nursery() as outer:
+        outer.start_soon(stop_threads_on_cancel)
+        async with trio.open_nursery() as nursery:
+            for segment in dataflow.segments:
+                nursery.start_soon(run, segment, nursery.cancel_scope)
+        outer.cancel_scope.cancel()
+    if state.error is not None:
+        raise state.error
+    return {name: np.array(state.values[tid], copy=True) for name, tid in dataflow.outputs.items()}

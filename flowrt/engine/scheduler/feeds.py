@@ -1,0 +1,44 @@
+"""Checking a run's feeds against the network's inputs, before anything runs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from flowrt.errors import DataTypeError, InputError, ShapeError
+from flowrt.types import DataType, TensorInfo
+
+
+def _describe(infos: Mapping[str, TensorInfo]) -> str:
+    return ", ".join(f"{name} {info}" for name, info in infos.items()) or "none"
+
+
+def check_feeds(infos: Mapping[str, TensorInfo], feeds: Any) -> dict[str, np.ndarray]:
+    """Return the feeds as arrays, or raise naming the input and what was expected and found.
+
+    A dimension the model leaves symbolic (or unknown) accepts any size.
+    """
+    if not isinstance(feeds, Mapping):
+        raise InputError(f"feeds must be a mapping of input name to array, got {type(feeds).__name__}")
+    unknown = [name for name in feeds if name not in infos]
+    if unknown:
+        raise InputError(f"unknown input {unknown[0]!r}; the network's inputs are: {_describe(infos)}")
+    missing = [name for name in infos if name not in feeds]
+    if missing:
+        raise InputError(f"missing input {missing[0]!r} ({infos[missing[0]]}); every input must be fed")
+    arrays = {}
+    for name, info in infos.items():
+        array = np.asarray(feeds[name])
+        found = DataType.from_numpy(array.dtype) if array.dtype.kind not in "V" else None
+        if found != info.dtype:
+            raise DataTypeError(f"input {name!r} expects {info.dtype.name.lower()}, got {array.dtype}")
+        if info.shape is not None:
+            expected = tuple(info.shape)
+            if len(expected) != array.ndim or any(
+                isinstance(d, int) and d != n for d, n in zip(expected, array.shape)
+            ):
+                raise ShapeError(f"input {name!r} expects shape {info.format_shape()}, got {tuple(array.shape)}")
+        arrays[name] = array
+    return arrays

@@ -1,0 +1,1 @@
+"""Front ends: model formats imported as flowrt Networks."""

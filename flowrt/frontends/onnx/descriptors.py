@@ -1,0 +1,67 @@
+"""From an ONNX node's attributes to a layer descriptor.
+
+The rule every layer kind follows: the kind is the ONNX op type; its descriptor's fields are
+the op's attribute names (from every opset, legacy ones included); a descriptor with a field
+``opset`` receives the model's opset version; one with a field ``num_outputs`` that the node
+does not set receives the node's output count. An attribute the descriptor does not declare
+is refused rather than ignored, because ignoring it could change the result silently.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import onnx
+from onnx import numpy_helper
+
+from flowrt.engine.graph.layer_kind import get_layer_kind
+from flowrt.errors import ModelLoadError, UnsupportedLayerError
+
+
+def attribute_value(attr: onnx.AttributeProto) -> Any:
+    """The Python value of an attribute: int, float, str, tuple of those, or a numpy array."""
+    kind = attr.type
+    A = onnx.AttributeProto
+    if kind == A.INT:
+        return int(attr.i)
+    if kind == A.FLOAT:
+        return float(attr.f)
+    if kind == A.STRING:
+        return attr.s.decode("utf-8")
+    if kind == A.INTS:
+        return tuple(int(v) for v in attr.ints)
+    if kind == A.FLOATS:
+        return tuple(float(v) for v in attr.floats)
+    if kind == A.STRINGS:
+        return tuple(v.decode("utf-8") for v in attr.strings)
+    if kind == A.TENSOR:
+        return numpy_helper.to_array(attr.t)
+    raise UnsupportedLayerError(f"attribute {attr.name!r} has type {A.AttributeType.Name(kind)}, which flowrt does not support")
+
+
+def make_descriptor(
+    kind_name: str, attributes: dict[str, Any], *, opset: int, num_outputs: int, where: str = ""
+) -> Any:
+    """Build the descriptor of ``kind_name`` from attribute values, following the rule above."""
+    spec = get_layer_kind(kind_name)
+    fields = {f.name for f in attrs.fields(spec.descriptor)} if attrs.has(spec.descriptor) else set()
+    unknown = sorted(set(attributes) - fields)
+    if unknown:
+        raise UnsupportedLayerError(
+            f"{where}: {kind_name} (opset {opset}) attribute(s) {', '.join(unknown)} are not supported"
+        )
+    values = dict(attributes)
+    if "opset" in fields:
+        values["opset"] = opset
+    if "num_outputs" in fields and "num_outputs" not in values:
+        values["num_outputs"] = num_outputs
+    try:
+        return spec.descriptor(**values)
+    except (TypeError, ValueError) as e:
+        raise ModelLoadError(f"{where}: invalid attributes for {kind_name}: {e}") from e
+
+
+def node_attributes(node: onnx.NodeProto) -> dict[str, Any]:
+    return {a.name: attribute_value(a) for a in node.attribute}
+

@@ -1,0 +1,65 @@
+"""Models that ship with the install, and the deterministic input pattern.
+
+The default model is the light squeezenet that the onnx package ships (with its expected
+output) under ``onnx/backend/test/data/light/``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from flowrt.types import DataType, TensorInfo
+
+LIGHT_MODELS = (
+    "bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
+    "shufflenet", "squeezenet", "vgg19", "zfnet512",
+)
+
+
+def light_model_dir() -> Path:
+    import onnx
+
+    return Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+
+
+def light_model(name: str) -> Path:
+    """Path of one of onnx's light models, e.g. ``light_model("squeezenet")``."""
+    return light_model_dir() / f"light_{name}.onnx"
+
+
+def default_model() -> Path:
+    """The model ``flowrt run`` uses when none is named."""
+    return light_model("squeezenet")
+
+
+def expected_outputs(model_path: str | Path) -> list[np.ndarray]:
+    """Outputs shipped beside a model as ``<stem>_output_<i>.pb`` (empty when there are none)."""
+    from onnx import TensorProto, numpy_helper
+
+    path = Path(model_path)
+    found = []
+    for i in range(64):
+        pb = path.with_name(f"{path.stem}_output_{i}.pb")
+        if not pb.exists():
+            break
+        tensor = TensorProto()
+        tensor.ParseFromString(pb.read_bytes())
+        found.append(numpy_helper.to_array(tensor))
+    return found
+
+
+def pattern_input(info: TensorInfo) -> np.ndarray:
+    """The documented deterministic input for ``info``: symbolic or unknown dims become 1;
+    floats are ``arange(n).reshape(shape) / n`` (the pattern onnx's backend test feeds its
+    light models), integers ``arange(n) % 10``, booleans alternate starting with True.
+    """
+    shape = tuple(d if isinstance(d, int) else 1 for d in (info.shape or ()))
+    n = int(np.prod(shape, dtype=np.int64))
+    ramp = np.arange(n).reshape(shape)
+    if info.dtype.is_float:
+        return (ramp / max(n, 1)).astype(info.dtype.numpy)
+    if info.dtype is DataType.BOOL:
+        return ramp % 2 == 0
+    return (ramp % 10).astype(info.dtype.numpy)

@@ -1,0 +1,23 @@
+"""Backends: their protocols, the registry that finds them, and what their optimizers answer."""
+
+from flowrt.registry.backend_registry import BackendId, BackendRegistry, backend_registry
+from flowrt.registry.optimization_views import OptimizationViews, Substitution
+from flowrt.registry.protocols import Backend, LayerSupport, Support, Workload, WorkloadFactory, WorkloadInfo
+
+# The Backend API version third-party backends are checked against (major, minor).
+BACKEND_API_VERSION = (1, 0)
+
+__all__ = [
+    "BACKEND_API_VERSION",
+    "Backend",
+    "BackendId",
+    "BackendRegistry",
+    "LayerSupport",
+    "OptimizationViews",
+    "Substitution",
+    "Support",
+    "Workload",
+    "WorkloadFactory",
+    "WorkloadInfo",
+    "backend_registry",
+]

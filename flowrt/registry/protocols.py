@@ -1,0 +1,105 @@
+"""What a backend implements, as protocols: a third-party backend need not inherit from us.
+
+Arm NN's ``IBackendInternal``, ``ILayerSupport``, ``IWorkloadFactory`` and ``IWorkload``,
+in Python spelling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+import numpy as np
+
+from flowrt.types import TensorInfo
+
+
+@attrs.frozen
+class Support:
+    """A layer-support answer: whether the backend takes the layer, and why not."""
+
+    supported: bool
+    reason: str = ""
+
+    @classmethod
+    def yes(cls) -> Support:
+        return cls(True)
+
+    @classmethod
+    def no(cls, reason: str) -> Support:
+        return cls(False, reason)
+
+
+@attrs.frozen
+class WorkloadInfo:
+    """Everything a workload factory needs to build one layer's workload.
+
+    ``constants`` holds, per input, the array when that input is a constant (weights), so a
+    backend may pack it once at load.
+    """
+
+    layer_name: str
+    kind: str
+    descriptor: Any
+    inputs: tuple[TensorInfo | None, ...]
+    outputs: tuple[TensorInfo, ...]
+    constants: tuple[np.ndarray | None, ...] = attrs.field(default=(), eq=False)
+
+
+@runtime_checkable
+class LayerSupport(Protocol):
+    """Answers, per layer, whether a backend can run it."""
+
+    def is_layer_supported(
+        self,
+        kind: str,
+        descriptor: Any,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo | None],
+    ) -> Support: ...
+
+
+@runtime_checkable
+class Workload(Protocol):
+    """One layer's work on one backend.
+
+    ``prepare()`` does one-time work at load; ``execute(inputs)`` takes one array per input
+    slot (None for absent optional inputs) and returns one array per output. It blocks.
+    """
+
+    def prepare(self) -> None: ...
+
+    def execute(self, inputs: Sequence[np.ndarray | None]) -> Sequence[np.ndarray]: ...
+
+
+@runtime_checkable
+class WorkloadFactory(Protocol):
+    """Builds workloads for the layers assigned to its backend."""
+
+    def create_workload(self, info: WorkloadInfo) -> Workload: ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A stateless factory object for everything a backend provides.
+
+    ``create_context`` and the load hooks are optional; the runtime calls them when present.
+    """
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def version(self) -> tuple[int, int]: ...
+
+    @property
+    def capabilities(self) -> dict[str, Any]: ...
+
+    def layer_support(self) -> LayerSupport: ...
+
+    def optimize_subgraph(self, view: Any) -> Any: ...
+
+    def create_memory_manager(self) -> Any: ...
+
+    def create_workload_factory(self, memory_manager: Any) -> WorkloadFactory: ...

@@ -1,0 +1,146 @@
+"""Basic value types shared by every layer of flowrt: data types, tensor infos, priorities."""
+
+from __future__ import annotations
+
+import enum
+from typing import Union
+
+import attrs
+import numpy as np
+
+from flowrt.errors import DataTypeError
+
+
+class DataType(enum.Enum):
+    """Element type of a tensor; values are the numpy dtype names."""
+
+    FLOAT32 = "float32"
+    FLOAT16 = "float16"
+    FLOAT64 = "float64"
+    BFLOAT16 = "bfloat16"
+    INT8 = "int8"
+    UINT8 = "uint8"
+    INT16 = "int16"
+    UINT16 = "uint16"
+    INT32 = "int32"
+    UINT32 = "uint32"
+    INT64 = "int64"
+    UINT64 = "uint64"
+    BOOL = "bool"
+    STRING = "object"
+
+    @property
+    def numpy(self) -> np.dtype:
+        """The numpy dtype of this data type."""
+        if self is DataType.BFLOAT16:
+            raise DataTypeError("bfloat16 has no numpy dtype")
+        return np.dtype(self.value)
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return 2 if self is DataType.BFLOAT16 else self.numpy.itemsize
+
+    @property
+    def is_float(self) -> bool:
+        return self in (DataType.FLOAT16, DataType.FLOAT32, DataType.FLOAT64, DataType.BFLOAT16)
+
+    @classmethod
+    def from_numpy(cls, dtype: np.dtype | type) -> DataType:
+        """The data type of a numpy dtype; raises DataTypeError for one flowrt lacks."""
+        dt = np.dtype(dtype)
+        if dt.kind in "OUS":
+            return cls.STRING
+        try:
+            return cls(dt.name)
+        except ValueError:
+            raise DataTypeError(f"numpy dtype {dt} has no flowrt DataType") from None
+
+    def __repr__(self) -> str:
+        return f"DataType.{self.name}"
+
+
+# A dimension is an int when known, a str when the model names it symbolically, None when unknown.
+Dim = Union[int, str, None]
+
+
+def _to_shape(value: object) -> tuple[Dim, ...] | None:
+    if value is None:
+        return None
+    return tuple(d if d is None or isinstance(d, str) else int(d) for d in value)  # type: ignore[union-attr]
+
+
+@attrs.frozen
+class Quantization:
+    """Affine quantization parameters: real = scale * (q - zero_point)."""
+
+    scale: float
+    zero_point: int = 0
+
+
+@attrs.frozen
+class TensorInfo:
+    """Shape and data type of a tensor.
+
+    ``shape`` is a tuple of dims (int, symbolic name, or None for unknown), or None when
+    even the rank is unknown.
+    """
+
+    shape: tuple[Dim, ...] | None = attrs.field(converter=_to_shape)
+    dtype: DataType = attrs.field(
+        default=DataType.FLOAT32,
+        converter=lambda d: d if isinstance(d, DataType) else DataType.from_numpy(d),
+    )
+    quantization: Quantization | None = None
+
+    @property
+    def rank(self) -> int | None:
+        return None if self.shape is None else len(self.shape)
+
+    @property
+    def is_static(self) -> bool:
+        """True when every dimension is a known int."""
+        return self.shape is not None and all(isinstance(d, int) for d in self.shape)
+
+    @property
+    def num_elements(self) -> int | None:
+        if not self.is_static:
+            return None
+        return int(np.prod(self.shape, dtype=np.int64))  # type: ignore[arg-type]
+
+    @property
+    def num_bytes(self) -> int | None:
+        n = self.num_elements
+        return None if n is None else n * self.dtype.itemsize
+
+    def with_shape(self, shape: object) -> TensorInfo:
+        return attrs.evolve(self, shape=shape)
+
+    def with_dtype(self, dtype: DataType | np.dtype | type) -> TensorInfo:
+        return attrs.evolve(self, dtype=dtype)
+
+    @classmethod
+    def of(cls, array: np.ndarray) -> TensorInfo:
+        """The info of a concrete array."""
+        array = np.asarray(array)
+        return cls(array.shape, DataType.from_numpy(array.dtype))
+
+    def format_shape(self) -> str:
+        if self.shape is None:
+            return "(?)"
+        dims = ["?" if d is None else str(d) for d in self.shape]
+        return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
+
+    def __str__(self) -> str:
+        return f"{self.dtype.name.lower()}{self.format_shape()}"
+
+
+class Priority(enum.IntEnum):
+    """Scheduling priority of a run; a lower value is served first."""
+
+    HIGH = 0
+    MEDIUM = 1
+    LOW = 2
+
+
+__all__ = ["DataType", "Dim", "Priority", "Quantization", "TensorInfo"]

@@ -1,0 +1,1 @@
+"""Backends and the workers that run their workloads."""

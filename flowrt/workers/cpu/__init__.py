@@ -1,0 +1,1 @@
+"""CPU backends: CpuRef (numpy reference)."""

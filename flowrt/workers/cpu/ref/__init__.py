@@ -1,0 +1,5 @@
+"""CpuRef: the numpy reference backend."""
+
+from flowrt.workers.cpu.ref.backend import RefBackend
+
+__all__ = ["RefBackend"]

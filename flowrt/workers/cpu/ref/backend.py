@@ -1,0 +1,35 @@
+"""CpuRef: the numpy reference backend, the oracle every other backend is checked against."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowrt.registry import OptimizationViews
+from flowrt.workers.cpu.ref.layer_support import RefLayerSupport
+from flowrt.workers.cpu.ref.workload_factory import RefWorkloadFactory
+
+
+class RefBackend:
+    """Plain, readable numpy kernels; correct first, never clever."""
+
+    id = "CpuRef"
+    version = (1, 0)
+
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        return {"host_memory": True, "async_execution": False, "fp16": False}
+
+    def layer_support(self) -> RefLayerSupport:
+        return RefLayerSupport()
+
+    def optimize_subgraph(self, view: Any) -> OptimizationViews:
+        """CpuRef fuses nothing: every subgraph it is handed stays as it is."""
+        views = OptimizationViews()
+        views.add_untouched(view)
+        return views
+
+    def create_memory_manager(self) -> None:
+        return None
+
+    def create_workload_factory(self, memory_manager: Any = None) -> RefWorkloadFactory:
+        return RefWorkloadFactory(memory_manager)

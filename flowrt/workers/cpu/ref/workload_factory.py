@@ -1,0 +1,41 @@
+"""CpuRef workloads: each calls its layer kind's numpy kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from flowrt.errors import BackendError
+from flowrt.registry import WorkloadInfo
+from flowrt.workers.cpu.ref.kernels import RefKernel, load_all
+
+
+class RefWorkload:
+    """One layer run by its numpy kernel; holds nothing between runs."""
+
+    def __init__(self, kernel: RefKernel, info: WorkloadInfo) -> None:
+        self.kernel = kernel
+        self.info = info
+
+    def prepare(self) -> None:
+        """CpuRef has no one-time work: it is the plain oracle."""
+
+    def execute(self, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        result = self.kernel(self.info.descriptor, *inputs)
+        outputs = result if isinstance(result, (tuple, list)) else (result,)
+        return [np.asarray(o) for o in outputs[: len(self.info.outputs)]]
+
+
+class RefWorkloadFactory:
+    """Makes a RefWorkload per layer; CpuRef manages no memory of its own."""
+
+    def __init__(self, memory_manager: Any = None) -> None:
+        self.memory_manager = memory_manager
+
+    def create_workload(self, info: WorkloadInfo) -> RefWorkload:
+        kernel = load_all().get(info.kind)
+        if kernel is None:
+            raise BackendError(f"CpuRef has no kernel for layer {info.layer_name!r} ({info.kind})")
+        return RefWorkload(kernel, info)

@@ -1,0 +1,71 @@
+"""Test backends written the way a third party would: no flowrt base classes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from flowrt.registry import OptimizationViews, Support, WorkloadInfo
+from flowrt.workers.cpu.ref.kernels import load_all
+
+
+class _Support:
+    def __init__(self, backend_id: str, kinds: set[str]) -> None:
+        self.backend_id, self.kinds = backend_id, kinds
+
+    def is_layer_supported(self, kind, descriptor, inputs, outputs) -> Support:
+        if kind in self.kinds:
+            return Support.yes()
+        return Support.no(f"{self.backend_id} only runs {', '.join(sorted(self.kinds))}")
+
+
+class _Workload:
+    def __init__(self, info: WorkloadInfo, fail: bool, calls: list[str]) -> None:
+        self.info, self.fail, self.calls = info, fail, calls
+
+    def prepare(self) -> None:
+        pass
+
+    def execute(self, inputs):
+        self.calls.append(self.info.layer_name)
+        if self.fail:
+            raise ValueError("deliberate failure for the test")
+        result = load_all()[self.info.kind](self.info.descriptor, *inputs)
+        return list(result) if isinstance(result, tuple) else [np.asarray(result)]
+
+
+class _Factory:
+    def __init__(self, backend: PartialBackend) -> None:
+        self.backend = backend
+
+    def create_workload(self, info: WorkloadInfo) -> _Workload:
+        return _Workload(info, info.kind in self.backend.fail_kinds, self.backend.calls)
+
+
+class PartialBackend:
+    """Runs only ``kinds`` (with CpuRef's kernels); workloads of ``fail_kinds`` raise when run."""
+
+    version = (1, 0)
+    capabilities: dict[str, Any] = {"host_memory": True}
+
+    def __init__(self, backend_id: str, kinds: set[str], fail_kinds: set[str] = frozenset(), fail_subgraphs: bool = False) -> None:
+        self.id = backend_id
+        self.kinds = set(kinds)
+        self.fail_kinds = set(fail_kinds)
+        self.fail_subgraphs = fail_subgraphs
+        self.calls: list[str] = []
+
+    def layer_support(self) -> _Support:
+        return _Support(self.id, self.kinds)
+
+    def optimize_subgraph(self, view) -> OptimizationViews:
+        views = OptimizationViews()
+        (views.add_failed if self.fail_subgraphs else views.add_untouched)(view)
+        return views
+
+    def create_memory_manager(self) -> None:
+        return None
+
+    def create_workload_factory(self, memory_manager) -> _Factory:
+        return _Factory(self)
