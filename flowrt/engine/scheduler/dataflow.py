@@ -96,6 +96,10 @@ def build_dataflow(graph: Graph, make_workload: WorkloadMaker) -> Dataflow:
                 tuple(tensor_id(o) if o.connections else None for o in layer.outputs),
             )
             nodes.append((layer, node))
+    # Inputs and outputs keep the network's declared order, not the execution order.
+    inputs = {layer.descriptor.name: inputs[layer.descriptor.name] for layer in graph.input_layers}
+    outputs = {layer.descriptor.name: outputs[layer.descriptor.name] for layer in graph.output_layers}
+    output_infos = {name: output_infos[name] for name in outputs}
     readers: dict[int, int] = {}
     for _, node in nodes:
         for tid in node.inputs:
