@@ -1,0 +1,145 @@
+"""Matrix products: Gemm (alpha * A' B' + beta * C), MatMul with numpy's broadcasting, and the
+quantized MatMulInteger and QLinearMatMul."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from flowrt.engine.graph.layer_kind import NoDescriptor, layer_kind
+from flowrt.engine.graph.shapes import broadcast_shapes
+from flowrt.errors import DataTypeError, ShapeError
+from flowrt.types import DataType, Dim, TensorInfo
+
+D = DataType
+NUMERIC_TYPES = frozenset({D.FLOAT16, D.FLOAT32, D.FLOAT64, D.BFLOAT16, D.INT32, D.INT64, D.UINT32, D.UINT64})
+INT8_TYPES = frozenset({D.INT8, D.UINT8})
+
+
+@attrs.frozen
+class GemmDescriptor:
+    """Gemm: Y = alpha * A' @ B' + beta * C, where A' is A transposed when ``transA`` (B' likewise).
+    Since opset 7 C broadcasts to (M, N); before, it did so only with ``broadcast`` set and had
+    to be exactly (M, N) otherwise."""
+
+    alpha: float = 1.0
+    beta: float = 1.0
+    transA: int = attrs.field(default=0, validator=attrs.validators.in_((0, 1)))
+    transB: int = attrs.field(default=0, validator=attrs.validators.in_((0, 1)))
+    broadcast: int = attrs.field(default=0, validator=attrs.validators.in_((0, 1)))
+    opset: int = 21
+
+    @property
+    def broadcasts_c(self) -> bool:
+        """Whether C may be broadcast to the product's shape."""
+        return self.opset >= 7 or bool(self.broadcast)
+
+
+def _known(d: Dim) -> bool:
+    return isinstance(d, int)
+
+
+def _same_dim(a: Dim, b: Dim) -> bool:
+    """False only when both dims are known and differ."""
+    return not (_known(a) and _known(b) and a != b)
+
+
+def expect_types(infos: Sequence[TensorInfo], allowed: frozenset[DataType], what: str) -> None:
+    """DataTypeError unless every info has one and the same data type, one of ``allowed``."""
+    dtypes = [i.dtype for i in infos]
+    if dtypes[0] not in allowed:
+        names = ", ".join(sorted(d.name.lower() for d in allowed))
+        raise DataTypeError(f"{what} expects one of {names}, got {dtypes[0].name.lower()}")
+    if len(set(dtypes)) > 1:
+        raise DataTypeError(
+            f"{what} expects inputs of one data type, got {', '.join(d.name.lower() for d in dtypes)}"
+        )
+
+
+def _matrix(info: TensorInfo, transposed: int, name: str) -> tuple[Dim, Dim]:
+    shape = info.shape if info.shape is not None else (None, None)
+    if len(shape) != 2:
+        raise ShapeError(f"Gemm expects {name} to be a matrix (rank 2), got shape {info.format_shape()}")
+    return (shape[1], shape[0]) if transposed else (shape[0], shape[1])
+
+
+@layer_kind("Gemm", GemmDescriptor, min_inputs=2, max_inputs=3)
+def infer_gemm(desc: GemmDescriptor, inputs, consts):
+    a, b = inputs[0], inputs[1]
+    c = inputs[2] if len(inputs) > 2 else None
+    expect_types([a, b] + ([c] if c is not None else []), NUMERIC_TYPES, "Gemm")
+    m, k = _matrix(a, desc.transA, "A")
+    k_b, n = _matrix(b, desc.transB, "B")
+    if not _same_dim(k, k_b):
+        raise ShapeError(
+            f"Gemm expects A' (M, K) and B' (K, N) to share K, got A' ({m}, {k}) and B' ({k_b}, {n})"
+        )
+    if c is not None and c.shape is not None:
+        _check_c(desc, c, (m, n))
+    return [TensorInfo((m, n), a.dtype)]
+
+
+def _check_c(desc: GemmDescriptor, c: TensorInfo, product: tuple[Dim, Dim]) -> None:
+    expected = f"(M, N) = ({product[0]}, {product[1]})"
+    if not desc.broadcasts_c:
+        if len(c.shape) != 2 or not all(_same_dim(d, p) for d, p in zip(c.shape, product, strict=True)):  # type: ignore[arg-type]
+            raise ShapeError(
+                f"Gemm (opset {desc.opset}, broadcast=0) expects C of shape {expected}, got {c.format_shape()}"
+            )
+        return
+    dims = list(c.shape)  # type: ignore[arg-type]
+    if len(dims) > 2 or not all(
+        d == 1 or _same_dim(d, p) for d, p in zip(dims, product[2 - len(dims) :], strict=True)
+    ):
+        raise ShapeError(f"Gemm expects C that broadcasts to {expected}, got {c.format_shape()}")
+
+
+def matmul_shape(a: TensorInfo, b: TensorInfo, what: str) -> tuple[Dim, ...] | None:
+    """The shape of numpy's matmul of ``a`` by ``b``: 1-D operands gain and then lose a dim,
+    batch dims broadcast. None when either rank is unknown."""
+    if a.shape is None or b.shape is None:
+        return None
+    if not a.shape or not b.shape:
+        raise ShapeError(
+            f"{what} expects operands of rank >= 1, got {a.format_shape()} and {b.format_shape()}"
+        )
+    a2 = (1, *a.shape) if len(a.shape) == 1 else a.shape
+    b2 = (*b.shape, 1) if len(b.shape) == 1 else b.shape
+    if not _same_dim(a2[-1], b2[-2]):
+        raise ShapeError(
+            f"{what} expects A's last dim to equal B's row count, got {a.format_shape()} and {b.format_shape()}"
+        )
+    batch = broadcast_shapes(a2[:-2], b2[:-2], where=what)
+    rows = (a2[-2],) if len(a.shape) > 1 else ()
+    cols = (b2[-1],) if len(b.shape) > 1 else ()
+    return (*batch, *rows, *cols)  # type: ignore[misc]
+
+
+@layer_kind("MatMul", NoDescriptor, min_inputs=2, max_inputs=2)
+def infer_matmul(desc, inputs, consts):
+    a, b = inputs
+    expect_types([a, b], NUMERIC_TYPES, "MatMul")
+    return [TensorInfo(matmul_shape(a, b, "MatMul"), a.dtype)]
+
+
+@layer_kind("MatMulInteger", NoDescriptor, min_inputs=2, max_inputs=4)
+def infer_matmul_integer(desc, inputs, consts):
+    a, b = inputs[0], inputs[1]
+    for info, name in ((a, "A"), (b, "B")):
+        if info.dtype not in INT8_TYPES:
+            raise DataTypeError(
+                f"MatMulInteger expects {name} of int8 or uint8, got {info.dtype.name.lower()}"
+            )
+    return [TensorInfo(matmul_shape(a, b, "MatMulInteger"), D.INT32)]
+
+
+@layer_kind("QLinearMatMul", NoDescriptor, min_inputs=8, max_inputs=8)
+def infer_qlinear_matmul(desc, inputs, consts):
+    a, b, y_zero_point = inputs[0], inputs[3], inputs[7]
+    for info, name in ((a, "a"), (b, "b"), (y_zero_point, "y_zero_point")):
+        if info.dtype not in INT8_TYPES:
+            raise DataTypeError(
+                f"QLinearMatMul expects {name} of int8 or uint8, got {info.dtype.name.lower()}"
+            )
+    return [TensorInfo(matmul_shape(a, b, "QLinearMatMul"), y_zero_point.dtype)]

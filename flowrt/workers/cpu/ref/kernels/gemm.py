@@ -1,0 +1,67 @@
+"""Gemm, MatMul, MatMulInteger and QLinearMatMul kernels: numpy's matmul (BLAS) does the work."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from flowrt.errors import ShapeError
+from flowrt.workers.cpu.ref.kernels import ref_kernel
+from flowrt.workers.cpu.ref.kernels.conv import compute_dtype
+
+
+@ref_kernel("Gemm")
+def gemm(desc, a, b, c=None):
+    work = compute_dtype(a.dtype)
+    a = a.T if desc.transA else a
+    b = b.T if desc.transB else b
+    y = np.matmul(a.astype(work, copy=False), b.astype(work, copy=False))
+    if desc.alpha != 1:
+        y = y * desc.alpha
+    if c is not None and desc.beta != 0:
+        if not desc.broadcasts_c and c.shape != y.shape:
+            raise ShapeError(
+                f"Gemm (opset {desc.opset}, broadcast=0) expects C of shape {y.shape}, got {c.shape}"
+            )
+        y = y + (c.astype(work, copy=False) if desc.beta == 1 else c * desc.beta)
+    return y.astype(a.dtype, copy=False)
+
+
+@ref_kernel("MatMul")
+def matmul(desc, a, b):
+    work = compute_dtype(a.dtype)
+    return np.matmul(a.astype(work, copy=False), b.astype(work, copy=False)).astype(a.dtype, copy=False)
+
+
+def _per_row(values: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """A per-tensor or per-row quantization parameter of A, shaped to broadcast over A's rows:
+    a vector of M entries belongs to the M rows, so it becomes a column."""
+    if values.ndim == 1 and values.size > 1 and a.ndim >= 2:
+        return values.reshape(-1, 1)
+    return values
+
+
+def _integer_product(a, a_zero_point, b, b_zero_point) -> np.ndarray:
+    """(A - a_zero_point) @ (B - b_zero_point), exactly. It runs in float64 so that BLAS does the
+    work: 8-bit products summed over fewer than 2**37 terms stay exact in a 53-bit mantissa."""
+    a64 = a.astype(np.float64)
+    b64 = b.astype(np.float64)
+    if a_zero_point is not None:
+        a64 -= _per_row(a_zero_point, a)
+    if b_zero_point is not None:
+        b64 -= b_zero_point
+    return np.matmul(a64, b64)
+
+
+@ref_kernel("MatMulInteger")
+def matmul_integer(desc, a, b, a_zero_point=None, b_zero_point=None):
+    return _integer_product(a, a_zero_point, b, b_zero_point).astype(np.int32)
+
+
+@ref_kernel("QLinearMatMul")
+def qlinear_matmul(desc, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
+    product = _integer_product(a, a_zero_point, b, b_zero_point)
+    # The combined scale in the scales' own precision, as ONNX Runtime folds it.
+    scale = _per_row(a_scale, a) * b_scale / y_scale
+    y = np.rint(product * scale) + y_zero_point
+    limits = np.iinfo(y_zero_point.dtype)
+    return np.clip(y, limits.min, limits.max).astype(y_zero_point.dtype)
