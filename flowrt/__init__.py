@@ -9,7 +9,7 @@
         outputs = await model.run({"data": x})
 """
 
-from flowrt import errors, onnx
+from flowrt import descriptors, errors, onnx
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.optimizer import OptimizedNetwork, OptimizerOptions, optimize
 from flowrt.registry import BackendId, BackendRegistry, backend_registry
@@ -37,6 +37,7 @@ __all__ = [
     "Runtime",
     "TensorInfo",
     "backend_registry",
+    "descriptors",
     "errors",
     "onnx",
     "optimize",

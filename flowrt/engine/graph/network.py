@@ -4,7 +4,7 @@ Layers are added unconnected and connected through slots, as in Arm NN::
 
     net = Network()
     x = net.add_input("x", TensorInfo((1, 3, 32, 32)))
-    conv = net.add_convolution2d(ConvDescriptor(pads=(1, 1, 1, 1)), weights, bias, name="conv1")
+    conv = net.add_convolution2d(descriptors.Conv(pads=(1, 1, 1, 1)), weights, bias, name="conv1")
     x.output_slot(0).connect(conv.input_slot(0))
     relu = net.add_activation("Relu")
     conv.output_slot(0).connect(relu.input_slot(0))

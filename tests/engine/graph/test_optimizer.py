@@ -1,0 +1,119 @@
+"""Backend assignment with recorded reasons, fallback, and the graph passes."""
+
+import numpy as np
+import pytest
+
+import flowrt
+from flowrt.errors import UnsupportedLayerError
+from flowrt.registry import BackendRegistry
+from flowrt.types import TensorInfo
+from flowrt.workers.cpu.ref import RefBackend
+from fakes import PartialBackend
+from netbuild import branchy_expected, branchy_network
+
+
+@pytest.fixture
+def registry():
+    registry = BackendRegistry()
+    registry.register("CpuRef", RefBackend)
+    registry.register("Partial", lambda: PartialBackend("Partial", {"Relu", "Add"}))
+    registry.register("Failing", lambda: PartialBackend("Failing", {"Relu", "Sigmoid", "Tanh", "Add"}, fail_subgraphs=True))
+    return registry
+
+
+def test_first_backend_that_supports_a_layer_wins(registry):
+    opt = flowrt.optimize(branchy_network(), backends=["Partial", "CpuRef"], registry=registry)
+    assert opt.assignments() == {"relu": "Partial", "left": "CpuRef", "right": "CpuRef", "add": "Partial"}
+    assert opt.decisions["left"].declined == {"Partial": "Partial only runs Add, Relu"}
+    assert opt.backend_counts() == {"Partial": 2, "CpuRef": 2}
+
+
+def test_fallback_is_shown_in_the_report(registry):
+    report = flowrt.optimize(branchy_network(), backends=["Partial", "CpuRef"], registry=registry).report()
+    assert "declined by Partial: Partial only runs Add, Relu" in report
+    line = next(line for line in report.splitlines() if line.strip().startswith("left "))
+    assert line.split()[-1] == "CpuRef"
+    assert "Sigmoid" in line
+
+
+def test_no_backend_raises_with_every_reason(registry):
+    with pytest.raises(UnsupportedLayerError, match=r"layer 'left' \(Sigmoid\).*Partial: Partial only runs Add, Relu"):
+        flowrt.optimize(branchy_network(), backends=["Partial"], registry=registry)
+
+
+def test_failed_subgraphs_go_to_the_next_backend(registry):
+    opt = flowrt.optimize(branchy_network(), backends=["Failing", "CpuRef"], registry=registry)
+    assert set(opt.assignments().values()) == {"CpuRef"}
+    assert "optimize_subgraph" in opt.decisions["left"].declined["Failing"]
+    assert any("re-assigned to CpuRef" in p for p in opt.passes)
+
+
+async def test_mixed_backends_still_compute_the_same(registry):
+    opt = flowrt.optimize(branchy_network(), backends=["Partial", "CpuRef"], registry=registry)
+    x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
+    async with flowrt.Runtime(registry) as rt:
+        out = await (await rt.load(opt)).run({"x": x})
+    np.testing.assert_allclose(out["y"], branchy_expected(x), rtol=1e-6)
+
+
+def test_dropout_and_identity_are_removed():
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((2, 3)))
+    ident = net.add_layer("Identity", inputs=[x], name="ident")
+    drop = net.add_layer("Dropout", inputs=[ident], name="drop")
+    net.add_output("y", net.add_layer("Relu", inputs=[drop], name="relu"))
+    opt = flowrt.optimize(net)
+    assert list(opt.assignments()) == ["relu"]
+    assert "removed Identity 'ident'" in opt.passes
+    assert "removed Dropout 'drop'" in opt.passes
+    (y,) = flowrt.InferenceSession(opt).run(None, {"x": np.array([[-1, 0, 1]] * 2, np.float32)})
+    np.testing.assert_array_equal(y, [[0, 0, 1]] * 2)
+
+
+def test_constant_subgraphs_and_static_shapes_are_folded():
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((2, 3, 4)))
+    shape = net.add_layer("Shape", inputs=[x], name="shape")
+    flat = net.add_layer("Reshape", inputs=[x, net.add_layer("Mul", inputs=[shape, np.array([1, 1, 1], np.int64)], name="mul")], name="reshape")
+    w = net.add_layer("Exp", inputs=[np.zeros((2, 3, 4), np.float32)], name="exp_of_const")
+    net.add_output("y", net.add_layer("Add", inputs=[flat, w], name="add"))
+    opt = flowrt.optimize(net)
+    assert list(opt.assignments()) == ["reshape", "add"]
+    assert any("folded 3 constant layer(s)" in p for p in opt.passes)
+    x_val = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    (y,) = flowrt.InferenceSession(opt).run(None, {"x": x_val})
+    np.testing.assert_allclose(y, x_val + 1)
+
+
+def _conv_bn_network(with_bias: bool):
+    rng = np.random.default_rng(1)
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, 3, 8, 8)))
+    weights = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    bias = rng.standard_normal(4).astype(np.float32) if with_bias else None
+    conv = net.add_layer("Conv", inputs=[x, weights, bias] if with_bias else [x, weights], name="conv")
+    params = [rng.uniform(0.5, 2, 4), rng.standard_normal(4), rng.standard_normal(4), rng.uniform(0.5, 2, 4)]
+    bn = net.add_layer("BatchNormalization", inputs=[conv, *[p.astype(np.float32) for p in params]], name="bn")
+    net.add_output("y", net.add_layer("Relu", inputs=[bn], name="relu"))
+    return net
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_batch_norm_folded_into_conv_keeps_results(with_bias):
+    net = _conv_bn_network(with_bias)
+    folded = flowrt.optimize(net)
+    unfolded = flowrt.optimize(net, options=flowrt.OptimizerOptions(fold_batch_norm=False))
+    assert list(folded.assignments()) == ["conv", "relu"]
+    assert "folded BatchNormalization 'bn' into Conv 'conv'" in folded.passes
+    assert "bn" in unfolded.assignments()
+    x = np.random.default_rng(2).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    (a,) = flowrt.InferenceSession(folded).run(None, {"x": x})
+    (b,) = flowrt.InferenceSession(unfolded).run(None, {"x": x})
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_optimize_leaves_the_network_unchanged():
+    net = _conv_bn_network(True)
+    before = sorted(net.graph.layers)
+    flowrt.optimize(net)
+    assert sorted(net.graph.layers) == before
