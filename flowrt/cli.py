@@ -14,7 +14,7 @@ import trio
 
 import flowrt
 from flowrt.errors import FlowrtError, InputError
-from flowrt.models import default_model, expected_outputs, pattern_input
+from flowrt.models import default_model, expected_outputs, expected_tolerance, pattern_input
 from flowrt.types import TensorInfo
 
 
@@ -80,9 +80,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         for line in _top5(name, array):
             print(line)
     if not feeds_given:
-        expected = expected_outputs(path)
+        expected, tolerance = expected_outputs(path), expected_tolerance(path)
         for (name, array), reference in zip(outputs.items(), expected):
-            ok = array.shape == reference.shape and np.allclose(array, reference, rtol=1e-3, atol=1e-7)
+            ok = array.shape == reference.shape and np.allclose(array, reference, **tolerance)
             diff = float(np.max(np.abs(array - reference))) if array.shape == reference.shape else float("nan")
             print(f"output {name} vs the model's shipped expected output: {'match' if ok else 'MISMATCH'} (max abs diff {diff:.3g})")
     if args.output_dir:
@@ -143,6 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FlowrtError as e:
         print(f"flowrt: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

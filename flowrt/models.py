@@ -50,6 +50,18 @@ def expected_outputs(model_path: str | Path) -> list[np.ndarray]:
     return found
 
 
+def expected_tolerance(model_path: str | Path) -> dict[str, float]:
+    """rtol/atol for comparing with a light model's expected output, as onnx's test data gives them."""
+    import json
+
+    stem = Path(model_path).stem.removeprefix("light_")
+    meta = light_model_dir().parent / "real" / f"test_{stem}" / "data.json"
+    if meta.exists():
+        data = json.loads(meta.read_text())
+        return {"rtol": float(data.get("rtol", 1e-3)), "atol": float(data.get("atol", 1e-7))}
+    return {"rtol": 1e-3, "atol": 1e-7}
+
+
 def pattern_input(info: TensorInfo) -> np.ndarray:
     """The documented deterministic input for ``info``: symbolic or unknown dims become 1;
     floats are ``arange(n).reshape(shape) / n`` (the pattern onnx's backend test feeds its

@@ -54,7 +54,7 @@ def read_model(source: str | os.PathLike | bytes | onnx.ModelProto) -> tuple[onn
     if base_dir is not None and _uses_external_data(model):
         try:
             onnx.external_data_helper.load_external_data_for_model(model, base_dir)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, onnx.checker.ValidationError) as e:
             raise ModelLoadError(f"model file {where}: cannot read its external data: {e}") from e
     return model, where
 
