@@ -51,7 +51,9 @@ async def _run(model_path: str, feeds_given: dict[str, np.ndarray], backends: li
         load_s = time.perf_counter() - t0
         unknown = set(feeds_given) - set(model.inputs)
         if unknown:
-            raise InputError(f"--input names {sorted(unknown)[0]!r}, which the model does not have; its inputs: {', '.join(model.inputs)}")
+            raise InputError(
+                f"--input names {sorted(unknown)[0]!r}, which the model does not have; its inputs: {', '.join(model.inputs)}"
+            )
         feeds = {n: feeds_given.get(n, pattern_input(info)) for n, info in model.inputs.items()}
         latencies, outputs = [], {}
         for _ in range(iterations):
@@ -66,7 +68,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     feeds_given = _parse_inputs(args.input)
     if args.iterations < 1:
         raise InputError(f"--iterations must be at least 1, got {args.iterations}")
-    opt, feeds, outputs, latencies, load_s = trio.run(_run, path, feeds_given, _backends(args.backends), args.iterations)
+    opt, feeds, outputs, latencies, load_s = trio.run(
+        _run, path, feeds_given, _backends(args.backends), args.iterations
+    )
     print(f"model: {path}")
     print("layers per backend: " + ", ".join(f"{b}={n}" for b, n in opt.backend_counts().items()))
     for name, array in feeds.items():
@@ -74,7 +78,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"input {name}: {TensorInfo.of(array)} ({source})")
     ms = [t * 1e3 for t in latencies]
     print(f"load: {load_s * 1e3:.1f} ms")
-    print(f"latency over {len(ms)} run(s): min {min(ms):.2f} ms, median {statistics.median(ms):.2f} ms, max {max(ms):.2f} ms")
+    print(
+        f"latency over {len(ms)} run(s): min {min(ms):.2f} ms, median {statistics.median(ms):.2f} ms, max {max(ms):.2f} ms"
+    )
     for name, array in outputs.items():
         print(f"output {name}: {TensorInfo.of(array)}")
         for line in _top5(name, array):
@@ -83,8 +89,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         expected, tolerance = expected_outputs(path), expected_tolerance(path)
         for (name, array), reference in zip(outputs.items(), expected):
             ok = array.shape == reference.shape and np.allclose(array, reference, **tolerance)
-            diff = float(np.max(np.abs(array - reference))) if array.shape == reference.shape else float("nan")
-            print(f"output {name} vs the model's shipped expected output: {'match' if ok else 'MISMATCH'} (max abs diff {diff:.3g})")
+            diff = (
+                float(np.max(np.abs(array - reference))) if array.shape == reference.shape else float("nan")
+            )
+            print(
+                f"output {name} vs the model's shipped expected output: {'match' if ok else 'MISMATCH'} (max abs diff {diff:.3g})"
+            )
     if args.output_dir:
         out_dir = Path(args.output_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -120,9 +130,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a model and print latency and outputs (default: squeezenet)")
     run.add_argument("model", nargs="?", help="an .onnx file (default: the squeezenet shipped with onnx)")
-    run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="feed an input from a .npy file (repeatable); inputs not given get the deterministic pattern")
+    run.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME=FILE.npy",
+        help="feed an input from a .npy file (repeatable); inputs not given get the deterministic pattern",
+    )
     run.add_argument("--output-dir", help="write each output as NAME.npy here")
-    run.add_argument("--backends", default="CpuRef", help="comma-separated backend preference list (default: CpuRef)")
+    run.add_argument(
+        "--backends", default="CpuRef", help="comma-separated backend preference list (default: CpuRef)"
+    )
     run.add_argument("--iterations", type=int, default=1, help="how many runs to time (default: 1)")
     run.set_defaults(func=cmd_run)
 

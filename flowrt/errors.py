@@ -46,9 +46,7 @@ class RunError(FlowrtError):
         self.layer = layer
         self.backend = backend
         self.cause = cause
-        super().__init__(
-            f"layer {layer!r} on backend {backend} failed: {type(cause).__name__}: {cause}"
-        )
+        super().__init__(f"layer {layer!r} on backend {backend} failed: {type(cause).__name__}: {cause}")
 
 
 class ResourceError(FlowrtError):

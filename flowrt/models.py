@@ -13,8 +13,15 @@ import numpy as np
 from flowrt.types import DataType, TensorInfo
 
 LIGHT_MODELS = (
-    "bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
-    "shufflenet", "squeezenet", "vgg19", "zfnet512",
+    "bvlc_alexnet",
+    "densenet121",
+    "inception_v1",
+    "inception_v2",
+    "resnet50",
+    "shufflenet",
+    "squeezenet",
+    "vgg19",
+    "zfnet512",
 )
 
 

@@ -43,7 +43,9 @@ class LoadedNetwork:
     ``run`` may be awaited from any trio run; concurrent runs of one model are allowed.
     """
 
-    def __init__(self, optimized: OptimizedNetwork, dataflow: Dataflow, limiter: trio.CapacityLimiter) -> None:
+    def __init__(
+        self, optimized: OptimizedNetwork, dataflow: Dataflow, limiter: trio.CapacityLimiter
+    ) -> None:
         self.optimized = optimized
         self.dataflow = dataflow
         self._limiter = limiter
@@ -58,7 +60,9 @@ class LoadedNetwork:
         """Output name -> inferred info, in the network's order."""
         return dict(self.dataflow.output_infos)
 
-    async def run(self, feeds: Mapping[str, Any], *, priority: Priority = Priority.MEDIUM) -> dict[str, np.ndarray]:
+    async def run(
+        self, feeds: Mapping[str, Any], *, priority: Priority = Priority.MEDIUM
+    ) -> dict[str, np.ndarray]:
         """Run once; returns ``{output name: array}`` (arrays the caller owns).
 
         Feeds are checked first (InputError, DataTypeError, ShapeError); a failing workload
@@ -95,7 +99,9 @@ class Runtime:
         if self._limiter is None:
             raise FlowrtError("Runtime.load needs an active runtime: use 'async with Runtime() as rt'")
         if not isinstance(optimized, OptimizedNetwork):
-            raise FlowrtError(f"Runtime.load expects an OptimizedNetwork (from flowrt.optimize), got {type(optimized).__name__}")
+            raise FlowrtError(
+                f"Runtime.load expects an OptimizedNetwork (from flowrt.optimize), got {type(optimized).__name__}"
+            )
         dataflow = await trio.to_thread.run_sync(self._build, optimized)
         return LoadedNetwork(optimized, dataflow, self._limiter)
 
@@ -113,7 +119,9 @@ class Runtime:
             except FlowrtError:
                 raise
             except Exception as e:
-                raise BackendError(f"backend {bid} failed to build layer {layer.name!r} ({layer.kind}): {e}") from e
+                raise BackendError(
+                    f"backend {bid} failed to build layer {layer.name!r} ({layer.kind}): {e}"
+                ) from e
             return workload
 
         return build_dataflow(optimized.graph, make_workload)

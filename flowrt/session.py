@@ -63,7 +63,11 @@ class InferenceSession:
 
     def get_outputs(self) -> list[NodeArg]:
         return [
-            NodeArg(n, None if i is None else i.shape, "unknown" if i is None else f"tensor({i.dtype.name.lower()})")
+            NodeArg(
+                n,
+                None if i is None else i.shape,
+                "unknown" if i is None else f"tensor({i.dtype.name.lower()})",
+            )
             for n, i in self._model.outputs.items()
         ]
 
@@ -72,6 +76,8 @@ class InferenceSession:
         names = list(self._model.outputs) if output_names is None else list(output_names)
         unknown = [n for n in names if n not in self._model.outputs]
         if unknown:
-            raise InputError(f"unknown output {unknown[0]!r}; the model's outputs are: {', '.join(self._model.outputs)}")
+            raise InputError(
+                f"unknown output {unknown[0]!r}; the model's outputs are: {', '.join(self._model.outputs)}"
+            )
         results = trio.run(self._model.run, input_feed)
         return [results[n] for n in names]

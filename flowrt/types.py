@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-from typing import Union
 
 import attrs
 import numpy as np
@@ -61,7 +60,7 @@ class DataType(enum.Enum):
 
 
 # A dimension is an int when known, a str when the model names it symbolically, None when unknown.
-Dim = Union[int, str, None]
+Dim = int | str | None
 
 
 def _to_shape(value: object) -> tuple[Dim, ...] | None:

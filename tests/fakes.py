@@ -49,7 +49,13 @@ class PartialBackend:
     version = (1, 0)
     capabilities: dict[str, Any] = {"host_memory": True}
 
-    def __init__(self, backend_id: str, kinds: set[str], fail_kinds: set[str] = frozenset(), fail_subgraphs: bool = False) -> None:
+    def __init__(
+        self,
+        backend_id: str,
+        kinds: set[str],
+        fail_kinds: set[str] = frozenset(),
+        fail_subgraphs: bool = False,
+    ) -> None:
         self.id = backend_id
         self.kinds = set(kinds)
         self.fail_kinds = set(fail_kinds)

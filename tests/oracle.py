@@ -57,10 +57,17 @@ def run_flowrt_node(
     front end's rule. ``constant_inputs`` lists the input indices shape inference sees as
     constants (default: all of them).
     """
-    node = helper.make_node(op_type, [f"x{i}" for i in range(len(inputs))], [f"y{i}" for i in range(num_outputs)], **(attributes or {}))
+    node = helper.make_node(
+        op_type,
+        [f"x{i}" for i in range(len(inputs))],
+        [f"y{i}" for i in range(num_outputs)],
+        **(attributes or {}),
+    )
     from flowrt.frontends.onnx.descriptors import node_attributes
 
-    desc = make_descriptor(op_type, node_attributes(node), opset=opset, num_outputs=num_outputs, where=op_type)
+    desc = make_descriptor(
+        op_type, node_attributes(node), opset=opset, num_outputs=num_outputs, where=op_type
+    )
     const_idx = set(range(len(inputs)) if constant_inputs is None else constant_inputs)
     infos = [TensorInfo.of(x) if x is not None else None for x in inputs]
     consts = [x if (i in const_idx and x is not None) else None for i, x in enumerate(inputs)]
@@ -93,5 +100,7 @@ def assert_matches_reference(
         assert info.shape is None or len(info.shape) == e.ndim
         if info.shape is not None:
             for d, n in zip(info.shape, e.shape):
-                assert d is None or isinstance(d, str) or d == n, f"{op_type}: inferred {info.shape} vs {e.shape}"
+                assert d is None or isinstance(d, str) or d == n, (
+                    f"{op_type}: inferred {info.shape} vs {e.shape}"
+                )
     return got

@@ -24,10 +24,20 @@ def test_run_with_inputs_iterations_and_output_dir(tmp_path, capsys):
     path = light_model("squeezenet")
     x = (np.arange(3 * 224 * 224).reshape(1, 3, 224, 224) / (3 * 224 * 224)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
-    code = main([
-        "run", str(path), "--input", f"data_0={tmp_path / 'x.npy'}", "--output-dir", str(tmp_path / "out"),
-        "--backends", "CpuRef", "--iterations", "3",
-    ])
+    code = main(
+        [
+            "run",
+            str(path),
+            "--input",
+            f"data_0={tmp_path / 'x.npy'}",
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--backends",
+            "CpuRef",
+            "--iterations",
+            "3",
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "latency over 3 run(s): min" in out
@@ -64,7 +74,9 @@ def test_backends_lists_cpuref_with_version_and_capabilities(capsys):
 
 
 def test_console_script_is_installed():
-    result = subprocess.run([sys.executable, "-m", "flowrt.cli", "backends"], capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "flowrt.cli", "backends"], capture_output=True, text=True, check=True
+    )
     assert "CpuRef" in result.stdout
 
 

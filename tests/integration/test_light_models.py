@@ -50,4 +50,6 @@ def test_light_model_through_the_async_api(name):
             return await model.run(feeds)
 
     outputs = trio.run(main_async)
-    np.testing.assert_allclose(list(outputs.values())[0], expected_outputs(path)[0], **expected_tolerance(path))
+    np.testing.assert_allclose(
+        list(outputs.values())[0], expected_outputs(path)[0], **expected_tolerance(path)
+    )

@@ -1,9 +1,9 @@
 import pytest
+from fakes import PartialBackend
 
 import flowrt
 from flowrt.errors import BackendError
 from flowrt.registry import BackendId, BackendRegistry, backend_registry
-from fakes import PartialBackend
 
 
 def test_cpuref_is_registered_by_default():

@@ -83,18 +83,24 @@ class Network:
         """A network output called ``name``, optionally connected to ``source`` now."""
         if any(layer.descriptor.name == name for layer in self.graph.output_layers):
             raise GraphError(f"the network already has an output called {name!r}")
-        return self.add_layer("Output", OutputDescriptor(name), [source] if source is not None else [], name=name)
+        return self.add_layer(
+            "Output", OutputDescriptor(name), [source] if source is not None else [], name=name
+        )
 
     def add_constant(self, value: np.ndarray, name: str | None = None) -> Layer:
         """A constant tensor (weights, biases); the array is kept read-only."""
         return self.graph.add_layer("Constant", ConstantDescriptor(value), name=name or "constant")
 
     # -- Arm NN-style conveniences ----------------------------------------------------------
-    def add_convolution2d(self, descriptor: Any, weights: np.ndarray, bias: np.ndarray | None = None, name: str | None = None) -> Layer:
+    def add_convolution2d(
+        self, descriptor: Any, weights: np.ndarray, bias: np.ndarray | None = None, name: str | None = None
+    ) -> Layer:
         """A Conv layer (descriptor: ``flowrt.descriptors.Conv``); connect its input slot 0."""
         return self.add_layer("Conv", descriptor, [None, weights, bias], name=name)
 
-    def add_fully_connected(self, weights: np.ndarray, bias: np.ndarray | None = None, name: str | None = None) -> Layer:
+    def add_fully_connected(
+        self, weights: np.ndarray, bias: np.ndarray | None = None, name: str | None = None
+    ) -> Layer:
         """y = x @ weights.T + bias, with weights of shape (out_features, in_features)."""
         desc = get_layer_kind("Gemm").descriptor(transB=1)
         return self.add_layer("Gemm", desc, [None, weights, bias], name=name)
@@ -135,4 +141,3 @@ class Network:
 
     def __len__(self) -> int:
         return len(self.graph)
-

@@ -52,7 +52,14 @@ class Assignment:
 class OptimizedNetwork:
     """A graph whose compute layers are each assigned to a backend; what ``Runtime.load`` takes."""
 
-    def __init__(self, graph: Graph, backends: list[str], decisions: dict[str, Assignment], passes: list[str], options: OptimizerOptions) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        backends: list[str],
+        decisions: dict[str, Assignment],
+        passes: list[str],
+        options: OptimizerOptions,
+    ) -> None:
         self.graph = graph
         self.backends = backends
         self.decisions = decisions
@@ -81,7 +88,9 @@ def _asker(backends: dict[str, Backend]):
         answers = {}
         for bid, support in supports.items():
             try:
-                s = support.is_layer_supported(layer.kind, layer.descriptor, layer.input_infos, layer.output_infos)
+                s = support.is_layer_supported(
+                    layer.kind, layer.descriptor, layer.input_infos, layer.output_infos
+                )
                 answers[bid] = (s.supported, s.reason)
             except Exception as e:  # a backend's bug must not stop the optimizer
                 answers[bid] = (False, f"layer support raised {type(e).__name__}: {e}")
@@ -115,7 +124,13 @@ def _assign(graph: Graph, order: list[str], backends: dict[str, Backend]) -> dic
     return decisions
 
 
-def _optimize_subgraphs(graph: Graph, order: list[str], backends: dict[str, Backend], decisions: dict[str, Assignment], passes: list[str]) -> None:
+def _optimize_subgraphs(
+    graph: Graph,
+    order: list[str],
+    backends: dict[str, Backend],
+    decisions: dict[str, Assignment],
+    passes: list[str],
+) -> None:
     """Hand each backend its subgraphs; re-assign the layers of failed ones down the list."""
     ask = _asker(backends)
     for position, bid in enumerate(order):
@@ -123,7 +138,9 @@ def _optimize_subgraphs(graph: Graph, order: list[str], backends: dict[str, Back
         for view in connected_subgraphs(graph, mine):
             views = backends[bid].optimize_subgraph(view)
             if views.substitutions:
-                raise BackendError(f"backend {bid} returned substitutions, which this version of flowrt does not apply")
+                raise BackendError(
+                    f"backend {bid} returned substitutions, which this version of flowrt does not apply"
+                )
             for failed in views.failed:
                 for layer in failed:
                     answers = ask(layer)

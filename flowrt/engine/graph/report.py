@@ -28,7 +28,9 @@ def format_report(opt: OptimizedNetwork) -> str:
             continue
         shapes = " ".join(str(o.info) for o in layer.outputs)
         rows.append((layer.name, layer.kind, shapes, layer.backend, opt.decisions[layer.name].declined))
-    width = [max([len(header), *(len(r[i]) for r in rows)]) for i, header in enumerate(("name", "type", "output"))]
+    width = [
+        max([len(header), *(len(r[i]) for r in rows)]) for i, header in enumerate(("name", "type", "output"))
+    ]
     lines.append(f"layers ({len(rows)}):")
     lines.append(f"  {'name':<{width[0]}}  {'type':<{width[1]}}  {'output':<{width[2]}}  backend")
     for name, kind, shapes, backend, declined in rows:

@@ -133,6 +133,4 @@ def _segments(nodes: list[tuple[Layer, WorkloadNode]]) -> tuple[Segment, ...]:
             deps.append({segment_of[p.name] for p in producers})
         members[chain].append(node)
         segment_of[layer.name] = chain
-    return tuple(
-        Segment(i, backends[i], tuple(members[i]), frozenset(deps[i])) for i in range(len(members))
-    )
+    return tuple(Segment(i, backends[i], tuple(members[i]), frozenset(deps[i])) for i in range(len(members)))

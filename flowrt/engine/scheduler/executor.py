@@ -40,7 +40,9 @@ class _RunState:
             try:
                 results = node.workload.execute(args)
                 if len(results) < sum(1 for t in node.outputs if t is not None):
-                    raise FlowrtError(f"workload returned {len(results)} outputs, expected {len(node.outputs)}")
+                    raise FlowrtError(
+                        f"workload returned {len(results)} outputs, expected {len(node.outputs)}"
+                    )
             except Exception as e:
                 raise RunError(node.layer, node.backend, e) from e
             for tid, value in zip(node.outputs, results):
@@ -58,7 +60,9 @@ class _RunState:
                     self.values.pop(tid, None)
 
 
-async def execute(dataflow: Dataflow, feeds: Mapping[str, np.ndarray], limiter: trio.CapacityLimiter) -> dict[str, np.ndarray]:
+async def execute(
+    dataflow: Dataflow, feeds: Mapping[str, np.ndarray], limiter: trio.CapacityLimiter
+) -> dict[str, np.ndarray]:
     """Run the dataflow once on checked feeds; return fresh output arrays by name."""
     state = _RunState(dataflow, feeds)
     done = [trio.Event() for _ in dataflow.segments]

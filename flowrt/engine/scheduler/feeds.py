@@ -39,6 +39,8 @@ def check_feeds(infos: Mapping[str, TensorInfo], feeds: Any) -> dict[str, np.nda
             if len(expected) != array.ndim or any(
                 isinstance(d, int) and d != n for d, n in zip(expected, array.shape)
             ):
-                raise ShapeError(f"input {name!r} expects shape {info.format_shape()}, got {tuple(array.shape)}")
+                raise ShapeError(
+                    f"input {name!r} expects shape {info.format_shape()}, got {tuple(array.shape)}"
+                )
         arrays[name] = array
     return arrays

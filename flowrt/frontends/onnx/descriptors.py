@@ -37,7 +37,9 @@ def attribute_value(attr: onnx.AttributeProto) -> Any:
         return tuple(v.decode("utf-8") for v in attr.strings)
     if kind == A.TENSOR:
         return numpy_helper.to_array(attr.t)
-    raise UnsupportedLayerError(f"attribute {attr.name!r} has type {A.AttributeType.Name(kind)}, which flowrt does not support")
+    raise UnsupportedLayerError(
+        f"attribute {attr.name!r} has type {A.AttributeType.Name(kind)}, which flowrt does not support"
+    )
 
 
 def make_descriptor(
@@ -64,4 +66,3 @@ def make_descriptor(
 
 def node_attributes(node: onnx.NodeProto) -> dict[str, Any]:
     return {a.name: attribute_value(a) for a in node.attribute}
-

@@ -48,7 +48,9 @@ def read_model(source: str | os.PathLike | bytes | onnx.ModelProto) -> tuple[onn
     try:
         model.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as e:
-        raise ModelLoadError(f"model file {where} is not a valid ONNX protobuf (truncated or not a model): {e}") from e
+        raise ModelLoadError(
+            f"model file {where} is not a valid ONNX protobuf (truncated or not a model): {e}"
+        ) from e
     if not model.HasField("graph") or model.ir_version == 0:
         raise ModelLoadError(f"model file {where} is not an ONNX model: it has no graph or no IR version")
     if base_dir is not None and _uses_external_data(model):
@@ -87,12 +89,16 @@ def _check_acyclic(graph: onnx.GraphProto, where: str) -> None:
 def _tensor_info(value: onnx.ValueInfoProto, where: str) -> TensorInfo:
     tensor_type = value.type.tensor_type
     if not value.type.HasField("tensor_type"):
-        raise UnsupportedLayerError(f"model {where}: input {value.name!r} is not a tensor; flowrt supports tensor inputs only")
+        raise UnsupportedLayerError(
+            f"model {where}: input {value.name!r} is not a tensor; flowrt supports tensor inputs only"
+        )
     try:
         dtype = DataType.from_numpy(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
     except (KeyError, ValueError, FlowrtError) as e:
         name = onnx.TensorProto.DataType.Name(tensor_type.elem_type) if tensor_type.elem_type else "undefined"
-        raise UnsupportedLayerError(f"model {where}: input {value.name!r} has element type {name}, which flowrt does not support") from e
+        raise UnsupportedLayerError(
+            f"model {where}: input {value.name!r} has element type {name}, which flowrt does not support"
+        ) from e
     if not tensor_type.HasField("shape"):
         return TensorInfo(None, dtype)
     dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor_type.shape.dim]
@@ -162,14 +168,22 @@ def _build(model: onnx.ModelProto, where: str) -> Network:
     for index, node in enumerate(graph.node):
         label = node.name or f"{node.op_type}_{index}"
         if node.domain not in DEFAULT_DOMAINS:
-            raise UnsupportedLayerError(f"op {node.domain}.{node.op_type} (node {label!r}) is in a domain flowrt does not support")
+            raise UnsupportedLayerError(
+                f"op {node.domain}.{node.op_type} (node {label!r}) is in a domain flowrt does not support"
+            )
         if node.op_type == "Constant":
             tensors[node.output[0]] = net.add_constant(_constant_node_value(node), name=label).outputs[0]
             continue
         if node.op_type not in known:
-            raise UnsupportedLayerError(f"op {node.op_type} (node {label!r}, opset {opset}) is not supported by flowrt")
+            raise UnsupportedLayerError(
+                f"op {node.op_type} (node {label!r}, opset {opset}) is not supported by flowrt"
+            )
         descriptor = make_descriptor(
-            node.op_type, node_attributes(node), opset=opset, num_outputs=len(node.output), where=f"node {label!r}"
+            node.op_type,
+            node_attributes(node),
+            opset=opset,
+            num_outputs=len(node.output),
+            where=f"node {label!r}",
         )
         layer = net.graph.add_layer(
             node.op_type, descriptor, name=label, num_inputs=len(node.input), num_outputs=len(node.output)
@@ -183,7 +197,9 @@ def _build(model: onnx.ModelProto, where: str) -> Network:
             if not name:
                 continue
             if name not in tensors:
-                raise ModelLoadError(f"model {where}: node {label!r} reads tensor {name!r}, which nothing produces")
+                raise ModelLoadError(
+                    f"model {where}: node {label!r} reads tensor {name!r}, which nothing produces"
+                )
             tensors[name].connect(slot)
     for value in graph.output:
         if value.name not in tensors:

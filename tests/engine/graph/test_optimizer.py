@@ -2,14 +2,14 @@
 
 import numpy as np
 import pytest
+from fakes import PartialBackend
+from netbuild import branchy_expected, branchy_network
 
 import flowrt
 from flowrt.errors import UnsupportedLayerError
 from flowrt.registry import BackendRegistry
 from flowrt.types import TensorInfo
 from flowrt.workers.cpu.ref import RefBackend
-from fakes import PartialBackend
-from netbuild import branchy_expected, branchy_network
 
 
 @pytest.fixture
@@ -17,7 +17,9 @@ def registry():
     registry = BackendRegistry()
     registry.register("CpuRef", RefBackend)
     registry.register("Partial", lambda: PartialBackend("Partial", {"Relu", "Add"}))
-    registry.register("Failing", lambda: PartialBackend("Failing", {"Relu", "Sigmoid", "Tanh", "Add"}, fail_subgraphs=True))
+    registry.register(
+        "Failing", lambda: PartialBackend("Failing", {"Relu", "Sigmoid", "Tanh", "Add"}, fail_subgraphs=True)
+    )
     return registry
 
 
@@ -37,7 +39,9 @@ def test_fallback_is_shown_in_the_report(registry):
 
 
 def test_no_backend_raises_with_every_reason(registry):
-    with pytest.raises(UnsupportedLayerError, match=r"layer 'left' \(Sigmoid\).*Partial: Partial only runs Add, Relu"):
+    with pytest.raises(
+        UnsupportedLayerError, match=r"layer 'left' \(Sigmoid\).*Partial: Partial only runs Add, Relu"
+    ):
         flowrt.optimize(branchy_network(), backends=["Partial"], registry=registry)
 
 
@@ -74,7 +78,11 @@ def test_constant_subgraphs_and_static_shapes_are_folded():
     net = flowrt.Network()
     x = net.add_input("x", TensorInfo((2, 3, 4)))
     shape = net.add_layer("Shape", inputs=[x], name="shape")
-    flat = net.add_layer("Reshape", inputs=[x, net.add_layer("Mul", inputs=[shape, np.array([1, 1, 1], np.int64)], name="mul")], name="reshape")
+    flat = net.add_layer(
+        "Reshape",
+        inputs=[x, net.add_layer("Mul", inputs=[shape, np.array([1, 1, 1], np.int64)], name="mul")],
+        name="reshape",
+    )
     w = net.add_layer("Exp", inputs=[np.zeros((2, 3, 4), np.float32)], name="exp_of_const")
     net.add_output("y", net.add_layer("Add", inputs=[flat, w], name="add"))
     opt = flowrt.optimize(net)
@@ -93,7 +101,9 @@ def _conv_bn_network(with_bias: bool):
     bias = rng.standard_normal(4).astype(np.float32) if with_bias else None
     conv = net.add_layer("Conv", inputs=[x, weights, bias] if with_bias else [x, weights], name="conv")
     params = [rng.uniform(0.5, 2, 4), rng.standard_normal(4), rng.standard_normal(4), rng.uniform(0.5, 2, 4)]
-    bn = net.add_layer("BatchNormalization", inputs=[conv, *[p.astype(np.float32) for p in params]], name="bn")
+    bn = net.add_layer(
+        "BatchNormalization", inputs=[conv, *[p.astype(np.float32) for p in params]], name="bn"
+    )
     net.add_output("y", net.add_layer("Relu", inputs=[bn], name="relu"))
     return net
 

@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 import trio
+from fakes import PartialBackend
+from netbuild import branchy_expected, branchy_network
 
 import flowrt
 from flowrt.errors import RunError
 from flowrt.registry import BackendRegistry
 from flowrt.workers.cpu.ref import RefBackend
-from fakes import PartialBackend
-from netbuild import branchy_expected, branchy_network
 
 
 async def test_branches_run_and_match_numpy():
@@ -43,7 +43,9 @@ async def test_failing_workload_raises_run_error_naming_layer_backend_and_cause(
     opt = flowrt.optimize(branchy_network(), backends=["Flaky", "CpuRef"], registry=registry)
     async with flowrt.Runtime(registry) as rt:
         model = await rt.load(opt)
-        with pytest.raises(RunError, match=r"layer 'right' on backend Flaky failed: ValueError: deliberate") as info:
+        with pytest.raises(
+            RunError, match=r"layer 'right' on backend Flaky failed: ValueError: deliberate"
+        ) as info:
             await model.run({"x": np.ones((1, 4), np.float32)})
     assert info.value.layer == "right"
     assert info.value.backend == "Flaky"

@@ -13,7 +13,8 @@ from flowrt.models import light_model
 def _relu_model(op_type="Relu", opset=13):
     node = helper.make_node(op_type, ["x"], ["y"], name="the_node")
     graph = helper.make_graph(
-        [node], "g",
+        [node],
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
     )
@@ -66,7 +67,9 @@ def test_cycle_is_reported_with_node_names(tmp_path):
     a = helper.make_node("Relu", ["b_out"], ["a_out"], name="A")
     b = helper.make_node("Relu", ["a_out"], ["b_out"], name="B")
     graph = helper.make_graph(
-        [a, b], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [a, b],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
         [helper.make_tensor_value_info("b_out", TensorProto.FLOAT, [2])],
     )
     path = tmp_path / "cycle.onnx"
@@ -111,7 +114,14 @@ def test_external_data_is_loaded(tmp_path):
     model.graph.node[0].input.append("w")
     weights = np.arange(6, dtype=np.float32).reshape(2, 3)
     model.graph.initializer.append(onnx.numpy_helper.from_array(weights, "w"))
-    onnx.save_model(model, tmp_path / "ext.onnx", save_as_external_data=True, all_tensors_to_one_file=True, location="ext.data", size_threshold=0)
+    onnx.save_model(
+        model,
+        tmp_path / "ext.onnx",
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="ext.data",
+        size_threshold=0,
+    )
     assert (tmp_path / "ext.data").exists()
     sess = flowrt.InferenceSession(tmp_path / "ext.onnx")
     (y,) = sess.run(None, {"x": np.ones((2, 3), np.float32)})
@@ -122,7 +132,9 @@ def test_missing_external_data_file(tmp_path):
     model = _relu_model("Add")
     model.graph.node[0].input.append("w")
     model.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((2, 3), np.float32), "w"))
-    onnx.save_model(model, tmp_path / "ext.onnx", save_as_external_data=True, location="ext.data", size_threshold=0)
+    onnx.save_model(
+        model, tmp_path / "ext.onnx", save_as_external_data=True, location="ext.data", size_threshold=0
+    )
     (tmp_path / "ext.data").unlink()
     with pytest.raises(ModelLoadError, match="external data"):
         flowrt.onnx.load(tmp_path / "ext.onnx")

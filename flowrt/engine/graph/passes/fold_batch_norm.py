@@ -48,8 +48,10 @@ def fold_batch_norm(graph: Graph) -> list[str]:
             continue
         conv, (weights, scale, shift, mean, var) = match
         eps = float(getattr(bn.descriptor, "epsilon", 1e-5))
-        factor = (scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + eps))
-        old_bias = constant_value(conv.inputs[2].source) if len(conv.inputs) > 2 and conv.inputs[2].source else None
+        factor = scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + eps)
+        old_bias = (
+            constant_value(conv.inputs[2].source) if len(conv.inputs) > 2 and conv.inputs[2].source else None
+        )
         bias = np.zeros(weights.shape[0]) if old_bias is None else old_bias.astype(np.float64)
         new_w = (weights * factor.reshape(-1, *[1] * (weights.ndim - 1))).astype(weights.dtype)
         new_b = ((bias - mean) * factor + shift).astype(weights.dtype)

@@ -50,7 +50,9 @@ def fold_constants(graph: Graph, evaluate: Evaluator) -> list[str]:
         for out, value in zip(layer.outputs, outputs):
             if not out.connections:
                 continue
-            const = graph.add_layer("Constant", ConstantDescriptor(value), name=f"{layer.name}/folded{out.index}")
+            const = graph.add_layer(
+                "Constant", ConstantDescriptor(value), name=f"{layer.name}/folded{out.index}"
+            )
             const.outputs[0].info = TensorInfo.of(value)
             graph.reroute(out, const.outputs[0])
         graph.remove_layer(layer)
