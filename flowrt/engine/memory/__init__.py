@@ -1,0 +1,1 @@
+"""Memory planned once at load and lent per run: lifetimes, arenas, pools."""
