@@ -105,11 +105,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _memory_report(opt) -> dict[str, dict[str, int]]:
+    async with flowrt.Runtime() as rt:
+        return (await rt.load(opt, max_in_flight=1)).memory_report()
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     path = args.model or str(default_model())
     opt = flowrt.optimize(flowrt.onnx.load(path), backends=_backends(args.backends))
     print(f"model: {path}")
     print(opt.report())
+    if args.memory:
+        mib = 2**20
+        print("memory per run (MiB):")
+        print(f"  {'backend':<10} {'arena':>10} {'no reuse':>10} {'lower bound':>12} {'tensors':>8}")
+        for backend, r in trio.run(_memory_report, opt).items():
+            print(
+                f"  {backend:<10} {r['arena_bytes'] / mib:>10.3f} {r['no_reuse_bytes'] / mib:>10.3f} "
+                f"{r['lower_bound_bytes'] / mib:>12.3f} {r['tensors']:>8}"
+            )
     return 0
 
 
@@ -147,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", help="print each layer's type, output shape and backend")
     inspect.add_argument("model", nargs="?", help="an .onnx file (default: squeezenet)")
     inspect.add_argument("--backends", default="CpuRef", help="comma-separated backend preference list")
+    inspect.add_argument(
+        "--memory", action="store_true", help="also plan memory and print the per-backend report"
+    )
     inspect.set_defaults(func=cmd_inspect)
 
     backends = sub.add_parser("backends", help="list registered backends")

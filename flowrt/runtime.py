@@ -14,14 +14,18 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
 import numpy as np
 import trio
 
 from flowrt.engine.graph.graph import Layer
 from flowrt.engine.graph.optimizer import OptimizedNetwork
+from flowrt.engine.memory.manager import MemoryManager
+from flowrt.engine.memory.planner import MemoryLayout, PlannedNode, plan_memory
+from flowrt.engine.memory.pool import PoolManager
 from flowrt.engine.scheduler.dataflow import Dataflow, build_dataflow
-from flowrt.engine.scheduler.executor import execute
-from flowrt.engine.scheduler.feeds import check_feeds
+from flowrt.engine.scheduler.executor import Binding, execute
+from flowrt.engine.scheduler.feeds import check_feeds, check_output_buffers
 from flowrt.errors import BackendError, FlowrtError
 from flowrt.registry import BackendRegistry, WorkloadInfo, backend_registry
 from flowrt.types import Priority, TensorInfo
@@ -37,18 +41,36 @@ def default_cpu_workers() -> int:
         return os.cpu_count() or 1
 
 
-class LoadedNetwork:
-    """A network ready to run: workloads built and prepared, dataflow compiled.
+def _bindings(dataflow: Dataflow, layout: MemoryLayout) -> dict[int, Binding]:
+    bindings = {}
+    for backend, plan in layout.plans.items():
+        for tid, placement in plan.placements.items():
+            info = dataflow.tensor_infos[tid]
+            bindings[tid] = Binding(backend, placement.offset, tuple(info.shape), info.dtype.numpy)  # type: ignore[arg-type]
+    return bindings
 
-    ``run`` may be awaited from any trio run; concurrent runs of one model are allowed.
+
+class LoadedNetwork:
+    """A network ready to run: workloads built and prepared, dataflow compiled, memory planned.
+
+    ``run`` may be awaited from any trio run. Up to ``max_in_flight`` runs execute at once,
+    each in a pool of its own; further runs wait for a pool.
     """
 
     def __init__(
-        self, optimized: OptimizedNetwork, dataflow: Dataflow, limiter: trio.CapacityLimiter
+        self,
+        optimized: OptimizedNetwork,
+        dataflow: Dataflow,
+        limiter: trio.CapacityLimiter,
+        layout: MemoryLayout,
+        pools: PoolManager,
     ) -> None:
         self.optimized = optimized
         self.dataflow = dataflow
+        self.layout = layout
+        self.pools = pools
         self._limiter = limiter
+        self._bindings = _bindings(dataflow, layout)
 
     @property
     def inputs(self) -> dict[str, TensorInfo]:
@@ -61,30 +83,57 @@ class LoadedNetwork:
         return dict(self.dataflow.output_infos)
 
     async def run(
-        self, feeds: Mapping[str, Any], *, priority: Priority = Priority.MEDIUM
+        self,
+        feeds: Mapping[str, Any],
+        *,
+        priority: Priority = Priority.MEDIUM,
+        outputs: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
-        """Run once; returns ``{output name: array}`` (arrays the caller owns).
+        """Run once; returns ``{output name: array}`` — arrays the caller owns, never pool memory.
 
-        Feeds are checked first (InputError, DataTypeError, ShapeError); a failing workload
-        raises RunError. Cancelling the calling scope stops the run at the next workload.
-        ``priority`` orders runs where backends queue work; CpuRef runs everything as it comes.
+        Feeds are checked first (InputError, DataTypeError, ShapeError) and read in place.
+        ``outputs`` binds caller arrays (ONNX Runtime's IOBinding): those outputs are written
+        into them, and they are what is returned. A failing workload raises RunError.
+        Cancelling the calling scope stops the run at the next workload. The run's memory
+        pool is awaited by ``priority`` (first come, first served within one) and given
+        back however the run ends.
         """
         arrays = check_feeds(self.dataflow.input_infos, feeds)
-        return await execute(self.dataflow, arrays, self._limiter)
+        bound = check_output_buffers(self.dataflow.output_infos, outputs)
+        async with self.pools.acquire(int(priority)) as pool:
+            results = await execute(self.dataflow, arrays, self._limiter, pool, self._bindings)
+        for name, target in bound.items():
+            np.copyto(target, results[name])
+            results[name] = target
+        return results
+
+    def memory_report(self) -> dict[str, dict[str, int]]:
+        """Per backend: ``arena_bytes`` (one pool), ``no_reuse_bytes`` (all intermediate
+        tensors summed), ``lower_bound_bytes`` (largest total live at one step of the
+        schedule) and ``tensors`` (how many were planned)."""
+        return {b: attrs.asdict(m) for b, m in self.layout.report.items()}
 
 
 class Runtime:
     """Owns the backend registry and the worker capacity; loads optimized networks.
 
     Use as ``async with Runtime() as rt``. ``cpu_workers`` bounds how many segments run at once
-    (default: the cores this process may use).
+    (default: the cores this process may use). ``zero_memory_on_release`` zeroes a memory
+    pool before it is lent to the next run (for sensitive data).
     """
 
-    def __init__(self, registry: BackendRegistry | None = None, *, cpu_workers: int | None = None) -> None:
+    def __init__(
+        self,
+        registry: BackendRegistry | None = None,
+        *,
+        cpu_workers: int | None = None,
+        zero_memory_on_release: bool = False,
+    ) -> None:
         self.registry = registry or backend_registry()
         self.cpu_workers = cpu_workers or default_cpu_workers()
         if self.cpu_workers < 1:
             raise FlowrtError(f"cpu_workers must be at least 1, got {self.cpu_workers}")
+        self.zero_memory_on_release = zero_memory_on_release
         self._limiter: trio.CapacityLimiter | None = None
 
     async def __aenter__(self) -> Runtime:
@@ -94,27 +143,35 @@ class Runtime:
     async def __aexit__(self, *exc_info: object) -> None:
         self._limiter = None
 
-    async def load(self, optimized: OptimizedNetwork) -> LoadedNetwork:
-        """Build and prepare every workload; heavy one-time work happens here, not per run."""
+    async def load(self, optimized: OptimizedNetwork, *, max_in_flight: int | None = None) -> LoadedNetwork:
+        """Build and prepare every workload and plan memory; heavy one-time work happens here.
+
+        ``max_in_flight`` pools are allocated (default: the runtime's ``cpu_workers``): that
+        many runs of this network execute at once, each in its own memory.
+        """
         if self._limiter is None:
             raise FlowrtError("Runtime.load needs an active runtime: use 'async with Runtime() as rt'")
         if not isinstance(optimized, OptimizedNetwork):
             raise FlowrtError(
                 f"Runtime.load expects an OptimizedNetwork (from flowrt.optimize), got {type(optimized).__name__}"
             )
-        dataflow = await trio.to_thread.run_sync(self._build, optimized)
-        return LoadedNetwork(optimized, dataflow, self._limiter)
+        pools = self.cpu_workers if max_in_flight is None else max_in_flight
+        if not isinstance(pools, int) or pools < 1:
+            raise FlowrtError(f"max_in_flight must be a positive int, got {pools!r}")
+        return await trio.to_thread.run_sync(self._build, optimized, pools)
 
-    def _build(self, optimized: OptimizedNetwork) -> Dataflow:
+    def _build(self, optimized: OptimizedNetwork, pool_count: int) -> LoadedNetwork:
         factories: dict[str, Any] = {}
+        managers: dict[str, MemoryManager] = {}
 
         def make_workload(layer: Layer, info: WorkloadInfo):
-            bid = layer.backend
+            bid: str = layer.backend  # type: ignore[assignment]
             if bid not in factories:
-                backend = self.registry.get(bid)  # type: ignore[arg-type]
-                factories[bid] = backend.create_workload_factory(backend.create_memory_manager())  # type: ignore[index]
+                backend = self.registry.get(bid)
+                managers[bid] = backend.create_memory_manager() or MemoryManager()
+                factories[bid] = backend.create_workload_factory(managers[bid])
             try:
-                workload = factories[bid].create_workload(info)  # type: ignore[index]
+                workload = factories[bid].create_workload(info)
                 workload.prepare()
             except FlowrtError:
                 raise
@@ -124,4 +181,18 @@ class Runtime:
                 ) from e
             return workload
 
-        return build_dataflow(optimized.graph, make_workload)
+        dataflow = build_dataflow(optimized.graph, make_workload)
+        order = [
+            PlannedNode(
+                n.kind,
+                n.backend,
+                tuple(t for t in n.inputs if t is not None),
+                tuple(t for t in n.outputs if t is not None),
+            )
+            for n in dataflow.order
+        ]
+        layout = plan_memory(order, dataflow.tensor_infos, set(dataflow.outputs.values()), managers)
+        arena_bytes = {b: plan.arena_bytes for b, plan in layout.plans.items()}
+        allocators = {b: managers[b].allocator for b in arena_bytes}
+        pools = PoolManager(pool_count, arena_bytes, allocators, zero_on_release=self.zero_memory_on_release)
+        return LoadedNetwork(optimized, dataflow, self._limiter, layout, pools)  # type: ignore[arg-type]

@@ -50,10 +50,12 @@ class Dataflow:
     outputs: dict[str, int]
     output_infos: dict[str, TensorInfo | None]
     readers: dict[int, int]  # tensor id -> number of workloads that read it
+    order: tuple[WorkloadNode, ...]  # every workload, in topological order
+    tensor_infos: dict[int, TensorInfo]  # inferred info of each workload-produced tensor
 
     @property
     def nodes(self) -> list[WorkloadNode]:
-        return [node for seg in self.segments for node in seg.nodes]
+        return list(self.order)
 
 
 WorkloadMaker = Callable[[Layer, WorkloadInfo], Workload]
@@ -66,7 +68,7 @@ def build_dataflow(graph: Graph, make_workload: WorkloadMaker) -> Dataflow:
     def tensor_id(slot: OutputSlot) -> int:
         return ids.setdefault((slot.layer.name, slot.index), len(ids))
 
-    constants, inputs, input_infos, outputs, output_infos = {}, {}, {}, {}, {}
+    constants, inputs, input_infos, outputs, output_infos, infos = {}, {}, {}, {}, {}, {}
     nodes: list[tuple[Layer, WorkloadNode]] = []
     for layer in graph.topological_order():
         if layer.kind == "Constant":
@@ -96,6 +98,7 @@ def build_dataflow(graph: Graph, make_workload: WorkloadMaker) -> Dataflow:
                 tuple(tensor_id(o) if o.connections else None for o in layer.outputs),
             )
             nodes.append((layer, node))
+            infos.update({tid: out.info for tid, out in zip(node.outputs, layer.outputs) if tid is not None})
     # Inputs and outputs keep the network's declared order, not the execution order.
     inputs = {layer.descriptor.name: inputs[layer.descriptor.name] for layer in graph.input_layers}
     outputs = {layer.descriptor.name: outputs[layer.descriptor.name] for layer in graph.output_layers}
@@ -105,7 +108,17 @@ def build_dataflow(graph: Graph, make_workload: WorkloadMaker) -> Dataflow:
         for tid in node.inputs:
             if tid is not None and tid not in constants:
                 readers[tid] = readers.get(tid, 0) + 1
-    return Dataflow(_segments(nodes), constants, inputs, input_infos, outputs, output_infos, readers)
+    return Dataflow(
+        _segments(nodes),
+        constants,
+        inputs,
+        input_infos,
+        outputs,
+        output_infos,
+        readers,
+        tuple(node for _, node in nodes),
+        infos,
+    )
 
 
 def _compute_producers(layer: Layer) -> list[Layer]:

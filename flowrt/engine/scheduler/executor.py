@@ -11,17 +11,37 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
+import attrs
 import numpy as np
 import trio
 
+from flowrt.engine.memory.pool import MemoryPool
 from flowrt.engine.scheduler.dataflow import Dataflow, Segment
 from flowrt.errors import FlowrtError, RunError
+
+
+@attrs.frozen
+class Binding:
+    """Where a planned tensor lives in a pool: backend arena, byte offset, shape and dtype."""
+
+    backend: str
+    offset: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
 
 
 class _RunState:
     """The tensors of one run, and what lets its threads stop early."""
 
-    def __init__(self, dataflow: Dataflow, feeds: Mapping[str, np.ndarray]) -> None:
+    def __init__(
+        self,
+        dataflow: Dataflow,
+        feeds: Mapping[str, np.ndarray],
+        pool: MemoryPool | None,
+        bindings: Mapping[int, Binding],
+    ) -> None:
+        self.pool = pool
+        self.bindings = bindings if pool is not None else {}
         self.values: dict[int, np.ndarray] = dict(dataflow.constants)
         for name, tid in dataflow.inputs.items():
             self.values[tid] = feeds[name]
@@ -61,10 +81,18 @@ class _RunState:
 
 
 async def execute(
-    dataflow: Dataflow, feeds: Mapping[str, np.ndarray], limiter: trio.CapacityLimiter
+    dataflow: Dataflow,
+    feeds: Mapping[str, np.ndarray],
+    limiter: trio.CapacityLimiter,
+    pool: MemoryPool | None = None,
+    bindings: Mapping[int, Binding] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Run the dataflow once on checked feeds; return fresh output arrays by name."""
-    state = _RunState(dataflow, feeds)
+    """Run the dataflow once on checked feeds; return fresh output arrays by name.
+
+    With a ``pool``, planned intermediate tensors live at their ``bindings`` in it; the pool
+    must stay lent until this returns (it does not touch the pool afterwards).
+    """
+    state = _RunState(dataflow, feeds, pool, bindings or {})
     done = [trio.Event() for _ in dataflow.segments]
 
     async def run(segment: Segment, cancel_scope: trio.CancelScope) -> None:

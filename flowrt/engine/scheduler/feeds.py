@@ -44,3 +44,32 @@ def check_feeds(infos: Mapping[str, TensorInfo], feeds: Any) -> dict[str, np.nda
                 )
         arrays[name] = array
     return arrays
+
+
+def check_output_buffers(infos: Mapping[str, TensorInfo | None], outputs: Any) -> dict[str, np.ndarray]:
+    """Caller arrays to write outputs into: each must be a writeable array of the output's dtype
+    and (where known) shape."""
+    if outputs is None:
+        return {}
+    if not isinstance(outputs, Mapping):
+        raise InputError(f"outputs must be a mapping of output name to array, got {type(outputs).__name__}")
+    for name, target in outputs.items():
+        if name not in infos:
+            raise InputError(f"unknown output {name!r}; the network's outputs are: {', '.join(infos)}")
+        info = infos[name]
+        if not isinstance(target, np.ndarray) or not target.flags.writeable:
+            raise InputError(f"output {name!r} must be bound to a writeable numpy array")
+        if info is None:
+            continue
+        if DataType.from_numpy(target.dtype) != info.dtype:
+            raise DataTypeError(
+                f"output {name!r} produces {info.dtype.name.lower()}, bound array is {target.dtype}"
+            )
+        if info.shape is not None and (
+            len(info.shape) != target.ndim
+            or any(isinstance(d, int) and d != n for d, n in zip(info.shape, target.shape))
+        ):
+            raise ShapeError(
+                f"output {name!r} has shape {info.format_shape()}, bound array is {tuple(target.shape)}"
+            )
+    return dict(outputs)

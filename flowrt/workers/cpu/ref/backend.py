@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from flowrt.engine.memory.manager import MemoryManager
 from flowrt.registry import OptimizationViews
 from flowrt.workers.cpu.ref.layer_support import RefLayerSupport
 from flowrt.workers.cpu.ref.workload_factory import RefWorkloadFactory
@@ -28,8 +29,9 @@ class RefBackend:
         views.add_untouched(view)
         return views
 
-    def create_memory_manager(self) -> None:
-        return None
+    def create_memory_manager(self) -> MemoryManager:
+        """Host memory, tensors packed at offsets of one arena."""
+        return MemoryManager()
 
     def create_workload_factory(self, memory_manager: Any = None) -> RefWorkloadFactory:
         return RefWorkloadFactory(memory_manager)
