@@ -21,14 +21,15 @@ class _Support:
 
 
 class _Workload:
-    def __init__(self, info: WorkloadInfo, fail: bool, calls: list[str]) -> None:
-        self.info, self.fail, self.calls = info, fail, calls
+    def __init__(self, info: WorkloadInfo, fail: bool, calls: list[str], inputs_seen: list) -> None:
+        self.info, self.fail, self.calls, self.inputs_seen = info, fail, calls, inputs_seen
 
     def prepare(self) -> None:
         pass
 
     def execute(self, inputs):
         self.calls.append(self.info.layer_name)
+        self.inputs_seen.append(list(inputs))
         if self.fail:
             raise ValueError("deliberate failure for the test")
         result = load_all()[self.info.kind](self.info.descriptor, *inputs)
@@ -40,7 +41,9 @@ class _Factory:
         self.backend = backend
 
     def create_workload(self, info: WorkloadInfo) -> _Workload:
-        return _Workload(info, info.kind in self.backend.fail_kinds, self.backend.calls)
+        return _Workload(
+            info, info.kind in self.backend.fail_kinds, self.backend.calls, self.backend.inputs_seen
+        )
 
 
 class PartialBackend:
@@ -61,6 +64,7 @@ class PartialBackend:
         self.fail_kinds = set(fail_kinds)
         self.fail_subgraphs = fail_subgraphs
         self.calls: list[str] = []
+        self.inputs_seen: list[list] = []
 
     def layer_support(self) -> _Support:
         return _Support(self.id, self.kinds)

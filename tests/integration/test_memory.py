@@ -173,3 +173,18 @@ def test_inspect_memory_prints_the_report(capsys):
     line = next(line for line in out.splitlines() if line.strip().startswith("CpuRef"))
     arena, no_reuse, lower = (float(v) for v in line.split()[1:4])
     assert lower <= arena < 0.5 * no_reuse
+
+
+async def test_feeds_are_read_in_place():
+    spy = PartialBackend("Spy", {"Relu"})
+    registry = BackendRegistry()
+    registry.register("Spy", lambda: spy)
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((4,)))
+    net.add_output("y", net.add_layer("Relu", inputs=[x]))
+    feed = np.array([-1, 2, -3, 4], np.float32)
+    async with flowrt.Runtime(registry) as rt:
+        model = await rt.load(flowrt.optimize(net, backends=["Spy"], registry=registry))
+        out = await model.run({"x": feed})
+    assert spy.inputs_seen[0][0] is feed
+    np.testing.assert_array_equal(out["y"], [0, 2, 0, 4])
