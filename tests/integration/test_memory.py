@@ -151,14 +151,28 @@ async def test_outputs_written_into_caller_arrays():
 
 
 async def test_zero_memory_on_release_clears_pools_between_runs():
-    async with flowrt.Runtime(zero_memory_on_release=True) as rt:
-        model = await rt.load(flowrt.optimize(_cnn()), max_in_flight=1)
-        await model.run({"x": _input(4)})
-        assert not model.pools.pools[0].arenas["CpuRef"].any()
-    async with flowrt.Runtime() as rt:
-        model = await rt.load(flowrt.optimize(_cnn()), max_in_flight=1)
-        await model.run({"x": _input(4)})
-        assert model.pools.pools[0].arenas["CpuRef"].any()
+    for zero in (True, False):
+        async with flowrt.Runtime(zero_memory_on_release=zero) as rt:
+            model = await rt.load(flowrt.optimize(_cnn()), max_in_flight=1)
+            arena = model.pools.pools[0].arenas["CpuRef"]
+            arena.fill(0)
+            await model.run({"x": _input(4)})
+            assert arena.any() != zero
+
+
+async def test_intermediate_tensors_live_in_the_run_pool():
+    spy = PartialBackend("Spy", {"Tanh"})
+    registry = BackendRegistry()
+    registry.register("CpuRef", RefBackend)
+    registry.register("Spy", lambda: spy)
+    async with flowrt.Runtime(registry) as rt:
+        model = await rt.load(
+            flowrt.optimize(_cnn(), backends=["Spy", "CpuRef"], registry=registry), max_in_flight=2
+        )
+        await model.run({"x": _input(5)})
+    (concat_output,) = spy.inputs_seen[0]
+    arenas = [pool.arenas["CpuRef"] for pool in model.pools.pools]
+    assert sum(np.shares_memory(concat_output, arena) for arena in arenas) == 1
 
 
 async def test_max_in_flight_must_be_positive():

@@ -63,12 +63,25 @@ class _RunState:
                     raise FlowrtError(
                         f"workload returned {len(results)} outputs, expected {len(node.outputs)}"
                     )
+                for tid, value in zip(node.outputs, results):
+                    if tid is not None:
+                        self.values[tid] = self._bind(tid, value)
             except Exception as e:
                 raise RunError(node.layer, node.backend, e) from e
-            for tid, value in zip(node.outputs, results):
-                if tid is not None:
-                    self.values[tid] = value
             self._release(node.inputs)
+
+    def _bind(self, tid: int, value: np.ndarray) -> np.ndarray:
+        """Move a result into its planned place in the run's pool (unplanned ones stay as they are)."""
+        binding = self.bindings.get(tid)
+        if binding is None:
+            return value
+        if value.shape != binding.shape or value.dtype != binding.dtype:
+            raise FlowrtError(
+                f"workload produced {value.dtype}{value.shape}, expected {binding.dtype}{binding.shape}"
+            )
+        target = self.pool.view(binding.backend, binding.offset, binding.shape, binding.dtype)  # type: ignore[union-attr]
+        np.copyto(target, value)
+        return target
 
     def _release(self, tensor_ids) -> None:
         with self.lock:
