@@ -9,7 +9,7 @@
         outputs = await model.run({"data": x})
 """
 
-from flowrt import descriptors, errors, onnx
+from flowrt import descriptors, errors, onnx, profiling
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.optimizer import OptimizedNetwork, OptimizerOptions, optimize
 from flowrt.registry import BackendId, BackendRegistry, backend_registry
@@ -41,4 +41,5 @@ __all__ = [
     "errors",
     "onnx",
     "optimize",
+    "profiling",
 ]

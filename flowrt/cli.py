@@ -15,6 +15,7 @@ import trio
 import flowrt
 from flowrt.errors import FlowrtError, InputError
 from flowrt.models import default_model, expected_outputs, expected_tolerance, pattern_input
+from flowrt.profiling import top_layers, write_chrome_trace
 from flowrt.types import TensorInfo
 
 
@@ -43,10 +44,12 @@ def _top5(name: str, array: np.ndarray) -> list[str]:
     return [f"top-5 of {name}:"] + [f"  class {int(i):>4}  score {float(scores[i]):.6f}" for i in best]
 
 
-async def _run(model_path: str, feeds_given: dict[str, np.ndarray], backends: list[str], iterations: int):
+async def _run(
+    model_path: str, feeds_given: dict[str, np.ndarray], backends: list[str], iterations: int, profile: bool
+):
     t0 = time.perf_counter()
     opt = flowrt.optimize(flowrt.onnx.load(model_path), backends=backends)
-    async with flowrt.Runtime() as rt:
+    async with flowrt.Runtime(profiling=profile) as rt:
         model = await rt.load(opt)
         load_s = time.perf_counter() - t0
         unknown = set(feeds_given) - set(model.inputs)
@@ -60,7 +63,7 @@ async def _run(model_path: str, feeds_given: dict[str, np.ndarray], backends: li
             start = time.perf_counter()
             outputs = await model.run(feeds)
             latencies.append(time.perf_counter() - start)
-    return opt, feeds, outputs, latencies, load_s
+    return opt, feeds, outputs, latencies, load_s, model.profile()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -68,8 +71,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     feeds_given = _parse_inputs(args.input)
     if args.iterations < 1:
         raise InputError(f"--iterations must be at least 1, got {args.iterations}")
-    opt, feeds, outputs, latencies, load_s = trio.run(
-        _run, path, feeds_given, _backends(args.backends), args.iterations
+    opt, feeds, outputs, latencies, load_s, records = trio.run(
+        _run, path, feeds_given, _backends(args.backends), args.iterations, bool(args.profile)
     )
     print(f"model: {path}")
     print("layers per backend: " + ", ".join(f"{b}={n}" for b, n in opt.backend_counts().items()))
@@ -95,6 +98,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(
                 f"output {name} vs the model's shipped expected output: {'match' if ok else 'MISMATCH'} (max abs diff {diff:.3g})"
             )
+    if args.profile:
+        write_chrome_trace(records, args.profile)
+        print(f"wrote profile trace {args.profile} ({len(records)} workload records)")
+        print("top layers by time:")
+        for layer, kind, ms, calls in top_layers(records):
+            print(f"  {layer:<24} {kind:<18} {ms:>9.3f} ms over {calls} run(s)")
     if args.output_dir:
         out_dir = Path(args.output_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -156,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--backends", default="CpuRef", help="comma-separated backend preference list (default: CpuRef)"
     )
     run.add_argument("--iterations", type=int, default=1, help="how many runs to time (default: 1)")
+    run.add_argument(
+        "--profile", metavar="TRACE.json", help="record every workload and write a Chrome trace here"
+    )
     run.set_defaults(func=cmd_run)
 
     inspect = sub.add_parser("inspect", help="print each layer's type, output shape and backend")

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from collections.abc import Mapping
@@ -27,6 +28,7 @@ from flowrt.engine.scheduler.dataflow import Dataflow, build_dataflow
 from flowrt.engine.scheduler.executor import Binding, execute
 from flowrt.engine.scheduler.feeds import check_feeds, check_output_buffers
 from flowrt.errors import BackendError, FlowrtError
+from flowrt.profiling import ProfileRecord
 from flowrt.registry import BackendRegistry, WorkloadInfo, backend_registry
 from flowrt.types import Priority, TensorInfo
 
@@ -64,6 +66,7 @@ class LoadedNetwork:
         limiter: trio.CapacityLimiter,
         layout: MemoryLayout,
         pools: PoolManager,
+        profiling: bool = False,
     ) -> None:
         self.optimized = optimized
         self.dataflow = dataflow
@@ -71,6 +74,9 @@ class LoadedNetwork:
         self.pools = pools
         self._limiter = limiter
         self._bindings = _bindings(dataflow, layout)
+        self.profiling = profiling
+        self._records: list[ProfileRecord] = []
+        self._runs = itertools.count()
 
     @property
     def inputs(self) -> dict[str, TensorInfo]:
@@ -88,6 +94,7 @@ class LoadedNetwork:
         *,
         priority: Priority = Priority.MEDIUM,
         outputs: Mapping[str, np.ndarray] | None = None,
+        profile: bool | None = None,
     ) -> dict[str, np.ndarray]:
         """Run once; returns ``{output name: array}`` — arrays the caller owns, never pool memory.
 
@@ -96,16 +103,35 @@ class LoadedNetwork:
         into them, and they are what is returned. A failing workload raises RunError.
         Cancelling the calling scope stops the run at the next workload. The run's memory
         pool is awaited by ``priority`` (first come, first served within one) and given
-        back however the run ends.
+        back however the run ends. ``profile`` (default: the runtime's ``profiling``) records
+        each workload's timing; :meth:`profile` returns the records.
         """
         arrays = check_feeds(self.dataflow.input_infos, feeds)
         bound = check_output_buffers(self.dataflow.output_infos, outputs)
+        record = (
+            self._recorder(next(self._runs)) if (self.profiling if profile is None else profile) else None
+        )
         async with self.pools.acquire(int(priority)) as pool:
-            results = await execute(self.dataflow, arrays, self._limiter, pool, self._bindings)
+            results = await execute(self.dataflow, arrays, self._limiter, pool, self._bindings, record)
         for name, target in bound.items():
             np.copyto(target, results[name])
             results[name] = target
         return results
+
+    def _recorder(self, run: int):
+        def record(node, worker: str, start_ns: int, end_ns: int) -> None:
+            self._records.append(
+                ProfileRecord(run, node.layer, node.kind, node.backend, worker, start_ns, end_ns)
+            )
+
+        return record
+
+    def profile(self, *, clear: bool = False) -> list[ProfileRecord]:
+        """The workload records of every profiled run so far (``clear``: and forget them)."""
+        records = list(self._records)
+        if clear:
+            self._records.clear()
+        return records
 
     def memory_report(self) -> dict[str, dict[str, int]]:
         """Per backend: ``arena_bytes`` (one pool), ``no_reuse_bytes`` (all intermediate
@@ -119,7 +145,8 @@ class Runtime:
 
     Use as ``async with Runtime() as rt``. ``cpu_workers`` bounds how many segments run at once
     (default: the cores this process may use). ``zero_memory_on_release`` zeroes a memory
-    pool before it is lent to the next run (for sensitive data).
+    pool before it is lent to the next run (for sensitive data). ``profiling`` makes every
+    run of the networks it loads record per-workload timings (see ``LoadedNetwork.profile``).
     """
 
     def __init__(
@@ -128,12 +155,14 @@ class Runtime:
         *,
         cpu_workers: int | None = None,
         zero_memory_on_release: bool = False,
+        profiling: bool = False,
     ) -> None:
         self.registry = registry or backend_registry()
         self.cpu_workers = cpu_workers or default_cpu_workers()
         if self.cpu_workers < 1:
             raise FlowrtError(f"cpu_workers must be at least 1, got {self.cpu_workers}")
         self.zero_memory_on_release = zero_memory_on_release
+        self.profiling = profiling
         self._limiter: trio.CapacityLimiter | None = None
 
     async def __aenter__(self) -> Runtime:
@@ -195,4 +224,4 @@ class Runtime:
         arena_bytes = {b: plan.arena_bytes for b, plan in layout.plans.items()}
         allocators = {b: managers[b].allocator for b in arena_bytes}
         pools = PoolManager(pool_count, arena_bytes, allocators, zero_on_release=self.zero_memory_on_release)
-        return LoadedNetwork(optimized, dataflow, self._limiter, layout, pools)  # type: ignore[arg-type]
+        return LoadedNetwork(optimized, dataflow, self._limiter, layout, pools, self.profiling)  # type: ignore[arg-type]

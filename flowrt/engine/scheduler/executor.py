@@ -9,7 +9,8 @@ workload boundary; no thread is left running a cancelled run's work.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 
 import attrs
 import numpy as np
@@ -50,6 +51,7 @@ class _RunState:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.error: RunError | None = None
+        self.record: Callable[..., None] | None = None
 
     def run_segment(self, segment: Segment) -> None:
         """Run a segment's workloads in order (in a worker thread)."""
@@ -57,6 +59,7 @@ class _RunState:
             if self.stop.is_set():
                 return
             args = [self.values[tid] if tid is not None else None for tid in node.inputs]
+            start = time.perf_counter_ns()
             try:
                 results = node.workload.execute(args)
                 if len(results) < sum(1 for t in node.outputs if t is not None):
@@ -68,6 +71,8 @@ class _RunState:
                         self.values[tid] = self._bind(tid, value)
             except Exception as e:
                 raise RunError(node.layer, node.backend, e) from e
+            if self.record is not None:
+                self.record(node, threading.current_thread().name, start, time.perf_counter_ns())
             self._release(node.inputs)
 
     def _bind(self, tid: int, value: np.ndarray) -> np.ndarray:
@@ -99,13 +104,17 @@ async def execute(
     limiter: trio.CapacityLimiter,
     pool: MemoryPool | None = None,
     bindings: Mapping[int, Binding] | None = None,
+    record: Callable[..., None] | None = None,
 ) -> dict[str, np.ndarray]:
     """Run the dataflow once on checked feeds; return fresh output arrays by name.
 
     With a ``pool``, planned intermediate tensors live at their ``bindings`` in it; the pool
-    must stay lent until this returns (it does not touch the pool afterwards).
+    must stay lent until this returns (it does not touch the pool afterwards). ``record``,
+    when given, is called from the worker after each workload with
+    ``(node, worker name, start_ns, end_ns)``.
     """
     state = _RunState(dataflow, feeds, pool, bindings or {})
+    state.record = record
     done = [trio.Event() for _ in dataflow.segments]
 
     async def run(segment: Segment, cancel_scope: trio.CancelScope) -> None:
