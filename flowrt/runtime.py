@@ -30,6 +30,7 @@ from flowrt.engine.scheduler.feeds import check_feeds, check_output_buffers
 from flowrt.errors import BackendError, FlowrtError
 from flowrt.profiling import ProfileRecord
 from flowrt.registry import BackendRegistry, WorkloadInfo, backend_registry
+from flowrt.stream import Stream
 from flowrt.types import Priority, TensorInfo
 
 logger = logging.getLogger(__name__)
@@ -132,6 +133,13 @@ class LoadedNetwork:
         if clear:
             self._records.clear()
         return records
+
+    def stream(self, *, max_in_flight: int | None = None, priority: Priority = Priority.MEDIUM) -> Stream:
+        """A bounded stream of requests, results in submission order (see ``flowrt.stream``).
+
+        ``max_in_flight`` defaults to the number of memory pools the model was loaded with.
+        """
+        return Stream(self, self.pools.count if max_in_flight is None else max_in_flight, priority)
 
     def memory_report(self) -> dict[str, dict[str, int]]:
         """Per backend: ``arena_bytes`` (one pool), ``no_reuse_bytes`` (all intermediate

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -79,3 +80,43 @@ class PartialBackend:
 
     def create_workload_factory(self, memory_manager) -> _Factory:
         return _Factory(self)
+
+
+class _SleepyWorkload:
+    def __init__(self, info: WorkloadInfo) -> None:
+        self.info = info
+
+    def prepare(self) -> None:
+        pass
+
+    def execute(self, inputs):
+        (x,) = inputs
+        delay = float(x.flat[0])
+        if delay < 0:
+            raise ValueError(f"negative delay {delay}")
+        time.sleep(delay)
+        return [x.copy()]
+
+
+class SleepyBackend:
+    """Runs Identity-like "Relu" layers that sleep as many seconds as their first input element
+    says (and fail on a negative one): runs of chosen lengths, for scheduling tests."""
+
+    id = "Sleepy"
+    version = (1, 0)
+    capabilities: dict[str, Any] = {"host_memory": True}
+
+    def layer_support(self) -> _Support:
+        return _Support(self.id, {"Relu"})
+
+    def optimize_subgraph(self, view) -> OptimizationViews:
+        views = OptimizationViews()
+        views.add_untouched(view)
+        return views
+
+    def create_memory_manager(self) -> None:
+        return None
+
+    def create_workload_factory(self, memory_manager):
+        factory = type("SleepyFactory", (), {"create_workload": lambda self, info: _SleepyWorkload(info)})
+        return factory()

@@ -60,6 +60,10 @@ class PoolManager:
         self.zero_on_release = zero_on_release
 
     @property
+    def count(self) -> int:
+        return len(self.pools)
+
+    @property
     def free_count(self) -> int:
         return len(self._free)
 
