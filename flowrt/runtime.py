@@ -155,6 +155,9 @@ class Runtime:
     (default: the cores this process may use). ``zero_memory_on_release`` zeroes a memory
     pool before it is lent to the next run (for sensitive data). ``profiling`` makes every
     run of the networks it loads record per-workload timings (see ``LoadedNetwork.profile``).
+    Runs waiting for a memory pool are served by priority, first come first served within one;
+    a waiting run gains one priority level every ``priority_aging`` seconds, so LOW is never
+    starved.
     """
 
     def __init__(
@@ -164,6 +167,7 @@ class Runtime:
         cpu_workers: int | None = None,
         zero_memory_on_release: bool = False,
         profiling: bool = False,
+        priority_aging: float = 1.0,
     ) -> None:
         self.registry = registry or backend_registry()
         self.cpu_workers = cpu_workers or default_cpu_workers()
@@ -171,6 +175,9 @@ class Runtime:
             raise FlowrtError(f"cpu_workers must be at least 1, got {self.cpu_workers}")
         self.zero_memory_on_release = zero_memory_on_release
         self.profiling = profiling
+        if priority_aging <= 0:
+            raise FlowrtError(f"priority_aging must be a positive number of seconds, got {priority_aging}")
+        self.priority_aging = priority_aging
         self._limiter: trio.CapacityLimiter | None = None
 
     async def __aenter__(self) -> Runtime:
@@ -231,5 +238,11 @@ class Runtime:
         layout = plan_memory(order, dataflow.tensor_infos, set(dataflow.outputs.values()), managers)
         arena_bytes = {b: plan.arena_bytes for b, plan in layout.plans.items()}
         allocators = {b: managers[b].allocator for b in arena_bytes}
-        pools = PoolManager(pool_count, arena_bytes, allocators, zero_on_release=self.zero_memory_on_release)
+        pools = PoolManager(
+            pool_count,
+            arena_bytes,
+            allocators,
+            zero_on_release=self.zero_memory_on_release,
+            aging_interval=self.priority_aging,
+        )
         return LoadedNetwork(optimized, dataflow, self._limiter, layout, pools, self.profiling)  # type: ignore[arg-type]

@@ -139,6 +139,7 @@ class Priority(enum.IntEnum):
 
     HIGH = 0
     MEDIUM = 1
+    NORMAL = 1  # alias of MEDIUM
     LOW = 2
 
 

@@ -3,11 +3,14 @@
 A pool is one arena per backend (its bytes allocated once, at load). Waiting runs are served
 by priority, first-in first-out within a priority. Release is structural: ``async with
 manager.acquire(priority) as pool`` gives the pool back on success, error and cancellation.
+
+Aging: a waiting run gains one priority level for every ``aging_interval`` seconds it has
+waited (never beyond the highest), so a LOW run competes as HIGH after two intervals and is
+then served in arrival order: low priority is never starved.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -49,15 +52,19 @@ class PoolManager:
         allocators: Mapping[str, Allocator],
         *,
         zero_on_release: bool = False,
+        aging_interval: float = 1.0,
     ) -> None:
         self.pools = [
             MemoryPool(i, {b: allocators[b].allocate(n) for b, n in arena_bytes.items()})
             for i in range(count)
         ]
         self._free = list(self.pools)
-        self._waiting: list[tuple[int, int, trio.Event, list[MemoryPool]]] = []
+        self._waiting: list[_Waiter] = []
         self._sequence = itertools.count()
         self.zero_on_release = zero_on_release
+        if aging_interval <= 0:
+            raise ValueError(f"aging_interval must be positive, got {aging_interval}")
+        self.aging_interval = aging_interval
 
     @property
     def count(self) -> int:
@@ -80,26 +87,42 @@ class PoolManager:
         await trio.sleep(0)  # a checkpoint: a cancelled caller never takes a pool
         if self._free and not self._waiting:
             return self._free.pop()
-        handoff: list[MemoryPool] = []
-        entry = (priority, next(self._sequence), trio.Event(), handoff)
-        heapq.heappush(self._waiting, entry)
+        waiter = _Waiter(priority, next(self._sequence), trio.current_time())
+        self._waiting.append(waiter)
         try:
-            await entry[2].wait()
+            await waiter.event.wait()
         except BaseException:
-            if handoff:  # handed a pool just as we were cancelled: pass it on
-                self._give_back(handoff[0])
+            if waiter.pool is not None:  # handed a pool just as we were cancelled: pass it on
+                self._give_back(waiter.pool)
             else:
-                self._waiting.remove(entry)
-                heapq.heapify(self._waiting)
+                self._waiting.remove(waiter)
             raise
-        return handoff[0]
+        return waiter.pool  # type: ignore[return-value]
 
     def _give_back(self, pool: MemoryPool) -> None:
         if self.zero_on_release:
             pool.zero()
         if self._waiting:
-            _, _, event, handoff = heapq.heappop(self._waiting)
-            handoff.append(pool)
-            event.set()
+            now = trio.current_time()
+            waiter = min(
+                self._waiting, key=lambda w: (w.effective_priority(now, self.aging_interval), w.sequence)
+            )
+            self._waiting.remove(waiter)
+            waiter.pool = pool
+            waiter.event.set()
         else:
             self._free.append(pool)
+
+
+class _Waiter:
+    """A run waiting for a pool."""
+
+    def __init__(self, priority: int, sequence: int, since: float) -> None:
+        self.priority = priority
+        self.sequence = sequence
+        self.since = since
+        self.event = trio.Event()
+        self.pool: MemoryPool | None = None
+
+    def effective_priority(self, now: float, aging_interval: float) -> int:
+        return max(0, self.priority - int((now - self.since) // aging_interval))

@@ -87,3 +87,38 @@ async def test_pool_is_zeroed_before_it_is_lent_again_when_asked():
         pool.arenas["CpuRef"][:] = 7
     async with plain.acquire() as pool:
         assert np.all(pool.arenas["CpuRef"] == 7)
+
+
+async def test_a_waiting_low_priority_run_ages_and_is_not_starved(autojump_clock):
+    manager = PoolManager(1, {"CpuRef": 64}, {"CpuRef": HostAllocator()}, aging_interval=1.0)
+    served = []
+
+    async def want(name, priority, hold):
+        async with manager.acquire(priority):
+            served.append((name, trio.current_time()))
+            await trio.sleep(hold)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(want, "first", 0, 0.5)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(want, "low", 2, 0.5)
+        await trio.testing.wait_all_tasks_blocked()
+
+        async def high_stream():
+            # a HIGH request arrives every 0.5 s, each holding the pool for 0.5 s
+            for i in range(8):
+                nursery.start_soon(want, f"high{i}", 0, 0.5)
+                await trio.sleep(0.5)
+
+        nursery.start_soon(high_stream)
+    names = [name for name, _ in served]
+    low_at = dict(served)["low"]
+    # after two intervals of waiting, LOW competes as HIGH and, having waited longest, wins
+    assert names.index("low") < names.index("high7")
+    assert low_at <= 2.5
+
+
+def test_priority_normal_is_medium():
+    from flowrt.types import Priority
+
+    assert Priority.NORMAL is Priority.MEDIUM
