@@ -7,13 +7,14 @@ slots; an output slot feeds any number of input slots; an input slot has at most
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from flowrt.engine.graph.layer_kind import NoDescriptor, get_layer_kind
 from flowrt.errors import DataTypeError, FlowrtError, GraphError, ShapeError
+from flowrt.registry.protocols import WorkloadInfo
 from flowrt.types import TensorInfo
 
 
@@ -272,7 +273,13 @@ def constant_value(slot: OutputSlot | None) -> np.ndarray | None:
     return slot.layer.descriptor.value
 
 
-def layers_between(graph: Graph, layers: Iterable[Layer]) -> list[Layer]:
-    """``layers`` in the graph's topological order."""
-    wanted = {layer.name for layer in layers}
-    return [layer for layer in graph.topological_order() if layer.name in wanted]
+def workload_info(layer: Layer) -> WorkloadInfo:
+    """What a backend's workload factory needs to build ``layer``'s workload."""
+    return WorkloadInfo(
+        layer.name,
+        layer.kind,
+        layer.descriptor,
+        tuple(layer.input_infos),
+        tuple(o.info for o in layer.outputs),  # type: ignore[misc]
+        tuple(constant_value(s.source) for s in layer.inputs),
+    )

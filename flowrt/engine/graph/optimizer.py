@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
-from flowrt.engine.graph.graph import Graph, Layer, constant_value
+from flowrt.engine.graph.graph import Graph, Layer, workload_info
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.passes.fold_batch_norm import fold_batch_norm
 from flowrt.engine.graph.passes.fold_constants import fold_constants
@@ -21,7 +21,7 @@ from flowrt.engine.graph.passes.remove_identity import remove_pass_through
 from flowrt.engine.graph.report import format_report
 from flowrt.engine.graph.subgraph import connected_subgraphs
 from flowrt.errors import BackendError, UnsupportedLayerError
-from flowrt.registry import Backend, BackendRegistry, WorkloadInfo, backend_registry
+from flowrt.registry import Backend, BackendRegistry, backend_registry
 
 logger = logging.getLogger(__name__)
 
@@ -160,15 +160,7 @@ def _evaluator(registry: BackendRegistry):
     factory = registry.get("CpuRef").create_workload_factory(None)
 
     def evaluate(layer: Layer, inputs: Sequence[np.ndarray | None]) -> Sequence[np.ndarray]:
-        info = WorkloadInfo(
-            layer.name,
-            layer.kind,
-            layer.descriptor,
-            tuple(layer.input_infos),
-            tuple(o.info for o in layer.outputs),  # type: ignore[misc]
-            tuple(constant_value(s.source) for s in layer.inputs),
-        )
-        return factory.create_workload(info).execute(inputs)
+        return factory.create_workload(workload_info(layer)).execute(inputs)
 
     return evaluate
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import attrs
 import numpy as np
 
-from flowrt.engine.graph.graph import Graph, Layer, OutputSlot
+from flowrt.engine.graph.graph import Graph, Layer, OutputSlot, workload_info
 from flowrt.registry import Workload, WorkloadInfo
 from flowrt.types import TensorInfo
 
@@ -81,14 +81,7 @@ def build_dataflow(graph: Graph, make_workload: WorkloadMaker) -> Dataflow:
             outputs[layer.descriptor.name] = tensor_id(source)  # type: ignore[arg-type]
             output_infos[layer.descriptor.name] = source.info  # type: ignore[union-attr]
         else:
-            info = WorkloadInfo(
-                layer.name,
-                layer.kind,
-                layer.descriptor,
-                tuple(layer.input_infos),
-                tuple(o.info for o in layer.outputs),  # type: ignore[misc]
-                tuple(constants.get(tensor_id(s.source)) if s.source else None for s in layer.inputs),
-            )
+            info = workload_info(layer)
             node = WorkloadNode(
                 layer.name,
                 layer.kind,
