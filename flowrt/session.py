@@ -4,12 +4,15 @@
 
     sess = flowrt.InferenceSession("model.onnx", backends=["CpuRef"])
     (probs,) = sess.run(None, {"data": x})
+    sess.run_async(None, {"data": x}, callback, user_data)   # returns at once
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -21,6 +24,9 @@ from flowrt.engine.graph.optimizer import OptimizedNetwork, OptimizerOptions, op
 from flowrt.errors import InputError
 from flowrt.frontends.onnx import load as load_onnx
 from flowrt.runtime import LoadedNetwork, Runtime
+from flowrt.trio_thread import TrioThread
+
+logger = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -52,6 +58,7 @@ class InferenceSession:
             net = model if isinstance(model, Network) else load_onnx(model)
             self.optimized = optimize(net, backends=backends, options=options)
         self._runtime = Runtime(cpu_workers=cpu_workers)
+        self._thread: TrioThread | None = None
         self._model: LoadedNetwork = trio.run(self._load)
 
     async def _load(self) -> LoadedNetwork:
@@ -71,13 +78,63 @@ class InferenceSession:
             for n, i in self._model.outputs.items()
         ]
 
-    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any]) -> list[np.ndarray]:
-        """Run once; returns the requested outputs (all, in model order, when None) as a list."""
+    def _output_names(self, output_names: Sequence[str] | None) -> list[str]:
         names = list(self._model.outputs) if output_names is None else list(output_names)
         unknown = [n for n in names if n not in self._model.outputs]
         if unknown:
             raise InputError(
                 f"unknown output {unknown[0]!r}; the model's outputs are: {', '.join(self._model.outputs)}"
             )
-        results = trio.run(self._model.run, input_feed)
+        return names
+
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any]) -> list[np.ndarray]:
+        """Run once; returns the requested outputs (all, in model order, when None) as a list."""
+        names = self._output_names(output_names)
+        if self._thread is not None:  # one loop serves every run once run_async has started it
+            results = self._thread.run(self._model.run, input_feed)
+        else:
+            results = trio.run(self._model.run, input_feed)
         return [results[n] for n in names]
+
+    def run_async(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, Any],
+        callback: Callable[[list[np.ndarray] | None, Any, str], None],
+        user_data: Any = None,
+    ) -> None:
+        """Start a run and return at once; ``callback(outputs, user_data, error)`` is called
+        from the session's runtime thread when it ends: ``outputs`` a list in the order of
+        ``output_names`` and ``error`` "" on success, ``outputs`` None and ``error`` the
+        message on failure (ONNX Runtime's ``run_async``). Runs started this way execute
+        concurrently, up to the model's pool count. ``close()`` stops the runtime thread.
+        """
+        names = self._output_names(output_names)
+        if self._thread is None:
+            self._thread = TrioThread(name="flowrt-session")
+            self._finalizer = weakref.finalize(self, self._thread.close)
+        self._thread.start_soon(self._run_and_call_back, names, input_feed, callback, user_data)
+
+    async def _run_and_call_back(self, names, input_feed, callback, user_data) -> None:
+        try:
+            results = await self._model.run(input_feed)
+        except Exception as e:
+            outputs, error = None, f"{type(e).__name__}: {e}"
+        else:
+            outputs, error = [results[n] for n in names], ""
+        try:
+            callback(outputs, user_data, error)
+        except Exception:  # the caller's bug must not take the runtime thread down
+            logger.exception("run_async callback raised")
+
+    def close(self) -> None:
+        """Stop the runtime thread that ``run_async`` started (cancelling runs in flight)."""
+        if self._thread is not None:
+            self._finalizer()
+            self._thread = None
+
+    def __enter__(self) -> InferenceSession:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
