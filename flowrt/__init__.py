@@ -16,14 +16,17 @@ from flowrt.registry import BackendId, BackendRegistry, backend_registry
 from flowrt.runtime import LoadedNetwork, Runtime
 from flowrt.session import InferenceSession
 from flowrt.types import DataType, Priority, TensorInfo
+from flowrt.workers.cpu.acc import AccBackend
 from flowrt.workers.cpu.ref import RefBackend
 
 __version__ = "0.1.0"
 
-if not backend_registry().is_registered(RefBackend.id):
-    backend_registry().register(RefBackend.id, RefBackend)
+for _backend in (RefBackend, AccBackend):
+    if not backend_registry().is_registered(_backend.id):
+        backend_registry().register(_backend.id, _backend)
 
 __all__ = [
+    "AccBackend",
     "BackendId",
     "BackendRegistry",
     "DataType",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,16 +31,9 @@ from flowrt.profiling import ProfileRecord
 from flowrt.registry import BackendRegistry, WorkloadInfo, backend_registry
 from flowrt.stream import Stream
 from flowrt.types import Priority, TensorInfo
+from flowrt.workers.cpu.workers import default_cpu_workers
 
 logger = logging.getLogger(__name__)
-
-
-def default_cpu_workers() -> int:
-    """The number of cores this process may use."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not every platform has affinity
-        return os.cpu_count() or 1
 
 
 def _bindings(dataflow: Dataflow, layout: MemoryLayout) -> dict[int, Binding]:

@@ -1,1 +1,1 @@
-"""CPU backends: CpuRef (numpy reference)."""
+"""CPU backends: CpuRef (numpy reference) and CpuAcc (numba, windowed)."""

@@ -1,0 +1,46 @@
+"""CpuAcc: the fast CPU backend — numba kernels whose execution windows split across workers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowrt.engine.memory.manager import MemoryManager
+from flowrt.registry import OptimizationViews
+from flowrt.workers.cpu.acc.layer_support import AccLayerSupport
+from flowrt.workers.cpu.acc.workload_factory import AccWorkloadFactory
+from flowrt.workers.cpu.workers import default_cpu_workers
+
+
+class AccBackend:
+    """numba kernels, ``nogil`` and cached; shares host memory with CpuRef."""
+
+    id = "CpuAcc"
+    version = (0, 1)
+
+    def __init__(self, workers: int | None = None) -> None:
+        self.workers = workers or default_cpu_workers()
+
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        return {
+            "host_memory": True,
+            "zero_copy_host": True,
+            "async_execution": False,
+            "fp16": False,
+            "window_split": True,
+        }
+
+    def layer_support(self) -> AccLayerSupport:
+        return AccLayerSupport()
+
+    def optimize_subgraph(self, view: Any) -> OptimizationViews:
+        """No fusions yet: every subgraph stays as it is."""
+        views = OptimizationViews()
+        views.add_untouched(view)
+        return views
+
+    def create_memory_manager(self) -> MemoryManager:
+        return MemoryManager()
+
+    def create_workload_factory(self, memory_manager: Any = None) -> AccWorkloadFactory:
+        return AccWorkloadFactory(memory_manager, self.workers)

@@ -1,0 +1,40 @@
+"""CpuAcc kernels: numba, compiled ``nogil`` and cached, each computing the slices of its
+execution window in one parallel region.
+
+A kernel is a class registered per layer kind with :func:`acc_kernel`:
+
+- ``supports(info) -> Support`` (classmethod): whether it takes this layer (types, attributes);
+- ``__init__(info, workers)``: the one-time work at load (weight packing, the window split);
+- ``window`` and ``split_hint``: what it computes and how that may be cut;
+- ``execute(inputs) -> outputs``: one run, all slices, blocking.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+
+AccKernel = type
+
+ACC_KERNELS: dict[str, AccKernel] = {}
+
+
+def acc_kernel(*names: str) -> Callable[[AccKernel], AccKernel]:
+    """Register the decorated kernel class for each named layer kind."""
+
+    def register(cls: AccKernel) -> AccKernel:
+        for name in names:
+            if name in ACC_KERNELS:
+                raise ValueError(f"CpuAcc kernel for {name!r} registered twice")
+            ACC_KERNELS[name] = cls
+        return cls
+
+    return register
+
+
+def load_all() -> dict[str, AccKernel]:
+    """Import every kernel module (registering its kernels) and return the table."""
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+    return ACC_KERNELS
