@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -136,6 +137,40 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from flowrt.bench import format_results, run_bench
+
+    path = args.model or str(default_model())
+    if args.iterations < 1 or args.concurrency < 1:
+        raise InputError(
+            f"--iterations and --concurrency must be at least 1, got {args.iterations} and {args.concurrency}"
+        )
+    if args.vs not in (None, "onnxruntime"):
+        raise InputError(f"--vs takes 'onnxruntime', got {args.vs!r}")
+    results = run_bench(
+        path,
+        _backends(args.backends),
+        iterations=args.iterations,
+        concurrency=args.concurrency,
+        vs_onnxruntime=args.vs == "onnxruntime",
+        progress=not args.json,
+    )
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "model": path,
+                    "concurrency": args.concurrency,
+                    "results": {r.engine: r.summary() for r in results},
+                }
+            )
+        )
+    else:
+        print(f"model: {path}  backends: {args.backends}  concurrency: {args.concurrency}")
+        print(format_results(results))
+    return 0
+
+
 def cmd_backends(args: argparse.Namespace) -> int:
     registry = flowrt.backend_registry()
     for bid in registry.ids():
@@ -177,6 +212,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory", action="store_true", help="also plan memory and print the per-backend report"
     )
     inspect.set_defaults(func=cmd_inspect)
+
+    bench = sub.add_parser("bench", help="latency percentiles and throughput, optionally vs ONNX Runtime")
+    bench.add_argument("model", nargs="?", help="an .onnx file (default: squeezenet)")
+    bench.add_argument("--backends", default="CpuRef", help="comma-separated backend preference list")
+    bench.add_argument("--iterations", type=int, default=50, help="requests to time per engine (default: 50)")
+    bench.add_argument("--concurrency", type=int, default=1, help="requests in flight at once (default: 1)")
+    bench.add_argument(
+        "--vs", metavar="onnxruntime", help="also run ONNX Runtime, alternating, and print the ratios"
+    )
+    bench.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    bench.set_defaults(func=cmd_bench)
 
     backends = sub.add_parser("backends", help="list registered backends")
     backends.set_defaults(func=cmd_backends)

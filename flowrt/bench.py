@@ -1,0 +1,154 @@
+"""``flowrt bench``: latency percentiles, throughput and load time, optionally against ONNX Runtime.
+
+The ONNX Runtime comparison runs in the same process, alternating with flowrt round by round,
+so both see the same machine state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import attrs
+import numpy as np
+import trio
+from tqdm import tqdm
+
+import flowrt
+from flowrt.models import pattern_input
+
+
+@attrs.frozen
+class BenchResult:
+    """One engine's figures: per-request latencies (seconds), wall time, load time."""
+
+    engine: str
+    latencies: tuple[float, ...]
+    wall_s: float
+    load_s: float
+
+    def percentile_ms(self, q: float) -> float:
+        return float(np.percentile(self.latencies, q)) * 1e3
+
+    @property
+    def throughput(self) -> float:
+        """Requests per second over the measured wall time."""
+        return len(self.latencies) / self.wall_s if self.wall_s > 0 else float("nan")
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "requests": len(self.latencies),
+            "p50_ms": self.percentile_ms(50),
+            "p90_ms": self.percentile_ms(90),
+            "p99_ms": self.percentile_ms(99),
+            "throughput_rps": self.throughput,
+            "load_ms": self.load_s * 1e3,
+        }
+
+
+async def _flowrt_round(model, feeds, requests: int, concurrency: int, tick: Callable[[], None]):
+    latencies: list[float] = []
+    remaining = [requests]
+
+    async def client() -> None:
+        while remaining[0] > 0:
+            remaining[0] -= 1
+            start = time.perf_counter()
+            await model.run(feeds)
+            latencies.append(time.perf_counter() - start)
+            tick()
+
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(client)
+    return latencies, time.perf_counter() - start
+
+
+def _ort_round(session, feeds, requests: int, concurrency: int, tick: Callable[[], None]):
+    def one(_: int) -> float:
+        start = time.perf_counter()
+        session.run(None, feeds)
+        tick()
+        return time.perf_counter() - start
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        latencies = list(pool.map(one, range(requests)))
+    return latencies, time.perf_counter() - start
+
+
+def run_bench(
+    model_path: str,
+    backends: Sequence[str],
+    *,
+    iterations: int,
+    concurrency: int = 1,
+    vs_onnxruntime: bool = False,
+    rounds: int = 2,
+    progress: bool = True,
+) -> list[BenchResult]:
+    """Benchmark flowrt (and ONNX Runtime when asked) on one model; returns one result each."""
+    per_round = [iterations // rounds + (1 if r < iterations % rounds else 0) for r in range(rounds)]
+    engines = 2 if vs_onnxruntime else 1
+    bar = tqdm(total=iterations * engines, unit="req", disable=not progress, leave=False)
+
+    async def main() -> list[BenchResult]:
+        start = time.perf_counter()
+        opt = flowrt.optimize(flowrt.onnx.load(model_path), backends=backends)
+        async with flowrt.Runtime() as rt:
+            model = await rt.load(opt, max_in_flight=concurrency)
+            flowrt_load = time.perf_counter() - start
+            feeds = {n: pattern_input(info) for n, info in model.inputs.items()}
+            await model.run(feeds)  # warm-up
+            session, ort_load = None, 0.0
+            if vs_onnxruntime:
+                import onnxruntime as ort  # a comparison peer only, imported on demand
+
+                ort.set_default_logger_severity(3)
+                start = time.perf_counter()
+                options = ort.SessionOptions()
+                options.intra_op_num_threads = rt.cpu_workers
+                session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
+                ort_load = time.perf_counter() - start
+                session.run(None, feeds)  # warm-up
+            ours, theirs, our_wall, their_wall = [], [], 0.0, 0.0
+            for count in per_round:
+                lat, wall = await _flowrt_round(model, feeds, count, concurrency, lambda: bar.update())
+                ours += lat
+                our_wall += wall
+                if session is not None:
+                    lat, wall = await trio.to_thread.run_sync(
+                        _ort_round, session, feeds, count, concurrency, lambda: bar.update()
+                    )
+                    theirs += lat
+                    their_wall += wall
+        results = [BenchResult("flowrt", tuple(ours), our_wall, flowrt_load)]
+        if session is not None:
+            results.append(BenchResult("onnxruntime", tuple(theirs), their_wall, ort_load))
+        return results
+
+    try:
+        return trio.run(main)
+    finally:
+        bar.close()
+
+
+def format_results(results: Sequence[BenchResult]) -> str:
+    """A table of the results and, with a peer, the flowrt/peer ratios (lower latency is better)."""
+    lines = [f"{'engine':<12} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} {'req/s':>9} {'load ms':>9}"]
+    for r in results:
+        s = r.summary()
+        lines.append(
+            f"{r.engine:<12} {s['p50_ms']:>9.2f} {s['p90_ms']:>9.2f} {s['p99_ms']:>9.2f} "
+            f"{s['throughput_rps']:>9.1f} {s['load_ms']:>9.1f}"
+        )
+    if len(results) == 2:
+        ours, theirs = results[0].summary(), results[1].summary()
+        lines.append(
+            f"{'ratio':<12} {ours['p50_ms'] / theirs['p50_ms']:>9.2f} {ours['p90_ms'] / theirs['p90_ms']:>9.2f} "
+            f"{ours['p99_ms'] / theirs['p99_ms']:>9.2f} {ours['throughput_rps'] / theirs['throughput_rps']:>9.2f}"
+            "   (flowrt / onnxruntime; latency: lower is better, req/s: higher is better)"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,61 @@
+"""`flowrt bench`: percentiles, throughput, load time, and the ONNX Runtime comparison."""
+
+import json
+
+import pytest
+
+from flowrt.bench import BenchResult, format_results, run_bench
+from flowrt.cli import main
+from flowrt.models import light_model
+
+
+def test_bench_against_onnxruntime_reports_both_engines():
+    results = run_bench(
+        str(light_model("squeezenet")),
+        ["CpuRef"],
+        iterations=5,
+        concurrency=2,
+        vs_onnxruntime=True,
+        progress=False,
+    )
+    assert [r.engine for r in results] == ["flowrt", "onnxruntime"]
+    for r in results:
+        s = r.summary()
+        assert s["requests"] == 5
+        assert 0 < s["p50_ms"] <= s["p90_ms"] <= s["p99_ms"]
+        assert s["throughput_rps"] > 0 and s["load_ms"] > 0
+    table = format_results(results)
+    assert table.splitlines()[0].split() == [
+        "engine",
+        "p50",
+        "ms",
+        "p90",
+        "ms",
+        "p99",
+        "ms",
+        "req/s",
+        "load",
+        "ms",
+    ]
+    assert table.splitlines()[-1].startswith("ratio")
+
+
+def test_percentiles_and_throughput_are_computed_from_the_latencies():
+    result = BenchResult("flowrt", tuple(i / 1000 for i in range(1, 101)), wall_s=2.0, load_s=0.5)
+    assert result.percentile_ms(50) == pytest.approx(50.5)
+    assert result.percentile_ms(99) == pytest.approx(99.01)
+    assert result.throughput == 50
+
+
+def test_cli_bench_json(capsys):
+    assert main(["bench", str(light_model("squeezenet")), "--iterations", "3", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["results"]["flowrt"]["requests"] == 3
+    assert "onnxruntime" not in report["results"]
+
+
+def test_cli_bench_rejects_bad_arguments(capsys):
+    assert main(["bench", "--iterations", "0"]) == 2
+    assert "--iterations and --concurrency must be at least 1" in capsys.readouterr().err
+    assert main(["bench", "--vs", "tensorflow"]) == 2
+    assert "--vs takes 'onnxruntime'" in capsys.readouterr().err
