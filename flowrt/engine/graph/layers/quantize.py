@@ -1,0 +1,157 @@
+"""QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear: affine conversions between real
+numbers and 8- or 16-bit integers, real = scale * (q - zero_point).
+
+The scale and zero point are per tensor (a scalar or one element), per axis (1-D, one per slice
+along ``axis``, opset 13 on) or per block (opset 21 on: the input's shape with ``axis`` divided
+into blocks of ``block_size``). The float8, int4 and int2 types ONNX also allows have no flowrt
+DataType and are refused with a DataTypeError.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from flowrt.engine.graph.layer_kind import layer_kind
+from flowrt.engine.graph.layers.elementwise import FLOAT_TYPES, expect_dtype, onnx_dtype_to_datatype
+from flowrt.engine.graph.shapes import normalize_axis
+from flowrt.errors import DataTypeError, ShapeError
+from flowrt.types import DataType, Dim, TensorInfo
+
+D = DataType
+QUANTIZED_TYPES = frozenset({D.UINT8, D.INT8, D.UINT16, D.INT16})
+# DequantizeLinear also reads int32 (e.g. a quantized bias).
+DEQUANTIZABLE_TYPES = QUANTIZED_TYPES | {D.INT32}
+_block_size_field = attrs.field(default=0, validator=attrs.validators.ge(0))
+
+
+@attrs.frozen
+class QuantizeLinearDescriptor:
+    """QuantizeLinear: q = saturate(round(x / scale) + zero_point), rounding half to even.
+
+    The output type is the zero point's, else ``output_dtype`` (an ONNX type number, opset 21
+    on), else uint8. ``precision`` (opset 23 on) names the float type the division runs in.
+    ``saturate`` only matters for float8 outputs, which flowrt refuses.
+    """
+
+    axis: int = 1
+    saturate: int = attrs.field(default=1, validator=attrs.validators.in_((0, 1)))
+    block_size: int = _block_size_field
+    output_dtype: int = 0
+    precision: int = 0
+
+
+@attrs.frozen
+class DequantizeLinearDescriptor:
+    """DequantizeLinear: y = (x - zero_point) * scale, of the scale's type or, when set,
+    ``output_dtype`` (an ONNX type number, opset 23 on)."""
+
+    axis: int = 1
+    block_size: int = _block_size_field
+    output_dtype: int = 0
+
+
+def quantized_type(desc: QuantizeLinearDescriptor, zero_point: DataType | None) -> DataType:
+    """QuantizeLinear's output type; DataTypeError when it is not one flowrt quantizes to or
+    when ``output_dtype`` and the zero point disagree."""
+    wanted = onnx_dtype_to_datatype(desc.output_dtype) if desc.output_dtype else None
+    if zero_point is not None and wanted is not None and zero_point != wanted:
+        raise DataTypeError(
+            f"QuantizeLinear: output_dtype {wanted.name.lower()} and zero point {zero_point.name.lower()} disagree"
+        )
+    target = zero_point or wanted or D.UINT8
+    if target not in QUANTIZED_TYPES:
+        raise DataTypeError(
+            f"QuantizeLinear: uint8, int8, uint16 or int16 output expected, got {target.name.lower()}"
+        )
+    return target
+
+
+def precision_type(desc: QuantizeLinearDescriptor) -> DataType | None:
+    """The float type QuantizeLinear divides in, or None for numpy's choice."""
+    if not desc.precision:
+        return None
+    dtype = onnx_dtype_to_datatype(desc.precision)
+    if dtype not in FLOAT_TYPES - {D.BFLOAT16}:
+        raise DataTypeError(
+            f"QuantizeLinear: a float16, float32 or float64 precision expected, got {dtype.name.lower()}"
+        )
+    return dtype
+
+
+def dequantized_type(desc: DequantizeLinearDescriptor, scale: DataType) -> DataType:
+    """DequantizeLinear's output type: ``output_dtype`` when set, else the scale's."""
+    target = onnx_dtype_to_datatype(desc.output_dtype) if desc.output_dtype else scale
+    if target not in FLOAT_TYPES:
+        raise DataTypeError(f"DequantizeLinear: a float output expected, got {target.name.lower()}")
+    return target
+
+
+def _is_per_tensor(shape: tuple[Dim, ...]) -> bool:
+    return len(shape) == 0 or (len(shape) == 1 and shape[0] == 1)
+
+
+def check_quant_params(
+    x: TensorInfo, param: TensorInfo | None, axis: int, block_size: int, what: str
+) -> None:
+    """ShapeError when a scale or zero point fits neither per-tensor, per-axis nor (with a
+    ``block_size``) per-block quantization of ``x``."""
+    if param is None or param.shape is None or x.shape is None or _is_per_tensor(param.shape):
+        return
+    rank = len(x.shape)
+    a = normalize_axis(axis, rank, what)
+    if block_size:
+        expected = tuple(
+            math.ceil(d / block_size) if i == a and isinstance(d, int) else d for i, d in enumerate(x.shape)
+        )
+    else:
+        expected = (x.shape[a],)
+    conflict = len(param.shape) != len(expected) or any(
+        isinstance(p, int) and isinstance(e, int) and p != e for p, e in zip(param.shape, expected)
+    )
+    if conflict:
+        shown = TensorInfo(expected).format_shape()
+        raise ShapeError(
+            f"{what} of shape () or {shown} expected for input {x.format_shape()}, got {param.format_shape()}"
+        )
+
+
+def _check_params(desc, x: TensorInfo, scale: TensorInfo, zero_point: TensorInfo | None) -> None:
+    check_quant_params(x, scale, desc.axis, desc.block_size, "scale")
+    check_quant_params(x, zero_point, desc.axis, desc.block_size, "zero point")
+
+
+_quant_inputs = {"min_inputs": 2, "max_inputs": 3}
+
+
+@layer_kind("QuantizeLinear", QuantizeLinearDescriptor, **_quant_inputs)
+def infer_quantize_linear(desc: QuantizeLinearDescriptor, inputs, consts):
+    x, scale = inputs[:2]
+    zero_point = inputs[2] if len(inputs) > 2 else None
+    expect_dtype(x, FLOAT_TYPES | {D.INT32}, "input x")
+    expect_dtype(scale, FLOAT_TYPES | {D.INT32}, "scale")
+    precision_type(desc)
+    _check_params(desc, x, scale, zero_point)
+    return [x.with_dtype(quantized_type(desc, None if zero_point is None else zero_point.dtype))]
+
+
+@layer_kind("DequantizeLinear", DequantizeLinearDescriptor, **_quant_inputs)
+def infer_dequantize_linear(desc: DequantizeLinearDescriptor, inputs, consts):
+    x, scale = inputs[:2]
+    zero_point = inputs[2] if len(inputs) > 2 else None
+    expect_dtype(x, DEQUANTIZABLE_TYPES, "input x")
+    expect_dtype(scale, FLOAT_TYPES, "scale")
+    if zero_point is not None and zero_point.dtype != x.dtype:
+        raise DataTypeError(
+            f"DequantizeLinear: a zero point of x's type {x.dtype.name.lower()} expected, got {zero_point.dtype.name.lower()}"
+        )
+    _check_params(desc, x, scale, zero_point)
+    return [x.with_dtype(dequantized_type(desc, scale.dtype))]
+
+
+@layer_kind("DynamicQuantizeLinear", num_outputs=3)
+def infer_dynamic_quantize_linear(desc, inputs, consts):
+    x = inputs[0]
+    expect_dtype(x, frozenset({D.FLOAT32}), "input x")
+    return [x.with_dtype(D.UINT8), TensorInfo((), D.FLOAT32), TensorInfo((), D.UINT8)]

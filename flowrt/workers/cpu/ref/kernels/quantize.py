@@ -1,0 +1,58 @@
+"""QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from flowrt.engine.graph.layers.quantize import dequantized_type, precision_type, quantized_type
+from flowrt.types import DataType
+from flowrt.workers.cpu.ref.kernels import ref_kernel
+
+
+def expand_param(param: np.ndarray, shape: tuple[int, ...], axis: int, block_size: int) -> np.ndarray:
+    """A scale or zero point made to broadcast against an input of ``shape``: a single value
+    as is, a per-axis vector along ``axis``, per-block values repeated over their blocks."""
+    if param.size == 1 and param.ndim <= 1:
+        return param.reshape(())
+    axis %= len(shape)
+    if not block_size:
+        return param.reshape([-1 if i == axis else 1 for i in range(len(shape))])
+    return np.repeat(param, block_size, axis=axis)[(slice(None),) * axis + (slice(0, shape[axis]),)]
+
+
+@ref_kernel("QuantizeLinear")
+def quantize_linear(desc, x, scale, zero_point=None):
+    target = quantized_type(desc, None if zero_point is None else DataType.from_numpy(zero_point.dtype))
+    scale = expand_param(scale, x.shape, desc.axis, desc.block_size)
+    precision = precision_type(desc)
+    if precision is not None:
+        x, scale = x.astype(precision.numpy), scale.astype(precision.numpy)
+    with np.errstate(all="ignore"):  # 0 scales and NaNs saturate as the cast makes them
+        # float64 holds every rounded value and zero point exactly (float16 would not).
+        q = np.rint(x / scale).astype(np.float64)
+        if zero_point is not None:
+            q += expand_param(zero_point, x.shape, desc.axis, desc.block_size)
+        info = np.iinfo(target.numpy)
+        return np.clip(q, info.min, info.max).astype(target.numpy)
+
+
+@ref_kernel("DequantizeLinear")
+def dequantize_linear(desc, x, scale, zero_point=None):
+    target = dequantized_type(desc, DataType.from_numpy(scale.dtype))
+    # float32 holds 8- and 16-bit integers exactly; int32 needs float64.
+    compute = np.float64 if x.dtype == np.int32 else np.float32
+    shifted = x.astype(compute)
+    if zero_point is not None:
+        shifted -= expand_param(zero_point, x.shape, desc.axis, desc.block_size).astype(compute)
+    return (shifted * expand_param(scale, x.shape, desc.axis, desc.block_size)).astype(target.numpy)
+
+
+@ref_kernel("DynamicQuantizeLinear")
+def dynamic_quantize_linear(desc, x):
+    # The range always includes 0 so that 0 is exactly representable, as ONNX specifies.
+    high = np.float32(max(0.0, float(np.max(x)))) if x.size else np.float32(0)
+    low = np.float32(min(0.0, float(np.min(x)))) if x.size else np.float32(0)
+    scale = np.float32(1.0 if high == low else high - low) / np.float32(255)
+    zero_point = np.rint(np.clip(np.float32(0) - low / scale, 0, 255))
+    y = np.clip(np.rint(x / scale) + zero_point, 0, 255)
+    return y.astype(np.uint8), np.array(scale, dtype=np.float32), np.array(zero_point, dtype=np.uint8)
