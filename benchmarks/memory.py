@@ -58,7 +58,9 @@ async def _churn(runs: int, backends: list[str]) -> None:
         rss_end = _rss_mib()
         print(f"churn: {runs} runs, {cancelled} cancelled mid-run, pools free {model.pools.free_count}/2")
         if rss_100 is not None:
-            print(f"RSS after run 100: {rss_100:.1f} MiB, after run {runs}: {rss_end:.1f} MiB ({(rss_end / rss_100 - 1) * 100:+.1f}%)")
+            print(
+                f"RSS after run 100: {rss_100:.1f} MiB, after run {runs}: {rss_end:.1f} MiB ({(rss_end / rss_100 - 1) * 100:+.1f}%)"
+            )
 
 
 def main() -> None:
@@ -71,12 +73,16 @@ def main() -> None:
         trio.run(_churn, args.churn, backends)
         return
     mib = 2**20
-    print(f"{'model':<14} {'arena MiB':>10} {'lower bound':>12} {'no reuse':>10} {'arena/lb':>9} {'arena/no-reuse':>15}")
+    print(
+        f"{'model':<14} {'arena MiB':>10} {'lower bound':>12} {'no reuse':>10} {'arena/lb':>9} {'arena/no-reuse':>15}"
+    )
     for name in LIGHT_MODELS:
         r = trio.run(_report, name, backends)
         lb, nr, arena = r["lower_bound_bytes"], r["no_reuse_bytes"], r["arena_bytes"]
         flag = " *" if name in REUSE_TARGETS else ""
-        print(f"{name:<14} {arena / mib:>10.2f} {lb / mib:>12.2f} {nr / mib:>10.2f} {arena / lb:>9.3f} {arena / nr:>15.3f}{flag}")
+        print(
+            f"{name:<14} {arena / mib:>10.2f} {lb / mib:>12.2f} {nr / mib:>10.2f} {arena / lb:>9.3f} {arena / nr:>15.3f}{flag}"
+        )
     print("* reuse target: arena <= 0.5 x no reuse; every model: arena <= 1.10 x lower bound")
 
 
