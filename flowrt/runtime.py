@@ -29,6 +29,7 @@ from flowrt.engine.scheduler.feeds import check_feeds, check_output_buffers
 from flowrt.errors import BackendError, FlowrtError
 from flowrt.profiling import ProfileRecord
 from flowrt.registry import BackendRegistry, WorkloadInfo, backend_registry
+from flowrt.registry.dynamic import BackendPaths, load_dynamic_backends, unload_dynamic_backends
 from flowrt.stream import Stream
 from flowrt.types import Priority, TensorInfo
 from flowrt.workers.cpu.workers import default_cpu_workers
@@ -150,6 +151,16 @@ class Runtime:
     Runs waiting for a memory pool are served by priority, first come first served within one;
     a waiting run gains one priority level every ``priority_aging`` seconds, so LOW is never
     starved.
+
+    Dynamic backends (see ``flowrt.registry.dynamic``) are loaded when the runtime is created,
+    as Arm NN does: from the directories of ``backend_paths`` (which overrides the
+    ``FLOWRT_BACKEND_PATHS`` environment variable, colon-separated; ``[]`` searches none) and
+    from the ``flowrt.backends`` entry-point group. Each one loaded is registered in
+    ``registry`` (default: the process default registry), so ``flowrt.optimize`` can name it
+    once the runtime exists; invalid ones are skipped with a logged warning. What was found,
+    loaded and skipped is kept as ``dynamic_backends`` (a ``DynamicBackendReport``). The
+    backends this runtime registered are unregistered when it closes (the end of its
+    ``async with``); an id that was already registered is skipped, never replaced.
     """
 
     def __init__(
@@ -160,6 +171,7 @@ class Runtime:
         zero_memory_on_release: bool = False,
         profiling: bool = False,
         priority_aging: float = 1.0,
+        backend_paths: BackendPaths = None,
     ) -> None:
         self.registry = registry or backend_registry()
         self.cpu_workers = cpu_workers or default_cpu_workers()
@@ -171,6 +183,9 @@ class Runtime:
             raise FlowrtError(f"priority_aging must be a positive number of seconds, got {priority_aging}")
         self.priority_aging = priority_aging
         self._limiter: trio.CapacityLimiter | None = None
+        # Loaded last, so a bad argument above never leaves backends registered.
+        self.dynamic_backends = load_dynamic_backends(self.registry, backend_paths)
+        self._owns_dynamic_backends = True
 
     async def __aenter__(self) -> Runtime:
         self._limiter = trio.CapacityLimiter(self.cpu_workers)
@@ -178,6 +193,14 @@ class Runtime:
 
     async def __aexit__(self, *exc_info: object) -> None:
         self._limiter = None
+        self._unload_dynamic_backends()
+
+    def _unload_dynamic_backends(self) -> None:
+        """Unregister the dynamic backends this runtime registered (once), as Arm NN does when
+        its runtime is destroyed."""
+        if self._owns_dynamic_backends:
+            self._owns_dynamic_backends = False
+            unload_dynamic_backends(self.registry, self.dynamic_backends)
 
     async def load(self, optimized: OptimizedNetwork, *, max_in_flight: int | None = None) -> LoadedNetwork:
         """Build and prepare every workload and plan memory; heavy one-time work happens here.
