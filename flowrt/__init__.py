@@ -10,6 +10,7 @@
 """
 
 from flowrt import descriptors, errors, onnx, profiling
+from flowrt.serialize import load, save
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.optimizer import OptimizedNetwork, OptimizerOptions, optimize
 from flowrt.registry import BackendId, BackendRegistry, backend_registry
@@ -42,7 +43,9 @@ __all__ = [
     "backend_registry",
     "descriptors",
     "errors",
+    "load",
     "onnx",
     "optimize",
     "profiling",
+    "save",
 ]

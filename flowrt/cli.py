@@ -14,6 +14,7 @@ import numpy as np
 import trio
 
 import flowrt
+from flowrt import serialize
 from flowrt.errors import FlowrtError, InputError
 from flowrt.models import default_model, expected_outputs, expected_tolerance, pattern_input
 from flowrt.profiling import top_layers, write_chrome_trace
@@ -22,6 +23,19 @@ from flowrt.types import TensorInfo
 
 def _backends(text: str) -> list[str]:
     return [b.strip() for b in text.split(",") if b.strip()]
+
+
+def _optimized(path: str, backends: str | None) -> flowrt.OptimizedNetwork:
+    """A .flowrt file as it was converted, or an ONNX model optimized for ``backends`` (default CpuRef)."""
+    if serialize.is_flowrt_file(path):
+        opt = serialize.load(path)
+        if backends is not None and _backends(backends) != opt.backends:
+            raise InputError(
+                f"--backends {backends} differs from the backends {path} was converted for "
+                f"({','.join(opt.backends)}); convert the model again to change them"
+            )
+        return opt
+    return flowrt.optimize(flowrt.onnx.load(path), backends=_backends(backends or "CpuRef"))
 
 
 def _parse_inputs(items: Sequence[str]) -> dict[str, np.ndarray]:
@@ -46,10 +60,10 @@ def _top5(name: str, array: np.ndarray) -> list[str]:
 
 
 async def _run(
-    model_path: str, feeds_given: dict[str, np.ndarray], backends: list[str], iterations: int, profile: bool
+    model_path: str, feeds_given: dict[str, np.ndarray], backends: str | None, iterations: int, profile: bool
 ):
     t0 = time.perf_counter()
-    opt = flowrt.optimize(flowrt.onnx.load(model_path), backends=backends)
+    opt = _optimized(model_path, backends)
     async with flowrt.Runtime(profiling=profile) as rt:
         model = await rt.load(opt)
         load_s = time.perf_counter() - t0
@@ -73,7 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.iterations < 1:
         raise InputError(f"--iterations must be at least 1, got {args.iterations}")
     opt, feeds, outputs, latencies, load_s, records = trio.run(
-        _run, path, feeds_given, _backends(args.backends), args.iterations, bool(args.profile)
+        _run, path, feeds_given, args.backends, args.iterations, bool(args.profile)
     )
     print(f"model: {path}")
     print("layers per backend: " + ", ".join(f"{b}={n}" for b, n in opt.backend_counts().items()))
@@ -122,7 +136,7 @@ async def _memory_report(opt) -> dict[str, dict[str, int]]:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     path = args.model or str(default_model())
-    opt = flowrt.optimize(flowrt.onnx.load(path), backends=_backends(args.backends))
+    opt = _optimized(path, args.backends)
     print(f"model: {path}")
     print(opt.report())
     if args.memory:
@@ -134,6 +148,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 f"  {backend:<10} {r['arena_bytes'] / mib:>10.3f} {r['no_reuse_bytes'] / mib:>10.3f} "
                 f"{r['lower_bound_bytes'] / mib:>12.3f} {r['tensors']:>8}"
             )
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    opt = flowrt.optimize(flowrt.onnx.load(args.model), backends=_backends(args.backends))
+    target = args.output or str(Path(args.model).with_suffix(".flowrt"))
+    serialize.save(opt, target)
+    counts = ", ".join(f"{b}={n}" for b, n in opt.backend_counts().items())
+    print(
+        f"wrote {target}: {len(opt.graph)} layers ({counts}), {Path(target).stat().st_size / 2**20:.1f} MiB, "
+        f"in {(time.perf_counter() - start) * 1e3:.0f} ms"
+    )
     return 0
 
 
@@ -187,7 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a model and print latency and outputs (default: squeezenet)")
-    run.add_argument("model", nargs="?", help="an .onnx file (default: the squeezenet shipped with onnx)")
+    run.add_argument(
+        "model", nargs="?", help="an .onnx or .flowrt file (default: the squeezenet shipped with onnx)"
+    )
     run.add_argument(
         "--input",
         action="append",
@@ -197,7 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--output-dir", help="write each output as NAME.npy here")
     run.add_argument(
-        "--backends", default="CpuRef", help="comma-separated backend preference list (default: CpuRef)"
+        "--backends",
+        help="comma-separated backend preference list (default: CpuRef; a .flowrt file keeps its own)",
     )
     run.add_argument("--iterations", type=int, default=1, help="how many runs to time (default: 1)")
     run.add_argument(
@@ -206,12 +236,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
 
     inspect = sub.add_parser("inspect", help="print each layer's type, output shape and backend")
-    inspect.add_argument("model", nargs="?", help="an .onnx file (default: squeezenet)")
-    inspect.add_argument("--backends", default="CpuRef", help="comma-separated backend preference list")
+    inspect.add_argument("model", nargs="?", help="an .onnx or .flowrt file (default: squeezenet)")
+    inspect.add_argument(
+        "--backends",
+        help="comma-separated backend preference list (default: CpuRef; a .flowrt file keeps its own)",
+    )
     inspect.add_argument(
         "--memory", action="store_true", help="also plan memory and print the per-backend report"
     )
     inspect.set_defaults(func=cmd_inspect)
+
+    convert = sub.add_parser("convert", help="optimize an ONNX model once and save it as a .flowrt file")
+    convert.add_argument("model", help="an .onnx file")
+    convert.add_argument("-o", "--output", help="the .flowrt file to write (default: the model's, renamed)")
+    convert.add_argument("--backends", default="CpuRef", help="comma-separated backend preference list")
+    convert.set_defaults(func=cmd_convert)
 
     bench = sub.add_parser("bench", help="latency percentiles and throughput, optionally vs ONNX Runtime")
     bench.add_argument("model", nargs="?", help="an .onnx file (default: squeezenet)")

@@ -65,6 +65,9 @@ class OptimizedNetwork:
         self.decisions = decisions
         self.passes = passes
         self.options = options
+        # Backend-prepared data, {backend id: ((major, minor), {layer name: bytes})}: what
+        # flowrt.load found in a .flowrt file for the registered version of a backend.
+        self.prepared: dict[str, tuple[tuple[int, int], dict[str, bytes | memoryview]]] = {}
 
     def assignments(self) -> dict[str, str]:
         """``{layer_name: backend_id}`` for every compute layer, in execution order."""
