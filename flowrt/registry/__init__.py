@@ -2,7 +2,16 @@
 
 from flowrt.registry.backend_registry import BackendId, BackendRegistry, backend_registry
 from flowrt.registry.optimization_views import OptimizationViews, Substitution
-from flowrt.registry.protocols import Backend, LayerSupport, Support, Workload, WorkloadFactory, WorkloadInfo
+from flowrt.registry.protocols import (
+    ACTIVATION_KINDS,
+    Backend,
+    FusedActivation,
+    LayerSupport,
+    Support,
+    Workload,
+    WorkloadFactory,
+    WorkloadInfo,
+)
 
 # The Backend API version third-party backends are checked against (major, minor).
 BACKEND_API_VERSION = (1, 0)
@@ -12,6 +21,8 @@ __all__ = [
     "Backend",
     "BackendId",
     "BackendRegistry",
+    "ACTIVATION_KINDS",
+    "FusedActivation",
     "LayerSupport",
     "OptimizationViews",
     "Substitution",

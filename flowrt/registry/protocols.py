@@ -31,12 +31,29 @@ class Support:
         return cls(False, reason)
 
 
+ACTIVATION_KINDS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh")
+
+
+@attrs.frozen
+class FusedActivation:
+    """An activation a workload applies to its own output before writing it.
+
+    ``kind`` is one of ``ACTIVATION_KINDS``; ``alpha`` is LeakyRelu's slope or Clip's minimum,
+    ``beta`` Clip's maximum.
+    """
+
+    kind: str = attrs.field(validator=attrs.validators.in_(ACTIVATION_KINDS))
+    alpha: float = 0.0
+    beta: float = 0.0
+
+
 @attrs.frozen
 class WorkloadInfo:
     """Everything a workload factory needs to build one layer's workload.
 
     ``constants`` holds, per input, the array when that input is a constant (weights), so a
-    backend may pack it once at load.
+    backend may pack it once at load. ``activation``, when set, is an activation the optimizer
+    fused into this layer: the workload applies it to its output.
     """
 
     layer_name: str
@@ -45,6 +62,7 @@ class WorkloadInfo:
     inputs: tuple[TensorInfo | None, ...]
     outputs: tuple[TensorInfo, ...]
     constants: tuple[np.ndarray | None, ...] = attrs.field(default=(), eq=False)
+    activation: FusedActivation | None = None
 
 
 @runtime_checkable
@@ -66,6 +84,11 @@ class Workload(Protocol):
 
     ``prepare()`` does one-time work at load; ``execute(inputs)`` takes one array per input
     slot (None for absent optional inputs) and returns one array per output. It blocks.
+
+    A workload may also take ``execute(inputs, outputs)``, where ``outputs`` holds one
+    preallocated C-contiguous array per output (the run's planned memory): it then writes its
+    results there and returns those arrays. The executor passes ``outputs`` only to workloads
+    whose ``writes_in_place`` attribute is true.
     """
 
     def prepare(self) -> None: ...

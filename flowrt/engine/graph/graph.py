@@ -14,7 +14,7 @@ import numpy as np
 
 from flowrt.engine.graph.layer_kind import NoDescriptor, get_layer_kind
 from flowrt.errors import DataTypeError, FlowrtError, GraphError, ShapeError
-from flowrt.registry.protocols import WorkloadInfo
+from flowrt.registry.protocols import FusedActivation, WorkloadInfo
 from flowrt.types import TensorInfo
 
 
@@ -70,6 +70,8 @@ class Layer:
         self.inputs = [InputSlot(self, i) for i in range(num_inputs)]
         self.outputs = [OutputSlot(self, i) for i in range(num_outputs)]
         self.backend: str | None = None
+        # An activation fused into this layer by the optimizer; its workload applies it.
+        self.activation: FusedActivation | None = None
 
     def ensure_inputs(self, count: int) -> None:
         """Grow the input slots to ``count`` (optional inputs a pass starts to use)."""
@@ -255,6 +257,7 @@ class Graph:
         for layer in self.layers.values():
             twin = Layer(layer.name, layer.kind, layer.descriptor, len(layer.inputs), len(layer.outputs))
             twin.backend = layer.backend
+            twin.activation = layer.activation
             for a, b in zip(layer.outputs, twin.outputs):
                 b.info = a.info
             new.layers[twin.name] = twin
@@ -282,4 +285,5 @@ def workload_info(layer: Layer) -> WorkloadInfo:
         tuple(layer.input_infos),
         tuple(o.info for o in layer.outputs),  # type: ignore[misc]
         tuple(constant_value(s.source) for s in layer.inputs),
+        layer.activation,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import attrs
+import numpy as np
 
 
 def _positive(_instance: object, attribute: attrs.Attribute, value: int) -> None:
@@ -88,3 +89,10 @@ def split(window: Window, hint: SplitHint, workers: int) -> list[Window]:
         slices.append(window.with_dimension(hint.axis, Dimension(start, end, dim.step)))
         first += count
     return slices
+
+
+def split_bounds(size: int, hint: SplitHint, workers: int) -> np.ndarray:
+    """The slice boundaries of ``split`` over a one-dimensional window of ``size`` iterations,
+    as an int64 array ``[0, b1, ..., size]`` a numba kernel walks with ``prange``."""
+    slices = split(Window.of_shape((size,)), SplitHint(0, hint.min_slice), workers)
+    return np.array([s.dims[0].start for s in slices] + [size], dtype=np.int64)

@@ -13,7 +13,10 @@ from flowrt.workers.cpu.acc.kernels import load_all
 
 
 class AccWorkload:
-    """One layer's numba kernel, prepared at load; ``execute`` runs all its slices."""
+    """One layer's numba kernel, prepared at load; ``execute`` runs all its slices and may
+    write straight into the run's planned memory."""
+
+    writes_in_place = True
 
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
@@ -21,8 +24,10 @@ class AccWorkload:
     def prepare(self) -> None:
         """Kernels do their one-time work when built; nothing is left for here."""
 
-    def execute(self, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-        return self.kernel.execute(inputs)
+    def execute(
+        self, inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray] | None = None
+    ) -> list[np.ndarray]:
+        return self.kernel.execute(inputs, outputs)
 
 
 class AccWorkloadFactory:

@@ -4,9 +4,17 @@ execution window in one parallel region.
 A kernel is a class registered per layer kind with :func:`acc_kernel`:
 
 - ``supports(info) -> Support`` (classmethod): whether it takes this layer (types, attributes);
-- ``__init__(info, workers)``: the one-time work at load (weight packing, the window split);
-- ``window`` and ``split_hint``: what it computes and how that may be cut;
-- ``execute(inputs) -> outputs``: one run, all slices, blocking.
+- ``__init__(info, workers)``: the one-time work at load (weight packing, the window split,
+  numba warm-up is left to the first call);
+- ``split_hint``: how its window may be cut: the slices, at most one per worker, are computed
+  once at load with ``flowrt.engine.scheduler.window.split_bounds`` and walked with ``prange``
+  inside one ``@njit(parallel=True, nogil=True, cache=True)`` function;
+- ``execute(inputs, outputs=None) -> outputs``: one run, all slices, blocking. ``outputs``, when
+  given, holds one preallocated C-contiguous array per output (planned pool memory) to write
+  into; the kernel returns them. When None, the kernel allocates its outputs.
+
+A kernel whose layer has a fused activation (``info.activation``) applies it with
+``epilogue.activate`` as it stores each value.
 """
 
 from __future__ import annotations

@@ -6,67 +6,42 @@ The window is the flattened tensor; it is split into one slice per worker (never
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import njit, prange
 
-from flowrt.engine.scheduler.window import SplitHint, Window, split
-from flowrt.registry import Support, WorkloadInfo
+from flowrt.engine.scheduler.window import SplitHint, split_bounds
+from flowrt.registry import FusedActivation, Support, WorkloadInfo
 from flowrt.types import DataType
 from flowrt.workers.cpu.acc.kernels import acc_kernel
+from flowrt.workers.cpu.acc.kernels.epilogue import CODES, activate, activation_args
 
 # Below this many elements per slice, a second thread costs more than it saves.
 MIN_SLICE = 16384
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _relu(x, out, bounds, alpha, beta):
+def _activation(x, out, bounds, code, alpha, beta):
     for s in prange(bounds.shape[0] - 1):
         for i in range(bounds[s], bounds[s + 1]):
-            v = x[i]
-            out[i] = v if v > 0 else 0
+            out[i] = activate(x[i], code, alpha, beta)
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def _leaky_relu(x, out, bounds, alpha, beta):
-    for s in prange(bounds.shape[0] - 1):
-        for i in range(bounds[s], bounds[s + 1]):
-            v = x[i]
-            out[i] = v if v >= 0 else v * alpha
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def _sigmoid(x, out, bounds, alpha, beta):
-    for s in prange(bounds.shape[0] - 1):
-        for i in range(bounds[s], bounds[s + 1]):
-            v = x[i]
-            # two branches keep exp() from overflowing for large |v|
-            if v >= 0:
-                out[i] = 1 / (1 + math.exp(-v))
-            else:
-                e = math.exp(v)
-                out[i] = e / (1 + e)
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def _tanh(x, out, bounds, alpha, beta):
-    for s in prange(bounds.shape[0] - 1):
-        for i in range(bounds[s], bounds[s + 1]):
-            out[i] = math.tanh(x[i])
-
-
-def _parameters(info: WorkloadInfo) -> tuple[float, float]:
-    """The (alpha, beta) scalars of the layer: LeakyRelu's slope."""
+def as_fused(info: WorkloadInfo) -> FusedActivation:
+    """The activation layer ``info`` describes, in the form a fused layer carries it."""
+    desc = info.descriptor
     if info.kind == "LeakyRelu":
-        return float(info.descriptor.alpha), 0.0
-    return 0.0, 0.0
+        return FusedActivation("LeakyRelu", float(desc.alpha))
+    if info.kind == "Clip":
+        low, high = info.constants[1:3] + (None,) * (3 - len(info.constants))
+        return FusedActivation(
+            "Clip",
+            float(low) if low is not None else -np.inf,
+            float(high) if high is not None else np.inf,
+        )
+    return FusedActivation(info.kind)
 
 
-_FUNCTIONS = {"Relu": _relu, "LeakyRelu": _leaky_relu, "Sigmoid": _sigmoid, "Tanh": _tanh}
-
-
-@acc_kernel(*_FUNCTIONS)
+@acc_kernel("Relu", "LeakyRelu", "Sigmoid", "Tanh")
 class ActivationKernel:
     """One activation over every element, split into slices across the CPU workers."""
 
@@ -82,26 +57,20 @@ class ActivationKernel:
     def __init__(self, info: WorkloadInfo, workers: int) -> None:
         self.info = info
         self.workers = workers
-        self.function = _FUNCTIONS[info.kind]
-        alpha, beta = _parameters(info)
-        self.alpha, self.beta = np.float32(alpha), np.float32(beta)
+        self.code, self.alpha, self.beta = activation_args(as_fused(info))
+        assert self.code == CODES[info.kind]
         self._bounds: dict[int, np.ndarray] = {}
-
-    def window(self, size: int) -> Window:
-        return Window.of_shape((size,))
 
     def bounds(self, size: int) -> np.ndarray:
         """Slice boundaries for a flat size (computed once per size)."""
         cached = self._bounds.get(size)
         if cached is None:
-            slices = split(self.window(size), self.split_hint, self.workers)
-            cached = np.array([s.dims[0].start for s in slices] + [size], dtype=np.int64)
-            self._bounds[size] = cached
+            cached = self._bounds[size] = split_bounds(size, self.split_hint, self.workers)
         return cached
 
-    def execute(self, inputs):
+    def execute(self, inputs, outputs=None):
         x = np.ascontiguousarray(inputs[0])
-        out = np.empty_like(x)
+        out = np.empty_like(x) if outputs is None else outputs[0]
         flat = x.reshape(-1)
-        self.function(flat, out.reshape(-1), self.bounds(flat.size), self.alpha, self.beta)
+        _activation(flat, out.reshape(-1), self.bounds(flat.size), self.code, self.alpha, self.beta)
         return [out]

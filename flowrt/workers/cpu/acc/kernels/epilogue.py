@@ -1,0 +1,45 @@
+"""Activations as a numba epilogue: the code every CpuAcc kernel uses to apply an activation
+to a value before it stores it (a fused activation, or the Activation kernels themselves).
+
+``activation_args(activation)`` turns a ``FusedActivation`` (or None) into the
+``(code, alpha, beta)`` triple that :func:`activate` takes inside a jitted loop.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from flowrt.registry import FusedActivation
+
+NONE, RELU, LEAKY_RELU, CLIP, SIGMOID, TANH = range(6)
+CODES = {"Relu": RELU, "LeakyRelu": LEAKY_RELU, "Clip": CLIP, "Sigmoid": SIGMOID, "Tanh": TANH}
+
+
+def activation_args(activation: FusedActivation | None) -> tuple[int, np.float32, np.float32]:
+    """``(code, alpha, beta)`` for :func:`activate`; ``NONE`` when there is no activation."""
+    if activation is None:
+        return NONE, np.float32(0), np.float32(0)
+    return CODES[activation.kind], np.float32(activation.alpha), np.float32(activation.beta)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def activate(v, code, alpha, beta):
+    """``v`` through the activation ``code`` (a branch the compiler hoists out of hot loops)."""
+    if code == NONE:
+        return v
+    if code == RELU:
+        return v if v > 0 else v * 0
+    if code == LEAKY_RELU:
+        return v if v >= 0 else v * alpha
+    if code == CLIP:
+        return min(max(v, alpha), beta)
+    if code == SIGMOID:
+        # two branches keep exp() from overflowing for large |v|
+        if v >= 0:
+            return 1 / (1 + math.exp(-v))
+        e = math.exp(v)
+        return e / (1 + e)
+    return math.tanh(v)
