@@ -10,11 +10,11 @@
 """
 
 from flowrt import descriptors, errors, onnx, profiling
-from flowrt.serialize import load, save
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.optimizer import OptimizedNetwork, OptimizerOptions, optimize
 from flowrt.registry import BackendId, BackendRegistry, backend_registry
 from flowrt.runtime import LoadedNetwork, Runtime
+from flowrt.serialize import load, save
 from flowrt.session import InferenceSession
 from flowrt.types import DataType, Priority, TensorInfo
 from flowrt.workers.cpu.acc import AccBackend
