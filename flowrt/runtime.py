@@ -32,7 +32,7 @@ from flowrt.registry import BackendRegistry, WorkloadInfo, backend_registry
 from flowrt.registry.dynamic import BackendPaths, load_dynamic_backends, unload_dynamic_backends
 from flowrt.stream import Stream
 from flowrt.types import Priority, TensorInfo
-from flowrt.workers.cpu.workers import default_cpu_workers
+from flowrt.workers.cpu.workers import CpuWorkerPool, default_cpu_workers
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class LoadedNetwork:
         self,
         optimized: OptimizedNetwork,
         dataflow: Dataflow,
-        limiter: trio.CapacityLimiter,
+        workers: CpuWorkerPool,
         layout: MemoryLayout,
         pools: PoolManager,
         profiling: bool = False,
@@ -66,7 +66,7 @@ class LoadedNetwork:
         self.dataflow = dataflow
         self.layout = layout
         self.pools = pools
-        self._limiter = limiter
+        self._workers = workers
         self._bindings = _bindings(dataflow, layout)
         self.profiling = profiling
         self._records: list[ProfileRecord] = []
@@ -106,7 +106,9 @@ class LoadedNetwork:
             self._recorder(next(self._runs)) if (self.profiling if profile is None else profile) else None
         )
         async with self.pools.acquire(int(priority)) as pool:
-            results = await execute(self.dataflow, arrays, self._limiter, pool, self._bindings, record)
+            results = await execute(
+                self.dataflow, arrays, self._workers.run_sync, pool, self._bindings, record
+            )
         for name, target in bound.items():
             np.copyto(target, results[name])
             results[name] = target
@@ -144,8 +146,12 @@ class LoadedNetwork:
 class Runtime:
     """Owns the backend registry and the worker capacity; loads optimized networks.
 
-    Use as ``async with Runtime() as rt``. ``cpu_workers`` bounds how many segments run at once
-    (default: the cores this process may use). ``zero_memory_on_release`` zeroes a memory
+    Use as ``async with Runtime() as rt``, which starts ``cpu_workers`` CPU worker actors
+    (default: the cores this process may use) and stops them at its end; they bound how many
+    segments run at once, and CpuAcc kernels split their windows into that many slices. A run
+    crosses into a worker once: its workloads run back to back, each spread over the cores;
+    ``parallel_branches=True`` instead runs independent branches as segments of their own, on
+    different workers at once (see ``flowrt.engine.scheduler.dataflow``). ``zero_memory_on_release`` zeroes a memory
     pool before it is lent to the next run (for sensitive data). ``profiling`` makes every
     run of the networks it loads record per-workload timings (see ``LoadedNetwork.profile``).
     Runs waiting for a memory pool are served by priority, first come first served within one;
@@ -172,6 +178,7 @@ class Runtime:
         profiling: bool = False,
         priority_aging: float = 1.0,
         backend_paths: BackendPaths = None,
+        parallel_branches: bool = False,
     ) -> None:
         self.registry = registry or backend_registry()
         self.cpu_workers = cpu_workers or default_cpu_workers()
@@ -182,18 +189,23 @@ class Runtime:
         if priority_aging <= 0:
             raise FlowrtError(f"priority_aging must be a positive number of seconds, got {priority_aging}")
         self.priority_aging = priority_aging
-        self._limiter: trio.CapacityLimiter | None = None
+        self.parallel_branches = parallel_branches
+        self._workers: CpuWorkerPool | None = None
         # Loaded last, so a bad argument above never leaves backends registered.
         self.dynamic_backends = load_dynamic_backends(self.registry, backend_paths)
         self._owns_dynamic_backends = True
 
     async def __aenter__(self) -> Runtime:
-        self._limiter = trio.CapacityLimiter(self.cpu_workers)
+        self._workers = await CpuWorkerPool(self.cpu_workers).__aenter__()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        self._limiter = None
-        self._unload_dynamic_backends()
+        workers, self._workers = self._workers, None
+        try:
+            if workers is not None:
+                await workers.__aexit__(*exc_info)
+        finally:
+            self._unload_dynamic_backends()
 
     def _unload_dynamic_backends(self) -> None:
         """Unregister the dynamic backends this runtime registered (once), as Arm NN does when
@@ -208,7 +220,7 @@ class Runtime:
         ``max_in_flight`` pools are allocated (default: the runtime's ``cpu_workers``): that
         many runs of this network execute at once, each in its own memory.
         """
-        if self._limiter is None:
+        if self._workers is None:
             raise FlowrtError("Runtime.load needs an active runtime: use 'async with Runtime() as rt'")
         if not isinstance(optimized, OptimizedNetwork):
             raise FlowrtError(
@@ -240,7 +252,7 @@ class Runtime:
                 ) from e
             return workload
 
-        dataflow = build_dataflow(optimized.graph, make_workload)
+        dataflow = build_dataflow(optimized.graph, make_workload, parallel_branches=self.parallel_branches)
         order = [
             PlannedNode(
                 n.kind,
@@ -260,4 +272,4 @@ class Runtime:
             zero_on_release=self.zero_memory_on_release,
             aging_interval=self.priority_aging,
         )
-        return LoadedNetwork(optimized, dataflow, self._limiter, layout, pools, self.profiling)  # type: ignore[arg-type]
+        return LoadedNetwork(optimized, dataflow, self._workers, layout, pools, self.profiling)  # type: ignore[arg-type]

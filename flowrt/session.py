@@ -21,7 +21,7 @@ import trio
 
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.optimizer import OptimizedNetwork, OptimizerOptions, optimize
-from flowrt.errors import InputError
+from flowrt.errors import FlowrtError, InputError
 from flowrt.frontends.onnx import load as load_onnx
 from flowrt.runtime import LoadedNetwork, Runtime
 from flowrt.trio_thread import TrioThread
@@ -58,12 +58,20 @@ class InferenceSession:
             net = model if isinstance(model, Network) else load_onnx(model)
             self.optimized = optimize(net, backends=backends, options=options)
         self._runtime = Runtime(cpu_workers=cpu_workers)
-        self._thread: TrioThread | None = None
-        self._model: LoadedNetwork = trio.run(self._load)
+        # The session's runtime lives in a trio loop of its own until close(): its CPU workers
+        # serve every run, whichever thread (or trio loop) the caller is in.
+        self._thread = TrioThread(name="flowrt-session")
+        self._finalizer = weakref.finalize(self, self._thread.close)
+        try:
+            self._model: LoadedNetwork = self._thread.start(self._serve)
+        except BaseException:
+            self.close()
+            raise
 
-    async def _load(self) -> LoadedNetwork:
+    async def _serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with self._runtime as rt:
-            return await rt.load(self.optimized)
+            task_status.started(await rt.load(self.optimized))
+            await trio.sleep_forever()
 
     def get_inputs(self) -> list[NodeArg]:
         return [NodeArg(n, i.shape, f"tensor({i.dtype.name.lower()})") for n, i in self._model.inputs.items()]
@@ -90,11 +98,13 @@ class InferenceSession:
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any]) -> list[np.ndarray]:
         """Run once; returns the requested outputs (all, in model order, when None) as a list."""
         names = self._output_names(output_names)
-        if self._thread is not None:  # one loop serves every run once run_async has started it
-            results = self._thread.run(self._model.run, input_feed)
-        else:
-            results = trio.run(self._model.run, input_feed)
+        results = self._live_thread().run(self._model.run, input_feed)
         return [results[n] for n in names]
+
+    def _live_thread(self) -> TrioThread:
+        if self._thread is None:
+            raise FlowrtError("this InferenceSession is closed")
+        return self._thread
 
     def run_async(
         self,
@@ -110,10 +120,7 @@ class InferenceSession:
         concurrently, up to the model's pool count. ``close()`` stops the runtime thread.
         """
         names = self._output_names(output_names)
-        if self._thread is None:
-            self._thread = TrioThread(name="flowrt-session")
-            self._finalizer = weakref.finalize(self, self._thread.close)
-        self._thread.start_soon(self._run_and_call_back, names, input_feed, callback, user_data)
+        self._live_thread().start_soon(self._run_and_call_back, names, input_feed, callback, user_data)
 
     async def _run_and_call_back(self, names, input_feed, callback, user_data) -> None:
         try:
@@ -128,7 +135,7 @@ class InferenceSession:
             logger.exception("run_async callback raised")
 
     def close(self) -> None:
-        """Stop the runtime thread that ``run_async`` started (cancelling runs in flight)."""
+        """Stop the session's runtime and its thread (cancelling runs in flight); idempotent."""
         if self._thread is not None:
             self._finalizer()
             self._thread = None

@@ -7,6 +7,7 @@ import pytest
 from netbuild import branchy_expected, branchy_network
 
 import flowrt
+from flowrt.errors import FlowrtError
 from flowrt.types import TensorInfo
 
 
@@ -67,5 +68,12 @@ def test_close_stops_the_runtime_thread():
     thread = session._thread._thread
     session.close()
     assert not thread.is_alive()
-    (y,) = session.run(None, {"x": np.ones((1, 4), np.float32)})  # back to a loop per call
-    np.testing.assert_allclose(y, branchy_expected(np.ones((1, 4), np.float32)), rtol=1e-6)
+    with pytest.raises(FlowrtError, match="InferenceSession is closed"):
+        session.run(None, {"x": np.ones((1, 4), np.float32)})
+
+
+async def test_run_works_from_inside_a_trio_loop():
+    with flowrt.InferenceSession(branchy_network()) as session:
+        x = np.ones((1, 4), np.float32)
+        (y,) = session.run(None, {"x": x})
+    np.testing.assert_allclose(y, branchy_expected(x), rtol=1e-6)

@@ -1,8 +1,15 @@
 """The dataflow of a loaded network: workloads, the tensors between them, and segments.
 
-A *segment* is a chain of workloads on one backend that can run back to back: each member
-after the first reads the previous one's only output reader. A segment is one task in a run's
-nursery and one crossing into a worker thread; independent segments run concurrently.
+A *segment* is a list of workloads that one worker runs back to back: one task in a run's
+nursery and one crossing into a worker thread. Two ways to cut them:
+
+- serial (the default): every workload, in topological order, in one segment. Kernels split
+  their own windows across the workers, so a run needs no more than one crossing — as the
+  Compute Library runs a graph, layer after layer, each layer spread over every core.
+- parallel branches: a segment is a chain of workloads on one backend, each member after
+  the first reading the previous one's only output; independent segments (an inception
+  block's branches) run concurrently on different workers. This pays when kernels are
+  single-threaded and the branches are heavy.
 """
 
 from __future__ import annotations
@@ -31,7 +38,10 @@ class WorkloadNode:
 
 @attrs.frozen
 class Segment:
-    """Workloads that run in order on one backend; starts when ``depends_on`` segments are done."""
+    """Workloads that run in order on one worker; starts when ``depends_on`` segments are done.
+
+    ``backend`` names the backend of its workloads (ids joined by "+" when they are several).
+    """
 
     index: int
     backend: str
@@ -61,8 +71,13 @@ class Dataflow:
 WorkloadMaker = Callable[[Layer, WorkloadInfo], Workload]
 
 
-def build_dataflow(graph: Graph, make_workload: WorkloadMaker) -> Dataflow:
-    """Compile an optimized graph into a dataflow; ``make_workload`` builds each layer's workload."""
+def build_dataflow(
+    graph: Graph, make_workload: WorkloadMaker, *, parallel_branches: bool = False
+) -> Dataflow:
+    """Compile an optimized graph into a dataflow; ``make_workload`` builds each layer's workload.
+
+    ``parallel_branches`` cuts independent branches into segments of their own (see above).
+    """
     ids: dict[tuple[str, int], int] = {}
 
     def tensor_id(slot: OutputSlot) -> int:
@@ -102,7 +117,7 @@ def build_dataflow(graph: Graph, make_workload: WorkloadMaker) -> Dataflow:
             if tid is not None and tid not in constants:
                 readers[tid] = readers.get(tid, 0) + 1
     return Dataflow(
-        _segments(nodes),
+        _branch_segments(nodes) if parallel_branches else _serial_segments(nodes),
         constants,
         inputs,
         input_infos,
@@ -118,7 +133,14 @@ def _compute_producers(layer: Layer) -> list[Layer]:
     return [p for p in dict.fromkeys(layer.producers()) if p.kind not in ("Constant", "Input")]
 
 
-def _segments(nodes: list[tuple[Layer, WorkloadNode]]) -> tuple[Segment, ...]:
+def _serial_segments(nodes: list[tuple[Layer, WorkloadNode]]) -> tuple[Segment, ...]:
+    if not nodes:
+        return ()
+    backends = dict.fromkeys(node.backend for _, node in nodes)
+    return (Segment(0, "+".join(backends), tuple(node for _, node in nodes), frozenset()),)
+
+
+def _branch_segments(nodes: list[tuple[Layer, WorkloadNode]]) -> tuple[Segment, ...]:
     segment_of: dict[str, int] = {}
     members: list[list[WorkloadNode]] = []
     backends: list[str] = []

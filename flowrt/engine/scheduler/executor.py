@@ -1,7 +1,8 @@
 """The trio executor: one run of a dataflow as a nursery of segment tasks.
 
 Each segment waits for the segments it depends on, then crosses once into a worker thread
-that runs its workloads in order. A failing workload cancels the run and surfaces as a
+that runs its workloads in order. Workloads that write in place get their planned pool memory
+as outputs; the others' results are copied into it. A failing workload cancels the run and surfaces as a
 RunError naming the layer and backend. A run cancelled from outside stops at the next
 workload boundary; no thread is left running a cancelled run's work.
 """
@@ -10,14 +11,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import attrs
 import numpy as np
 import trio
 
 from flowrt.engine.memory.pool import MemoryPool
-from flowrt.engine.scheduler.dataflow import Dataflow, Segment
+from flowrt.engine.scheduler.dataflow import Dataflow, Segment, WorkloadNode
 from flowrt.errors import FlowrtError, RunError
 
 
@@ -61,7 +63,8 @@ class _RunState:
             args = [self.values[tid] if tid is not None else None for tid in node.inputs]
             start = time.perf_counter_ns()
             try:
-                results = node.workload.execute(args)
+                targets = self._targets(node)
+                results = node.workload.execute(args, targets) if targets else node.workload.execute(args)
                 if len(results) < sum(1 for t in node.outputs if t is not None):
                     raise FlowrtError(
                         f"workload returned {len(results)} outputs, expected {len(node.outputs)}"
@@ -75,6 +78,18 @@ class _RunState:
                 self.record(node, threading.current_thread().name, start, time.perf_counter_ns())
             self._release(node.inputs)
 
+    def _targets(self, node: WorkloadNode) -> list[np.ndarray] | None:
+        """The planned pool views of ``node``'s outputs, when it writes in place and all are planned."""
+        if not getattr(node.workload, "writes_in_place", False) or not self.bindings:
+            return None
+        targets = []
+        for tid in node.outputs:
+            binding = self.bindings.get(tid) if tid is not None else None
+            if binding is None:
+                return None
+            targets.append(self.pool.view(binding.backend, binding.offset, binding.shape, binding.dtype))  # type: ignore[union-attr]
+        return targets
+
     def _bind(self, tid: int, value: np.ndarray) -> np.ndarray:
         """Move a result into its planned place in the run's pool (unplanned ones stay as they are)."""
         binding = self.bindings.get(tid)
@@ -85,7 +100,8 @@ class _RunState:
                 f"workload produced {value.dtype}{value.shape}, expected {binding.dtype}{binding.shape}"
             )
         target = self.pool.view(binding.backend, binding.offset, binding.shape, binding.dtype)  # type: ignore[union-attr]
-        np.copyto(target, value)
+        if value is not target:
+            np.copyto(target, value)
         return target
 
     def _release(self, tensor_ids) -> None:
@@ -101,12 +117,15 @@ class _RunState:
 async def execute(
     dataflow: Dataflow,
     feeds: Mapping[str, np.ndarray],
-    limiter: trio.CapacityLimiter,
+    run_sync: Callable[..., Awaitable[Any]],
     pool: MemoryPool | None = None,
     bindings: Mapping[int, Binding] | None = None,
     record: Callable[..., None] | None = None,
 ) -> dict[str, np.ndarray]:
     """Run the dataflow once on checked feeds; return fresh output arrays by name.
+
+    ``run_sync(fn, *args)`` runs a blocking function on a CPU worker (``CpuWorkerPool.run_sync``);
+    it must not return before ``fn`` has finished, even when cancelled.
 
     With a ``pool``, planned intermediate tensors live at their ``bindings`` in it; the pool
     must stay lent until this returns (it does not touch the pool afterwards). ``record``,
@@ -121,7 +140,7 @@ async def execute(
         for dep in segment.depends_on:
             await done[dep].wait()
         try:
-            await trio.to_thread.run_sync(state.run_segment, segment, limiter=limiter)
+            await run_sync(state.run_segment, segment)
         except RunError as e:
             if state.error is None:
                 state.error = e

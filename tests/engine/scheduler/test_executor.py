@@ -21,14 +21,26 @@ async def test_branches_run_and_match_numpy():
     np.testing.assert_allclose(out["y"], branchy_expected(x), rtol=1e-6)
 
 
-async def test_independent_branches_are_separate_segments():
+async def test_a_run_is_one_segment_by_default():
     opt = flowrt.optimize(branchy_network(), backends=["CpuRef"])
     async with flowrt.Runtime() as rt:
         model = await rt.load(opt)
+    (segment,) = model.dataflow.segments
+    assert [node.layer for node in segment.nodes] == [node.layer for node in model.dataflow.order]
+    assert segment.depends_on == frozenset()
+
+
+async def test_parallel_branches_are_separate_segments():
+    opt = flowrt.optimize(branchy_network(), backends=["CpuRef"])
+    x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
+    async with flowrt.Runtime(parallel_branches=True) as rt:
+        model = await rt.load(opt)
+        out = await model.run({"x": x})
     segments = model.dataflow.segments
     by_layer = {node.layer: seg.index for seg in segments for node in seg.nodes}
     assert by_layer["left"] != by_layer["right"]
     assert segments[by_layer["add"]].depends_on == {by_layer["left"], by_layer["right"]}
+    np.testing.assert_allclose(out["y"], branchy_expected(x), rtol=1e-6)
 
 
 def _failing_registry() -> BackendRegistry:
