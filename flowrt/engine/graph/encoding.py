@@ -34,12 +34,17 @@ from flowrt.engine.graph.graph import Graph, Layer, constant_value
 from flowrt.engine.graph.layer_kind import LayerKind, get_layer_kind
 from flowrt.engine.graph.optimizer import DATA_KINDS, Assignment, OptimizedNetwork, OptimizerOptions
 from flowrt.errors import FlowrtError, ModelLoadError
+from flowrt.registry import FusedActivation
 from flowrt.types import DataType, Quantization, TensorInfo
 
 MAX_DEPTH = 16
 # The numpy dtypes an array may have in a file: every DataType numpy can hold as raw bytes.
 ARRAY_DTYPES = frozenset(d.value for d in DataType if d not in (DataType.STRING, DataType.BFLOAT16))
-_RECORDS: dict[str, type] = {"TensorInfo": TensorInfo, "Quantization": Quantization}
+_RECORDS: dict[str, type] = {
+    "TensorInfo": TensorInfo,
+    "Quantization": Quantization,
+    "FusedActivation": FusedActivation,
+}
 _PLAIN = (type(None), bool, int, float, str)
 _SCALAR_VALUES = {"b": (bool,), "i": (int,), "u": (int,), "f": (int, float)}  # by numpy dtype kind
 
@@ -207,6 +212,7 @@ def _encode_layer(layer: Layer, position: dict[str, int], decisions: dict, store
         "outputs": [encode_value(o.info, store, f"{where}: output {o.index}") for o in layer.outputs],
         "backend": None if layer.backend is None else str(layer.backend),
         "declined": None if decision is None else {str(b): str(r) for b, r in decision.declined.items()},
+        "activation": encode_value(layer.activation, store, f"{where}: activation"),
     }
 
 
@@ -276,6 +282,12 @@ def _decode_layer(
         )
     if layer.backend is not None and layer.backend not in backends:
         _fail(f"{where}.backend", f"{layer.backend!r} is not in the backend list {backends}")
+    activation = decode_value(record.get("activation"), fetch, f"{where}.activation")
+    if activation is not None and not isinstance(activation, FusedActivation):
+        _fail(
+            f"{where}.activation", f"expected a FusedActivation or nothing, found {type(activation).__name__}"
+        )
+    layer.activation = activation
     for slot, source in zip(layer.inputs, sources):
         _connect(slot, source, built, f"{where}: input {slot.index}")
     _check_slots(layer, spec, where)

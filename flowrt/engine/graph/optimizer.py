@@ -17,6 +17,7 @@ from flowrt.engine.graph.graph import Graph, Layer, workload_info
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.passes.fold_batch_norm import fold_batch_norm
 from flowrt.engine.graph.passes.fold_constants import fold_constants
+from flowrt.engine.graph.passes.fuse_activation import fuse_activations
 from flowrt.engine.graph.passes.remove_identity import remove_pass_through
 from flowrt.engine.graph.report import format_report
 from flowrt.engine.graph.subgraph import connected_subgraphs
@@ -33,12 +34,15 @@ class OptimizerOptions:
     """Options of :func:`optimize`.
 
     ``fold_constants`` evaluates constant subgraphs once (needs CpuRef registered);
-    ``fast_math`` lets backends trade exactness for speed (passed to their kernels).
+    ``fast_math`` lets backends trade exactness for speed (passed to their kernels);
+    ``fuse_activations`` folds an activation into the layer before it where that layer's
+    backend declares it can apply one (capability ``fused_activation``).
     """
 
     fold_constants: bool = True
     fold_batch_norm: bool = True
     fast_math: bool = False
+    fuse_activations: bool = True
 
 
 @attrs.frozen
@@ -196,4 +200,8 @@ def optimize(
     graph.infer_shapes()
     decisions = _assign(graph, order, instances)
     _optimize_subgraphs(graph, order, instances, decisions, passes)
+    if options.fuse_activations:
+        capabilities = {bid: backend.capabilities for bid, backend in instances.items()}
+        passes += fuse_activations(graph, capabilities)
+        decisions = {name: d for name, d in decisions.items() if name in graph.layers}
     return OptimizedNetwork(graph, order, decisions, passes, options)
