@@ -19,10 +19,11 @@ from flowrt.session import InferenceSession
 from flowrt.types import DataType, Priority, TensorInfo
 from flowrt.workers.cpu.acc import AccBackend
 from flowrt.workers.cpu.ref import RefBackend
+from flowrt.workers.gpu import GpuAccBackend
 
 __version__ = "0.1.0"
 
-for _backend in (RefBackend, AccBackend):
+for _backend in (RefBackend, AccBackend, GpuAccBackend):
     if not backend_registry().is_registered(_backend.id):
         backend_registry().register(_backend.id, _backend)
 
@@ -31,6 +32,7 @@ __all__ = [
     "BackendId",
     "BackendRegistry",
     "DataType",
+    "GpuAccBackend",
     "InferenceSession",
     "LoadedNetwork",
     "Network",

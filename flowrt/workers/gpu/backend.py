@@ -1,0 +1,58 @@
+"""GpuAcc: the OpenCL backend — kernels built once per device, queues owned by actors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowrt.engine.memory.manager import MemoryManager
+from flowrt.registry import OptimizationViews
+from flowrt.workers.gpu.context import device_context
+from flowrt.workers.gpu.layer_support import GpuLayerSupport
+from flowrt.workers.gpu.workload_factory import GpuWorkloadFactory
+
+# Kernels that apply a fused activation in their own store; other kinds would need a pass more.
+FUSED_ACTIVATION_KINDS = frozenset(
+    {"Conv", "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Sum", "BatchNormalization"}
+)
+
+
+class GpuAccBackend:
+    """OpenCL kernels on one device (``opencl_device``, else ``FLOWRT_OPENCL_DEVICE``, else the
+    first GPU); stateless: the device's context and programs are shared per process.
+
+    Making one never touches OpenCL, so it is safe where there is none: its layer support then
+    declines every layer with the reason.
+    """
+
+    id = "GpuAcc"
+    version = (0, 1)
+
+    def __init__(self, opencl_device: str | None = None) -> None:
+        self.opencl_device = opencl_device
+
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        return {
+            "host_memory": False,
+            "async_execution": False,
+            "fp16": False,
+            "float32_only": True,
+            "fused_activation": FUSED_ACTIVATION_KINDS,
+        }
+
+    def layer_support(self) -> GpuLayerSupport:
+        return GpuLayerSupport()
+
+    def optimize_subgraph(self, view: Any) -> OptimizationViews:
+        """No fusions yet: every subgraph stays as it is."""
+        views = OptimizationViews()
+        views.add_untouched(view)
+        return views
+
+    def create_memory_manager(self) -> MemoryManager:
+        # Host arenas until the OpenCL allocator lands: the executor copies each planned
+        # GpuAcc output into them (through GpuTensor.__array__).
+        return MemoryManager()
+
+    def create_workload_factory(self, memory_manager: Any = None) -> GpuWorkloadFactory:
+        return GpuWorkloadFactory(memory_manager, device_context(self.opencl_device))

@@ -1,0 +1,68 @@
+"""A device's OpenCL state shared by every GpuAcc workload on it: one per device per process."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from flowrt.workers.gpu.device import choose_device, cl, takes_priority_hints
+from flowrt.workers.gpu.program import ProgramCache
+from flowrt.workers.gpu.tensor import GpuTensor
+
+
+class DeviceContext:
+    """An OpenCL context on one device, the in-order queue blocking workloads use, and the
+    device's built programs.
+
+    Building a context and its programs is the expensive part of GpuAcc's start, so backends
+    (which are stateless and made afresh by the registry) share one through
+    :func:`device_context`.
+    """
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.context = cl.Context([device])
+        self.queue = cl.CommandQueue(self.context, device)
+        self.programs = ProgramCache(self.context, device)
+        self._priority_hints: bool | None = None
+
+    @property
+    def priority_hints(self) -> bool:
+        """Whether queues on this device take ``CL_QUEUE_PRIORITY_KHR`` (probed once)."""
+        if self._priority_hints is None:
+            self._priority_hints = takes_priority_hints(self.device, self.context)
+        return self._priority_hints
+
+    def kernel(self, program: str, name: str) -> Any:
+        """A new ``cl.Kernel`` object for ``name`` in ``program``: its arguments are its own, so
+        the caller must not share it between threads without a lock."""
+        return cl.Kernel(self.programs.get(program), name)
+
+    def empty(self, shape: tuple[int, ...], dtype: Any = np.float32) -> GpuTensor:
+        """An uninitialized device tensor."""
+        nbytes = max(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, 1)
+        return GpuTensor(cl.Buffer(self.context, cl.mem_flags.READ_WRITE, nbytes), shape, dtype, self.queue)
+
+    def upload(self, array: Any, dtype: Any = np.float32) -> GpuTensor:
+        """A device copy of a host array, as ``dtype``; blocks until the copy is done."""
+        host = np.ascontiguousarray(array, dtype=dtype)
+        tensor = self.empty(host.shape, host.dtype)
+        if host.size:
+            cl.enqueue_copy(self.queue, tensor.buffer, host, is_blocking=True)
+        return tensor
+
+
+_contexts: dict[int, DeviceContext] = {}
+_lock = threading.Lock()
+
+
+def device_context(spec: str | None = None) -> DeviceContext:
+    """The process's DeviceContext for the device ``spec`` names (see ``choose_device``)."""
+    device = choose_device(spec)
+    with _lock:
+        found = _contexts.get(device.int_ptr)
+        if found is None:
+            found = _contexts[device.int_ptr] = DeviceContext(device)
+        return found

@@ -1,0 +1,146 @@
+"""Which OpenCL device GpuAcc runs on, and what the machine offers.
+
+The choice, in order: an explicit ``spec`` (``Runtime(opencl_device=...)``), else the
+``FLOWRT_OPENCL_DEVICE`` environment variable, else the first GPU, else the first device of
+any type. A spec is a ``"platform:device"`` index pair (``"0:1"``) or a case-insensitive
+substring of the device or platform name (``"H100"``, ``"pthread"``).
+
+pyopencl is imported here and only here: every GpuAcc module takes ``cl`` from this module, so
+a missing or broken OpenCL install leaves ``cl`` as None and GpuAcc reports itself unavailable
+(:func:`unavailable_reason`) instead of breaking ``import flowrt``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import attrs
+
+from flowrt.errors import BackendError
+
+logger = logging.getLogger(__name__)
+
+try:
+    import pyopencl as cl
+except Exception as _e:  # ImportError, or an ICD loader that fails while loading
+    cl: Any = None  # type: ignore[no-redef]
+    _IMPORT_ERROR = f"pyopencl failed to import ({type(_e).__name__}: {_e})"
+else:
+    _IMPORT_ERROR = ""
+
+DEVICE_ENV = "FLOWRT_OPENCL_DEVICE"
+
+# cl_khr_priority_hints: not in pyopencl's enums, so the raw values from cl_ext.h.
+CL_QUEUE_PRIORITY_KHR = 0x1096
+CL_QUEUE_PRIORITY_HIGH_KHR = 1 << 0
+CL_QUEUE_PRIORITY_MED_KHR = 1 << 1
+CL_QUEUE_PRIORITY_LOW_KHR = 1 << 2
+
+
+def platforms() -> list[Any]:
+    """The OpenCL platforms of this machine; empty when there are none (or no OpenCL at all)."""
+    if cl is None:
+        return []
+    try:
+        return list(cl.get_platforms())
+    except cl.Error as e:
+        # An ICD loader with no vendor file answers PLATFORM_NOT_FOUND_KHR.
+        logger.info("no OpenCL platform: %s", e)
+        return []
+
+
+def _devices() -> list[tuple[int, int, Any]]:
+    """Every device as (platform index, device index, device)."""
+    found = []
+    for p, platform in enumerate(platforms()):
+        try:
+            devices = platform.get_devices()
+        except cl.Error:
+            continue  # a platform with no device of any type
+        found.extend((p, d, device) for d, device in enumerate(devices))
+    return found
+
+
+def unavailable_reason() -> str:
+    """Why GpuAcc cannot run here, or "" when it can."""
+    if cl is None:
+        return _IMPORT_ERROR
+    if not _devices():
+        return "no OpenCL platform or device found"
+    return ""
+
+
+def choose_device(spec: str | None = None) -> Any:
+    """The ``cl.Device`` named by ``spec`` (see the module docstring); BackendError when none matches."""
+    spec = spec if spec is not None else os.environ.get(DEVICE_ENV) or None
+    devices = _devices()
+    if not devices:
+        raise BackendError(f"GpuAcc is unavailable: {unavailable_reason()}")
+    if spec is None:
+        gpus = [d for _, _, d in devices if d.type & cl.device_type.GPU]
+        return (gpus or [devices[0][2]])[0]
+    pair = spec.split(":")
+    if len(pair) == 2 and all(part.strip().isdigit() for part in pair):
+        wanted = (int(pair[0]), int(pair[1]))
+        for p, d, device in devices:
+            if (p, d) == wanted:
+                return device
+    else:
+        needle = spec.lower()
+        for _, _, device in devices:
+            if needle in device.name.lower() or needle in device.platform.name.lower():
+                return device
+    known = ", ".join(f"{p}:{d} {device.name!r}" for p, d, device in devices)
+    raise BackendError(
+        f"OpenCL device {spec!r} not found (from {DEVICE_ENV} or opencl_device); devices: {known}"
+    )
+
+
+def priority_properties(level: int) -> list[int]:
+    """The queue property list asking for priority ``level`` (one of ``CL_QUEUE_PRIORITY_*_KHR``)."""
+    return [CL_QUEUE_PRIORITY_KHR, level]
+
+
+def takes_priority_hints(device: Any, context: Any = None) -> bool:
+    """Whether a queue with ``CL_QUEUE_PRIORITY_KHR`` can be made on ``device``.
+
+    Probed by making one: the extension string is not enough (drivers differ in what they
+    accept), and a refusal is a clean error. NVIDIA's driver takes it; PoCL refuses it.
+    """
+    context = context or cl.Context([device])
+    try:
+        cl.CommandQueue(context, device, properties=priority_properties(CL_QUEUE_PRIORITY_HIGH_KHR))
+    except (cl.Error, RuntimeError, TypeError):
+        return False
+    return True
+
+
+@attrs.frozen
+class DeviceDescription:
+    """One OpenCL device as ``flowrt backends`` shows it."""
+
+    index: str  # "platform:device", what FLOWRT_OPENCL_DEVICE takes
+    name: str
+    platform: str
+    type: str
+    driver_version: str
+    global_memory_bytes: int
+    priority_hints: bool
+
+
+def describe_devices() -> list[DeviceDescription]:
+    """Every OpenCL device of the machine, with whether it takes queue priority hints."""
+    return [
+        DeviceDescription(
+            index=f"{p}:{d}",
+            name=device.name.strip(),
+            platform=device.platform.name.strip(),
+            type=cl.device_type.to_string(device.type),
+            driver_version=device.driver_version,
+            global_memory_bytes=int(device.global_mem_size),
+            priority_hints=takes_priority_hints(device),
+        )
+        for p, d, device in _devices()
+    ]

@@ -1,0 +1,110 @@
+"""GpuAcc kernels: OpenCL C sources (``*.cl``) and one small Python module per family.
+
+A kernel class is registered per layer kind with :func:`gpu_kernel`. The layer support asks
+its ``supports(info)``; the workload factory makes one per layer, ``prepare()``s it at load
+(programs built, constants uploaded) and calls ``enqueue(inputs)`` per run, with one
+GpuTensor per device input (host arrays for the slots in ``host_inputs``). ``enqueue``
+returns the outputs and the event of the last command it enqueued, or None when it enqueued
+nothing (a view). A kernel that applies ``info.activation`` itself sets ``fuses_activation``;
+for the others the workload runs the activation afterwards.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from flowrt.registry import FusedActivation, Support, WorkloadInfo
+from flowrt.workers.gpu.tensor import GpuTensor
+
+# The codes of common.cl's activate().
+ACTIVATION_CODES = {"Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "Tanh": 5}
+# One-dimensional kernels run in work-groups of this size (a fixed size: PoCL compiles a
+# kernel once per work-group size it meets).
+LOCAL_SIZE = 64
+RANK = 6  # the largest rank strided_offset handles
+
+
+def activation_args(activation: FusedActivation | None) -> tuple[np.int32, np.float32, np.float32]:
+    """The (code, alpha, beta) kernel arguments of ``activate()``; code 0 is none."""
+    if activation is None:
+        return np.int32(0), np.float32(0), np.float32(0)
+    return (
+        np.int32(ACTIVATION_CODES[activation.kind]),
+        np.float32(activation.alpha),
+        np.float32(activation.beta),
+    )
+
+
+def global_size(n: int) -> tuple[int]:
+    """A 1-D global size covering ``n`` work-items in whole work-groups."""
+    return (-(-n // LOCAL_SIZE) * LOCAL_SIZE,)
+
+
+def ints(*values: int) -> list[np.int32]:
+    return [np.int32(v) for v in values]
+
+
+def static_shape(info: Any) -> tuple[int, ...]:
+    return tuple(int(d) for d in info.shape)
+
+
+class GpuKernel:
+    """The shared part of every GpuAcc kernel: its layer, device context and a lock.
+
+    The lock serializes ``enqueue`` on one layer: a ``cl.Kernel`` holds its arguments, and
+    two runs in flight may execute the same layer from two threads.
+    """
+
+    host_inputs: frozenset[int] = frozenset()
+    fuses_activation = False
+
+    def __init__(self, info: WorkloadInfo, context: Any) -> None:
+        self.info = info
+        self.context = context
+        self.lock = threading.Lock()
+        self.output_shapes = [static_shape(o) for o in info.outputs]
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        """Whether this kernel takes the layer (types and static shapes are checked before)."""
+        return Support.yes()
+
+    def prepare(self) -> None:
+        """One-time work at load: build programs, make kernel objects, upload constants."""
+
+    def enqueue(self, inputs: Sequence[Any]) -> tuple[list[GpuTensor], Any]:
+        raise NotImplementedError
+
+    def constant(self, index: int) -> np.ndarray | None:
+        """Input ``index``'s value when it is a constant of the model, else None."""
+        constants = self.info.constants
+        return constants[index] if index < len(constants) else None
+
+
+GPU_KERNELS: dict[str, type[GpuKernel]] = {}
+
+
+def gpu_kernel(*names: str) -> Callable[[type[GpuKernel]], type[GpuKernel]]:
+    """Register the decorated class as the GpuAcc kernel of each named layer kind."""
+
+    def register(cls: type[GpuKernel]) -> type[GpuKernel]:
+        for name in names:
+            if name in GPU_KERNELS:
+                raise ValueError(f"GpuAcc kernel for {name!r} registered twice")
+            GPU_KERNELS[name] = cls
+        return cls
+
+    return register
+
+
+def load_all() -> dict[str, type[GpuKernel]]:
+    """Import every kernel module (registering its kernels) and return the table."""
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+    return GPU_KERNELS

@@ -1,0 +1,45 @@
+"""Relu, LeakyRelu, Sigmoid and Tanh: common.cl's activate() over every element.
+
+:func:`enqueue_activation` is also how a workload applies a fused activation that its own
+kernel does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from flowrt.registry import FusedActivation
+from flowrt.workers.gpu.kernels import LOCAL_SIZE, GpuKernel, activation_args, global_size, gpu_kernel
+from flowrt.workers.gpu.tensor import GpuTensor
+
+
+def enqueue_activation(kernel: Any, x: GpuTensor, y: GpuTensor, activation: FusedActivation) -> Any:
+    """Enqueue ``y = activation(x)`` (``y`` may be ``x``) with the elementwise program's
+    ``activation`` kernel; returns its event."""
+    return kernel(
+        x.queue,
+        global_size(x.size),
+        (LOCAL_SIZE,),
+        x.buffer,
+        y.buffer,
+        np.int32(x.size),
+        *activation_args(activation),
+    )
+
+
+@gpu_kernel("Relu", "LeakyRelu", "Sigmoid", "Tanh")
+class ActivationKernel(GpuKernel):
+    """One activation, elementwise."""
+
+    def prepare(self) -> None:
+        self.kernel = self.context.kernel("elementwise", "activation")
+        alpha = getattr(self.info.descriptor, "alpha", 0.0) if self.info.kind == "LeakyRelu" else 0.0
+        self.activation = FusedActivation(self.info.kind, alpha)
+
+    def enqueue(self, inputs: Sequence[GpuTensor]) -> tuple[list[GpuTensor], Any]:
+        x = inputs[0]
+        y = self.context.empty(x.shape)
+        return [y], enqueue_activation(self.kernel, x, y, self.activation)

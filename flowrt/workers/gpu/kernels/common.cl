@@ -1,0 +1,35 @@
+// Shared by every GpuAcc program: the activation epilogue. Codes match ACTIVATION_CODES in
+// flowrt/workers/gpu/kernels/__init__.py and the semantics of CpuRef's activation kernels.
+#define ACT_NONE 0
+#define ACT_RELU 1
+#define ACT_LEAKY_RELU 2
+#define ACT_CLIP 3
+#define ACT_SIGMOID 4
+#define ACT_TANH 5
+
+inline float activate(float v, int code, float alpha, float beta) {
+    switch (code) {
+    case ACT_RELU: return fmax(v, 0.0f);
+    case ACT_LEAKY_RELU: return v > 0.0f ? v : v * alpha;
+    case ACT_CLIP: return fmin(fmax(v, alpha), beta);
+    case ACT_SIGMOID: {
+        // exp only ever sees -|v|, so it cannot overflow
+        float e = exp(-fabs(v));
+        return v >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+    }
+    case ACT_TANH: return tanh(v);
+    default: return v;
+    }
+}
+
+// Rank-6 index arithmetic for broadcasting and transposing: a table of 6 output dims followed
+// by one or more sets of 6 strides (0 on a broadcast dim), leading dims padded with 1.
+inline int strided_offset(int linear, __constant const int* table, int set) {
+    int offset = 0;
+    for (int d = 5; d >= 0; --d) {
+        int size = table[d];
+        offset += (linear % size) * table[6 * set + d];
+        linear /= size;
+    }
+    return offset;
+}

@@ -1,0 +1,77 @@
+"""2-D Conv as im2col + the tiled GEMM, with groups, bias and the activation fused into the GEMM.
+
+The column matrix of image n is (C * KH * KW, OH * OW); group g's rows are one contiguous
+block of it, so batch ``n * G + g`` of the GEMM multiplies group g's weights
+(M / G, C / G * KH * KW) by that block and writes (M / G, OH * OW) at exactly its place in the
+NCHW output. A 1x1 convolution with unit strides and no padding reads the input itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from flowrt.engine.graph.layers.conv import window_geometry
+from flowrt.registry import Support, WorkloadInfo
+from flowrt.workers.gpu.kernels import LOCAL_SIZE, GpuKernel, global_size, gpu_kernel, ints, static_shape
+from flowrt.workers.gpu.kernels.gemm import Operand, enqueue_gemm
+from flowrt.workers.gpu.tensor import GpuTensor
+
+
+@gpu_kernel("Conv")
+class ConvKernel(GpuKernel):
+    """Conv over NCHW input and MCHW weights."""
+
+    fuses_activation = True
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        if len(static_shape(info.inputs[0])) != 4:
+            return Support.no("GpuAcc runs 2-D convolutions only")
+        return Support.yes()
+
+    def prepare(self) -> None:
+        x_shape, w_shape = static_shape(self.info.inputs[0]), static_shape(self.info.inputs[1])
+        self.kernel_hw = w_shape[2:]
+        self.geometry = window_geometry(self.info.descriptor, x_shape[2:], self.kernel_hw)
+        self.gemm = self.context.kernel("gemm", "gemm")
+        g = self.geometry
+        self.direct = (
+            self.kernel_hw == (1, 1)
+            and g.strides == (1, 1)
+            and not any(g.pads_begin)
+            and tuple(g.out) == x_shape[2:]
+        )
+        if not self.direct:
+            self.im2col = self.context.kernel("conv", "im2col")
+
+    def enqueue(self, inputs: Sequence[GpuTensor | None]) -> tuple[list[GpuTensor], Any]:
+        x, w, *rest = inputs
+        bias = rest[0] if rest else None
+        n, c, h, wid = x.shape  # type: ignore[union-attr]
+        m, groups = w.shape[0], self.info.descriptor.group  # type: ignore[union-attr]
+        (oh, ow), (kh, kw) = self.geometry.out, self.kernel_hw
+        cells = (c // groups) * kh * kw
+        pixels = int(oh) * int(ow)  # type: ignore[arg-type]
+        cols = x if self.direct else self._columns(x, n * c * kh * kw * pixels)  # type: ignore[arg-type]
+        y = self.context.empty(self.output_shapes[0])
+        event = enqueue_gemm(
+            self.gemm, y.queue, (m // groups, pixels, cells),
+            Operand(w.buffer, cells, 1, (m // groups) * cells),  # type: ignore[union-attr]
+            Operand(cols.buffer, pixels, 1, cells * pixels),
+            y,
+            Operand(bias.buffer, 1, 0, m // groups) if bias is not None else None,
+            batches=n * groups, groups=groups, activation=self.info.activation,
+        )  # fmt: skip
+        return [y], event
+
+    def _columns(self, x: GpuTensor, total: int) -> GpuTensor:
+        """The im2col matrix of ``x`` (enqueued; the GEMM after it on the queue reads it)."""
+        g = self.geometry
+        cols = self.context.empty((total,))
+        self.im2col(
+            x.queue, global_size(total), (LOCAL_SIZE,), x.buffer, cols.buffer,
+            *ints(x.shape[1], *x.shape[2:], *self.kernel_hw, *g.out, *g.strides, *g.pads_begin,  # type: ignore[misc]
+                  *g.dilations, total),
+        )  # fmt: skip
+        return cols

@@ -1,0 +1,83 @@
+"""Add, Sub, Mul, Div and Sum with numpy broadcasting (and the pre-opset-7 legacy rule)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from flowrt.engine.graph.layers.elementwise import legacy_b_shape
+from flowrt.workers.gpu.device import cl
+from flowrt.workers.gpu.kernels import (
+    LOCAL_SIZE,
+    RANK,
+    GpuKernel,
+    activation_args,
+    global_size,
+    gpu_kernel,
+    static_shape,
+)
+from flowrt.workers.gpu.tensor import GpuTensor
+
+OPS = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Sum": 0}
+
+
+def broadcast_strides(shape: Sequence[int], out: Sequence[int]) -> list[int]:
+    """Element strides of a C-contiguous ``shape`` read at the positions of ``out`` (rank
+    ``RANK``, leading dims padded): 0 along every dim that broadcasts."""
+    padded = [1] * (RANK - len(shape)) + list(shape)
+    strides, step = [0] * RANK, 1
+    for d in range(RANK - 1, -1, -1):
+        strides[d] = step if padded[d] != 1 else 0
+        step *= padded[d]
+    return strides
+
+
+def stride_table(context: Any, out: Sequence[int], *stride_sets: Sequence[int]) -> Any:
+    """A read-only device buffer holding strided_offset()'s table: ``out`` padded to rank
+    ``RANK``, then each set of strides."""
+    dims = [1] * (RANK - len(out)) + list(out)
+    table = np.array([*dims, *(s for strides in stride_sets for s in strides)], np.int32)
+    flags = cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR
+    return cl.Buffer(context.context, flags, hostbuf=table)
+
+
+@gpu_kernel("Add", "Sub", "Mul", "Div", "Sum")
+class BinaryKernel(GpuKernel):
+    """y = act(a op b), broadcasting; Sum folds its inputs pairwise, left to right."""
+
+    fuses_activation = True
+
+    def prepare(self) -> None:
+        self.kernel = self.context.kernel("elementwise", "binary")
+        shapes = [static_shape(i) for i in self.info.inputs]
+        if getattr(self.info.descriptor, "legacy", False):
+            shapes[1] = tuple(legacy_b_shape(shapes[0], shapes[1], self.info.descriptor))
+        self.op = np.int32(OPS[self.info.kind])
+        # One stride table per step of the fold: the running result has the broadcast shape so far.
+        self.steps = []
+        current = shapes[0]
+        for shape in shapes[1:]:
+            out = np.broadcast_shapes(current, shape)
+            table = stride_table(
+                self.context, out, broadcast_strides(current, out), broadcast_strides(shape, out)
+            )
+            self.steps.append((out, table))
+            current = out
+
+    def enqueue(self, inputs: Sequence[GpuTensor]) -> tuple[list[GpuTensor], Any]:
+        if len(inputs) == 1:  # Sum of one input
+            y = self.context.empty(inputs[0].shape)
+            return [y], cl.enqueue_copy(y.queue, y.buffer, inputs[0].buffer, byte_count=y.nbytes)
+        result, event = inputs[0], None
+        for i, (out, table) in enumerate(self.steps):
+            last = i == len(self.steps) - 1
+            y = self.context.empty(out)
+            act = activation_args(self.info.activation if last else None)
+            event = self.kernel(
+                y.queue, global_size(y.size), (LOCAL_SIZE,),
+                result.buffer, inputs[i + 1].buffer, y.buffer, table, np.int32(y.size), self.op, *act,
+            )  # fmt: skip
+            result = y
+        return [result], event

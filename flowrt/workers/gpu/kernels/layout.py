@@ -1,0 +1,83 @@
+"""Concat, Transpose, and the view kinds (Reshape, Flatten, Squeeze, Unsqueeze)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from flowrt.engine.graph.layers.transpose import transpose_perm
+from flowrt.registry import Support, WorkloadInfo
+from flowrt.workers.gpu.device import cl
+from flowrt.workers.gpu.kernels import LOCAL_SIZE, RANK, GpuKernel, global_size, gpu_kernel, static_shape
+from flowrt.workers.gpu.kernels.elementwise import broadcast_strides, stride_table
+from flowrt.workers.gpu.tensor import GpuTensor
+
+
+@gpu_kernel("Concat")
+class ConcatKernel(GpuKernel):
+    """Each input copied into its slab of the output by one rectangular buffer copy: rows of
+    ``inner`` values, ``axis`` rows per slice, ``outer`` slices."""
+
+    def prepare(self) -> None:
+        out = self.output_shapes[0]
+        axis = self.info.descriptor.concat_axis % len(out)
+        self.outer = int(np.prod(out[:axis], dtype=np.int64))
+        self.row_bytes = int(np.prod(out[axis + 1 :], dtype=np.int64)) * 4
+        self.axis_len = out[axis]
+        self.axis = axis
+
+    def enqueue(self, inputs: Sequence[GpuTensor]) -> tuple[list[GpuTensor], Any]:
+        y = self.context.empty(self.output_shapes[0])
+        event, start = None, 0
+        for x in inputs:
+            rows = x.shape[self.axis]
+            if x.size:
+                event = cl.enqueue_copy(
+                    y.queue, y.buffer, x.buffer,
+                    src_origin=(0, 0, 0), dst_origin=(0, start, 0),
+                    region=(self.row_bytes, rows, self.outer),
+                    src_pitches=(self.row_bytes, self.row_bytes * rows),
+                    dst_pitches=(self.row_bytes, self.row_bytes * self.axis_len),
+                )  # fmt: skip
+            start += rows
+        return [y], event
+
+
+@gpu_kernel("Transpose")
+class TransposeKernel(GpuKernel):
+    """A gather through the permuted input strides."""
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        if len(static_shape(info.inputs[0])) > RANK:
+            return Support.no(f"GpuAcc transposes tensors of rank {RANK} or less")
+        return Support.yes()
+
+    def prepare(self) -> None:
+        self.kernel = self.context.kernel("layout", "transpose")
+        shape = static_shape(self.info.inputs[0])
+        perm = transpose_perm(self.info.descriptor.perm, len(shape))
+        strides = broadcast_strides(shape, shape)[RANK - len(shape) :]
+        # Dims of size 1 got stride 0 above, which is right for them too.
+        permuted = [0] * (RANK - len(shape)) + [strides[p] for p in perm]
+        self.table = stride_table(self.context, self.output_shapes[0], permuted)
+
+    def enqueue(self, inputs: Sequence[GpuTensor]) -> tuple[list[GpuTensor], Any]:
+        x = inputs[0]
+        y = self.context.empty(self.output_shapes[0])
+        event = self.kernel(
+            x.queue, global_size(y.size), (LOCAL_SIZE,), x.buffer, y.buffer, self.table, np.int32(y.size)
+        )
+        return [y], event
+
+
+@gpu_kernel("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+class ViewKernel(GpuKernel):
+    """The input's buffer with the output's shape (known at load): no copy, no command."""
+
+    host_inputs = frozenset({1})  # Reshape's shape, Squeeze's and Unsqueeze's axes
+
+    def enqueue(self, inputs: Sequence[Any]) -> tuple[list[GpuTensor], Any]:
+        return [inputs[0].reshape(self.output_shapes[0])], None

@@ -1,0 +1,43 @@
+// Per-channel scale and shift (inference batch normalization, folded on the host), local
+// response normalization across channels, and softmax along an axis.
+
+__kernel void scale_shift(__global const float* x, __global float* y,
+                          __global const float* factor, __global const float* shift,
+                          int C, int inner, int total, int code, float alpha, float beta) {
+    int i = get_global_id(0);
+    if (i >= total) return;
+    int c = (i / inner) % C;
+    y[i] = activate(mad(x[i], factor[c], shift[c]), code, alpha, beta);
+}
+
+// Channel c sums the squares of channels c - (size - 1) / 2 .. c + size / 2, clipped.
+__kernel void lrn(__global const float* x, __global float* y, int C, int inner, int size,
+                  float alpha_over_size, float beta, float bias, int total) {
+    int i = get_global_id(0);
+    if (i >= total) return;
+    int c = (i / inner) % C;
+    int base = i - c * inner;
+    int first = max(c - (size - 1) / 2, 0), last = min(c + size / 2, C - 1);
+    float sum = 0.0f;
+    for (int k = first; k <= last; ++k) {
+        float v = x[base + k * inner];
+        sum = mad(v, v, sum);
+    }
+    y[i] = x[i] / pow(bias + alpha_over_size * sum, beta);
+}
+
+// One work-item per row: a row is axis_len values inner apart; shifted by its max.
+__kernel void softmax(__global const float* x, __global float* y, int axis_len, int inner, int rows) {
+    int r = get_global_id(0);
+    if (r >= rows) return;
+    int base = (r / inner) * axis_len * inner + r % inner;
+    float top = -INFINITY;
+    for (int k = 0; k < axis_len; ++k) top = fmax(top, x[base + k * inner]);
+    float sum = 0.0f;
+    for (int k = 0; k < axis_len; ++k) {
+        float e = exp(x[base + k * inner] - top);
+        y[base + k * inner] = e;
+        sum += e;
+    }
+    for (int k = 0; k < axis_len; ++k) y[base + k * inner] /= sum;
+}

@@ -1,0 +1,76 @@
+"""MaxPool, AveragePool (2-D) and GlobalAveragePool; the window geometry is CpuRef's."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from flowrt.engine.graph.layers.pooling import pool_geometry
+from flowrt.registry import Support, WorkloadInfo
+from flowrt.workers.gpu.kernels import LOCAL_SIZE, GpuKernel, global_size, gpu_kernel, ints, static_shape
+from flowrt.workers.gpu.tensor import GpuTensor
+
+
+class _Pool(GpuKernel):
+    function = ""
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        if len(static_shape(info.inputs[0])) != 4:
+            return Support.no(f"GpuAcc runs 2-D {info.kind} only")
+        if len(info.outputs) != 1:
+            return Support.no(f"GpuAcc's {info.kind} has no indices output")
+        return Support.yes()
+
+    def prepare(self) -> None:
+        self.kernel = self.context.kernel("pooling", self.function)
+        x_shape = static_shape(self.info.inputs[0])
+        desc = self.info.descriptor
+        g = pool_geometry(desc, x_shape[2:])
+        total = int(np.prod(self.output_shapes[0]))
+        self.args = ints(
+            *x_shape[2:], *g.out, *desc.kernel_shape, *g.strides, *g.pads_begin, *g.dilations, total
+        )
+        self.geometry = g
+
+    def enqueue(self, inputs: Sequence[GpuTensor]) -> tuple[list[GpuTensor], Any]:
+        x = inputs[0]
+        y = self.context.empty(self.output_shapes[0])
+        event = self.kernel(x.queue, global_size(y.size), (LOCAL_SIZE,), x.buffer, y.buffer, *self.args)
+        return [y], event
+
+
+@gpu_kernel("MaxPool")
+class MaxPoolKernel(_Pool):
+    """The largest value of each window."""
+
+    function = "max_pool"
+
+
+@gpu_kernel("AveragePool")
+class AveragePoolKernel(_Pool):
+    """The mean of each window; the divisor counts pad cells only with ``count_include_pad``."""
+
+    function = "average_pool"
+
+    def prepare(self) -> None:
+        super().prepare()
+        self.args += ints(self.info.descriptor.count_include_pad, *self.geometry.pads_end)
+
+
+@gpu_kernel("GlobalAveragePool")
+class GlobalAveragePoolKernel(GpuKernel):
+    """The mean of each channel's spatial cells."""
+
+    def prepare(self) -> None:
+        self.kernel = self.context.kernel("pooling", "global_average_pool")
+
+    def enqueue(self, inputs: Sequence[GpuTensor]) -> tuple[list[GpuTensor], Any]:
+        x = inputs[0]
+        y = self.context.empty(self.output_shapes[0])
+        event = self.kernel(
+            x.queue, global_size(y.size), (LOCAL_SIZE,), x.buffer, y.buffer, *ints(x.size // y.size, y.size)
+        )
+        return [y], event

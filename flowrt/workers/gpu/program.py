@@ -1,0 +1,112 @@
+"""OpenCL programs: built once per device and context, their binaries cached on disk.
+
+A program is one ``kernels/<name>.cl`` file with ``kernels/common.cl`` in front of it. The
+first build on a machine compiles the source and writes the device binary to the cache
+directory (``FLOWRT_CACHE_DIR``, else ``~/.cache/flowrt``, under ``opencl/``); the file name
+holds the device name, the driver version and a hash of the source and build options, so a
+driver update or an edited kernel never loads a stale binary. A later process builds from
+that binary and skips the compiler. A binary the driver refuses is logged and rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import tempfile
+import threading
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from flowrt.errors import BackendError
+from flowrt.workers.gpu.device import cl
+
+logger = logging.getLogger(__name__)
+
+CACHE_ENV = "FLOWRT_CACHE_DIR"
+BUILD_OPTIONS = "-cl-mad-enable"
+_PRELUDE = "common"
+
+
+def cache_dir() -> Path:
+    """Where program binaries are kept."""
+    root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "flowrt"
+    return Path(root) / "opencl"
+
+
+def kernel_source(name: str) -> str:
+    """The OpenCL C source of program ``name``: the shared prelude, then ``kernels/<name>.cl``."""
+    folder = resources.files("flowrt.workers.gpu.kernels")
+    try:
+        body = (folder / f"{name}.cl").read_text()
+    except FileNotFoundError:
+        raise BackendError(f"GpuAcc has no kernel source {name}.cl in {folder}") from None
+    return (folder / f"{_PRELUDE}.cl").read_text() + "\n" + body
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text.strip())[:60]
+
+
+def binary_path(name: str, device: Any, source: str, options: str) -> Path:
+    """The cache file for program ``name`` (``source`` built with ``options``) on ``device``."""
+    digest = hashlib.sha256(f"{options}\0{source}".encode()).hexdigest()[:24]
+    driver = f"{device.platform.name} {device.driver_version}"
+    return cache_dir() / f"{name}--{_slug(device.name)}--{_slug(driver)}--{digest}.bin"
+
+
+class ProgramCache:
+    """The built programs of one device and context, by name; thread-safe.
+
+    ``builds`` counts how each program was made (``"source"`` or ``"binary"``), so a test or
+    ``flowrt`` can tell a warm start from a cold one.
+    """
+
+    def __init__(self, context: Any, device: Any) -> None:
+        self.context = context
+        self.device = device
+        self.builds: dict[str, str] = {}
+        self._programs: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def get(self, name: str) -> Any:
+        """Program ``name``, built on first use (from the disk cache when it can be)."""
+        with self._lock:
+            program = self._programs.get(name)
+            if program is None:
+                program = self._programs[name] = self._build(name)
+            return program
+
+    def _build(self, name: str) -> Any:
+        source = kernel_source(name)
+        path = binary_path(name, self.device, source, BUILD_OPTIONS)
+        if path.exists():
+            try:
+                program = cl.Program(self.context, [self.device], [path.read_bytes()]).build(BUILD_OPTIONS)
+            except (cl.Error, OSError) as e:
+                logger.info("cached OpenCL binary %s is unusable, rebuilding from source: %s", path, e)
+            else:
+                self.builds[name] = "binary"
+                return program
+        try:
+            program = cl.Program(self.context, source).build(BUILD_OPTIONS, devices=[self.device])
+        except cl.Error as e:
+            raise BackendError(f"GpuAcc failed to build {name}.cl on {self.device.name!r}: {e}") from e
+        self.builds[name] = "source"
+        self._store(path, program)
+        return program
+
+    def _store(self, path: Path, program: Any) -> None:
+        """Write the program's binary to ``path`` atomically; a cache that cannot be written is
+        only logged (the next process compiles again)."""
+        try:
+            (binary,) = program.get_info(cl.program_info.BINARIES)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(binary)
+            os.replace(tmp, path)
+        except (OSError, cl.Error, ValueError) as e:
+            logger.info("could not cache OpenCL binary at %s: %s", path, e)

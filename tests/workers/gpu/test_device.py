@@ -1,0 +1,74 @@
+"""Device choice, the program binary cache, and GpuAcc without OpenCL."""
+
+import logging
+import subprocess
+import sys
+
+import pytest
+
+import flowrt
+from flowrt.errors import BackendError
+from flowrt.models import light_model
+from flowrt.workers.gpu import GpuAccBackend, device
+from flowrt.workers.gpu.program import ProgramCache
+
+
+def test_device_chosen_by_index_pair_name_or_environment(gpu, monkeypatch):
+    assert device.choose_device("0:0").int_ptr == device._devices()[0][2].int_ptr
+    name = gpu.device.name
+    assert device.choose_device(name[: max(3, len(name) // 2)].upper()).name == name
+    monkeypatch.setenv(device.DEVICE_ENV, "0:0")
+    assert device.choose_device().int_ptr == device._devices()[0][2].int_ptr
+    with pytest.raises(BackendError, match=r"OpenCL device 'no such device' not found .*devices: 0:0"):
+        device.choose_device("no such device")
+
+
+def test_devices_are_described_with_memory_and_priority_hints(gpu):
+    (first, *_) = device.describe_devices()
+    assert first.index == "0:0" and first.global_memory_bytes > 0
+    assert first.name and first.platform and isinstance(first.priority_hints, bool)
+
+
+def test_program_binaries_are_cached_on_disk(gpu, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("FLOWRT_CACHE_DIR", str(tmp_path))
+    cold = ProgramCache(gpu.context, gpu.device)
+    cold.get("layout")
+    assert cold.builds == {"layout": "source"}
+    (binary,) = (tmp_path / "opencl").glob("layout--*.bin")
+    warm = ProgramCache(gpu.context, gpu.device)
+    assert warm.get("layout").get_info(flowrt.workers.gpu.device.cl.program_info.NUM_KERNELS) == 1
+    assert warm.builds == {"layout": "binary"}
+    binary.write_bytes(b"not a program")
+    with caplog.at_level(logging.INFO, logger="flowrt.workers.gpu.program"):
+        ProgramCache(gpu.context, gpu.device).get("layout")
+    assert "unusable, rebuilding from source" in caplog.text
+
+
+def _registry():
+    registry = flowrt.backend_registry().copy()
+    if not registry.is_registered("GpuAcc"):
+        registry.register("GpuAcc", GpuAccBackend)
+    return registry
+
+
+def test_without_an_opencl_platform_gpuacc_declines_and_cpuref_takes_over(monkeypatch):
+    monkeypatch.setattr(device, "platforms", lambda: [])
+    reason = "GpuAcc is unavailable: no OpenCL platform or device found"
+    net = flowrt.onnx.load(light_model("squeezenet"))
+    opt = flowrt.optimize(net, backends=["GpuAcc", "CpuRef"], registry=_registry())
+    assert {layer.backend for layer in opt.graph if layer.backend} == {"CpuRef"}
+    assert opt.decisions["n0"].declined == {"GpuAcc": reason}
+    with pytest.raises(BackendError, match="no OpenCL platform or device found"):
+        device.choose_device()
+
+
+def test_flowrt_imports_and_gpuacc_declines_when_pyopencl_cannot_load():
+    script = (
+        "import sys; sys.modules['pyopencl'] = None\n"
+        "import flowrt\n"
+        "from flowrt.workers.gpu import GpuAccBackend\n"
+        "answer = GpuAccBackend().layer_support().is_layer_supported('Relu', None, [], [])\n"
+        "print(answer.supported, answer.reason)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.startswith("False GpuAcc is unavailable: pyopencl failed to import")

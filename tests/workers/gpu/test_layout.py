@@ -1,0 +1,46 @@
+"""GpuAcc Concat, Transpose and the view kinds against CpuRef."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import flowrt
+from flowrt.workers.gpu.tensor import GpuTensor
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    shape=hnp.array_shapes(min_dims=1, max_dims=4, max_side=6),
+    data=st.data(),
+)
+def test_concat_matches_cpuref(run_both, shape, data):
+    axis = data.draw(st.integers(0, len(shape) - 1))
+    lengths = data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=4))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
+    inputs = [
+        rng.standard_normal(shape[:axis] + (n,) + shape[axis + 1 :]).astype(np.float32) for n in lengths
+    ]
+    (got,), (expected,) = run_both("Concat", flowrt.descriptors.Concat(axis=axis - len(shape)), inputs)
+    np.testing.assert_array_equal(got, expected)
+
+
+@settings(max_examples=15, deadline=None)
+@given(shape=hnp.array_shapes(min_dims=1, max_dims=6, max_side=5), data=st.data())
+def test_transpose_matches_cpuref(run_both, shape, data):
+    perm = tuple(data.draw(st.permutations(range(len(shape)))))
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    (got,), (expected,) = run_both("Transpose", flowrt.descriptors.Transpose(perm=perm), [x])
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_reshape_and_flatten_are_views_of_the_input(gpu, run_both):
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    (got,), (expected,) = run_both("Reshape", flowrt.descriptors.Reshape(), [x, np.array([4, -1])], (1,))
+    np.testing.assert_array_equal(got, expected)
+    (got,), (expected,) = run_both("Flatten", flowrt.descriptors.Flatten(axis=2), [x])
+    np.testing.assert_array_equal(got, expected)
+    tensor = gpu.upload(x)
+    view = tensor.reshape(6, 4)
+    assert isinstance(view, GpuTensor) and view.buffer is tensor.buffer
+    np.testing.assert_array_equal(np.asarray(view), x.reshape(6, 4))
