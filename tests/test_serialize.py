@@ -218,14 +218,14 @@ def test_prepared_data_is_loaded_only_for_the_version_that_made_it(tmp_path, cap
     optimized = flowrt.optimize(small_network())
     path = tmp_path / "small.flowrt"
     blob = bytes(range(256)) * 3
-    prepared = {"CpuRef": ((1, 0), {"conv": blob, "gemm": b""}), "GpuAcc": ((1, 0), {"conv": b"x"})}
+    prepared = {"CpuRef": ((1, 0), {"conv": blob, "gemm": b""}), "Acme_Npu": ((1, 0), {"conv": b"x"})}
     serialize.save(optimized, path, prepared=prepared)
     loaded = serialize.load(path)
     assert set(loaded.prepared) == {"CpuRef"}
     version, blobs = loaded.prepared["CpuRef"]
     assert version == (1, 0) and bytes(blobs["conv"]) == blob and bytes(blobs["gemm"]) == b""
     assert isinstance(blobs["conv"], memoryview) and blobs["conv"].readonly
-    assert "prepared data of GpuAcc 1.0 not used: it is not registered" in caplog.text
+    assert "prepared data of Acme_Npu 1.0 not used: it is not registered" in caplog.text
 
     serialize.save(loaded, tmp_path / "again.flowrt")  # default: what the network carries
     assert bytes(serialize.load(tmp_path / "again.flowrt").prepared["CpuRef"][1]["conv"]) == blob
