@@ -12,6 +12,7 @@
 from flowrt import descriptors, errors, onnx, profiling
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.optimizer import OptimizedNetwork, OptimizerOptions, optimize
+from flowrt.pipeline import Pipeline
 from flowrt.registry import BackendId, BackendRegistry, backend_registry
 from flowrt.runtime import LoadedNetwork, Runtime
 from flowrt.serialize import load, save
@@ -38,6 +39,7 @@ __all__ = [
     "Network",
     "OptimizedNetwork",
     "OptimizerOptions",
+    "Pipeline",
     "Priority",
     "RefBackend",
     "Runtime",

@@ -40,13 +40,21 @@ class BackendError(FlowrtError):
 
 
 class RunError(FlowrtError):
-    """A workload failed while running; names the layer, its backend and the cause."""
+    """A workload failed while running; names the layer, its backend and the cause — and the
+    pipeline stage, for a run through a ``flowrt.Pipeline`` (``layer`` and ``backend`` are
+    None when the stage is a function, or failed before a layer ran)."""
 
-    def __init__(self, layer: str, backend: str, cause: BaseException) -> None:
+    def __init__(
+        self, layer: str | None, backend: str | None, cause: BaseException, *, stage: str | None = None
+    ) -> None:
         self.layer = layer
         self.backend = backend
         self.cause = cause
-        super().__init__(f"layer {layer!r} on backend {backend} failed: {type(cause).__name__}: {cause}")
+        self.stage = stage
+        where = [] if stage is None else [f"pipeline stage {stage!r}"]
+        if layer is not None:
+            where.append(f"layer {layer!r} on backend {backend}")
+        super().__init__(f"{': '.join(where)} failed: {type(cause).__name__}: {cause}")
 
 
 class ResourceError(FlowrtError):
