@@ -1,0 +1,348 @@
+"""2-D pooling over (N*C) planes: MaxPool, AveragePool, GlobalAveragePool and GlobalMaxPool.
+
+The window is the N*C planes of the input; each slice is a run of whole planes. For the
+windowed kinds, the geometry (pads, ceil mode, auto_pad) is resolved once per input shape
+into per-axis tables: where each output row/column's window starts and which of its kernel
+cells fall inside the input, so the jitted loop never tests a cell against the borders.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+from numba import njit, prange
+
+from flowrt.engine.graph.layers.pooling import pool_geometry
+from flowrt.engine.scheduler.window import SplitHint, split_bounds
+from flowrt.registry import Support, WorkloadInfo
+from flowrt.types import DataType
+from flowrt.workers.cpu.acc.kernels import acc_kernel
+
+# Below this many input reads per slice, a second thread costs more than it saves.
+MIN_WORK = 32768
+
+
+def plane_bounds(planes: int, reads_per_plane: int, workers: int) -> np.ndarray:
+    """Slices of whole planes, each worth at least ``MIN_WORK`` reads."""
+    return split_bounds(planes, SplitHint(0, max(1, MIN_WORK // max(1, reads_per_plane))), workers)
+
+
+def float32_only(info: WorkloadInfo) -> Support:
+    """Support.yes for float32 data."""
+    x = info.inputs[0]
+    if x is None or x.dtype is not DataType.FLOAT32:
+        return Support.no(f"CpuAcc {info.kind} takes float32 only")
+    return Support.yes()
+
+
+@attrs.frozen(eq=False)
+class AxisTable:
+    """One spatial axis of a windowed pool, resolved for one input size.
+
+    By output position: ``start``, the input index of its window's first cell (negative in the
+    leading pad); ``[lo, hi)``, the kernel cells that fall inside the input; ``count``, the
+    cells AveragePool divides by. By kernel cell: ``[first, last)``, the output positions
+    whose window has that cell inside the input.
+    """
+
+    start: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    count: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    stride: int
+    dilation: int
+    begin: int
+
+
+def _ceil_div(a: np.ndarray, b: int) -> np.ndarray:
+    return -(-a // b)
+
+
+def axis_table(desc, size: int, axis: int, geometry) -> AxisTable:
+    """The table of spatial ``axis`` (``size`` input cells) under the resolved ``geometry``."""
+    kernel, stride, dilation = desc.kernel_shape[axis], geometry.strides[axis], geometry.dilations[axis]
+    begin, end, out = geometry.pads_begin[axis], geometry.pads_end[axis], geometry.out[axis]
+    start = np.arange(out, dtype=np.int64) * stride - begin
+    # Cell k of output o reads input start[o] + k * dilation, inside when in [0, size).
+    lo = np.clip(_ceil_div(-start, dilation), 0, kernel)
+    hi = np.maximum(np.clip(_ceil_div(size - start, dilation), 0, kernel), lo)
+    offset = np.arange(kernel, dtype=np.int64) * dilation - begin
+    first = np.clip(_ceil_div(-offset, stride), 0, out)
+    last = np.maximum(np.clip(_ceil_div(size - offset, stride), 0, out), first)
+    cells = start[:, None] + np.arange(kernel) * dilation
+    # Pad cells count with count_include_pad; cells ceil mode reaches past the end pad never do.
+    low, high = (-begin, size + end) if getattr(desc, "count_include_pad", 0) else (0, size)
+    count = ((cells >= low) & (cells < high)).sum(axis=1)
+    # A window with no counted cell (only in ceil mode) has no mean; its sum is 0 anyway.
+    count = np.maximum(count, 1).astype(np.int64)
+    return AxisTable(start, lo, hi, count, first, last, stride, dilation, begin)
+
+
+@attrs.frozen(eq=False)
+class PoolPlan:
+    """A windowed pool resolved for one input shape."""
+
+    out_shape: tuple[int, ...]
+    bounds: np.ndarray
+    height: AxisTable
+    width: AxisTable
+
+
+# Indices are cast to uint64 in the hot loops: numba wraps negative signed indices around,
+# and that check keeps LLVM from vectorizing.
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _max_pool(x, out, bounds, hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw):
+    lowest = np.float32(-np.inf)
+    for s in prange(bounds.shape[0] - 1):
+        # Max is separable: first over the kernel rows (unit stride, vectorized), then along
+        # the row. np.maximum lets NaN win, as CpuRef's does.
+        column = np.empty(x.shape[2], np.float32)
+        for p in range(bounds[s], bounds[s + 1]):
+            for oh in range(out.shape[1]):
+                row = out[p, oh]
+                row[:] = lowest
+                if hhi[oh] == hlo[oh]:
+                    continue
+                column[:] = x[p, hs[oh] + hlo[oh] * dh]
+                for kh in range(hlo[oh] + 1, hhi[oh]):
+                    line = x[p, hs[oh] + kh * dh]
+                    for i in range(column.shape[0]):
+                        iw = np.uint64(i)
+                        column[iw] = np.maximum(column[iw], line[iw])
+                for kw in range(wfirst.shape[0]):
+                    offset = kw * dw - pw
+                    for ow in range(wfirst[kw], wlast[kw]):
+                        o = np.uint64(ow)
+                        row[o] = np.maximum(row[o], column[np.uint64(ow * sw + offset)])
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _average_pool(x, out, bounds, hs, hlo, hhi, hcount, dh, wfirst, wlast, wcount, sw, dw, pw):
+    for s in prange(bounds.shape[0] - 1):
+        for p in range(bounds[s], bounds[s + 1]):
+            for oh in range(out.shape[1]):
+                # Row by row, kernel cell by kernel cell: each output still adds its cells in
+                # CpuRef's row-major kernel order.
+                row = out[p, oh]
+                row[:] = 0
+                for kh in range(hlo[oh], hhi[oh]):
+                    line = x[p, hs[oh] + kh * dh]
+                    for kw in range(wfirst.shape[0]):
+                        offset = kw * dw - pw
+                        for ow in range(wfirst[kw], wlast[kw]):
+                            o = np.uint64(ow)
+                            row[o] += line[np.uint64(ow * sw + offset)]
+                for ow in range(row.shape[0]):
+                    # Divided in float64, as CpuRef divides its float32 sums by int64 counts.
+                    row[ow] = np.float64(row[ow]) / (hcount[oh] * wcount[ow])
+
+
+class _WindowedPool:
+    """What MaxPool and AveragePool share: the support check and a plan per input shape."""
+
+    split_hint = SplitHint(axis=0, min_slice=1)
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        if len(info.descriptor.kernel_shape) != 2:
+            return Support.no(f"CpuAcc {info.kind} takes 2-D pooling (N, C, H, W) only")
+        return float32_only(info)
+
+    def __init__(self, info: WorkloadInfo, workers: int) -> None:
+        self.info = info
+        self.workers = workers
+        self._plans: dict[tuple[int, ...], PoolPlan] = {}
+
+    def plan(self, shape: tuple[int, ...]) -> PoolPlan:
+        """The plan for an input of ``shape`` (computed once per shape)."""
+        cached = self._plans.get(shape)
+        if cached is None:
+            desc = self.info.descriptor
+            geometry = pool_geometry(desc, shape[2:])
+            reads = int(np.prod(geometry.out)) * int(np.prod(desc.kernel_shape))
+            cached = self._plans[shape] = PoolPlan(
+                (*shape[:2], *geometry.out),
+                plane_bounds(shape[0] * shape[1], reads, self.workers),
+                axis_table(desc, shape[2], 0, geometry),
+                axis_table(desc, shape[3], 1, geometry),
+            )
+        return cached
+
+    def planes(self, inputs, outputs):
+        """``(plan, input planes, output, output planes)``: the arrays as (N*C, H, W) views."""
+        x = np.ascontiguousarray(inputs[0])
+        plan = self.plan(x.shape)
+        out = np.empty(plan.out_shape, np.float32) if outputs is None else outputs[0]
+        n_planes = x.shape[0] * x.shape[1]
+        return plan, x.reshape(n_planes, *x.shape[2:]), out, out.reshape(n_planes, *plan.out_shape[2:])
+
+
+@acc_kernel("MaxPool")
+class MaxPoolKernel(_WindowedPool):
+    """The largest value of each window (padding never wins), planes split across workers."""
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        if info.descriptor.num_outputs != 1:
+            return Support.no("CpuAcc MaxPool computes Y only, not the Indices output")
+        return super().supports(info)
+
+    def execute(self, inputs, outputs=None):
+        plan, x, out, y = self.planes(inputs, outputs)
+        h, w = plan.height, plan.width
+        _max_pool(
+            x, y, plan.bounds, h.start, h.lo, h.hi, h.dilation, w.first, w.last, w.stride, w.dilation, w.begin
+        )
+        return [out]
+
+
+@acc_kernel("AveragePool")
+class AveragePoolKernel(_WindowedPool):
+    """The mean of each window; pad cells count towards it only with ``count_include_pad``."""
+
+    def execute(self, inputs, outputs=None):
+        plan, x, out, y = self.planes(inputs, outputs)
+        h, w = plan.height, plan.width
+        _average_pool(
+            x,
+            y,
+            plan.bounds,
+            h.start,
+            h.lo,
+            h.hi,
+            h.count,
+            h.dilation,
+            w.first,
+            w.last,
+            w.count,
+            w.stride,
+            w.dilation,
+            w.begin,
+        )
+        return [out]
+
+
+@njit(nogil=True, cache=True)
+def _block_sum(a, first, n):
+    """numpy's pairwise sum of a block of at most 128 values: eight lanes, then the rest."""
+    if n < 8:
+        res = np.float32(0)
+        for i in range(first, first + n):
+            res += a[i]
+        return res
+    lanes = a[first : first + 8].copy()
+    i = 8
+    while i < n - n % 8:
+        for j in range(8):
+            lanes[j] += a[first + i + j]
+        i += 8
+    res = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+    for k in range(first + i, first + n):
+        res += a[k]
+    return res
+
+
+@njit(nogil=True, cache=True)
+def pairwise_sum(a, first, n):
+    """The float32 sum of ``a[first : first + n]`` in numpy's pairwise order.
+
+    Bit for bit what CpuRef's ``np.mean`` adds: a plane of near-equal values (a classifier's
+    last pooling) must pool to equal values, or the softmax after it amplifies one ulp.
+    numpy halves the range (on a multiple of 8) down to blocks of 128; the recursion runs
+    here on an explicit stack, since numba cannot call a recursive function from a parallel
+    region.
+    """
+    if n <= 128:
+        return _block_sum(a, first, n)
+    # Nodes (first, n, halved) still to visit, and the sums of the ranges done.
+    nodes = np.empty((128, 3), np.int64)
+    sums = np.empty(128, np.float32)
+    nodes[0, 0], nodes[0, 1], nodes[0, 2] = first, n, 0
+    top, done = 1, 0
+    while top:
+        top -= 1
+        start, size, halved = nodes[top, 0], nodes[top, 1], nodes[top, 2]
+        if size <= 128:
+            sums[done] = _block_sum(a, start, size)
+            done += 1
+        elif halved:
+            done -= 1
+            sums[done - 1] += sums[done]
+        else:
+            half = size // 2
+            half -= half % 8
+            nodes[top, 2] = 1
+            nodes[top + 1, 0], nodes[top + 1, 1], nodes[top + 1, 2] = start + half, size - half, 0
+            nodes[top + 2, 0], nodes[top + 2, 1], nodes[top + 2, 2] = start, half, 0
+            top += 3
+    return sums[0]
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _global_average_pool(x, out, bounds):
+    size = x.shape[1]
+    for s in prange(bounds.shape[0] - 1):
+        for p in range(bounds[s], bounds[s + 1]):
+            out[p] = pairwise_sum(x[p], 0, size) / np.float32(size)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _global_max_pool(x, out, bounds):
+    for s in prange(bounds.shape[0] - 1):
+        for p in range(bounds[s], bounds[s + 1]):
+            best = x[p, 0]
+            for i in range(1, x.shape[1]):
+                v = x[p, i]
+                if v > best or v != v:
+                    best = v
+            out[p] = best
+
+
+class _GlobalPool:
+    """One value per (N, C) plane, any number of spatial dims, planes split across workers."""
+
+    split_hint = SplitHint(axis=0, min_slice=1)
+    reduce = staticmethod(_global_average_pool)
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        return float32_only(info)
+
+    def __init__(self, info: WorkloadInfo, workers: int) -> None:
+        self.info = info
+        self.workers = workers
+        self._bounds: dict[tuple[int, int], np.ndarray] = {}
+
+    def execute(self, inputs, outputs=None):
+        x = np.ascontiguousarray(inputs[0])
+        n, c = x.shape[:2]
+        out = np.empty((n, c) + (1,) * (x.ndim - 2), np.float32) if outputs is None else outputs[0]
+        planes = x.reshape(n * c, -1)
+        key = planes.shape
+        bounds = self._bounds.get(key)
+        if bounds is None:
+            bounds = self._bounds[key] = plane_bounds(key[0], key[1], self.workers)
+        if planes.shape[1] == 0:
+            # An empty plane has no max; its mean is NaN, as numpy has it.
+            out.fill(np.nan)
+        else:
+            self.reduce(planes, out.reshape(-1), bounds)
+        return [out]
+
+
+@acc_kernel("GlobalAveragePool")
+class GlobalAveragePoolKernel(_GlobalPool):
+    """The mean of each (N, C) plane."""
+
+    reduce = staticmethod(_global_average_pool)
+
+
+@acc_kernel("GlobalMaxPool")
+class GlobalMaxPoolKernel(_GlobalPool):
+    """The largest value of each (N, C) plane."""
+
+    reduce = staticmethod(_global_max_pool)

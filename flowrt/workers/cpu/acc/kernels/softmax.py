@@ -1,0 +1,140 @@
+"""Softmax and LogSoftmax along one axis, numerically stable (shifted by the max).
+
+The input is seen as (outer, length, inner): the op runs along ``length``. From opset 13 that
+is the op's axis; before, the input is coerced to 2-D and the op runs along all the dims from
+``axis`` on (``inner`` is 1). The window is the (outer row, block of inner columns) pairs;
+each computes its columns' max, sum and output with unit-stride loops over the block.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from flowrt.engine.scheduler.window import SplitHint, split_bounds
+from flowrt.registry import Support, WorkloadInfo
+from flowrt.types import DataType
+from flowrt.workers.cpu.acc.kernels import acc_kernel
+
+# Below this many elements per slice, a second thread costs more than it saves.
+MIN_SLICE = 16384
+# Inner columns one unit of work handles together: its running max and sum stay in L1.
+BLOCK = 256
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _row(x, out, log):
+    """One distribution laid out contiguously (``inner`` is 1)."""
+    top = x[0]
+    for k in range(1, x.shape[0]):
+        top = np.maximum(top, x[np.uint64(k)])  # NaN wins, as with np.max
+    total = 0.0  # float64: long sums keep their precision
+    for k in range(x.shape[0]):
+        j = np.uint64(k)
+        e = np.exp(x[j] - top)
+        total += e
+        out[j] = e
+    if log:
+        shift = np.float32(math.log(np.float32(total)))
+        for k in range(x.shape[0]):
+            j = np.uint64(k)
+            out[j] = (x[j] - top) - shift
+    else:
+        norm = np.float32(total)
+        for k in range(x.shape[0]):
+            j = np.uint64(k)
+            out[j] = out[j] / norm
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _columns(x, out, top, total, log):
+    """``x.shape[1]`` distributions side by side, each down one column of ``x``."""
+    length, width = x.shape
+    top[:width] = x[0]
+    for k in range(1, length):
+        row = x[k]
+        for i in range(width):
+            j = np.uint64(i)
+            top[j] = np.maximum(top[j], row[j])
+    total[:width] = 0
+    for k in range(length):
+        row, dst = x[k], out[k]
+        for i in range(width):
+            j = np.uint64(i)
+            e = np.exp(row[j] - top[j])
+            total[j] += e
+            dst[j] = e
+    for i in range(width):
+        total[i] = math.log(np.float32(total[i])) if log else np.float32(total[i])
+    for k in range(length):
+        row, dst = x[k], out[k]
+        for i in range(width):
+            j = np.uint64(i)
+            if log:
+                dst[j] = (row[j] - top[j]) - np.float32(total[j])
+            else:
+                dst[j] = dst[j] / np.float32(total[j])
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _softmax(x, out, bounds, blocks, log):
+    inner = x.shape[2]
+    for s in prange(bounds.shape[0] - 1):
+        top = np.empty(BLOCK, np.float32)
+        total = np.empty(BLOCK, np.float64)
+        for unit in range(bounds[s], bounds[s + 1]):
+            o, first = unit // blocks, (unit % blocks) * BLOCK
+            if inner == 1:
+                _row(x[o, :, 0], out[o, :, 0], log)
+            else:
+                last = min(inner, first + BLOCK)
+                _columns(x[o, :, first:last], out[o, :, first:last], top, total, log)
+
+
+@acc_kernel("Softmax", "LogSoftmax")
+class SoftmaxKernel:
+    """Softmax or LogSoftmax along one axis, (row, column block) units split across workers."""
+
+    split_hint = SplitHint(axis=0, min_slice=1)
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        x = info.inputs[0]
+        if x is None or x.dtype is not DataType.FLOAT32:
+            return Support.no(f"CpuAcc {info.kind} takes float32 only")
+        return Support.yes()
+
+    def __init__(self, info: WorkloadInfo, workers: int) -> None:
+        self.info = info
+        self.workers = workers
+        self.log = info.kind == "LogSoftmax"
+        self._plans: dict[tuple[int, ...], tuple[tuple[int, int, int], int, np.ndarray]] = {}
+
+    def plan(self, shape: tuple[int, ...]) -> tuple[tuple[int, int, int], int, np.ndarray]:
+        """``((outer, length, inner), column blocks, bounds)`` for an input of ``shape``."""
+        cached = self._plans.get(shape)
+        if cached is None:
+            desc = self.info.descriptor
+            axis = desc.resolved_axis(len(shape), self.info.kind)
+            outer = int(np.prod(shape[:axis], dtype=np.int64))
+            if desc.coerces_to_2d:
+                length, inner = int(np.prod(shape[axis:], dtype=np.int64)), 1
+            else:
+                length, inner = shape[axis], int(np.prod(shape[axis + 1 :], dtype=np.int64))
+            blocks = -(-inner // BLOCK)
+            work = 3 * length * min(inner, BLOCK)
+            bounds = split_bounds(
+                outer * blocks, SplitHint(0, max(1, -(-MIN_SLICE // max(1, work)))), self.workers
+            )
+            cached = self._plans[shape] = ((outer, length, inner), blocks, bounds)
+        return cached
+
+    def execute(self, inputs, outputs=None):
+        x = np.ascontiguousarray(inputs[0])
+        out = np.empty_like(x) if outputs is None else outputs[0]
+        view, blocks, bounds = self.plan(x.shape)
+        if x.size:
+            _softmax(x.reshape(view), out.reshape(view), bounds, blocks, self.log)
+        return [out]

@@ -1,0 +1,150 @@
+"""CpuAcc pooling kernels against CpuRef, and in a whole model with fallback to CpuRef."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import flowrt
+from flowrt.models import expected_outputs, expected_tolerance, light_model, pattern_input
+from flowrt.registry import WorkloadInfo
+from flowrt.types import TensorInfo
+from flowrt.workers.cpu.acc.kernels import load_all as acc_kernels
+from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
+
+
+def _run_both(kind, x, workers, given_outputs=False, **attributes):
+    desc = getattr(flowrt.descriptors, kind)(**attributes)
+    expected = np.asarray(ref_kernels()[kind](desc, x))
+    info = WorkloadInfo("layer", kind, desc, (TensorInfo.of(x),), (TensorInfo.of(expected),), (None,))
+    assert acc_kernels()[kind].supports(info).supported
+    kernel = acc_kernels()[kind](info, workers)
+    outputs = [np.full_like(expected, np.nan)] if given_outputs else None
+    (got,) = kernel.execute([x], outputs)
+    if given_outputs:
+        assert got is outputs[0]
+    assert got.dtype == np.float32 and got.shape == expected.shape
+    return got, expected
+
+
+@st.composite
+def windowed_pools(draw):
+    """A 2-D pool's attributes and an input it fits."""
+    kernel = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    strides = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    dilations = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    attributes = {"kernel_shape": kernel, "strides": strides, "ceil_mode": draw(st.integers(0, 1))}
+    if draw(st.booleans()):
+        attributes["auto_pad"] = draw(st.sampled_from(["SAME_UPPER", "SAME_LOWER", "VALID"]))
+    else:
+        # Pads smaller than the kernel, as ONNX asks.
+        attributes["pads"] = tuple(draw(st.integers(0, k - 1)) for k in kernel * 2)
+    spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
+    shape = (draw(st.integers(1, 3)), draw(st.integers(1, 5)), *(draw(st.integers(s, s + 12)) for s in spans))
+    x = np.random.default_rng(draw(st.integers(0, 2**16))).uniform(-10, 10, shape).astype(np.float32)
+    return attributes, dilations, x
+
+
+@settings(max_examples=30, deadline=None)
+@given(pool=windowed_pools(), workers=st.integers(1, 3), given_outputs=st.booleans())
+def test_max_pool_matches_cpuref(pool, workers, given_outputs):
+    attributes, dilations, x = pool
+    got, expected = _run_both("MaxPool", x, workers, given_outputs, dilations=dilations, **attributes)
+    np.testing.assert_array_equal(got, expected)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    pool=windowed_pools(),
+    include_pad=st.integers(0, 1),
+    workers=st.integers(1, 3),
+    given_outputs=st.booleans(),
+)
+def test_average_pool_matches_cpuref(pool, include_pad, workers, given_outputs):
+    attributes, dilations, x = pool
+    got, expected = _run_both(
+        "AveragePool",
+        x,
+        workers,
+        given_outputs,
+        count_include_pad=include_pad,
+        dilations=dilations,
+        **attributes,
+    )
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("include_pad", [0, 1])
+def test_average_pool_divisor_in_ceil_mode_excludes_cells_past_the_end_pad(include_pad):
+    x = np.arange(2 * 3 * 7 * 7, dtype=np.float32).reshape(2, 3, 7, 7)
+    got, expected = _run_both(
+        "AveragePool",
+        x,
+        2,
+        kernel_shape=(3, 3),
+        strides=(2, 2),
+        pads=(1, 1, 0, 0),
+        ceil_mode=1,
+        count_include_pad=include_pad,
+    )
+    assert got.shape == (2, 3, 4, 4)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_max_pool_lets_nan_win():
+    x = np.zeros((1, 1, 4, 4), np.float32)
+    x[0, 0, 1, 1] = np.nan
+    got, expected = _run_both("MaxPool", x, 1, kernel_shape=(2, 2))
+    np.testing.assert_array_equal(got, expected)
+    assert np.isnan(got[0, 0, 0, 0]) and np.isnan(got[0, 0, 1, 1]) and not np.isnan(got[0, 0, 2, 2])
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    kind=st.sampled_from(["GlobalAveragePool", "GlobalMaxPool"]),
+    shape=st.lists(st.integers(1, 9), min_size=3, max_size=5),
+    workers=st.integers(1, 3),
+    given_outputs=st.booleans(),
+)
+def test_global_pools_match_cpuref_bit_for_bit(kind, shape, workers, given_outputs):
+    x = np.random.default_rng(sum(shape)).uniform(-10, 10, shape).astype(np.float32)
+    got, expected = _run_both(kind, x, workers, given_outputs)
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 13, 13), (1, 3, 100, 100), (1, 2, 129)])
+def test_global_average_pool_adds_in_numpys_pairwise_order(shape):
+    # Near-equal planes: a float64 sum would round some of them one ulp apart.
+    x = np.full(shape, 9.5e9 / 169, np.float32) + np.random.default_rng(0).uniform(0, 1, shape).astype(
+        np.float32
+    )
+    got, expected = _run_both("GlobalAveragePool", x, 2)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_indices_output_non_float32_and_3d_pools_are_declined_with_a_reason():
+    support = flowrt.backend_registry().get("CpuAcc").layer_support()
+    x = TensorInfo((1, 2, 8, 8))
+    two = flowrt.descriptors.MaxPool(kernel_shape=(2, 2), num_outputs=2)
+    answer = support.is_layer_supported("MaxPool", two, [x], [x, x])
+    assert not answer.supported and "Indices" in answer.reason
+    pool = flowrt.descriptors.AveragePool(kernel_shape=(2, 2))
+    answer = support.is_layer_supported("AveragePool", pool, [TensorInfo((1, 2, 8, 8), "float64")], [None])
+    assert not answer.supported and "float32 only" in answer.reason
+    cube = flowrt.descriptors.MaxPool(kernel_shape=(2, 2, 2))
+    answer = support.is_layer_supported("MaxPool", cube, [TensorInfo((1, 2, 4, 4, 4))], [None])
+    assert not answer.supported and "2-D pooling" in answer.reason
+
+
+def test_alexnet_pools_normalizes_and_classifies_on_cpuacc():
+    path = light_model("bvlc_alexnet")
+    opt = flowrt.optimize(flowrt.onnx.load(path), backends=["CpuAcc", "CpuRef"])
+    by_kind = {}
+    for layer in opt.graph:
+        if layer.backend:
+            by_kind.setdefault(layer.kind, set()).add(layer.backend)
+    assert by_kind["MaxPool"] == by_kind["LRN"] == by_kind["Softmax"] == {"CpuAcc"}
+    sess = flowrt.InferenceSession(opt)
+    feeds = {a.name: pattern_input(TensorInfo(a.shape)) for a in sess.get_inputs()}
+    (y,) = sess.run(None, feeds)
+    np.testing.assert_allclose(y, expected_outputs(path)[0], **expected_tolerance(path))
