@@ -31,7 +31,8 @@ def activate(v, code, alpha, beta):
     if code == NONE:
         return v
     if code == RELU:
-        return v if v > 0 else v * 0
+        # as np.maximum(v, 0): NaN stays NaN, -inf and -0.0 become +0.0
+        return v if v > 0 or v != v else np.float32(0)
     if code == LEAKY_RELU:
         return v if v >= 0 else v * alpha
     if code == CLIP:

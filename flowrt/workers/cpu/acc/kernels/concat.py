@@ -1,0 +1,91 @@
+"""Concat: each input copied into its band of the output, any axis, any data type.
+
+Seen from the axis, every input is ``outer`` rows of ``width`` elements and the output
+``outer`` rows of ``total``; input ``i`` fills columns ``[column_i, column_i + width_i)``. One
+parallel region per input cuts its elements into one slice per worker, so that a channel Concat
+of a single image (``outer`` = 1) still spreads across workers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from flowrt.engine.graph.shapes import normalize_axis
+from flowrt.engine.scheduler.window import SplitHint, split_bounds
+from flowrt.errors import BackendError
+from flowrt.registry import Support, WorkloadInfo
+from flowrt.workers.cpu.acc.kernels import acc_kernel
+from flowrt.workers.cpu.acc.kernels.strided import MIN_SLICE, as_words, has_word_size
+
+
+@njit(nogil=True, cache=True)
+def _copy_band(src, out, width, total, column, first, last):
+    """Elements ``first`` to ``last`` of ``src`` (rows of ``width``) into ``out`` (rows of
+    ``total``) from ``column`` on."""
+    e = first
+    while e < last:
+        row = e // width
+        col = e - row * width
+        n = min(width - col, last - e)
+        start = row * total + column + col
+        s = src[e : e + n]
+        d = out[start : start + n]
+        for j in range(n):
+            d[j] = s[j]
+        e += n
+
+
+# The parallel region only hands out slices: numba compiles a parallel loop's body slowly.
+@njit(parallel=True, nogil=True, cache=True)
+def _concat_part(src, out, width, total, column, bounds):
+    for s in prange(bounds.shape[0] - 1):
+        _copy_band(src, out, width, total, column, bounds[s], bounds[s + 1])
+
+
+@acc_kernel("Concat")
+class ConcatKernel:
+    """Concat along any axis, one parallel copy per input."""
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        if not info.inputs or any(x is None for x in info.inputs):
+            return Support.no("CpuAcc Concat takes present inputs only")
+        if not has_word_size(info.inputs[0].dtype.numpy):
+            return Support.no("CpuAcc Concat takes data types of 1, 2, 4 or 8 bytes only")
+        return Support.yes()
+
+    def __init__(self, info: WorkloadInfo, workers: int) -> None:
+        if info.activation is not None:
+            raise BackendError(f"CpuAcc Concat {info.layer_name!r} cannot apply a fused activation")
+        self.info = info
+        self.workers = workers
+        self._bounds: dict[int, np.ndarray] = {}
+
+    def bounds(self, size: int) -> np.ndarray:
+        """Slice boundaries over ``size`` elements (computed once per size)."""
+        cached = self._bounds.get(size)
+        if cached is None:
+            cached = self._bounds[size] = split_bounds(
+                size, SplitHint(axis=0, min_slice=MIN_SLICE), self.workers
+            )
+        return cached
+
+    def execute(self, inputs, outputs=None):
+        arrays = [np.asarray(x, order="C") for x in inputs]
+        first = arrays[0]
+        axis = normalize_axis(self.info.descriptor.concat_axis, first.ndim, "Concat")
+        shape = list(first.shape)
+        shape[axis] = sum(x.shape[axis] for x in arrays)
+        out = np.empty(shape, first.dtype) if outputs is None else outputs[0]
+        outer = int(np.prod(shape[:axis], dtype=np.int64))
+        if out.size == 0:
+            return [out]
+        total = out.size // outer
+        flat_out, column = as_words(out), 0
+        for x in arrays:
+            width = x.size // outer if outer else 0
+            if width:
+                _concat_part(as_words(x), flat_out, width, total, column, self.bounds(x.size))
+            column += width
+        return [out]
