@@ -10,6 +10,10 @@ from flowrt.workers.cpu.acc.layer_support import AccLayerSupport
 from flowrt.workers.cpu.acc.workload_factory import AccWorkloadFactory
 from flowrt.workers.cpu.workers import default_cpu_workers
 
+FUSED_ACTIVATION_KINDS = frozenset(
+    {"Conv", "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Sum", "BatchNormalization"}
+)
+
 
 class AccBackend:
     """numba kernels, ``nogil`` and cached; shares host memory with CpuRef."""
@@ -28,6 +32,8 @@ class AccBackend:
             "async_execution": False,
             "fp16": False,
             "window_split": True,
+            # Kernels that apply an activation as they store (epilogue.activate).
+            "fused_activation": FUSED_ACTIVATION_KINDS,
         }
 
     def layer_support(self) -> AccLayerSupport:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from flowrt.engine.graph.passes.fuse_activation import as_fused_activation
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
-from flowrt.registry import FusedActivation, Support, WorkloadInfo
+from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 from flowrt.workers.cpu.acc.kernels.epilogue import CODES, activate, activation_args
@@ -24,21 +25,6 @@ def _activation(x, out, bounds, code, alpha, beta):
     for s in prange(bounds.shape[0] - 1):
         for i in range(bounds[s], bounds[s + 1]):
             out[i] = activate(x[i], code, alpha, beta)
-
-
-def as_fused(info: WorkloadInfo) -> FusedActivation:
-    """The activation layer ``info`` describes, in the form a fused layer carries it."""
-    desc = info.descriptor
-    if info.kind == "LeakyRelu":
-        return FusedActivation("LeakyRelu", float(desc.alpha))
-    if info.kind == "Clip":
-        low, high = info.constants[1:3] + (None,) * (3 - len(info.constants))
-        return FusedActivation(
-            "Clip",
-            float(low) if low is not None else -np.inf,
-            float(high) if high is not None else np.inf,
-        )
-    return FusedActivation(info.kind)
 
 
 @acc_kernel("Relu", "LeakyRelu", "Sigmoid", "Tanh")
@@ -57,7 +43,9 @@ class ActivationKernel:
     def __init__(self, info: WorkloadInfo, workers: int) -> None:
         self.info = info
         self.workers = workers
-        self.code, self.alpha, self.beta = activation_args(as_fused(info))
+        self.code, self.alpha, self.beta = activation_args(
+            as_fused_activation(info.kind, info.descriptor, info.constants)
+        )
         assert self.code == CODES[info.kind]
         self._bounds: dict[int, np.ndarray] = {}
 

@@ -1,0 +1,111 @@
+"""Single-precision GEMM for CpuAcc kernels: scipy's BLAS called from inside numba, one thread
+per call, on row-major views.
+
+CpuAcc kernels split their window across workers themselves (``prange``), so each BLAS call
+must run on the calling thread alone: :func:`pin_scipy_blas` limits scipy's OpenBLAS (the one
+numba links to) to one thread. numpy's own OpenBLAS is left alone; CpuRef uses it.
+
+:func:`sgemm` calls the ``numba_xxgemm`` helper that numba's own ``np.dot`` uses. Unlike
+``np.dot``, it takes strided views (a column block of a matrix, a transposed operand) and
+``beta``, so a slice can write straight into its block of the output.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import scipy.linalg.cython_blas  # noqa: F401  (loads the library numba's BLAS calls)
+import threadpoolctl
+from numba import njit, types
+
+logger = logging.getLogger(__name__)
+
+_pinned = False
+
+
+def pin_scipy_blas() -> None:
+    """Limit scipy's OpenBLAS to one thread (once per process); numpy's keeps its threads."""
+    global _pinned
+    if _pinned:
+        return
+    for lib in threadpoolctl.ThreadpoolController().lib_controllers:
+        # numpy's bundled library is libscipy_openblas64_ (in numpy.libs); scipy's is in scipy.libs.
+        if "scipy" in lib.filepath and "libscipy_openblas64_" not in lib.filepath:
+            lib.set_num_threads(1)
+            logger.debug("pinned %s to one thread", lib.filepath)
+    _pinned = True
+
+
+# int numba_xxgemm(kind, transa, transb, m, n, k, *alpha, *a, lda, *b, ldb, *beta, *c, ldc):
+# column-major, as Fortran BLAS. A named symbol (not a function pointer) keeps callers cacheable.
+_f32p = types.CPointer(types.float32)
+_xxgemm = types.ExternalFunction(
+    "numba_xxgemm",
+    types.intc(
+        types.char, types.char, types.char, types.intp, types.intp, types.intp,
+        _f32p, _f32p, types.intp, _f32p, types.intp, _f32p, _f32p, types.intp,
+    ),
+)  # fmt: skip
+# int numba_xxgemv(kind, trans, m, n, *alpha, *a, lda, *x, *beta, *y), unit increments.
+_xxgemv = types.ExternalFunction(
+    "numba_xxgemv",
+    types.intc(types.char, types.char, types.intp, types.intp, _f32p, _f32p, types.intp, _f32p, _f32p, _f32p),
+)
+_SINGLE, _NO_TRANS, _TRANS = ord("s"), ord("N"), ord("T")
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _leading(x):
+    """The row stride (in elements) of a row-major 2-D view whose rows are contiguous."""
+    rows, cols = x.shape
+    ld = x.strides[0] // 4 if rows > 1 else cols
+    return max(ld, cols, 1)
+
+
+@njit(nogil=True, cache=True)
+def sgemm(trans_a, trans_b, alpha, a, b, beta, c):
+    """``c = alpha * op(a) @ op(b) + beta * c`` on float32 2-D views with unit column stride;
+    ``op(x)`` is ``x.T`` when its flag is set. Runs on the calling thread (see the module doc)."""
+    m, n = c.shape
+    k = a.shape[0] if trans_a else a.shape[1]
+    if m == 0 or n == 0:
+        return
+    scalars = np.empty(2, np.float32)
+    scalars[0] = alpha
+    scalars[1] = beta
+    if m == 1:
+        # One output row (a fully connected layer at batch 1): GEMV reads op(b) once, where
+        # GEMM would first copy all of it into packed panels. op(a)'s one row is contiguous
+        # (a row of a, or a column of a one-column a); c's row is contiguous.
+        # Row-major op(b) (k, n) is the column-major matrix (n, k) when not transposed.
+        _xxgemv(
+            _SINGLE,
+            _TRANS if trans_b else _NO_TRANS,
+            k if trans_b else n,
+            n if trans_b else k,
+            scalars[0:].ctypes,
+            b.ctypes,
+            _leading(b),
+            a.ctypes,
+            scalars[1:].ctypes,
+            c.ctypes,
+        )
+        return
+    # Row-major C = op(A) op(B) is column-major C' = op(B)' op(A)': the operands swap places.
+    _xxgemm(
+        _SINGLE,
+        _TRANS if trans_b else _NO_TRANS,
+        _TRANS if trans_a else _NO_TRANS,
+        n,
+        m,
+        k,
+        scalars[0:].ctypes,
+        b.ctypes,
+        _leading(b),
+        a.ctypes,
+        _leading(a),
+        scalars[1:].ctypes,
+        c.ctypes,
+        _leading(c),
+    )

@@ -1,0 +1,335 @@
+"""Conv (2-D, NCHW) as im2col and GEMM, with bias and the fused activation applied in cache.
+
+The window is the output's pixels (columns of the GEMM). Each slice walks its columns in
+chunks: it copies the chunk's input windows into a column buffer of its own (im2col), lets BLAS
+multiply the packed weights by it straight into the output block, and adds bias and activation
+while that block is still in cache. A 1x1 stride-1 unpadded conv reads its input as the
+column matrix itself. When there are too few pixels to give every worker a slice, the output
+channels (GEMM rows) are split instead, over one shared column matrix.
+
+Depthwise conv (one input channel per group) is a direct loop, one slice per channel.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit, prange
+
+from flowrt.engine.graph.layers.conv import window_geometry
+from flowrt.engine.scheduler.window import SplitHint, split_bounds
+from flowrt.registry import Support, WorkloadInfo
+from flowrt.types import DataType
+from flowrt.workers.cpu.acc.blas import pin_scipy_blas, sgemm
+from flowrt.workers.cpu.acc.kernels import acc_kernel
+from flowrt.workers.cpu.acc.kernels.epilogue import NONE, activate, activation_args
+
+pin_scipy_blas()
+
+# Fewest output pixels a slice should have: below it BLAS runs narrow and the channels are split.
+MIN_COLUMNS = 96
+# Fewest output channels per slice when the channels are split.
+MIN_ROWS = 16
+# The column buffer a chunk fills is kept near this many floats, so that it stays in L2.
+CHUNK_FLOATS = 512 * 1024
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _zero(dst):
+    # Loops from 0 over views, so that LLVM sees non-negative indices and vectorizes.
+    for t in range(dst.shape[0]):
+        dst[t] = 0
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _copy(dst, src):
+    for t in range(dst.shape[0]):
+        dst[t] = src[t]
+
+
+@njit(nogil=True, cache=True)
+def _im2col(x, c0, geo, r0, q0, dst):
+    """Fill ``dst`` (rows x q) with the inputs that output pixels ``q0 .. q0+q`` see, for the
+    kernel cells ``r0 ..`` of the channels from ``c0`` on (row r: channel c0 + r // (kh*kw)).
+    One copy per output row of each kernel cell; :func:`_im2col_flat` is the faster special case."""
+    kh, kw, sh, sw, dh, dw, ph, pw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7]
+    ow_count = geo[9]
+    height, width = x.shape[1], x.shape[2]
+    q = dst.shape[1]
+    for r in range(r0, r0 + dst.shape[0]):
+        ki = (r // kw) % kh
+        kj = r % kw
+        channel = x[c0 + r // (kh * kw)]
+        row = dst[r - r0]
+        # Output columns whose input column lies inside the image: [lo, hi).
+        shift = kj * dw - pw
+        lo = min(ow_count, max(0, (-shift + sw - 1) // sw))
+        hi = max(lo, min(ow_count, (width - 1 - shift) // sw + 1))
+        oh, ow = divmod(q0, ow_count)
+        j = 0
+        while j < q:
+            run = min(q - j, ow_count - ow)
+            ih = oh * sh + ki * dh - ph
+            if ih < 0 or ih >= height:
+                _zero(row[j : j + run])
+            else:
+                first = min(max(ow, lo), ow + run)
+                last = max(first, min(hi, ow + run))
+                _zero(row[j : j + first - ow])
+                if last > first:
+                    src = channel[ih, first * sw + shift : (last - 1) * sw + shift + 1 : sw]
+                    _copy(row[j + first - ow : j + last - ow], src)
+                _zero(row[j + last - ow : j + run])
+            j += run
+            ow = 0
+            oh += 1
+
+
+@njit(nogil=True, cache=True)
+def _im2col_flat(x_flat, c0, geo, width, r0, q0, dst):
+    """:func:`_im2col` for stride 1 and an output as wide as the input: each kernel cell's row
+    is then the flat input shifted by one offset, copied at once; the cells that fall in the
+    padding (left and right of each output row, rows above and below) are zeroed after."""
+    kh, kw, dh, dw, ph, pw = geo[0], geo[1], geo[4], geo[5], geo[6], geo[7]
+    plane = x_flat.shape[1]
+    end = q0 + dst.shape[1]
+    for r in range(r0, r0 + dst.shape[0]):
+        ki = (r // kw) % kh
+        kj = r % kw
+        src = x_flat[c0 + r // (kh * kw)]
+        row = dst[r - r0]
+        shift = (ki * dh - ph) * width + kj * dw - pw
+        # Pixels whose input row is inside the image: [p_lo, p_hi); of those, readable: [c_lo, c_hi).
+        p_lo = min(end, max(q0, (ph - ki * dh) * width))
+        p_hi = max(p_lo, min(end, plane + (ph - ki * dh) * width))
+        c_lo = min(p_hi, max(p_lo, -shift))
+        c_hi = max(c_lo, min(p_hi, plane - shift))
+        _zero(row[: c_lo - q0])
+        if c_hi > c_lo:
+            _copy(row[c_lo - q0 : c_hi - q0], src[c_lo + shift : c_hi + shift])
+        _zero(row[c_hi - q0 :])
+        lo = max(0, pw - kj * dw)
+        hi = min(width, width + pw - kj * dw)
+        if lo == 0 and hi == width:
+            continue
+        for oh in range(p_lo // width, (p_hi + width - 1) // width):
+            base = oh * width
+            a = max(base, p_lo)
+            _zero(row[a - q0 : max(a, min(base + lo, p_hi)) - q0])
+            a = max(base + hi, p_lo)
+            _zero(row[a - q0 : max(a, min(base + width, p_hi)) - q0])
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _fill_columns(x, x_flat, c0, geo, r0, q0, dst):
+    """The im2col rows ``r0 ..`` (as many as ``dst`` has) for pixels ``q0 ..`` of one image."""
+    if geo[2] == 1 and geo[3] == 1 and geo[9] == x.shape[2]:
+        _im2col_flat(x_flat, c0, geo, x.shape[2], r0, q0, dst)
+    else:
+        _im2col(x, c0, geo, r0, q0, dst)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _finish(block, bias, code, alpha, beta):
+    """Bias (one per row) and the activation, in place."""
+    for i in range(block.shape[0]):
+        b = bias[i]
+        row = block[i]
+        for j in range(row.shape[0]):
+            row[j] = activate(row[j] + b, code, alpha, beta)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _conv_by_columns(x, x_flat, w, bias, out, geo, direct, bounds, chunk, finish, code, alpha, beta):
+    """Every image; one task per (group, column slice), walking its columns in chunks."""
+    groups, mg, kg = w.shape
+    cg = x.shape[1] // groups
+    slices = bounds.shape[0] - 1
+    for n in range(x.shape[0]):
+        for task in prange(groups * slices):
+            g, s = divmod(np.int64(task), slices)
+            start, stop = bounds[s], bounds[s + 1]
+            buffer = np.empty((0 if direct else kg, min(chunk, stop - start)), np.float32)
+            for q0 in range(start, stop, chunk):
+                q1 = min(q0 + chunk, stop)
+                if direct:
+                    cols = x_flat[n, g * cg : (g + 1) * cg, q0:q1]
+                else:
+                    cols = buffer[:, : q1 - q0]
+                    _fill_columns(x[n], x_flat[n], g * cg, geo, 0, q0, cols)
+                block = out[n, g * mg : (g + 1) * mg, q0:q1]
+                sgemm(False, False, 1.0, w[g], cols, 0.0, block)
+                if finish:
+                    _finish(block, bias[g * mg : (g + 1) * mg], code, alpha, beta)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _conv_by_rows(x, x_flat, w, bias, out, geo, direct, row_bounds, finish, code, alpha, beta):
+    """Every image; its whole column matrix first (split over its rows), then one task per
+    (group, output-channel slice)."""
+    groups, mg, kg = w.shape
+    cg = x.shape[1] // groups
+    pixels = out.shape[2]
+    slices = row_bounds.shape[0] - 1
+    columns = np.empty((0 if direct else groups * kg, pixels), np.float32)
+    for n in range(x.shape[0]):
+        if not direct:
+            for r in prange(groups * kg):
+                g, rg = divmod(np.int64(r), kg)
+                _fill_columns(x[n], x_flat[n], g * cg, geo, rg, 0, columns[r : r + 1])
+        for task in prange(groups * slices):
+            g, s = divmod(np.int64(task), slices)
+            r0, r1 = g * mg + row_bounds[s], g * mg + row_bounds[s + 1]
+            if direct:
+                cols = x_flat[n, g * cg : (g + 1) * cg]
+            else:
+                cols = columns[g * kg : (g + 1) * kg]
+            block = out[n, r0:r1]
+            sgemm(False, False, 1.0, w[g, row_bounds[s] : row_bounds[s + 1]], cols, 0.0, block)
+            if finish:
+                _finish(block, bias[r0:r1], code, alpha, beta)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _depthwise(x, w, bias, out, geo, code, alpha, beta):
+    """One task per (image, output channel): a direct sliding window over a zero-padded copy
+    of its input channel (output channel m reads input channel m // multiplier)."""
+    kh, kw, sh, sw, dh, dw, ph, pw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7]
+    channels, height, width = x.shape[1], x.shape[2], x.shape[3]
+    m_count, oh_count, ow_count = out.shape[1], out.shape[2], out.shape[3]
+    multiplier = m_count // channels
+    padded_h = max(ph + height, (oh_count - 1) * sh + (kh - 1) * dh + 1)
+    padded_w = max(pw + width, (ow_count - 1) * sw + (kw - 1) * dw + 1)
+    for task in prange(x.shape[0] * m_count):
+        n, m = divmod(np.int64(task), m_count)
+        plane = np.zeros((padded_h, padded_w), np.float32)
+        plane[ph : ph + height, pw : pw + width] = x[n, m // multiplier]
+        acc = np.empty(ow_count, np.float32)
+        for oh in range(oh_count):
+            acc[:] = bias[m]
+            for ki in range(kh):
+                src = plane[oh * sh + ki * dh]
+                for kj in range(kw):
+                    wv = w[m, ki, kj]
+                    off = kj * dw
+                    for ow in range(ow_count):
+                        acc[ow] += wv * src[ow * sw + off]
+            row = out[n, m, oh]
+            for ow in range(ow_count):
+                row[ow] = activate(acc[ow], code, alpha, beta)
+
+
+def _balance(tasks: int, workers: int) -> float:
+    """How busy ``workers`` are kept by ``tasks`` equal tasks (1: all of them, all the time)."""
+    return tasks / (workers * -(-tasks // workers))
+
+
+class _Plan(NamedTuple):
+    """How one input shape runs: geometry, output shape, and the split."""
+
+    geo: np.ndarray  # kh, kw, sh, sw, dh, dw, ph, pw, oh, ow
+    out_shape: tuple[int, ...]
+    direct: bool  # 1x1, stride 1, no padding: the input is the column matrix
+    column_bounds: np.ndarray | None  # split over pixels, or None to split over channels
+    row_bounds: np.ndarray
+    chunk: int
+
+
+@acc_kernel("Conv")
+class ConvKernel:
+    """2-D float32 Conv with groups, strides, dilations, pads and auto_pad; bias and the fused
+    activation are applied as each output block is written."""
+
+    split_hint = SplitHint(axis=2, min_slice=MIN_COLUMNS)  # output pixels, (N, M, pixels)
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        x, w = info.inputs[0], info.inputs[1]
+        if any(t is not None and t.dtype is not DataType.FLOAT32 for t in info.inputs):
+            return Support.no("CpuAcc Conv takes float32 only")
+        ranks = {len(t.shape) for t in (x, w) if t is not None and t.shape is not None}
+        if ranks != {4}:
+            found = "unknown" if not ranks else " and ".join(str(r - 2) for r in sorted(ranks))
+            return Support.no(f"CpuAcc Conv takes 2-D spatial data (rank 4) only, got {found}-D")
+        return Support.yes()
+
+    def __init__(self, info: WorkloadInfo, workers: int) -> None:
+        self.info = info
+        self.workers = workers
+        self.desc = info.descriptor
+        self.code, self.alpha, self.beta = activation_args(info.activation)
+        constants = tuple(info.constants) + (None,) * 3
+        self.weights = None if constants[1] is None else self._pack(constants[1])
+        self.weights_shape = None if constants[1] is None else tuple(constants[1].shape)
+        self.bias = None if constants[2] is None else np.ascontiguousarray(constants[2], np.float32)
+        # The split and chunking knobs, per instance so that tests can force many slices.
+        self.row_hint = SplitHint(axis=1, min_slice=MIN_ROWS)
+        self.chunk_floats = CHUNK_FLOATS
+        self._plans: dict[tuple[int, ...], _Plan] = {}
+
+    def _pack(self, w: np.ndarray) -> np.ndarray:
+        """Weights as (group, M/group, C/group * kh * kw) float32, the GEMM's left operand."""
+        group = self.desc.group
+        return np.ascontiguousarray(w, np.float32).reshape(group, w.shape[0] // group, -1)
+
+    def plan(self, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> _Plan:
+        """The geometry and split for one input shape (computed once per shape)."""
+        key = x_shape + w_shape
+        cached = self._plans.get(key)
+        if cached is not None:
+            return cached
+        kernel = w_shape[2:]
+        g = window_geometry(self.desc, x_shape[2:], kernel)
+        geo = np.array([*kernel, *g.strides, *g.dilations, *g.pads_begin, *g.out], np.int64)
+        direct = kernel == (1, 1) and g.strides == (1, 1) and not any(g.pads_begin + g.pads_end)
+        groups, mg = self.desc.group, w_shape[0] // self.desc.group
+        pixels, rows = int(g.out[0]) * int(g.out[1]), w_shape[1] * kernel[0] * kernel[1]
+        column_bounds = split_bounds(pixels, self.split_hint, self.workers)
+        row_bounds = split_bounds(mg, self.row_hint, self.workers)
+        by_columns = _balance(groups * (len(column_bounds) - 1), self.workers) >= _balance(
+            groups * (len(row_bounds) - 1), self.workers
+        )
+        chunk = max(min(MIN_COLUMNS, self.chunk_floats), self.chunk_floats // max(rows, mg))
+        cached = self._plans[key] = _Plan(
+            geo,
+            (x_shape[0], w_shape[0], int(g.out[0]), int(g.out[1])),
+            direct,
+            column_bounds if by_columns else None,
+            row_bounds,
+            chunk,
+        )
+        return cached
+
+    def execute(self, inputs, outputs=None):
+        x = np.ascontiguousarray(inputs[0], np.float32)
+        w = self.weights if self.weights is not None else self._pack(inputs[1])
+        w_shape = self.weights_shape if self.weights is not None else tuple(inputs[1].shape)
+        plan = self.plan(x.shape, w_shape)
+        out = np.empty(plan.out_shape, np.float32) if outputs is None else outputs[0]
+        b = self.bias if self.bias is not None else inputs[2] if len(inputs) > 2 else None
+        finish = b is not None or self.code != NONE
+        bias = np.zeros(w_shape[0], np.float32) if b is None else np.ascontiguousarray(b, np.float32)
+        args = (self.code, self.alpha, self.beta)
+        if self.desc.group == x.shape[1] > 1:
+            _depthwise(x, w.reshape(w_shape[0], *w_shape[2:]), bias, out, plan.geo, *args)
+            return [out]
+        x_flat = x.reshape(*x.shape[:2], -1)
+        out_flat = out.reshape(*out.shape[:2], -1)
+        if plan.column_bounds is not None:
+            _conv_by_columns(
+                x,
+                x_flat,
+                w,
+                bias,
+                out_flat,
+                plan.geo,
+                plan.direct,
+                plan.column_bounds,
+                plan.chunk,
+                finish,
+                *args,
+            )
+        else:
+            _conv_by_rows(x, x_flat, w, bias, out_flat, plan.geo, plan.direct, plan.row_bounds, finish, *args)
+        return [out]

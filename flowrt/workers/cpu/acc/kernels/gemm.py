@@ -1,0 +1,211 @@
+"""Gemm and MatMul: BLAS on blocks of the output, one block per slice.
+
+The window is (batch, M, N). Each batch entry is one task when there are enough of them;
+otherwise its rows (M) or its columns (N) are split, whichever is longer. Every slice calls
+single-threaded BLAS on its own block, transposed operands and all (no copies), then adds
+``beta * C`` and applies the fused activation to that block while it is in cache.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit, prange
+
+from flowrt.engine.scheduler.window import SplitHint, split_bounds
+from flowrt.errors import ShapeError
+from flowrt.registry import Support, WorkloadInfo
+from flowrt.types import DataType
+from flowrt.workers.cpu.acc.blas import pin_scipy_blas, sgemm
+from flowrt.workers.cpu.acc.kernels import acc_kernel
+from flowrt.workers.cpu.acc.kernels.epilogue import NONE, activate, activation_args
+
+pin_scipy_blas()
+
+# Fewest rows (or columns) of the output a slice should have to be worth its own BLAS call.
+MIN_ROWS = 16
+MIN_COLUMNS = 64
+
+_NO_C = np.zeros((1, 1), np.float32)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _batched_gemm(
+    a, a_index, b, b_index, y, trans_a, trans_b, alpha, c, beta, rows, cols, finish, code, act_a, act_b
+):
+    """``y[t] = activation(alpha * op(a[a_index[t]]) @ op(b[b_index[t]]) + beta * c)`` for every
+    batch entry t, one task per (entry, row slice, column slice); ``c`` is (1 or M, 1 or N)."""
+    row_slices, col_slices = rows.shape[0] - 1, cols.shape[0] - 1
+    for task in prange(y.shape[0] * row_slices * col_slices):
+        t, block_index = divmod(np.int64(task), row_slices * col_slices)
+        i, j = divmod(block_index, col_slices)
+        r0, r1, c0, c1 = rows[i], rows[i + 1], cols[j], cols[j + 1]
+        left = a[a_index[t]]
+        right = b[b_index[t]]
+        block = y[t, r0:r1, c0:c1]
+        sgemm(
+            trans_a,
+            trans_b,
+            alpha,
+            left[:, r0:r1] if trans_a else left[r0:r1],
+            right[c0:c1] if trans_b else right[:, c0:c1],
+            0.0,
+            block,
+        )
+        if finish:
+            for r in range(r1 - r0):
+                c_row = c[min(r0 + r, c.shape[0] - 1)]
+                out_row = block[r]
+                for k in range(c1 - c0):
+                    v = out_row[k] + beta * c_row[min(c0 + k, c.shape[1] - 1)]
+                    out_row[k] = activate(v, code, act_a, act_b)
+
+
+class _Split(NamedTuple):
+    rows: np.ndarray
+    cols: np.ndarray
+
+
+def plan_split(batch: int, m: int, n: int, workers: int) -> _Split:
+    """Row and column boundaries of each batch entry's blocks: whole when the batch alone
+    feeds every worker, else split along the longer of M and N."""
+    whole_rows, whole_cols = np.array([0, m], np.int64), np.array([0, n], np.int64)
+    if batch >= workers:
+        return _Split(whole_rows, whole_cols)
+    share = -(-workers // batch)
+    if m >= n:
+        return _Split(split_bounds(m, SplitHint(axis=1, min_slice=MIN_ROWS), share), whole_cols)
+    return _Split(whole_rows, split_bounds(n, SplitHint(axis=2, min_slice=MIN_COLUMNS), share))
+
+
+def _float32_only(info: WorkloadInfo, kind: str) -> Support:
+    if any(t is not None and t.dtype is not DataType.FLOAT32 for t in info.inputs):
+        return Support.no(f"CpuAcc {kind} takes float32 only")
+    return Support.yes()
+
+
+def _matrix(x) -> np.ndarray:
+    return np.ascontiguousarray(x, np.float32)
+
+
+@acc_kernel("Gemm")
+class GemmKernel:
+    """Y = activation(alpha * A' @ B' + beta * C), A' and B' optionally transposed, C broadcast."""
+
+    split_hint = SplitHint(axis=1, min_slice=MIN_ROWS)
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        return _float32_only(info, "Gemm")
+
+    def __init__(self, info: WorkloadInfo, workers: int) -> None:
+        self.desc = info.descriptor
+        self.workers = workers
+        self.code, self.act_a, self.act_b = activation_args(info.activation)
+        constants = tuple(info.constants) + (None,) * 3
+        self.b = None if constants[1] is None else _matrix(constants[1])
+        self.c = None if constants[2] is None else self._as_c(constants[2])
+        self._splits: dict[tuple[int, int], _Split] = {}
+
+    @staticmethod
+    def _as_c(c) -> np.ndarray:
+        """C as a (1 or M, 1 or N) float32 matrix."""
+        c = _matrix(c)
+        return c.reshape((1,) * (2 - c.ndim) + c.shape)
+
+    def execute(self, inputs, outputs=None):
+        desc = self.desc
+        a = _matrix(inputs[0])
+        b = self.b if self.b is not None else _matrix(inputs[1])
+        m = a.shape[1] if desc.transA else a.shape[0]
+        n = b.shape[0] if desc.transB else b.shape[1]
+        c = self.c
+        if c is None and len(inputs) > 2 and inputs[2] is not None:
+            if not desc.broadcasts_c and np.shape(inputs[2]) != (m, n):
+                raise ShapeError(
+                    f"Gemm (opset {desc.opset}, broadcast=0) expects C of shape {(m, n)}, "
+                    f"got {np.shape(inputs[2])}"
+                )
+            c = self._as_c(inputs[2])
+        if desc.beta == 0:
+            c = None  # ONNX ignores C then (even where it holds inf or nan)
+        beta = np.float32(desc.beta if c is not None else 0)
+        out = np.empty((m, n), np.float32) if outputs is None else outputs[0]
+        split = self._splits.get((m, n))
+        if split is None:
+            split = self._splits[(m, n)] = plan_split(1, m, n, self.workers)
+        index = np.zeros(1, np.int64)
+        _batched_gemm(
+            a[None], index, b[None], index, out.reshape(1, m, n), bool(desc.transA), bool(desc.transB),
+            np.float32(desc.alpha), _NO_C if c is None else c, beta, split.rows, split.cols,
+            beta != 0 or self.code != NONE, self.code, self.act_a, self.act_b,
+        )  # fmt: skip
+        return [out]
+
+
+class _Batches(NamedTuple):
+    """How a MatMul's operands map onto its output batch entries."""
+
+    a_index: np.ndarray
+    b_index: np.ndarray
+    out_shape: tuple[int, ...]
+    split: _Split
+
+
+@acc_kernel("MatMul")
+class MatMulKernel:
+    """numpy's matmul: 1-D operands promoted, batch dims broadcast."""
+
+    split_hint = SplitHint(axis=0, min_slice=1)
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        return _float32_only(info, "MatMul")
+
+    def __init__(self, info: WorkloadInfo, workers: int) -> None:
+        self.workers = workers
+        self.code, self.act_a, self.act_b = activation_args(info.activation)
+        constants = tuple(info.constants) + (None,) * 2
+        self.b = None if constants[1] is None else _matrix(constants[1])
+        self._plans: dict[tuple[tuple[int, ...], tuple[int, ...]], _Batches] = {}
+
+    def plan(self, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> _Batches:
+        """Batch index maps and the split for one pair of shapes (computed once per pair)."""
+        cached = self._plans.get((a_shape, b_shape))
+        if cached is not None:
+            return cached
+        a2 = (1, *a_shape) if len(a_shape) == 1 else a_shape
+        b2 = (*b_shape, 1) if len(b_shape) == 1 else b_shape
+        if a2[-1] != b2[-2]:
+            raise ShapeError(
+                f"MatMul expects A's last dim to equal B's row count, got {a_shape} and {b_shape}"
+            )
+        batch = np.broadcast_shapes(a2[:-2], b2[:-2])
+        m, n = a2[-2], b2[-1]
+        out_shape = (*batch, *((m,) if len(a_shape) > 1 else ()), *((n,) if len(b_shape) > 1 else ()))
+
+        def index(operand_batch: tuple[int, ...]) -> np.ndarray:
+            entries = np.arange(int(np.prod(operand_batch)), dtype=np.int64).reshape(operand_batch)
+            return np.ascontiguousarray(np.broadcast_to(entries, batch).reshape(-1))
+
+        count = int(np.prod(batch))
+        cached = self._plans[(a_shape, b_shape)] = _Batches(
+            index(a2[:-2]), index(b2[:-2]), out_shape, plan_split(count, m, n, self.workers)
+        )
+        return cached
+
+    def execute(self, inputs, outputs=None):
+        a = _matrix(inputs[0])
+        b = self.b if self.b is not None else _matrix(inputs[1])
+        plan = self.plan(a.shape, b.shape)
+        out = np.empty(plan.out_shape, np.float32) if outputs is None else outputs[0]
+        k = a.shape[-1]
+        a3 = a.reshape(-1, 1 if a.ndim == 1 else a.shape[-2], k)
+        b3 = b.reshape(-1, k, 1 if b.ndim == 1 else b.shape[-1])
+        y3 = out.reshape(-1, a3.shape[1], b3.shape[2])
+        _batched_gemm(
+            a3, plan.a_index, b3, plan.b_index, y3, False, False, np.float32(1), _NO_C, np.float32(0),
+            plan.split.rows, plan.split.cols, self.code != NONE, self.code, self.act_a, self.act_b,
+        )  # fmt: skip
+        return [out]

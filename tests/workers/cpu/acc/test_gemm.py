@@ -1,0 +1,147 @@
+"""CpuAcc Gemm and MatMul against CpuRef: transposes, alpha/beta, C broadcasts, batches, splits."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import flowrt
+from flowrt.errors import ShapeError
+from flowrt.registry import FusedActivation, WorkloadInfo
+from flowrt.types import TensorInfo
+from flowrt.workers.cpu.acc.kernels import load_all as acc_kernels
+from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
+
+RELU = FusedActivation("Relu")
+
+
+def run_both(kind, desc, inputs, *, workers=2, activation=None, constant=False, given_out=False):
+    """CpuAcc's and CpuRef's results (CpuRef's then the activation, Relu or none)."""
+    expected = np.asarray(ref_kernels()[kind](desc, *inputs))
+    if activation is not None:
+        expected = np.maximum(expected, 0)
+    constants = tuple(inputs) if constant else (None,) * len(inputs)
+    info = WorkloadInfo(
+        "layer", kind, desc, tuple(TensorInfo.of(a) for a in inputs), (TensorInfo.of(expected),), constants,
+        activation,
+    )  # fmt: skip
+    kernel = acc_kernels()[kind](info, workers)
+    outputs = [np.full(expected.shape, np.nan, np.float32)] if given_out else None
+    (got,) = kernel.execute(list(inputs), outputs)
+    if given_out:
+        assert got is outputs[0]
+    assert got.dtype == np.float32 and got.shape == expected.shape
+    return kernel, got, expected
+
+
+def close(got, expected):
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def _array(rng, shape):
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
+C_SHAPES = {"none": None, "scalar": (), "row": "(N,)", "1xN": "(1,N)", "Mx1": "(M,1)", "MxN": "(M,N)"}
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    m=st.integers(1, 70),
+    k=st.integers(1, 40),
+    n=st.integers(1, 150),
+    trans_a=st.integers(0, 1),
+    trans_b=st.integers(0, 1),
+    alpha=st.sampled_from([1.0, 0.5, -2.0]),
+    beta=st.sampled_from([1.0, 0.0, 3.0]),
+    c_shape=st.sampled_from(list(C_SHAPES)),
+    workers=st.integers(1, 3),
+    relu=st.booleans(),
+    constant=st.booleans(),
+    given_out=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_gemm_matches_cpuref(
+    m, k, n, trans_a, trans_b, alpha, beta, c_shape, workers, relu, constant, given_out, seed
+):
+    rng = np.random.default_rng(seed)
+    a = _array(rng, (k, m) if trans_a else (m, k))
+    b = _array(rng, (n, k) if trans_b else (k, n))
+    inputs = [a, b]
+    shape = C_SHAPES[c_shape]
+    if shape is not None:
+        dims = {"(N,)": (n,), "(1,N)": (1, n), "(M,1)": (m, 1), "(M,N)": (m, n)}.get(shape, shape)
+        inputs.append(_array(rng, dims))
+    desc = flowrt.descriptors.Gemm(alpha=alpha, beta=beta, transA=trans_a, transB=trans_b)
+    _, got, expected = run_both(
+        "Gemm", desc, inputs, workers=workers, activation=RELU if relu else None, constant=constant,
+        given_out=given_out,
+    )  # fmt: skip
+    close(got, expected)
+
+
+@pytest.mark.parametrize("m, n", [(1, 1000), (300, 20), (64, 64)])
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_gemm_splits_the_longer_side_across_workers(m, n, trans_b):
+    rng = np.random.default_rng(0)
+    a = _array(rng, (m, 50))
+    b = _array(rng, (n, 50) if trans_b else (50, n))
+    desc = flowrt.descriptors.Gemm(transB=trans_b)
+    kernel, got, expected = run_both("Gemm", desc, [a, b, _array(rng, (n,))], activation=RELU, constant=True)
+    close(got, expected)
+    split = kernel._splits[(m, n)]
+    assert (len(split.rows), len(split.cols)) == ((2, 3) if n > m else (3, 2))
+
+
+def test_gemm_without_broadcast_rejects_a_smaller_c():
+    rng = np.random.default_rng(0)
+    desc = flowrt.descriptors.Gemm(opset=6)
+    with pytest.raises(ShapeError, match=r"broadcast=0\) expects C of shape \(3, 4\)"):
+        run_both("Gemm", desc, [_array(rng, (3, 2)), _array(rng, (2, 4)), _array(rng, (4,))])
+
+
+@st.composite
+def matmul_shapes(draw):
+    """Operand shapes numpy's matmul takes: 1-D operands, and batch dims that broadcast."""
+    m, k, n = draw(st.integers(1, 20)), draw(st.integers(1, 20)), draw(st.integers(1, 40))
+    batch = draw(st.lists(st.integers(1, 3), max_size=3))
+    a_batch = [d if draw(st.booleans()) else 1 for d in batch][draw(st.integers(0, len(batch))) :]
+    b_batch = [d if draw(st.booleans()) else 1 for d in batch][draw(st.integers(0, len(batch))) :]
+    a_shape = (k,) if draw(st.integers(0, 5)) == 0 else (*a_batch, m, k)
+    b_shape = (k,) if draw(st.integers(0, 5)) == 0 else (*b_batch, k, n)
+    return a_shape, b_shape
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    shapes=matmul_shapes(),
+    workers=st.integers(1, 3),
+    relu=st.booleans(),
+    given_out=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_matmul_matches_cpuref(shapes, workers, relu, given_out, seed):
+    rng = np.random.default_rng(seed)
+    a, b = _array(rng, shapes[0]), _array(rng, shapes[1])
+    _, got, expected = run_both(
+        "MatMul", None, [a, b], workers=workers, activation=RELU if relu else None, given_out=given_out
+    )
+    close(got, expected)
+
+
+def test_matmul_with_constant_weights_splits_a_single_matrix():
+    rng = np.random.default_rng(0)
+    a, b = _array(rng, (1, 2, 512)), _array(rng, (512, 300))
+    kernel, got, expected = run_both("MatMul", None, [a, b], constant=True)
+    close(got, expected)
+    assert len(kernel.plan(a.shape, b.shape).split.cols) == 3
+
+
+@pytest.mark.parametrize("kind", ["Gemm", "MatMul"])
+def test_non_float32_products_are_declined_with_a_reason(kind):
+    support = flowrt.backend_registry().get("CpuAcc").layer_support()
+    desc = flowrt.descriptors.Gemm() if kind == "Gemm" else None
+    answer = support.is_layer_supported(
+        kind, desc, [TensorInfo((2, 3), "float64"), TensorInfo((3, 4), "float64")], [None]
+    )
+    assert not answer.supported and answer.reason == f"CpuAcc {kind} takes float32 only"
