@@ -53,3 +53,49 @@ def test_light_model_through_the_async_api(name):
     np.testing.assert_allclose(
         list(outputs.values())[0], expected_outputs(path)[0], **expected_tolerance(path)
     )
+
+
+# squeezenet's light model has the same weights for every output channel of its last Conv and
+# logits near 1e10, so its shipped output is an exactly uniform softmax (0.001): one ulp between
+# two channels turns it into a spike. OpenBLAS, under CpuAcc's Conv, does not treat every
+# output channel of a GEMM with the same instruction sequence (numpy's matmul on this data
+# shows it too), so CpuAcc cannot match that output; its logits are checked below instead.
+DEGENERATE_SOFTMAX = pytest.mark.xfail(
+    strict=True, reason="uniform-softmax expected output needs channel-identical GEMM rounding"
+)
+
+
+async def _run(rt, opt):
+    model = await rt.load(opt)
+    feeds = {n: pattern_input(info) for n, info in model.inputs.items()}
+    (out,) = (await model.run(feeds)).values()
+    return model, feeds, out
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=DEGENERATE_SOFTMAX) if n == "squeezenet" else n for n in LIGHT_MODELS]
+)
+async def test_light_model_runs_entirely_on_cpuacc_and_matches(name):
+    path = light_model(name)
+    opt = flowrt.optimize(flowrt.onnx.load(path), backends=["CpuAcc", "CpuRef"])
+    assert opt.backend_counts() == {"CpuAcc": len(opt.assignments())}
+    reference = flowrt.optimize(flowrt.onnx.load(path), backends=["CpuRef"])
+    async with flowrt.Runtime() as rt:
+        model, feeds, got = await _run(rt, opt)
+        (again,) = (await model.run(feeds)).values()
+        _, _, oracle = await _run(rt, reference)
+    np.testing.assert_array_equal(got, again)
+    np.testing.assert_allclose(got, oracle, **expected_tolerance(path))
+    np.testing.assert_allclose(got, expected_outputs(path)[0], **expected_tolerance(path))
+
+
+async def test_squeezenet_logits_on_cpuacc_match_cpuref():
+    net = flowrt.onnx.load(light_model("squeezenet"))
+    (softmax,) = net.graph.of_kind("Softmax")
+    net.graph.reroute(softmax.outputs[0], softmax.inputs[0].source)  # output the logits
+    net.graph.remove_layer(softmax)
+    async with flowrt.Runtime() as rt:
+        _, _, got = await _run(rt, flowrt.optimize(net, backends=["CpuAcc", "CpuRef"]))
+        _, _, oracle = await _run(rt, flowrt.optimize(net, backends=["CpuRef"]))
+    assert got.shape == (1, 1000, 1, 1) and got.max() > 1e9
+    np.testing.assert_allclose(got, oracle, rtol=1e-5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,6 +12,8 @@ from flowrt.errors import BackendError
 from flowrt.registry import WorkloadInfo
 from flowrt.workers.cpu.acc.kernels import load_all
 
+logger = logging.getLogger(__name__)
+
 
 class AccWorkload:
     """One layer's numba kernel, prepared at load; ``execute`` runs all its slices and may
@@ -18,11 +21,30 @@ class AccWorkload:
 
     writes_in_place = True
 
-    def __init__(self, kernel: Any) -> None:
+    def __init__(self, kernel: Any, info: WorkloadInfo) -> None:
         self.kernel = kernel
+        self.info = info
 
     def prepare(self) -> None:
-        """Kernels do their one-time work when built; nothing is left for here."""
+        """Run the kernel once on ones (constants as they are), so that its numba functions
+        are compiled, or loaded from numba's cache, at load rather than in the first run.
+        Layers whose shapes are not all static are left to warm up on their first run, and so
+        is a kernel that refuses ones (its values matter): that is logged, not raised, since
+        the real inputs decide whether the layer fails."""
+        infos = self.info.inputs
+        if not all(i is None or i.is_static for i in infos):
+            return
+        constants = self.info.constants or (None,) * len(infos)
+        inputs = [
+            c if c is not None else None if i is None else np.ones(i.shape, i.dtype.numpy)  # type: ignore[arg-type]
+            for i, c in zip(infos, constants)
+        ]
+        try:
+            self.kernel.execute(inputs, None)
+        except Exception as e:
+            logger.info(
+                "CpuAcc layer %r not warmed up at load: %s: %s", self.info.layer_name, type(e).__name__, e
+            )
 
     def execute(
         self, inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray] | None = None
@@ -41,4 +63,4 @@ class AccWorkloadFactory:
         kernel = load_all().get(info.kind)
         if kernel is None:
             raise BackendError(f"CpuAcc has no kernel for layer {info.layer_name!r} ({info.kind})")
-        return AccWorkload(kernel(info, self.workers))
+        return AccWorkload(kernel(info, self.workers), info)
