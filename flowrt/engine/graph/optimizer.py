@@ -17,6 +17,7 @@ from flowrt.engine.graph.graph import Graph, Layer, workload_info
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.passes.fold_batch_norm import fold_batch_norm
 from flowrt.engine.graph.passes.fold_constants import fold_constants
+from flowrt.engine.graph.passes.fold_scale_shift import fold_scale_shift
 from flowrt.engine.graph.passes.fuse_activation import fuse_activations
 from flowrt.engine.graph.passes.remove_identity import remove_pass_through
 from flowrt.engine.graph.report import format_report
@@ -35,12 +36,14 @@ class OptimizerOptions:
 
     ``fold_constants`` evaluates constant subgraphs once (needs CpuRef registered);
     ``fast_math`` lets backends trade exactness for speed (passed to their kernels);
-    ``fuse_activations`` folds an activation into the layer before it where that layer's
+    ``fold_scale_shift`` turns Mul and Add by per-channel constants into BatchNormalization
+    (folded into a Conv before it by ``fold_batch_norm``); ``fuse_activations`` folds an activation into the layer before it where that layer's
     backend declares it can apply one (capability ``fused_activation``).
     """
 
     fold_constants: bool = True
     fold_batch_norm: bool = True
+    fold_scale_shift: bool = True
     fast_math: bool = False
     fuse_activations: bool = True
 
@@ -195,6 +198,8 @@ def optimize(
     evaluate = _evaluator(registry) if options.fold_constants else None
     if evaluate is not None:
         passes += fold_constants(graph, evaluate)
+    if options.fold_scale_shift:
+        passes += fold_scale_shift(graph)
     if options.fold_batch_norm:
         passes += fold_batch_norm(graph)
     graph.infer_shapes()

@@ -33,7 +33,8 @@ def _foldable(bn: Layer) -> tuple[Layer, list[np.ndarray]] | None:
     return conv, [weights, *params]  # type: ignore[list-item]
 
 
-def _constant(graph: Graph, name: str, value: np.ndarray) -> OutputSlot:
+def constant_slot(graph: Graph, name: str, value: np.ndarray) -> OutputSlot:
+    """The output of a new Constant layer holding ``value`` (its info set)."""
     layer = graph.add_layer("Constant", ConstantDescriptor(value), name=name)
     layer.outputs[0].info = TensorInfo.of(value)
     return layer.outputs[0]
@@ -56,11 +57,11 @@ def fold_batch_norm(graph: Graph) -> list[str]:
         new_w = (weights * factor.reshape(-1, *[1] * (weights.ndim - 1))).astype(weights.dtype)
         new_b = ((bias - mean) * factor + shift).astype(weights.dtype)
         conv.inputs[1].source.disconnect(conv.inputs[1])  # type: ignore[union-attr]
-        _constant(graph, f"{conv.name}/weights_bn", new_w).connect(conv.inputs[1])
+        constant_slot(graph, f"{conv.name}/weights_bn", new_w).connect(conv.inputs[1])
         conv.ensure_inputs(3)
         if conv.inputs[2].source is not None:
             conv.inputs[2].source.disconnect(conv.inputs[2])
-        _constant(graph, f"{conv.name}/bias_bn", new_b).connect(conv.inputs[2])
+        constant_slot(graph, f"{conv.name}/bias_bn", new_b).connect(conv.inputs[2])
         graph.reroute(bn.outputs[0], conv.outputs[0])
         graph.remove_layer(bn)
         changes.append(f"folded BatchNormalization {bn.name!r} into Conv {conv.name!r}")
