@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numba
 import outcome
 import trio
 
@@ -34,13 +35,18 @@ def default_cpu_workers() -> int:
 
 
 class _Worker:
-    """One thread serving its inbox until it receives ``None``."""
+    """One thread serving its inbox until it receives ``None``; the numba parallel regions it
+    enters use ``threads`` threads."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, threads: int) -> None:
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.threads = threads
         self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
 
     def _serve(self) -> None:
+        # numba's thread count is per calling thread: kernels split their windows into
+        # slices, and this caps how many threads run a worker's slices at once.
+        numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
         while (job := self.inbox.get()) is not None:
             fn, args, token, deliver = job
             result = outcome.capture(fn, *args)
@@ -54,7 +60,7 @@ class CpuWorkerPool:
         if count < 1:
             raise ValueError(f"a worker pool needs at least one worker, got {count}")
         self.count = count
-        self._workers = [_Worker(f"flowrt-cpu-{i}") for i in range(count)]
+        self._workers = [_Worker(f"flowrt-cpu-{i}", count) for i in range(count)]
         self._idle_send, self._idle_receive = trio.open_memory_channel[_Worker](count)
         self._started = False
 
