@@ -191,33 +191,70 @@ def _conv_by_rows(x, x_flat, w, bias, out, geo, direct, row_bounds, finish, code
                 _finish(block, bias[r0:r1], code, alpha, beta)
 
 
+@njit(nogil=True, cache=True)
+def _depthwise_plane(plane, wm, b, out_plane, acc, geo, code, alpha, beta):
+    """One output plane of a depthwise conv from its zero-padded input plane.
+
+    With unit strides every tap is one long unit-stride loop over the flattened plane: the
+    output is computed on the padded plane's row pitch (a few columns per row too many, then
+    dropped), which LLVM vectorizes. Other strides walk output rows. ``acc`` is scratch of at
+    least one padded plane."""
+    kh, kw, sh, sw, dh, dw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
+    oh_count, ow_count = out_plane.shape
+    pitch = plane.shape[1]
+    if sh == 1 and sw == 1:
+        flat = plane.reshape(-1)
+        total = (oh_count - 1) * pitch + ow_count
+        run = acc[:total]
+        for i in range(total):
+            run[i] = b
+        for ki in range(kh):
+            for kj in range(kw):
+                wv = wm[ki, kj]
+                start = ki * dh * pitch + kj * dw
+                src = flat[start : start + total]
+                for i in range(total):
+                    run[i] += wv * src[i]
+        for oh in range(oh_count):
+            line = run[oh * pitch : oh * pitch + ow_count]
+            dst = out_plane[oh]
+            for ow in range(ow_count):
+                dst[ow] = activate(line[ow], code, alpha, beta)
+        return
+    line = acc[:ow_count]
+    for oh in range(oh_count):
+        for ow in range(ow_count):
+            line[ow] = b
+        for ki in range(kh):
+            src = plane[oh * sh + ki * dh]
+            for kj in range(kw):
+                wv = wm[ki, kj]
+                for ow in range(ow_count):
+                    line[ow] += wv * src[kj * dw + ow * sw]
+        dst = out_plane[oh]
+        for ow in range(ow_count):
+            dst[ow] = activate(line[ow], code, alpha, beta)
+
+
 @njit(parallel=True, nogil=True, cache=True)
-def _depthwise(x, w, bias, out, geo, code, alpha, beta):
-    """One task per (image, output channel): a direct sliding window over a zero-padded copy
-    of its input channel (output channel m reads input channel m // multiplier)."""
+def _depthwise(x, w, bias, out, geo, code, alpha, beta, bounds):
+    """Tasks are (image, output channel) planes, cut into slices by ``bounds``: a direct sliding
+    window over a zero-padded copy of the input channel (output channel m reads input
+    channel m // multiplier)."""
     kh, kw, sh, sw, dh, dw, ph, pw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7]
     channels, height, width = x.shape[1], x.shape[2], x.shape[3]
     m_count, oh_count, ow_count = out.shape[1], out.shape[2], out.shape[3]
     multiplier = m_count // channels
     padded_h = max(ph + height, (oh_count - 1) * sh + (kh - 1) * dh + 1)
     padded_w = max(pw + width, (ow_count - 1) * sw + (kw - 1) * dw + 1)
-    for task in prange(x.shape[0] * m_count):
-        n, m = divmod(np.int64(task), m_count)
+    for s in prange(bounds.shape[0] - 1):
+        # scratch per slice: the padded plane (its border stays zero) and the accumulator
         plane = np.zeros((padded_h, padded_w), np.float32)
-        plane[ph : ph + height, pw : pw + width] = x[n, m // multiplier]
-        acc = np.empty(ow_count, np.float32)
-        for oh in range(oh_count):
-            acc[:] = bias[m]
-            for ki in range(kh):
-                src = plane[oh * sh + ki * dh]
-                for kj in range(kw):
-                    wv = w[m, ki, kj]
-                    off = kj * dw
-                    for ow in range(ow_count):
-                        acc[ow] += wv * src[ow * sw + off]
-            row = out[n, m, oh]
-            for ow in range(ow_count):
-                row[ow] = activate(acc[ow], code, alpha, beta)
+        acc = np.empty(padded_h * padded_w, np.float32)
+        for task in range(bounds[s], bounds[s + 1]):
+            n, m = divmod(task, m_count)
+            plane[ph : ph + height, pw : pw + width] = x[n, m // multiplier]
+            _depthwise_plane(plane, w[m], bias[m], out[n, m], acc, geo, code, alpha, beta)
 
 
 def _balance(tasks: int, workers: int) -> float:
@@ -234,6 +271,7 @@ class _Plan(NamedTuple):
     column_bounds: np.ndarray | None  # split over pixels, or None to split over channels
     row_bounds: np.ndarray
     chunk: int
+    plane_bounds: np.ndarray  # depthwise: (image, channel) planes per slice
 
 
 @acc_kernel("Conv")
@@ -298,6 +336,7 @@ class ConvKernel:
             column_bounds if by_columns else None,
             row_bounds,
             chunk,
+            split_bounds(x_shape[0] * w_shape[0], SplitHint(0, 1), self.workers),
         )
         return cached
 
@@ -312,7 +351,7 @@ class ConvKernel:
         bias = np.zeros(w_shape[0], np.float32) if b is None else np.ascontiguousarray(b, np.float32)
         args = (self.code, self.alpha, self.beta)
         if self.desc.group == x.shape[1] > 1:
-            _depthwise(x, w.reshape(w_shape[0], *w_shape[2:]), bias, out, plan.geo, *args)
+            _depthwise(x, w.reshape(w_shape[0], *w_shape[2:]), bias, out, plan.geo, *args, plan.plane_bounds)
             return [out]
         x_flat = x.reshape(*x.shape[:2], -1)
         out_flat = out.reshape(*out.shape[:2], -1)
