@@ -27,7 +27,15 @@ class ViewKernel:
     def __init__(self, info: WorkloadInfo, workers: int) -> None:
         self.info = info
         self.view = _REF[info.kind]
+        # Static shapes in and out: the output shape is known now, and a run only reshapes.
+        out = info.outputs[0] if info.outputs else None
+        static = out is not None and out.is_static and info.inputs[0].is_static  # type: ignore[union-attr]
+        self.in_shape = tuple(info.inputs[0].shape) if static else None  # type: ignore[union-attr]
+        self.out_shape = tuple(out.shape) if static else None  # type: ignore[union-attr]
 
     def execute(self, inputs, outputs=None):
         # A non-contiguous input is copied by numpy's reshape; every other input is viewed.
+        x = inputs[0]
+        if self.out_shape is not None and x.shape == self.in_shape:
+            return [x.reshape(self.out_shape)]
         return [self.view(self.info.descriptor, *inputs)]
