@@ -16,6 +16,7 @@ import trio
 from tqdm import tqdm
 
 import flowrt
+from flowrt.errors import InputError
 from flowrt.models import pattern_input
 
 
@@ -47,12 +48,16 @@ class BenchResult:
         }
 
 
-async def _flowrt_round(model, feeds, requests: int, concurrency: int, tick: Callable[[], None]):
+async def _flowrt_round(
+    model, feeds, requests: int, concurrency: int, tick: Callable[[], None], until: float | None = None
+):
+    """``requests`` runs by ``concurrency`` clients; with ``until`` (a perf_counter time), as many
+    as start before it instead."""
     latencies: list[float] = []
     remaining = [requests]
 
     async def client() -> None:
-        while remaining[0] > 0:
+        while remaining[0] > 0 if until is None else time.perf_counter() < until:
             remaining[0] -= 1
             start = time.perf_counter()
             await model.run(feeds)
@@ -88,11 +93,18 @@ def run_bench(
     vs_onnxruntime: bool = False,
     rounds: int = 2,
     progress: bool = True,
+    duration: float | None = None,
 ) -> list[BenchResult]:
-    """Benchmark flowrt (and ONNX Runtime when asked) on one model; returns one result each."""
+    """Benchmark flowrt (and ONNX Runtime when asked) on one model; returns one result each.
+
+    With ``duration`` (seconds), flowrt runs for that long in all (``iterations`` is ignored)
+    and ONNX Runtime runs as many requests as flowrt did in each round.
+    """
     per_round = [iterations // rounds + (1 if r < iterations % rounds else 0) for r in range(rounds)]
     engines = 2 if vs_onnxruntime else 1
-    bar = tqdm(total=iterations * engines, unit="req", disable=not progress, leave=False)
+    bar = tqdm(
+        total=None if duration else iterations * engines, unit="req", disable=not progress, leave=False
+    )
 
     async def main() -> list[BenchResult]:
         start = time.perf_counter()
@@ -110,12 +122,16 @@ def run_bench(
                 start = time.perf_counter()
                 options = ort.SessionOptions()
                 options.intra_op_num_threads = rt.cpu_workers
+                # Idle threads that spin would hold the cores through flowrt's turns.
+                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
                 session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
                 ort_load = time.perf_counter() - start
                 session.run(None, feeds)  # warm-up
             ours, theirs, our_wall, their_wall = [], [], 0.0, 0.0
             for count in per_round:
-                lat, wall = await _flowrt_round(model, feeds, count, concurrency, lambda: bar.update())
+                until = None if duration is None else time.perf_counter() + duration / rounds
+                lat, wall = await _flowrt_round(model, feeds, count, concurrency, lambda: bar.update(), until)
+                count = len(lat)
                 ours += lat
                 our_wall += wall
                 if session is not None:
@@ -152,3 +168,30 @@ def format_results(results: Sequence[BenchResult]) -> str:
             "   (flowrt / onnxruntime; latency: lower is better, req/s: higher is better)"
         )
     return "\n".join(lines)
+
+
+def plot_latencies(results: Sequence[BenchResult], path: str) -> None:
+    """Draw each engine's latency distribution (a histogram, with p50 and p99 marked) to ``path``.
+
+    Needs matplotlib (``pip install 'flowrt[plot]'``); raises InputError naming it otherwise.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise InputError(f"--plot needs matplotlib (pip install 'flowrt[plot]'): {e}") from None
+    figure, axes = plt.subplots(figsize=(8, 4.5))
+    for r in results:
+        ms = np.asarray(r.latencies) * 1e3
+        line = axes.hist(ms, bins=40, alpha=0.55, label=f"{r.engine} (p50 {r.percentile_ms(50):.2f} ms)")[2]
+        color = line[0].get_facecolor()
+        for q, style in ((50, "-"), (99, ":")):
+            axes.axvline(r.percentile_ms(q), color=color, linestyle=style, alpha=0.9)
+    axes.set_xlabel("latency (ms); solid: p50, dotted: p99")
+    axes.set_ylabel("requests")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)

@@ -165,9 +165,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from flowrt.bench import format_results, run_bench
+    from flowrt.bench import format_results, plot_latencies, run_bench
 
     path = args.model or str(default_model())
+    if args.duration is not None and not args.duration > 0:
+        raise InputError(f"--duration must be a positive number of seconds, got {args.duration}")
     if args.iterations < 1 or args.concurrency < 1:
         raise InputError(
             f"--iterations and --concurrency must be at least 1, got {args.iterations} and {args.concurrency}"
@@ -181,7 +183,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         vs_onnxruntime=args.vs == "onnxruntime",
         progress=not args.json,
+        duration=args.duration,
     )
+    if args.plot:
+        plot_latencies(results, args.plot)
     if args.json:
         print(
             json.dumps(
@@ -195,6 +200,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         print(f"model: {path}  backends: {args.backends}  concurrency: {args.concurrency}")
         print(format_results(results))
+        if args.plot:
+            print(f"latency plot: {args.plot}")
     return 0
 
 
@@ -260,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--vs", metavar="onnxruntime", help="also run ONNX Runtime, alternating, and print the ratios"
     )
+    bench.add_argument(
+        "--duration", type=float, help="run for this many seconds instead of --iterations requests"
+    )
+    bench.add_argument("--plot", metavar="PNG", help="draw the latency distribution (needs matplotlib)")
     bench.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     bench.set_defaults(func=cmd_bench)
 

@@ -59,3 +59,26 @@ def test_cli_bench_rejects_bad_arguments(capsys):
     assert "--iterations and --concurrency must be at least 1" in capsys.readouterr().err
     assert main(["bench", "--vs", "tensorflow"]) == 2
     assert "--vs takes 'onnxruntime'" in capsys.readouterr().err
+    assert main(["bench", "--duration", "0"]) == 2
+    assert "--duration must be a positive number of seconds, got 0.0" in capsys.readouterr().err
+
+
+def test_duration_runs_for_that_long_and_the_peer_runs_as_many_requests():
+    results = run_bench(
+        str(light_model("squeezenet")),
+        ["CpuAcc", "CpuRef"],
+        iterations=1,
+        vs_onnxruntime=True,
+        progress=False,
+        duration=0.6,
+    )
+    ours, theirs = results
+    assert len(ours.latencies) > 2 and len(theirs.latencies) == len(ours.latencies)
+    assert 0.6 <= ours.wall_s < 0.6 + 2 * max(ours.latencies) + 0.05
+
+
+def test_cli_bench_plots_the_latency_distribution(tmp_path, capsys):
+    plot = tmp_path / "latency.png"
+    assert main(["bench", "--iterations", "4", "--backends", "CpuAcc,CpuRef", "--plot", str(plot)]) == 0
+    assert f"latency plot: {plot}" in capsys.readouterr().out
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 5000
