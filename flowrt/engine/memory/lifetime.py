@@ -4,7 +4,9 @@ Two tensors may share bytes only when one is dead before the other is born *in e
 execution*: every reader of the first (and its producer) must happen-before the producer of
 the second. Happens-before is the dataflow's dependency order, so tensors of branches that
 run concurrently never share. Views (Reshape, Flatten, ...) own no bytes: they extend the
-lifetime of the tensor they alias.
+lifetime of the tensor they alias. Parts (the inputs of a Concat written straight into their
+region of its output, the Compute Library's sub-tensors) own no bytes either: the whole
+tensor is live from the first write of any part, so it has several producers.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class TensorLifetime:
     first: int
     last: int
     pinned: bool  # lives until the run ends (a network output)
+    part_producers: tuple[int, ...] = ()  # steps that write parts of it (sub-tensors)
 
 
 class Lifetimes:
@@ -47,7 +50,17 @@ class Lifetimes:
         self._ancestors = ancestors
         self.num_steps = num_steps
         self._index = {t.tensor: i for i, t in enumerate(tensors)}
-        self._uses = [0 if t.pinned else sum(1 << s for s in (t.producer, *t.readers)) for t in tensors]
+        self._uses = [
+            0 if t.pinned else sum(1 << s for s in {t.producer, *t.readers, *t.part_producers})
+            for t in tensors
+        ]
+        # Steps that happen before every write of a tensor (its own and its parts').
+        self._before = []
+        for t in tensors:
+            mask = ancestors[t.producer]
+            for p in t.part_producers:
+                mask &= ancestors[p]
+            self._before.append(mask)
         self._conflicts: list[int] | None = None
 
     def dead_before(self, earlier: TensorLifetime, later: TensorLifetime) -> bool:
@@ -55,7 +68,7 @@ class Lifetimes:
         if earlier.pinned:
             return False
         uses = self._uses[self._index[earlier.tensor]]
-        return uses & ~self._ancestors[later.producer] == 0
+        return uses & ~self._before[self._index[later.tensor]] == 0
 
     def may_share(self, a: TensorLifetime, b: TensorLifetime) -> bool:
         return not self.conflicts_with(a) >> self._index[b.tensor] & 1
@@ -112,17 +125,26 @@ def analyze(
     sizes: Mapping[int, int],
     pinned: set[int],
     aliases: Mapping[int, int],
+    parts: Mapping[int, int] | None = None,
 ) -> Lifetimes:
     """Lifetimes of the tensors in ``sizes`` over ``steps`` (given in a topological order).
 
-    ``aliases`` maps a view tensor to the tensor whose bytes it reads; ``pinned`` tensors
-    (network outputs) stay live until the run ends.
+    ``aliases`` maps a view tensor to the tensor whose bytes it reads, ``parts`` a sub-tensor
+    to the tensor it is a region of; ``pinned`` tensors (network outputs) stay live until the
+    run ends.
     """
+    parts = parts or {}
 
     def root(tid: int) -> int:
-        while tid in aliases:
-            tid = aliases[tid]
-        return tid
+        while True:
+            if tid in aliases:
+                tid = aliases[tid]
+            elif tid in parts:
+                tid = parts[tid]
+            else:
+                return tid
+
+    part_producers: dict[int, list[int]] = {}
 
     producer: dict[int, int] = {}
     readers: dict[int, list[int]] = {}
@@ -137,14 +159,26 @@ def analyze(
         ancestors.append(before)
         for tid in step.writes:
             producer[tid] = index
+            if tid in parts:
+                part_producers.setdefault(root(tid), []).append(index)
     roots_pinned = {root(t) for t in pinned}
     tensors = []
     for tid, nbytes in sizes.items():
         if tid not in producer:
             continue
         reads = tuple(readers.get(tid, ()))
-        first = producer[tid]
+        writes = tuple(part_producers.get(tid, ()))
+        first = min((producer[tid], *writes))
         tensors.append(
-            TensorLifetime(tid, nbytes, first, reads, first, max(reads, default=first), tid in roots_pinned)
+            TensorLifetime(
+                tid,
+                nbytes,
+                producer[tid],
+                reads,
+                first,
+                max(reads, default=producer[tid]),
+                tid in roots_pinned,
+                writes,
+            )
         )
     return Lifetimes(tensors, ancestors, len(steps))

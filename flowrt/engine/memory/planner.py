@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from flowrt.engine.memory.lifetime import Step, analyze
-from flowrt.engine.memory.lifetime_managers import MemoryPlan
+from flowrt.engine.memory.lifetime_managers import MemoryPlan, Placement
 from flowrt.engine.memory.manager import MemoryManager
 from flowrt.types import TensorInfo
 
@@ -44,6 +44,60 @@ class PlannedNode:
     writes: tuple[int, ...]
 
 
+def _concat_parts(
+    order: Sequence[PlannedNode],
+    infos: Mapping[int, TensorInfo],
+    pinned: set[int],
+    owner: Mapping[int, str],
+    managers: Mapping[str, MemoryManager],
+) -> dict[int, tuple[int, int]]:
+    """``{part: (whole, byte offset)}``: Concat inputs that can be written straight into their
+    region of the Concat's output (the Compute Library's sub-tensors).
+
+    A region can be a part when it is one contiguous run of the output (every axis before the
+    concat axis has size 1), and its tensor is produced by a workload of the same backend,
+    read by this Concat alone, once, and is no network output; its offset must keep the
+    alignment of the backend's lifetime manager.
+    """
+    read_count: dict[int, int] = {}
+    for node in order:
+        for tid in node.reads:
+            read_count[tid] = read_count.get(tid, 0) + 1
+    parts: dict[int, tuple[int, int]] = {}
+    for node in order:
+        if node.kind != "Concat" or len(node.writes) != 1 or len(node.reads) < 2:
+            continue
+        whole = infos.get(node.writes[0])
+        shapes = [infos[t].shape if t in infos else None for t in node.reads]
+        if (
+            whole is None
+            or whole.num_bytes is None
+            or node.writes[0] not in owner
+            or any(s is None for s in shapes)
+        ):
+            continue
+        axes = {a for s in shapes for a, (d, w) in enumerate(zip(s, whole.shape)) if d != w}  # type: ignore[arg-type]
+        if len(axes) != 1 or any(d != 1 for d in whole.shape[: min(axes)]):
+            continue
+        backend = owner[node.writes[0]]
+        alignment = getattr(managers[backend].lifetime_manager, "alignment", 64)
+        offset, found = 0, {}
+        for tid in node.reads:
+            info = infos[tid]
+            if (
+                owner.get(tid) == backend
+                and offset % alignment == 0
+                and read_count.get(tid) == 1
+                and tid not in pinned
+                and info.num_bytes is not None
+            ):
+                found[tid] = offset
+            offset += info.num_bytes or 0
+        if offset == whole.num_bytes:
+            parts.update({tid: (node.writes[0], at) for tid, at in found.items()})
+    return parts
+
+
 def plan_memory(
     order: Sequence[PlannedNode],
     infos: Mapping[int, TensorInfo],
@@ -60,9 +114,12 @@ def plan_memory(
             aliases.update({t: node.reads[0] for t in node.writes})
         else:
             owner.update({t: node.backend for t in node.writes})
+    parts = _concat_parts(order, infos, pinned, owner, managers)
     dynamic = 0
     per_backend: dict[str, dict[int, int]] = {b: {} for b in dict.fromkeys(n.backend for n in order)}
     for tid, backend in owner.items():
+        if tid in parts:
+            continue
         info = infos.get(tid)
         if info is None or info.num_bytes is None:
             dynamic += 1
@@ -70,10 +127,26 @@ def plan_memory(
         per_backend[backend][tid] = info.num_bytes
     plans, report = {}, {}
     for backend, sizes in per_backend.items():
-        lifetimes = analyze(steps, sizes, pinned, aliases)
+        lifetimes = analyze(steps, sizes, pinned, aliases, {t: whole for t, (whole, _) in parts.items()})
         plan = managers[backend].lifetime_manager.plan(lifetimes)
+        _place_parts(plan, parts, infos)
         plans[backend] = plan
         report[backend] = BackendMemory(
             plan.arena_bytes, lifetimes.no_reuse_bytes(), lifetimes.lower_bound_bytes(), len(sizes)
         )
     return MemoryLayout(plans, report, dynamic)
+
+
+def _place_parts(
+    plan: MemoryPlan, parts: Mapping[int, tuple[int, int]], infos: Mapping[int, TensorInfo]
+) -> None:
+    """Give each part of a planned whole its place: the whole's offset plus its own (a part
+    may itself be the whole of parts, placed once it is)."""
+    pending = dict(parts)
+    while pending:
+        placed = {t: v for t, v in pending.items() if v[0] in plan.placements}
+        if not placed:
+            return  # wholes of another backend's plan
+        for tid, (whole, at) in placed.items():
+            plan.placements[tid] = Placement(plan.placements[whole].offset + at, infos[tid].num_bytes)  # type: ignore[arg-type]
+            del pending[tid]

@@ -85,7 +85,9 @@ class ConcatKernel:
         flat_out, column = as_words(out), 0
         for x in arrays:
             width = x.size // outer if outer else 0
-            if width:
+            if outer == 1 and x.ctypes.data == out.ctypes.data + column * out.itemsize:
+                pass  # written in place by its producer (a sub-tensor of the output)
+            elif width:
                 _concat_part(as_words(x), flat_out, width, total, column, self.bounds(x.size))
             column += width
         return [out]
