@@ -55,14 +55,12 @@ def _concat_parts(
     region of the Concat's output (the Compute Library's sub-tensors).
 
     A region can be a part when it is one contiguous run of the output (every axis before the
-    concat axis has size 1), and its tensor is produced by a workload of the same backend,
-    read by this Concat alone, once, and is no network output; its offset must keep the
-    alignment of the backend's lifetime manager.
+    concat axis has size 1), and its tensor is produced by a workload of the same backend, is
+    no network output and no part of another Concat; its offset must keep the alignment of
+    the backend's lifetime manager. Other readers of a part read it in place: the whole
+    lives until they are done. A whole may itself be a part of a later Concat, so a chain of
+    Concats (a DenseNet block) shares one buffer.
     """
-    read_count: dict[int, int] = {}
-    for node in order:
-        for tid in node.reads:
-            read_count[tid] = read_count.get(tid, 0) + 1
     parts: dict[int, tuple[int, int]] = {}
     for node in order:
         if node.kind != "Concat" or len(node.writes) != 1 or len(node.reads) < 2:
@@ -87,7 +85,9 @@ def _concat_parts(
             if (
                 owner.get(tid) == backend
                 and offset % alignment == 0
-                and read_count.get(tid) == 1
+                and tid not in parts
+                and tid not in found
+                and node.reads.count(tid) == 1
                 and tid not in pinned
                 and info.num_bytes is not None
             ):
