@@ -212,7 +212,25 @@ def cmd_backends(args: argparse.Namespace) -> int:
         major, minor = backend.version
         caps = ", ".join(f"{k}={v}" for k, v in backend.capabilities.items())
         print(f"{bid}  version {major}.{minor}  capabilities: {caps}")
+    _print_opencl_devices()
     return 0
+
+
+def _print_opencl_devices() -> None:
+    """GpuAcc's candidate devices: what FLOWRT_OPENCL_DEVICE / Runtime(opencl_device=...) take."""
+    from flowrt.workers.gpu import device
+
+    found = device.describe_devices()
+    if not found:
+        print(f"OpenCL devices: none ({device.unavailable_reason()})")
+        return
+    print(f"OpenCL devices (GpuAcc takes the one marked *; pick with {device.DEVICE_ENV}=platform:device):")
+    for d in found:
+        hints = "yes" if d.priority_hints else "no"
+        print(
+            f" {'*' if d.chosen else ' '} {d.index}  {d.name}  [{d.type}]  {d.platform}, driver "
+            f"{d.driver_version}  memory {d.global_memory_bytes / 2**30:.1f} GiB  queue priority hints: {hints}"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -274,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     bench.set_defaults(func=cmd_bench)
 
-    backends = sub.add_parser("backends", help="list registered backends")
+    backends = sub.add_parser("backends", help="list registered backends and OpenCL devices")
     backends.set_defaults(func=cmd_backends)
     return parser
 

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 from collections.abc import Mapping
@@ -24,17 +25,25 @@ from flowrt.engine.memory.manager import MemoryManager
 from flowrt.engine.memory.planner import MemoryLayout, PlannedNode, plan_memory
 from flowrt.engine.memory.pool import PoolManager
 from flowrt.engine.scheduler.dataflow import Dataflow, build_dataflow
-from flowrt.engine.scheduler.executor import Binding, execute
+from flowrt.engine.scheduler.executor import Binding, DeviceRunner, execute
 from flowrt.engine.scheduler.feeds import check_feeds, check_output_buffers
 from flowrt.errors import BackendError, FlowrtError
 from flowrt.profiling import ProfileRecord
-from flowrt.registry import BackendRegistry, WorkloadInfo, backend_registry
+from flowrt.registry import Backend, BackendRegistry, WorkloadInfo, backend_registry
 from flowrt.registry.dynamic import BackendPaths, load_dynamic_backends, unload_dynamic_backends
 from flowrt.stream import Stream
 from flowrt.types import Priority, TensorInfo
 from flowrt.workers.cpu.workers import CpuWorkerPool, default_cpu_workers
 
 logger = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class RuntimeOptions:
+    """What a runtime tells the backends it makes contexts for (Arm NN's creation options):
+    ``opencl_device`` picks GpuAcc's device (see ``flowrt.workers.gpu.device``)."""
+
+    opencl_device: str | None = None
 
 
 def _bindings(dataflow: Dataflow, layout: MemoryLayout) -> dict[int, Binding]:
@@ -61,12 +70,14 @@ class LoadedNetwork:
         layout: MemoryLayout,
         pools: PoolManager,
         profiling: bool = False,
+        devices: Mapping[str, DeviceRunner] | None = None,
     ) -> None:
         self.optimized = optimized
         self.dataflow = dataflow
         self.layout = layout
         self.pools = pools
         self._workers = workers
+        self._devices = dict(devices or {})
         self._bindings = _bindings(dataflow, layout)
         self.profiling = profiling
         self._records: list[ProfileRecord] = []
@@ -98,7 +109,8 @@ class LoadedNetwork:
         Cancelling the calling scope stops the run at the next workload. The run's memory
         pool is awaited by ``priority`` (first come, first served within one) and given
         back however the run ends. ``profile`` (default: the runtime's ``profiling``) records
-        each workload's timing; :meth:`profile` returns the records.
+        each workload's timing; :meth:`profile` returns the records. On a device backend
+        (GpuAcc) ``priority`` also picks the queue the run's GPU segments are enqueued on.
         """
         arrays = check_feeds(self.dataflow.input_infos, feeds)
         bound = check_output_buffers(self.dataflow.output_infos, outputs)
@@ -107,7 +119,14 @@ class LoadedNetwork:
         )
         async with self.pools.acquire(int(priority)) as pool:
             results = await execute(
-                self.dataflow, arrays, self._workers.run_sync, pool, self._bindings, record
+                self.dataflow,
+                arrays,
+                self._workers.run_sync,
+                pool,
+                self._bindings,
+                record,
+                devices=self._devices,
+                priority=int(priority),
             )
         for name, target in bound.items():
             np.copyto(target, results[name])
@@ -167,6 +186,14 @@ class Runtime:
     loaded and skipped is kept as ``dynamic_backends`` (a ``DynamicBackendReport``). The
     backends this runtime registered are unregistered when it closes (the end of its
     ``async with``); an id that was already registered is skipped, never replaced.
+
+    Backend contexts: the first load that uses a backend with ``create_context(options)``
+    makes its context from this runtime's ``RuntimeOptions`` (``opencl_device`` picks
+    GpuAcc's device, else ``FLOWRT_OPENCL_DEVICE``, else the first GPU) and starts the
+    context's ``run`` task (GpuAcc's queue actors) in the runtime's nursery; they stop when
+    the runtime closes. A backend whose memory is not host memory (capability ``host_memory``
+    False) and whose context runs device segments (``submit``) runs on its device: its
+    tensors stay there between its workloads.
     """
 
     def __init__(
@@ -179,6 +206,7 @@ class Runtime:
         priority_aging: float = 1.0,
         backend_paths: BackendPaths = None,
         parallel_branches: bool = False,
+        opencl_device: str | None = None,
     ) -> None:
         self.registry = registry or backend_registry()
         self.cpu_workers = cpu_workers or default_cpu_workers()
@@ -190,22 +218,43 @@ class Runtime:
             raise FlowrtError(f"priority_aging must be a positive number of seconds, got {priority_aging}")
         self.priority_aging = priority_aging
         self.parallel_branches = parallel_branches
+        self.options = RuntimeOptions(opencl_device=opencl_device)
         self._workers: CpuWorkerPool | None = None
+        self._backends: dict[str, Backend] = {}  # one configured object per backend id
+        self._contexts: dict[str, Any] = {}
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._nursery: trio.Nursery | None = None
         # Loaded last, so a bad argument above never leaves backends registered.
         self.dynamic_backends = load_dynamic_backends(self.registry, backend_paths)
         self._owns_dynamic_backends = True
 
     async def __aenter__(self) -> Runtime:
         self._workers = await CpuWorkerPool(self.cpu_workers).__aenter__()
+        self._stack = contextlib.AsyncExitStack()
+        # Backend contexts' tasks (GpuAcc's queue actors) live here, started on first use.
+        self._nursery = await self._stack.enter_async_context(trio.open_nursery())
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         workers, self._workers = self._workers, None
+        stack, self._stack = self._stack, None
         try:
-            if workers is not None:
-                await workers.__aexit__(*exc_info)
+            for context in self._contexts.values():
+                if hasattr(context, "close"):
+                    context.close()
+            if stack is not None:
+                # Not handed the body's exception: the nursery would wrap it in an exception
+                # group. Its tasks end once their contexts are closed.
+                await stack.aclose()
         finally:
-            self._unload_dynamic_backends()
+            self._nursery = None
+            self._contexts.clear()
+            self._backends.clear()
+            try:
+                if workers is not None:
+                    await workers.__aexit__(*exc_info)
+            finally:
+                self._unload_dynamic_backends()
 
     def _unload_dynamic_backends(self) -> None:
         """Unregister the dynamic backends this runtime registered (once), as Arm NN does when
@@ -229,16 +278,54 @@ class Runtime:
         pools = self.cpu_workers if max_in_flight is None else max_in_flight
         if not isinstance(pools, int) or pools < 1:
             raise FlowrtError(f"max_in_flight must be a positive int, got {pools!r}")
+        for bid in self._backends_of(optimized):
+            await self._start_context(bid)
         return await trio.to_thread.run_sync(self._build, optimized, pools)
+
+    @staticmethod
+    def _backends_of(optimized: OptimizedNetwork) -> list[str]:
+        return list(dict.fromkeys(layer.backend for layer in optimized.graph if layer.backend))  # type: ignore[misc]
+
+    def _backend(self, bid: str) -> Backend:
+        """This runtime's object for backend ``bid`` (made once, so a context's choices stick)."""
+        if bid not in self._backends:
+            self._backends[bid] = self.registry.get(bid)
+        return self._backends[bid]
+
+    async def _start_context(self, bid: str) -> None:
+        """Make backend ``bid``'s context on first use and start its task, if it has them."""
+        backend = self._backend(bid)
+        if bid in self._contexts or not hasattr(backend, "create_context"):
+            return
+        try:
+            context = backend.create_context(self.options)
+        except FlowrtError:
+            raise
+        except Exception as e:
+            raise BackendError(f"backend {bid} failed to create its context: {e}") from e
+        if hasattr(context, "run"):
+            await self._nursery.start(context.run)  # type: ignore[union-attr]
+        self._contexts[bid] = context
+
+    def _device_runners(self, bids: Any) -> dict[str, DeviceRunner]:
+        """The backends among ``bids`` whose workloads run on a device, with their runners."""
+        runners = {}
+        for bid in bids:
+            context = self._contexts.get(bid)
+            on_host = self._backend(bid).capabilities.get("host_memory", True)
+            if not on_host and hasattr(context, "submit"):
+                runners[bid] = context
+        return runners
 
     def _build(self, optimized: OptimizedNetwork, pool_count: int) -> LoadedNetwork:
         factories: dict[str, Any] = {}
         managers: dict[str, MemoryManager] = {}
+        devices = self._device_runners(self._backends_of(optimized))
 
         def make_workload(layer: Layer, info: WorkloadInfo):
             bid: str = layer.backend  # type: ignore[assignment]
             if bid not in factories:
-                backend = self.registry.get(bid)
+                backend = self._backend(bid)
                 managers[bid] = backend.create_memory_manager() or MemoryManager()
                 factories[bid] = backend.create_workload_factory(managers[bid])
             try:
@@ -252,7 +339,12 @@ class Runtime:
                 ) from e
             return workload
 
-        dataflow = build_dataflow(optimized.graph, make_workload, parallel_branches=self.parallel_branches)
+        dataflow = build_dataflow(
+            optimized.graph,
+            make_workload,
+            parallel_branches=self.parallel_branches,
+            device_backends=frozenset(devices),
+        )
         order = [
             PlannedNode(
                 n.kind,
@@ -272,4 +364,4 @@ class Runtime:
             zero_on_release=self.zero_memory_on_release,
             aging_interval=self.priority_aging,
         )
-        return LoadedNetwork(optimized, dataflow, self._workers, layout, pools, self.profiling)  # type: ignore[arg-type]
+        return LoadedNetwork(optimized, dataflow, self._workers, layout, pools, self.profiling, devices)  # type: ignore[arg-type]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -12,14 +12,18 @@ HOST_ALIGNMENT = 64
 
 @runtime_checkable
 class Allocator(Protocol):
-    """Allocates one arena: ``nbytes`` bytes whose start is ``alignment``-aligned.
+    """Allocates one arena of ``nbytes`` bytes and makes tensors at offsets in it.
 
-    Returns a 1-D uint8 numpy array over the bytes (host memory) that the caller owns.
+    ``alignment`` is what every tensor offset the planner hands out is a multiple of.
+    ``allocate`` returns the arena, which the caller owns: host memory (a 1-D uint8 numpy
+    array) or any object with an ``nbytes`` attribute (a device buffer). ``view`` and
+    ``zero`` are optional; without them an arena must be a host array, viewed and zeroed as
+    :class:`HostAllocator` does.
     """
 
     alignment: int
 
-    def allocate(self, nbytes: int) -> np.ndarray: ...
+    def allocate(self, nbytes: int) -> Any: ...
 
 
 class HostAllocator:
@@ -31,6 +35,16 @@ class HostAllocator:
         raw = np.empty(nbytes + self.alignment, dtype=np.uint8)
         start = -raw.ctypes.data % self.alignment
         return raw[start : start + nbytes]
+
+    @staticmethod
+    def view(arena: np.ndarray, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """The tensor of ``shape``/``dtype`` stored at byte ``offset`` of ``arena``."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return arena[offset : offset + nbytes].view(dtype).reshape(shape)
+
+    @staticmethod
+    def zero(arena: np.ndarray) -> None:
+        arena.fill(0)
 
 
 def align_up(value: int, alignment: int) -> int:

@@ -14,28 +14,38 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 import numpy as np
 import trio
 
-from flowrt.engine.memory.allocator import Allocator
+from flowrt.engine.memory.allocator import Allocator, HostAllocator
 
 
 class MemoryPool:
-    """One arena per backend; what one run binds its intermediate tensors to."""
+    """One arena per backend; what one run binds its intermediate tensors to.
 
-    def __init__(self, index: int, arenas: Mapping[str, np.ndarray]) -> None:
+    Each arena is viewed and zeroed by the allocator that made it, so a device arena (one
+    OpenCL buffer) hands out device tensors at offsets, a host arena numpy views.
+    """
+
+    def __init__(
+        self, index: int, arenas: Mapping[str, Any], allocators: Mapping[str, Allocator] | None = None
+    ) -> None:
         self.index = index
         self.arenas = dict(arenas)
+        allocators = allocators or {}
+        # Allocators that only allocate (the protocol's minimum) make host arenas.
+        self._viewers = {b: getattr(allocators.get(b), "view", HostAllocator.view) for b in self.arenas}
+        self._zeroers = {b: getattr(allocators.get(b), "zero", HostAllocator.zero) for b in self.arenas}
 
-    def view(self, backend: str, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    def view(self, backend: str, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         """The tensor of ``shape``/``dtype`` stored at ``offset`` of ``backend``'s arena."""
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        return self.arenas[backend][offset : offset + nbytes].view(dtype).reshape(shape)
+        return self._viewers[backend](self.arenas[backend], offset, shape, dtype)
 
     def zero(self) -> None:
-        for arena in self.arenas.values():
-            arena.fill(0)
+        for backend, arena in self.arenas.items():
+            self._zeroers[backend](arena)
 
     @property
     def nbytes(self) -> int:
@@ -55,7 +65,7 @@ class PoolManager:
         aging_interval: float = 1.0,
     ) -> None:
         self.pools = [
-            MemoryPool(i, {b: allocators[b].allocate(n) for b, n in arena_bytes.items()})
+            MemoryPool(i, {b: allocators[b].allocate(n) for b, n in arena_bytes.items()}, allocators)
             for i in range(count)
         ]
         self._free = list(self.pools)

@@ -3,13 +3,23 @@
 A *segment* is a list of workloads that one worker runs back to back: one task in a run's
 nursery and one crossing into a worker thread. Two ways to cut them:
 
-- serial (the default): every workload, in topological order, in one segment. Kernels split
-  their own windows across the workers, so a run needs no more than one crossing — as the
-  Compute Library runs a graph, layer after layer, each layer spread over every core.
+- serial (the default): workloads in topological order, consecutive ones of the same
+  placement in one segment, each segment after the one before. Kernels split their own
+  windows across the workers, so an all-host network is one segment and a run needs no more
+  than one crossing — as the Compute Library runs a graph, layer after layer, each layer
+  spread over every core.
 - parallel branches: a segment is a chain of workloads on one backend, each member after
   the first reading the previous one's only output; independent segments (an inception
   block's branches) run concurrently on different workers. This pays when kernels are
   single-threaded and the branches are heavy.
+
+*Placement*: a workload runs on the host, or on a device — a backend whose memory is not
+host memory (capability ``host_memory`` False, GpuAcc). A device segment holds workloads of
+one device backend; the executor enqueues it whole on that backend's queue actor. Where a
+tensor crosses between host and device is decided here, once: each device segment lists the
+host tensors it uploads first (``uploads``) and the tensors it made that the host reads
+afterwards — a host workload, or the caller as a network output — which it downloads when
+done (``downloads``).
 """
 
 from __future__ import annotations
@@ -41,12 +51,17 @@ class Segment:
     """Workloads that run in order on one worker; starts when ``depends_on`` segments are done.
 
     ``backend`` names the backend of its workloads (ids joined by "+" when they are several).
+    A ``device`` segment runs on its backend's device (see the module docstring): it copies
+    ``uploads`` from the host before its workloads and ``downloads`` to the host after them.
     """
 
     index: int
     backend: str
     nodes: tuple[WorkloadNode, ...]
     depends_on: frozenset[int]
+    device: bool = False
+    uploads: tuple[int, ...] = ()
+    downloads: tuple[int, ...] = ()
 
 
 @attrs.frozen
@@ -67,16 +82,26 @@ class Dataflow:
     def nodes(self) -> list[WorkloadNode]:
         return list(self.order)
 
+    @property
+    def downloads(self) -> frozenset[int]:
+        """Every tensor a device segment copies to the host (into a new array, per run)."""
+        return frozenset(t for s in self.segments for t in s.downloads)
+
 
 WorkloadMaker = Callable[[Layer, WorkloadInfo], Workload]
 
 
 def build_dataflow(
-    graph: Graph, make_workload: WorkloadMaker, *, parallel_branches: bool = False
+    graph: Graph,
+    make_workload: WorkloadMaker,
+    *,
+    parallel_branches: bool = False,
+    device_backends: frozenset[str] = frozenset(),
 ) -> Dataflow:
     """Compile an optimized graph into a dataflow; ``make_workload`` builds each layer's workload.
 
     ``parallel_branches`` cuts independent branches into segments of their own (see above).
+    ``device_backends`` names the backends whose workloads run on a device.
     """
     ids: dict[tuple[str, int], int] = {}
 
@@ -116,8 +141,9 @@ def build_dataflow(
         for tid in node.inputs:
             if tid is not None and tid not in constants:
                 readers[tid] = readers.get(tid, 0) + 1
+    segments = _branch_segments(nodes) if parallel_branches else _serial_segments(nodes, device_backends)
     return Dataflow(
-        _branch_segments(nodes) if parallel_branches else _serial_segments(nodes),
+        _place(segments, device_backends, set(constants), set(outputs.values())),
         constants,
         inputs,
         input_infos,
@@ -133,11 +159,72 @@ def _compute_producers(layer: Layer) -> list[Layer]:
     return [p for p in dict.fromkeys(layer.producers()) if p.kind not in ("Constant", "Input")]
 
 
-def _serial_segments(nodes: list[tuple[Layer, WorkloadNode]]) -> tuple[Segment, ...]:
-    if not nodes:
-        return ()
-    backends = dict.fromkeys(node.backend for _, node in nodes)
-    return (Segment(0, "+".join(backends), tuple(node for _, node in nodes), frozenset()),)
+def _serial_segments(
+    nodes: list[tuple[Layer, WorkloadNode]], device_backends: frozenset[str]
+) -> tuple[Segment, ...]:
+    """Consecutive workloads of one placement (the host, or one device backend) per segment."""
+    runs: list[tuple[str | None, list[WorkloadNode]]] = []
+    for _, node in nodes:
+        place = node.backend if node.backend in device_backends else None
+        if runs and runs[-1][0] == place:
+            runs[-1][1].append(node)
+        else:
+            runs.append((place, [node]))
+    return tuple(
+        Segment(
+            i,
+            "+".join(dict.fromkeys(node.backend for node in members)),
+            tuple(members),
+            frozenset({i - 1}) if i else frozenset(),
+        )
+        for i, (_, members) in enumerate(runs)
+    )
+
+
+def host_slots(node: WorkloadNode) -> frozenset[int]:
+    """The input slots a device workload reads on the host (a reshape's target shape, say)."""
+    return frozenset(getattr(node.workload, "host_inputs", ()))
+
+
+def _place(
+    segments: tuple[Segment, ...], device_backends: frozenset[str], constants: set[int], outputs: set[int]
+) -> tuple[Segment, ...]:
+    """Mark the device segments and the host/device crossings (see the module docstring).
+
+    Constants are never uploaded: device workloads upload their own at load. A tensor is
+    uploaded once per run, by the first device segment that needs it; a later one reuses the
+    copy when it runs after that segment (in the parallel-branch cut, only then).
+    """
+    device = [bool(s.nodes) and all(n.backend in device_backends for n in s.nodes) for s in segments]
+    on_device = {
+        t for s, d in zip(segments, device) if d for n in s.nodes for t in n.outputs if t is not None
+    }
+    host_reads = set(outputs)
+    for s, d in zip(segments, device):
+        for node in s.nodes:
+            slots = host_slots(node) if d else range(len(node.inputs))
+            host_reads.update(t for i, t in enumerate(node.inputs) if i in slots and t is not None)
+    ancestors: list[set[int]] = []
+    uploaded: list[set[int]] = []  # by each segment or one before it
+    placed = []
+    for s, d in zip(segments, device):
+        ancestors.append(set().union(*({a, *ancestors[a]} for a in s.depends_on)))
+        before = set().union(*(uploaded[a] for a in ancestors[-1]))
+        uploads: list[int] = []
+        downloads: list[int] = []
+        if d:
+            present = on_device | constants | before
+            for node in s.nodes:
+                slots = host_slots(node)
+                for i, t in enumerate(node.inputs):
+                    if t is not None and i not in slots and t not in present:
+                        uploads.append(t)
+                        present.add(t)
+            made = (t for node in s.nodes for t in node.outputs if t is not None)
+            downloads = [t for t in made if t in host_reads]
+        uploaded.append(before | set(uploads))
+        placed.append(attrs.evolve(s, device=d, uploads=tuple(uploads), downloads=tuple(downloads)))
+    return tuple(placed)
 
 
 def _branch_segments(nodes: list[tuple[Layer, WorkloadNode]]) -> tuple[Segment, ...]:

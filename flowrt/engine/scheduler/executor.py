@@ -1,25 +1,33 @@
 """The trio executor: one run of a dataflow as a nursery of segment tasks.
 
-Each segment waits for the segments it depends on, then crosses once into a worker thread
-that runs its workloads in order. Workloads that write in place get their planned pool memory
-as outputs; the others' results are copied into it. A failing workload cancels the run and surfaces as a
-RunError naming the layer and backend. A run cancelled from outside stops at the next
-workload boundary; no thread is left running a cancelled run's work.
+Each segment waits for the segments it depends on. A host segment then crosses once into a
+worker thread that runs its workloads in order. A device segment is one submission to its
+backend's device runner (GpuAcc's queue actor of the run's priority): its uploads, its
+workloads and its downloads are enqueued together on one in-order queue, and the task
+wakes when the device has finished them — no thread waits per kernel. Workloads that write
+in place get their planned pool memory as outputs (device tensors for a device arena); the
+others' results are copied into it. Which tensors cross between host and device is the
+dataflow's decision (``Segment.uploads`` / ``downloads``): a run keeps a tensor's host value
+and its device value apart, and reads the one its placement needs.
+
+A failing workload cancels the run and surfaces as a RunError naming the layer and backend.
+A run cancelled from outside stops at the next workload boundary (a device segment once
+enqueued runs to its end); no thread is left running a cancelled run's work.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import attrs
 import numpy as np
 import trio
 
 from flowrt.engine.memory.pool import MemoryPool
-from flowrt.engine.scheduler.dataflow import Dataflow, Segment, WorkloadNode
+from flowrt.engine.scheduler.dataflow import Dataflow, Segment, WorkloadNode, host_slots
 from flowrt.errors import FlowrtError, RunError
 
 
@@ -33,8 +41,28 @@ class Binding:
     dtype: np.dtype
 
 
+class DeviceRunner(Protocol):
+    """What a device backend's context offers the executor (GpuAcc's ``GpuBackendContext``).
+
+    ``submit(priority, enqueue)`` has ``enqueue(queue)`` put commands on an in-order queue of
+    that priority and returns once the device has finished them. ``upload(queue, array)`` and
+    ``download(queue, tensor)`` enqueue a copy without waiting and return the copy and an
+    object to keep until the work is done (the copy's event).
+    """
+
+    async def submit(self, priority: int, enqueue: Callable[[Any], Any]) -> None: ...
+
+    def upload(self, queue: Any, array: np.ndarray) -> tuple[Any, Any]: ...
+
+    def download(self, queue: Any, tensor: Any) -> tuple[np.ndarray, Any]: ...
+
+
 class _RunState:
-    """The tensors of one run, and what lets its threads stop early."""
+    """The tensors of one run, and what lets its threads stop early.
+
+    ``values`` holds host tensors, ``device_values`` device ones; a tensor that crosses has
+    both (as the dataflow's uploads and downloads say).
+    """
 
     def __init__(
         self,
@@ -48,6 +76,7 @@ class _RunState:
         self.values: dict[int, np.ndarray] = dict(dataflow.constants)
         for name, tid in dataflow.inputs.items():
             self.values[tid] = feeds[name]
+        self.device_values: dict[int, Any] = {}
         self.readers = dict(dataflow.readers)
         self.keep = set(dataflow.outputs.values())
         self.lock = threading.Lock()
@@ -77,6 +106,47 @@ class _RunState:
             if self.record is not None:
                 self.record(node, threading.current_thread().name, start, time.perf_counter_ns())
             self._release(node.inputs)
+
+    def enqueue_segment(self, segment: Segment, runner: DeviceRunner, queue: Any, keep: list[Any]) -> None:
+        """Enqueue a device segment on ``queue`` (from its queue actor, in the trio thread):
+        its uploads, its workloads, its downloads. Nothing waits; the transfers' events go to
+        ``keep``, which the caller holds until the device has finished."""
+        for tid in segment.uploads:
+            self.device_values[tid], event = runner.upload(queue, self.values[tid])
+            keep.append(event)
+        for node in segment.nodes:
+            if self.stop.is_set():
+                return
+            on_host = host_slots(node)
+            args = [self._device_argument(tid, i in on_host) for i, tid in enumerate(node.inputs)]
+            start = time.perf_counter_ns()
+            try:
+                results = node.workload.enqueue(queue, args, self._targets(node))  # type: ignore[attr-defined]
+                self._store(node, results, self.device_values)
+            except Exception as e:
+                raise RunError(node.layer, node.backend, e) from e
+            if self.record is not None:
+                self.record(node, f"{segment.backend} queue", start, time.perf_counter_ns())
+            self._release(node.inputs)
+        for tid in segment.downloads:
+            self.values[tid], event = runner.download(queue, self.device_values[tid])
+            keep.append(event)
+
+    def _device_argument(self, tid: int | None, on_host: bool) -> Any:
+        """A device workload's input: the device copy, except for slots it reads on the host
+        and for constants (device workloads keep their own copies of those)."""
+        if tid is None:
+            return None
+        if on_host or tid not in self.device_values:
+            return self.values[tid]
+        return self.device_values[tid]
+
+    def _store(self, node: WorkloadNode, results: Sequence[Any], values: dict[int, Any]) -> None:
+        if len(results) < sum(1 for t in node.outputs if t is not None):
+            raise FlowrtError(f"workload returned {len(results)} outputs, expected {len(node.outputs)}")
+        for tid, value in zip(node.outputs, results):
+            if tid is not None:
+                values[tid] = value
 
     def _targets(self, node: WorkloadNode) -> list[np.ndarray] | None:
         """The planned pool views of ``node``'s outputs, when it writes in place and all are planned."""
@@ -112,6 +182,7 @@ class _RunState:
                 self.readers[tid] -= 1
                 if self.readers[tid] == 0 and tid not in self.keep:
                     self.values.pop(tid, None)
+                    self.device_values.pop(tid, None)
 
 
 async def execute(
@@ -121,11 +192,15 @@ async def execute(
     pool: MemoryPool | None = None,
     bindings: Mapping[int, Binding] | None = None,
     record: Callable[..., None] | None = None,
+    *,
+    devices: Mapping[str, DeviceRunner] | None = None,
+    priority: int = 1,
 ) -> dict[str, np.ndarray]:
     """Run the dataflow once on checked feeds; return fresh output arrays by name.
 
     ``run_sync(fn, *args)`` runs a blocking function on a CPU worker (``CpuWorkerPool.run_sync``);
-    it must not return before ``fn`` has finished, even when cancelled.
+    it must not return before ``fn`` has finished, even when cancelled. ``devices`` maps each
+    device segment's backend to its runner; ``priority`` is passed to the runners' ``submit``.
 
     With a ``pool``, planned intermediate tensors live at their ``bindings`` in it; the pool
     must stay lent until this returns (it does not touch the pool afterwards). ``record``,
@@ -140,7 +215,10 @@ async def execute(
         for dep in segment.depends_on:
             await done[dep].wait()
         try:
-            await run_sync(state.run_segment, segment)
+            if segment.device:
+                await run_on_device(segment)
+            else:
+                await run_sync(state.run_segment, segment)
         except RunError as e:
             if state.error is None:
                 state.error = e
@@ -148,6 +226,13 @@ async def execute(
             cancel_scope.cancel()
             return
         done[segment.index].set()
+
+    async def run_on_device(segment: Segment) -> None:
+        runner = (devices or {}).get(segment.backend)
+        if runner is None:
+            raise RunError(segment.nodes[0].layer, segment.backend, FlowrtError("no device runner"))
+        keep: list[Any] = []
+        await runner.submit(priority, lambda queue: state.enqueue_segment(segment, runner, queue, keep))
 
     async def stop_threads_on_cancel() -> None:
         try:
@@ -163,4 +248,9 @@ async def execute(
         outer.cancel_scope.cancel()
     if state.error is not None:
         raise state.error
-    return {name: np.array(state.values[tid], copy=True) for name, tid in dataflow.outputs.items()}
+    # Downloads are new arrays already; everything else may be pool memory or a feed.
+    fresh = dataflow.downloads
+    return {
+        name: state.values[tid] if tid in fresh else np.array(state.values[tid], copy=True)
+        for name, tid in dataflow.outputs.items()
+    }

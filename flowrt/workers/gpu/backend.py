@@ -6,6 +6,8 @@ from typing import Any
 
 from flowrt.engine.memory.manager import MemoryManager
 from flowrt.registry import OptimizationViews
+from flowrt.workers.gpu.allocator import device_memory_manager
+from flowrt.workers.gpu.backend_context import GpuBackendContext
 from flowrt.workers.gpu.context import device_context
 from flowrt.workers.gpu.layer_support import GpuLayerSupport
 from flowrt.workers.gpu.workload_factory import GpuWorkloadFactory
@@ -21,7 +23,11 @@ class GpuAccBackend:
     first GPU); stateless: the device's context and programs are shared per process.
 
     Making one never touches OpenCL, so it is safe where there is none: its layer support then
-    declines every layer with the reason.
+    declines every layer with the reason. A runtime configures the object it holds through
+    ``create_context(options)``: ``options.opencl_device``, when set, picks the device.
+    Its memory lives on the device (``host_memory`` False): the runtime runs its workloads as
+    GPU segments on the context's queue actors and copies to the host only where a host
+    backend, or the caller, reads a GpuAcc tensor.
     """
 
     id = "GpuAcc"
@@ -34,7 +40,7 @@ class GpuAccBackend:
     def capabilities(self) -> dict[str, Any]:
         return {
             "host_memory": False,
-            "async_execution": False,
+            "async_execution": True,
             "fp16": False,
             "float32_only": True,
             "fused_activation": FUSED_ACTIVATION_KINDS,
@@ -49,10 +55,18 @@ class GpuAccBackend:
         views.add_untouched(view)
         return views
 
+    def create_context(self, options: Any = None) -> GpuBackendContext:
+        """The runtime's GpuAcc context: the device ``options.opencl_device`` names (this
+        backend object keeps the choice, for the memory manager and workload factory it makes
+        next) and its queue actors, which the runtime starts."""
+        spec = getattr(options, "opencl_device", None)
+        if spec is not None:
+            self.opencl_device = spec
+        return GpuBackendContext(device_context(self.opencl_device))
+
     def create_memory_manager(self) -> MemoryManager:
-        # Host arenas until the OpenCL allocator lands: the executor copies each planned
-        # GpuAcc output into them (through GpuTensor.__array__).
-        return MemoryManager()
+        """One device buffer per pool arena, tensors at the device's base-address alignment."""
+        return device_memory_manager(device_context(self.opencl_device))
 
     def create_workload_factory(self, memory_manager: Any = None) -> GpuWorkloadFactory:
         return GpuWorkloadFactory(memory_manager, device_context(self.opencl_device))

@@ -40,6 +40,11 @@ class EventCompletion:
         except trio.RunFinishedError:
             pass  # the run is over, so no task is waiting any more
 
+    def fail(self, status: int = -1) -> None:
+        """Complete without an event (nothing could be attached), with an error ``status``;
+        from the trio thread."""
+        self._deliver(status)
+
     def _deliver(self, status: int) -> None:
         self.status = status
         self._done.set()

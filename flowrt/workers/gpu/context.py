@@ -47,11 +47,19 @@ class DeviceContext:
 
     def upload(self, array: Any, dtype: Any = np.float32) -> GpuTensor:
         """A device copy of a host array, as ``dtype``; blocks until the copy is done."""
+        tensor, event = self.enqueue_upload(self.queue, array, dtype)
+        if event is not None:
+            event.wait()
+        return tensor
+
+    def enqueue_upload(self, queue: Any, array: Any, dtype: Any = np.float32) -> tuple[GpuTensor, Any]:
+        """A device copy of a host array, as ``dtype``, enqueued on ``queue`` without waiting;
+        returns it and the copy's event (None when there was nothing to copy). Keep the event
+        until it completes: it holds the host bytes the copy reads."""
         host = np.ascontiguousarray(array, dtype=dtype)
         tensor = self.empty(host.shape, host.dtype)
-        if host.size:
-            cl.enqueue_copy(self.queue, tensor.buffer, host, is_blocking=True)
-        return tensor
+        event = cl.enqueue_copy(queue, tensor.buffer, host, is_blocking=False) if host.size else None
+        return tensor, event
 
 
 _contexts: dict[int, DeviceContext] = {}

@@ -128,10 +128,15 @@ class DeviceDescription:
     driver_version: str
     global_memory_bytes: int
     priority_hints: bool
+    chosen: bool = False  # the one GpuAcc takes with no opencl_device given
 
 
 def describe_devices() -> list[DeviceDescription]:
     """Every OpenCL device of the machine, with whether it takes queue priority hints."""
+    try:
+        chosen = choose_device().int_ptr
+    except BackendError:  # none, or FLOWRT_OPENCL_DEVICE names none
+        chosen = None
     return [
         DeviceDescription(
             index=f"{p}:{d}",
@@ -141,6 +146,7 @@ def describe_devices() -> list[DeviceDescription]:
             driver_version=device.driver_version,
             global_memory_bytes=int(device.global_mem_size),
             priority_hints=takes_priority_hints(device),
+            chosen=device.int_ptr == chosen,
         )
         for p, d, device in _devices()
     ]

@@ -2,15 +2,21 @@
 
 An actor owns its ``cl.CommandQueue`` — made with ``CL_QUEUE_PRIORITY_KHR`` where the device
 takes the property (NVIDIA does), plain where it does not (PoCL) — and serves its inbox in
-arrival order: a submission is a function that enqueues commands on the queue and returns the
-last one's event. The actor enqueues and flushes, then moves on; the submitter is woken by the
-event's completion callback (see ``completion``), so no thread waits per kernel and nothing
-polls. Priorities therefore reach the hardware where the driver allows, and everywhere keep
-high-priority work out of the queue that low-priority work fills.
+arrival order: a submission is a function that enqueues commands on the queue (a whole GPU
+segment of a run: uploads, kernels, downloads) and returns the last one's event, or None. The
+actor enqueues and flushes, then moves on; the submitter is woken by the event's completion
+callback (see ``completion``), so no thread waits per kernel and nothing polls.
+
+Priorities reach the hardware where the driver takes the hint. Where it does not, the order
+between levels comes from here: the device's actors share an :class:`Admission` that lets
+only a few submissions be on the device at once and admits the waiting one of the highest
+priority first, so work queued at a low level waits behind a later high-priority run
+instead of filling the device ahead of it.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -19,7 +25,7 @@ from typing import Any
 import attrs
 import trio
 
-from flowrt.errors import BackendError
+from flowrt.errors import BackendError, FlowrtError
 from flowrt.types import Priority
 from flowrt.workers.gpu.completion import EventCompletion
 from flowrt.workers.gpu.context import DeviceContext
@@ -37,8 +43,54 @@ PRIORITY_LEVELS = {
     Priority.LOW: CL_QUEUE_PRIORITY_LOW_KHR,
 }
 
-# Enqueues commands on the queue it is given and returns the event of the last one.
+# Enqueues commands on the queue it is given and returns the event of the last one (or None).
 Enqueue = Callable[[Any], Any]
+
+# Submissions on the device at once where queues take no priority hints: one running and one
+# enqueued behind it, so the device does not idle while the next is being enqueued.
+UNHINTED_IN_FLIGHT = 2
+
+
+class Admission:
+    """How many submissions may be on a device at once, and who goes next: the waiting one of
+    the highest priority (the lowest ``Priority`` value), first come first served within one.
+
+    ``limit`` None admits everything at once (the driver orders the levels itself).
+    """
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.in_flight = 0
+        self._waiting: list[tuple[int, int, trio.Event]] = []
+        self._sequence = itertools.count()
+
+    @property
+    def waiting(self) -> int:
+        """Submissions held back, waiting for a place on the device."""
+        return len(self._waiting)
+
+    async def acquire(self, priority: Priority) -> None:
+        if self.limit is None or (self.in_flight < self.limit and not self._waiting):
+            self.in_flight += 1
+            return
+        entry = (int(priority), next(self._sequence), trio.Event())
+        self._waiting.append(entry)
+        try:
+            await entry[2].wait()
+        except BaseException:
+            if entry in self._waiting:
+                self._waiting.remove(entry)
+            else:  # admitted just as we were cancelled: pass the slot on
+                self.release()
+            raise
+
+    def release(self) -> None:
+        if self._waiting:
+            entry = min(self._waiting)
+            self._waiting.remove(entry)
+            entry[2].set()  # the slot passes to it: in_flight stays
+        else:
+            self.in_flight -= 1
 
 
 @attrs.define(eq=False)
@@ -57,29 +109,45 @@ class QueueActor:
     stops when its ``send_channel`` is closed or it is cancelled.
     """
 
-    def __init__(self, context: DeviceContext, priority: Priority) -> None:
+    def __init__(
+        self, context: DeviceContext, priority: Priority, admission: Admission | None = None
+    ) -> None:
         self.priority = Priority(priority)
         self.priority_hinted = context.priority_hints
         properties = priority_properties(PRIORITY_LEVELS[self.priority]) if self.priority_hinted else 0
         self.queue = cl.CommandQueue(context.context, context.device, properties=properties)
+        self.admission = admission or Admission(None)
         self.send_channel, self.receive_channel = trio.open_memory_channel[_Submission](math.inf)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         async with self.receive_channel:
             async for submission in self.receive_channel:
+                if submission.abandoned:
+                    continue
+                await self.admission.acquire(self.priority)
+                if submission.abandoned:  # cancelled while waiting for the device
+                    self.admission.release()
+                    continue
                 self._serve(submission)
 
     def _serve(self, submission: _Submission) -> None:
-        if submission.abandoned:
-            return
         try:
             event = submission.enqueue(self.queue)
+        except Exception as e:  # reported to the submitter, which raises it
+            submission.error = e
+            event = None
+        try:
+            # Whatever was enqueued before a failure must finish before the submitter goes on.
+            if event is None:
+                event = cl.enqueue_marker(self.queue)
             # Hand the commands to the device now: a callback fires only for submitted work.
             self.queue.flush()
             submission.completion.attach(event)
-        except Exception as e:  # reported to the submitter, which raises it
-            submission.error = e
+        except Exception as e:
+            self.queue.finish()  # no event to wait on: make sure nothing is left running
+            submission.error = submission.error or e
+            submission.completion.fail()
         submission.enqueued.set()
 
     async def submit(self, enqueue: Enqueue) -> None:
@@ -87,7 +155,9 @@ class QueueActor:
 
         Cancelled before the actor reached it, the work is dropped. Once enqueued it cannot be
         recalled, so a cancelled caller still waits (shielded) for it to finish: the memory it
-        reads and writes must not be released under a running kernel.
+        reads and writes must not be released under a running kernel. An error ``enqueue``
+        raises is raised here once the work enqueued before it has finished: a flowrt error
+        as it is, any other as a BackendError.
         """
         submission = _Submission(enqueue, EventCompletion())
         self.send_channel.send_nowait(submission)
@@ -95,27 +165,42 @@ class QueueActor:
             await submission.enqueued.wait()
         except trio.Cancelled:
             submission.abandoned = True
-            if submission.enqueued.is_set() and submission.error is None:
+            if submission.enqueued.is_set():
                 with trio.CancelScope(shield=True):
-                    await submission.completion.wait()
+                    await self._finished(submission)
             raise
+        with trio.CancelScope(shield=True):
+            status = await self._finished(submission)
+        if isinstance(submission.error, FlowrtError):
+            raise submission.error
         if submission.error is not None:
             raise BackendError(
                 f"enqueueing on the {self.priority.name} OpenCL queue failed: {submission.error}"
             ) from submission.error
-        with trio.CancelScope(shield=True):
-            status = await submission.completion.wait()
         if status != cl.command_execution_status.COMPLETE:
             raise BackendError(
                 f"an OpenCL command on the {self.priority.name} queue failed with status {status}"
             )
 
+    async def _finished(self, submission: _Submission) -> int:
+        """Wait for an enqueued submission's commands to finish; give its device slot back."""
+        try:
+            return await submission.completion.wait()
+        finally:
+            self.admission.release()
+
 
 class QueueActors:
-    """A device's three queue actors, one per priority level; ``actors[Priority.HIGH]``."""
+    """A device's three queue actors, one per priority level; ``actors[Priority.HIGH]``.
 
-    def __init__(self, context: DeviceContext) -> None:
-        self.by_priority = {p: QueueActor(context, p) for p in PRIORITY_LEVELS}
+    They share one :class:`Admission`: unlimited where the queues take priority hints, else
+    ``UNHINTED_IN_FLIGHT`` submissions on the device at once, highest priority first.
+    """
+
+    def __init__(self, context: DeviceContext, in_flight_limit: int | None = None) -> None:
+        limit = in_flight_limit or (None if context.priority_hints else UNHINTED_IN_FLIGHT)
+        self.admission = Admission(limit)
+        self.by_priority = {p: QueueActor(context, p, self.admission) for p in PRIORITY_LEVELS}
 
     def __getitem__(self, priority: Priority | int) -> QueueActor:
         return self.by_priority[Priority(priority)]
@@ -125,9 +210,11 @@ class QueueActors:
 
 
 @asynccontextmanager
-async def open_queue_actors(context: DeviceContext) -> AsyncIterator[QueueActors]:
+async def open_queue_actors(
+    context: DeviceContext, in_flight_limit: int | None = None
+) -> AsyncIterator[QueueActors]:
     """Start a device's queue actors in a nursery of their own; they stop when the block ends."""
-    actors = QueueActors(context)
+    actors = QueueActors(context, in_flight_limit)
     async with trio.open_nursery() as nursery:
         for actor in actors:
             await nursery.start(actor.run)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,27 +14,26 @@ from flowrt.workers.gpu.device import cl
 class GpuTensor:
     """A C-contiguous tensor in an OpenCL buffer: the buffer, a shape and a dtype.
 
-    ``get()`` copies it to a new numpy array (blocking); ``np.asarray(t)`` does the same, so a
-    host kernel that reads a GpuTensor works unchanged. ``reshape`` is a view on the same
-    buffer. The tensor keeps its buffer alive; it does not synchronize with kernels that are
-    still writing it (GpuAcc workloads return only once their kernels have finished).
+    ``buffer`` is a whole ``cl.Buffer`` or a sub-buffer of a pool arena (a tensor at an
+    offset, which the planner aligns to the device's base-address alignment). ``get()``
+    copies it to a new numpy array, blocking on ``queue``; ``np.asarray(t)`` does the same.
+    ``enqueue_read`` is the non-blocking copy a queue actor orders after the kernels that
+    write the tensor. ``reshape`` is a view on the same buffer. The tensor keeps its buffer
+    alive; it does not synchronize with commands on other queues still writing it.
     """
 
-    __slots__ = ("buffer", "dtype", "queue", "shape")
+    __slots__ = ("buffer", "dtype", "queue", "shape", "size")
 
     def __init__(self, buffer: Any, shape: Sequence[int], dtype: Any, queue: Any) -> None:
         self.buffer = buffer
         self.shape = tuple(int(d) for d in shape)
         self.dtype = np.dtype(dtype)
         self.queue = queue
+        self.size = math.prod(self.shape)  # read per enqueue: computed once
 
     @property
     def ndim(self) -> int:
         return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
 
     @property
     def nbytes(self) -> int:
@@ -45,6 +45,13 @@ class GpuTensor:
         if host.size:
             cl.enqueue_copy(self.queue, host, self.buffer, is_blocking=True)
         return host
+
+    def enqueue_read(self, queue: Any) -> tuple[np.ndarray, Any]:
+        """Enqueue a copy to a new host array on ``queue``, without waiting: the array holds
+        the tensor once the returned event has completed. Keep the event until then — pyopencl
+        ties the array's lifetime to it, and dropping it early blocks until the copy is done."""
+        host = np.empty(self.shape, self.dtype)
+        return host, cl.enqueue_copy(queue, host, self.buffer, is_blocking=False)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         host = self.get()

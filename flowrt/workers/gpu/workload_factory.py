@@ -1,4 +1,4 @@
-"""GpuAcc workloads: a prepared kernel per layer, run on the device's in-order queue."""
+"""GpuAcc workloads: a prepared kernel per layer, enqueued on an in-order queue."""
 
 from __future__ import annotations
 
@@ -10,24 +10,36 @@ import numpy as np
 from flowrt.errors import BackendError
 from flowrt.registry import WorkloadInfo
 from flowrt.workers.gpu.context import DeviceContext
+from flowrt.workers.gpu.device import cl
 from flowrt.workers.gpu.kernels import GpuKernel, load_all
 from flowrt.workers.gpu.kernels.activation import enqueue_activation
 from flowrt.workers.gpu.tensor import GpuTensor
 
 
 class GpuWorkload:
-    """One layer on the device. ``execute`` takes numpy arrays or GpuTensors (a host array is
-    uploaded here), returns GpuTensors, and blocks until its commands have run.
+    """One layer on the device.
+
+    ``enqueue(queue, inputs, outputs)`` is how the executor runs it: it puts the layer's
+    commands on ``queue`` (in-order, so they run after whatever wrote the inputs) and returns
+    at once. ``outputs``, when given, are the planned device tensors it writes (the pool's
+    views; ``writes_in_place``); else it makes new ones. ``execute(inputs, outputs)`` is the
+    blocking form on the device's own queue, taking numpy arrays too (uploaded here).
 
     Constant inputs (weights) are uploaded once by ``prepare``; the host copies the executor
-    passes for them are not read again.
+    passes for them are not read again. The slots in ``host_inputs`` are read on the host.
     """
+
+    writes_in_place = True
 
     def __init__(self, kernel: GpuKernel) -> None:
         self.kernel = kernel
         self.info = kernel.info
         self.context: DeviceContext = kernel.context
         self.device_constants: dict[int, GpuTensor] = {}
+
+    @property
+    def host_inputs(self) -> frozenset[int]:
+        return self.kernel.host_inputs
 
     def prepare(self) -> None:
         self.kernel.prepare()
@@ -38,20 +50,34 @@ class GpuWorkload:
         if self.info.activation is not None and not self.kernel.fuses_activation:
             self.activation_kernel = self.context.kernel("elementwise", "activation")
 
-    def execute(self, inputs: Sequence[Any]) -> list[GpuTensor]:
+    def enqueue(
+        self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor] | None = None
+    ) -> list[GpuTensor]:
+        """Enqueue the layer on ``queue`` without waiting; return its output tensors."""
         args = [self._argument(i, x) for i, x in enumerate(inputs)]
+        if self.kernel.is_view:
+            views = self.kernel.view(args)
+            if not outputs:
+                return views
+            # Planned memory of its own (a view of a feed): copy the bytes there.
+            for view, target in zip(views, outputs):
+                cl.enqueue_copy(queue, target.buffer, view.buffer, byte_count=target.nbytes)
+            return list(outputs)
+        targets = list(outputs) if outputs else [self.context.empty(s) for s in self.kernel.output_shapes]
         with self.kernel.lock:
-            outputs, event = self.kernel.enqueue(args)
+            self.kernel.enqueue(queue, args, targets)
             if self.activation_kernel is not None:
-                # Into a new tensor: the output may be a view of an input.
-                activated = self.context.empty(outputs[0].shape)
-                event = enqueue_activation(
-                    self.activation_kernel, outputs[0], activated, self.info.activation
+                # In place: a kernel's outputs never alias its inputs.
+                enqueue_activation(
+                    self.activation_kernel, queue, targets[0], targets[0], self.info.activation
                 )  # type: ignore[arg-type]
-                outputs = [activated, *outputs[1:]]
-        if event is not None:
-            event.wait()
-        return outputs
+        return targets
+
+    def execute(self, inputs: Sequence[Any], outputs: Sequence[GpuTensor] | None = None) -> list[GpuTensor]:
+        """Run the layer on the device's own queue; blocks until its commands are done."""
+        results = self.enqueue(self.context.queue, inputs, outputs)
+        self.context.queue.finish()
+        return results
 
     def _argument(self, index: int, value: Any) -> Any:
         if value is None or index in self.kernel.host_inputs:
@@ -60,6 +86,7 @@ class GpuWorkload:
             return self.device_constants[index]
         if isinstance(value, GpuTensor):
             return value
+        # A host array the caller did not upload (``execute`` from a test, say): a blocking copy.
         return self.context.upload(np.asarray(value))
 
 

@@ -1,9 +1,13 @@
 """GpuAcc test fixtures: the device (tests that need one skip without it) and a runner that
 checks a layer on GpuAcc against CpuRef."""
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+import flowrt
 from flowrt.registry import WorkloadInfo
 from flowrt.types import TensorInfo
 from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
@@ -50,3 +54,74 @@ def run_both(gpu):
         return [g.get() for g in got], expected
 
     return run
+
+
+def pytest_collection_modifyitems(config, items):
+    """GpuAcc cases marked slow (minutes on PoCL's two CPU threads) run only when asked for:
+    ``-m slow``, or FLOWRT_SLOW_TESTS=1."""
+    if "slow" in (config.getoption("-m") or "") or os.environ.get("FLOWRT_SLOW_TESTS"):
+        return
+    skip = pytest.mark.skip(reason="slow on PoCL: run with -m slow or FLOWRT_SLOW_TESTS=1")
+    for item in items:
+        if "slow" in item.keywords and Path(__file__).parent in Path(item.path).parents:
+            item.add_marker(skip)
+
+
+def _conv_network(channels: int = 8, size: int = 16) -> flowrt.Network:
+    """A small static-shape CNN that GpuAcc runs whole: Conv+Relu, MaxPool, Conv, Concat of
+    both branches, GlobalAveragePool, Flatten, Gemm, Softmax."""
+    rng = np.random.default_rng(0)
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, 3, size, size)))
+    w1 = rng.standard_normal((channels, 3, 3, 3)).astype(np.float32) * 0.3
+    conv1 = net.add_layer("Conv", flowrt.descriptors.Conv(pads=(1, 1, 1, 1)), [x, w1], name="conv1")
+    relu = net.add_layer("Relu", inputs=[conv1], name="relu1")
+    pool = net.add_layer("MaxPool", flowrt.descriptors.MaxPool(kernel_shape=(2, 2), strides=(2, 2)), [relu])
+    w2 = rng.standard_normal((channels, channels, 1, 1)).astype(np.float32) * 0.3
+    conv2 = net.add_layer("Conv", flowrt.descriptors.Conv(), [pool, w2], name="conv2")
+    both = net.add_layer("Concat", flowrt.descriptors.Concat(axis=1), [pool, conv2], name="concat")
+    gap = net.add_layer("GlobalAveragePool", inputs=[both])
+    flat = net.add_layer("Flatten", flowrt.descriptors.Flatten(axis=1), [gap])
+    w3 = rng.standard_normal((2 * channels, 10)).astype(np.float32)
+    gemm = net.add_layer("Gemm", flowrt.descriptors.Gemm(), [flat, w3], name="gemm")
+    net.add_output("y", net.add_layer("Softmax", flowrt.descriptors.Softmax(axis=1), [gemm], name="softmax"))
+    return net
+
+
+@pytest.fixture(scope="session")
+def conv_network():
+    """Makes the small CNN of ``_conv_network`` (a new Network per call)."""
+    return _conv_network
+
+
+@pytest.fixture(scope="session")
+def conv_net_reference():
+    """``(feeds, expected outputs)`` of the ``conv_network`` CNN, from CpuRef."""
+    import trio
+
+    x = np.linspace(-1, 1, 3 * 16 * 16, dtype=np.float32).reshape(1, 3, 16, 16)
+
+    async def run():
+        async with flowrt.Runtime(cpu_workers=1) as rt:
+            model = await rt.load(flowrt.optimize(_conv_network(), backends=["CpuRef"]))
+            return await model.run({"x": x})
+
+    return {"x": x}, trio.run(run)
+
+
+def _matmul_chain(width: int = 512, layers: int = 4, rows: int = 128) -> flowrt.Network:
+    rng = np.random.default_rng(0)
+    net = flowrt.Network()
+    h = net.add_input("x", TensorInfo((rows, width)))
+    for _ in range(layers):
+        w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+        h = net.add_layer("MatMul", inputs=[h, w])
+    net.add_output("y", h)
+    return net
+
+
+@pytest.fixture(scope="session")
+def matmul_chain():
+    """Makes a chain of MatMul layers (x: (rows, width)) that takes PoCL a tenth of a second or
+    more per run: work long enough to be caught in flight."""
+    return _matmul_chain

@@ -27,6 +27,7 @@ def test_devices_are_described_with_memory_and_priority_hints(gpu):
     (first, *_) = device.describe_devices()
     assert first.index == "0:0" and first.global_memory_bytes > 0
     assert first.name and first.platform and isinstance(first.priority_hints, bool)
+    assert [d.chosen for d in device.describe_devices()].count(True) == 1
 
 
 def test_program_binaries_are_cached_on_disk(gpu, tmp_path, monkeypatch, caplog):
@@ -36,7 +37,9 @@ def test_program_binaries_are_cached_on_disk(gpu, tmp_path, monkeypatch, caplog)
     assert cold.builds == {"layout": "source"}
     (binary,) = (tmp_path / "opencl").glob("layout--*.bin")
     warm = ProgramCache(gpu.context, gpu.device)
-    assert warm.get("layout").get_info(flowrt.workers.gpu.device.cl.program_info.NUM_KERNELS) == 1
+    assert (
+        warm.get("layout").get_info(flowrt.workers.gpu.device.cl.program_info.NUM_KERNELS) == 2
+    )  # transpose, concat_slab
     assert warm.builds == {"layout": "binary"}
     binary.write_bytes(b"not a program")
     with caplog.at_level(logging.INFO, logger="flowrt.workers.gpu.program"):
@@ -72,3 +75,22 @@ def test_flowrt_imports_and_gpuacc_declines_when_pyopencl_cannot_load():
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert done.stdout.startswith("False GpuAcc is unavailable: pyopencl failed to import")
+
+
+def test_flowrt_backends_lists_opencl_devices_with_memory_and_priority_hints(gpu, capsys):
+    from flowrt.cli import main
+
+    assert main(["backends"]) == 0
+    out = capsys.readouterr().out
+    assert "GpuAcc  version 0.1  capabilities: host_memory=False" in out
+    (line,) = [line for line in out.splitlines() if line.startswith(" * 0:0")]
+    assert gpu.device.name.strip() in line and " GiB " in line
+    assert f"queue priority hints: {'yes' if gpu.priority_hints else 'no'}" in line
+
+
+def test_flowrt_backends_says_why_there_is_no_opencl_device(monkeypatch, capsys):
+    from flowrt.cli import main
+
+    monkeypatch.setattr(device, "platforms", lambda: [])
+    assert main(["backends"]) == 0
+    assert "OpenCL devices: none (no OpenCL platform or device found)" in capsys.readouterr().out

@@ -2,11 +2,13 @@
 
 A kernel class is registered per layer kind with :func:`gpu_kernel`. The layer support asks
 its ``supports(info)``; the workload factory makes one per layer, ``prepare()``s it at load
-(programs built, constants uploaded) and calls ``enqueue(inputs)`` per run, with one
-GpuTensor per device input (host arrays for the slots in ``host_inputs``). ``enqueue``
-returns the outputs and the event of the last command it enqueued, or None when it enqueued
-nothing (a view). A kernel that applies ``info.activation`` itself sets ``fuses_activation``;
-for the others the workload runs the activation afterwards.
+(programs built, constants uploaded) and calls ``enqueue(queue, inputs, outputs)`` per run,
+with one GpuTensor per device input (host arrays for the slots in ``host_inputs``) and one
+preallocated GpuTensor per output (planned pool memory, or new buffers), which it writes.
+``enqueue`` puts its commands on ``queue`` without waiting and returns the event of the last
+one. A view kernel (``is_view``) writes nothing: ``view(inputs)`` returns its outputs as views
+of its input. A kernel that applies ``info.activation`` itself sets ``fuses_activation``; for
+the others the workload runs the activation afterwards.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class GpuKernel:
 
     host_inputs: frozenset[int] = frozenset()
     fuses_activation = False
+    is_view = False
 
     def __init__(self, info: WorkloadInfo, context: Any) -> None:
         self.info = info
@@ -78,7 +81,12 @@ class GpuKernel:
     def prepare(self) -> None:
         """One-time work at load: build programs, make kernel objects, upload constants."""
 
-    def enqueue(self, inputs: Sequence[Any]) -> tuple[list[GpuTensor], Any]:
+    def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
+        """Enqueue commands on ``queue`` that write ``outputs``; return the last one's event."""
+        raise NotImplementedError
+
+    def view(self, inputs: Sequence[Any]) -> list[GpuTensor]:
+        """A view kernel's outputs (``is_view``): views of its input, no command."""
         raise NotImplementedError
 
     def constant(self, index: int) -> np.ndarray | None:

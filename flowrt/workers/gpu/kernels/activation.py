@@ -16,11 +16,13 @@ from flowrt.workers.gpu.kernels import LOCAL_SIZE, GpuKernel, activation_args, g
 from flowrt.workers.gpu.tensor import GpuTensor
 
 
-def enqueue_activation(kernel: Any, x: GpuTensor, y: GpuTensor, activation: FusedActivation) -> Any:
-    """Enqueue ``y = activation(x)`` (``y`` may be ``x``) with the elementwise program's
-    ``activation`` kernel; returns its event."""
+def enqueue_activation(
+    kernel: Any, queue: Any, x: GpuTensor, y: GpuTensor, activation: FusedActivation
+) -> Any:
+    """Enqueue ``y = activation(x)`` (``y`` may be ``x``) on ``queue`` with the elementwise
+    program's ``activation`` kernel; returns its event."""
     return kernel(
-        x.queue,
+        queue,
         global_size(x.size),
         (LOCAL_SIZE,),
         x.buffer,
@@ -39,7 +41,5 @@ class ActivationKernel(GpuKernel):
         alpha = getattr(self.info.descriptor, "alpha", 0.0) if self.info.kind == "LeakyRelu" else 0.0
         self.activation = FusedActivation(self.info.kind, alpha)
 
-    def enqueue(self, inputs: Sequence[GpuTensor]) -> tuple[list[GpuTensor], Any]:
-        x = inputs[0]
-        y = self.context.empty(x.shape)
-        return [y], enqueue_activation(self.kernel, x, y, self.activation)
+    def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
+        return enqueue_activation(self.kernel, queue, inputs[0], outputs[0], self.activation)

@@ -45,7 +45,7 @@ class ConvKernel(GpuKernel):
         if not self.direct:
             self.im2col = self.context.kernel("conv", "im2col")
 
-    def enqueue(self, inputs: Sequence[GpuTensor | None]) -> tuple[list[GpuTensor], Any]:
+    def enqueue(self, queue: Any, inputs: Sequence[GpuTensor | None], outputs: Sequence[GpuTensor]) -> Any:
         x, w, *rest = inputs
         bias = rest[0] if rest else None
         n, c, h, wid = x.shape  # type: ignore[union-attr]
@@ -53,24 +53,23 @@ class ConvKernel(GpuKernel):
         (oh, ow), (kh, kw) = self.geometry.out, self.kernel_hw
         cells = (c // groups) * kh * kw
         pixels = int(oh) * int(ow)  # type: ignore[arg-type]
-        cols = x if self.direct else self._columns(x, n * c * kh * kw * pixels)  # type: ignore[arg-type]
-        y = self.context.empty(self.output_shapes[0])
-        event = enqueue_gemm(
-            self.gemm, y.queue, (m // groups, pixels, cells),
+        cols = x if self.direct else self._columns(queue, x, n * c * kh * kw * pixels)  # type: ignore[arg-type]
+        y = outputs[0]
+        return enqueue_gemm(
+            self.gemm, queue, (m // groups, pixels, cells),
             Operand(w.buffer, cells, 1, (m // groups) * cells),  # type: ignore[union-attr]
             Operand(cols.buffer, pixels, 1, cells * pixels),
             y,
             Operand(bias.buffer, 1, 0, m // groups) if bias is not None else None,
             batches=n * groups, groups=groups, activation=self.info.activation,
         )  # fmt: skip
-        return [y], event
 
-    def _columns(self, x: GpuTensor, total: int) -> GpuTensor:
+    def _columns(self, queue: Any, x: GpuTensor, total: int) -> GpuTensor:
         """The im2col matrix of ``x`` (enqueued; the GEMM after it on the queue reads it)."""
         g = self.geometry
         cols = self.context.empty((total,))
         self.im2col(
-            x.queue, global_size(total), (LOCAL_SIZE,), x.buffer, cols.buffer,
+            queue, global_size(total), (LOCAL_SIZE,), x.buffer, cols.buffer,
             *ints(x.shape[1], *x.shape[2:], *self.kernel_hw, *g.out, *g.strides, *g.pads_begin,  # type: ignore[misc]
                   *g.dilations, total),
         )  # fmt: skip

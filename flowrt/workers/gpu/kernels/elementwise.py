@@ -66,18 +66,19 @@ class BinaryKernel(GpuKernel):
             self.steps.append((out, table))
             current = out
 
-    def enqueue(self, inputs: Sequence[GpuTensor]) -> tuple[list[GpuTensor], Any]:
+    def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
         if len(inputs) == 1:  # Sum of one input
-            y = self.context.empty(inputs[0].shape)
-            return [y], cl.enqueue_copy(y.queue, y.buffer, inputs[0].buffer, byte_count=y.nbytes)
+            y = outputs[0]
+            return cl.enqueue_copy(queue, y.buffer, inputs[0].buffer, byte_count=y.nbytes)
         result, event = inputs[0], None
         for i, (out, table) in enumerate(self.steps):
             last = i == len(self.steps) - 1
-            y = self.context.empty(out)
+            # The fold's running results before the last are scratch buffers of their own.
+            y = outputs[0] if last else self.context.empty(out)
             act = activation_args(self.info.activation if last else None)
             event = self.kernel(
-                y.queue, global_size(y.size), (LOCAL_SIZE,),
+                queue, global_size(y.size), (LOCAL_SIZE,),
                 result.buffer, inputs[i + 1].buffer, y.buffer, table, np.int32(y.size), self.op, *act,
             )  # fmt: skip
             result = y
-        return [result], event
+        return event

@@ -82,19 +82,18 @@ class _MatrixProduct(GpuKernel):
 class GemmKernel(_MatrixProduct):
     """Y = act(alpha * A' @ B' + beta * C)."""
 
-    def enqueue(self, inputs: Sequence[GpuTensor | None]) -> tuple[list[GpuTensor], Any]:
+    def enqueue(self, queue: Any, inputs: Sequence[GpuTensor | None], outputs: Sequence[GpuTensor]) -> Any:
         a, b, *rest = inputs
         desc = self.info.descriptor
         (m, n) = self.output_shapes[0]
         k = a.shape[0] if desc.transA else a.shape[1]  # type: ignore[union-attr]
-        y = self.context.empty((m, n))
+        y = outputs[0]
         c = rest[0] if rest and desc.beta != 0 else None
         bias = bias_operand(c) if c is not None else None
-        event = enqueue_gemm(
-            self.kernel, y.queue, (m, n, k), matrix(a, desc.transA), matrix(b, desc.transB), y, bias,  # type: ignore[arg-type]
+        return enqueue_gemm(
+            self.kernel, queue, (m, n, k), matrix(a, desc.transA), matrix(b, desc.transB), y, bias,  # type: ignore[arg-type]
             alpha=desc.alpha, beta=desc.beta, activation=self.info.activation,
         )  # fmt: skip
-        return [y], event
 
 
 @gpu_kernel("MatMul")
@@ -107,12 +106,10 @@ class MatMulKernel(_MatrixProduct):
             return Support.no("GpuAcc runs MatMul on 2-D inputs only")
         return Support.yes()
 
-    def enqueue(self, inputs: Sequence[GpuTensor | None]) -> tuple[list[GpuTensor], Any]:
+    def enqueue(self, queue: Any, inputs: Sequence[GpuTensor | None], outputs: Sequence[GpuTensor]) -> Any:
         a, b = inputs
         (m, n) = self.output_shapes[0]
-        y = self.context.empty((m, n))
-        event = enqueue_gemm(
-            self.kernel, y.queue, (m, n, a.shape[1]), matrix(a, False), matrix(b, False), y,  # type: ignore[union-attr]
+        return enqueue_gemm(
+            self.kernel, queue, (m, n, a.shape[1]), matrix(a, False), matrix(b, False), outputs[0],  # type: ignore[union-attr]
             activation=self.info.activation,
         )  # fmt: skip
-        return [y], event

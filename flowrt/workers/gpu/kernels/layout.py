@@ -9,40 +9,44 @@ import numpy as np
 
 from flowrt.engine.graph.layers.transpose import transpose_perm
 from flowrt.registry import Support, WorkloadInfo
-from flowrt.workers.gpu.device import cl
-from flowrt.workers.gpu.kernels import LOCAL_SIZE, RANK, GpuKernel, global_size, gpu_kernel, static_shape
+from flowrt.workers.gpu.kernels import (
+    LOCAL_SIZE,
+    RANK,
+    GpuKernel,
+    global_size,
+    gpu_kernel,
+    ints,
+    static_shape,
+)
 from flowrt.workers.gpu.kernels.elementwise import broadcast_strides, stride_table
 from flowrt.workers.gpu.tensor import GpuTensor
 
 
 @gpu_kernel("Concat")
 class ConcatKernel(GpuKernel):
-    """Each input copied into its slab of the output by one rectangular buffer copy: rows of
-    ``inner`` values, ``axis`` rows per slice, ``outer`` slices."""
+    """Each input copied into its slab of the output by one kernel: ``outer`` slabs of
+    ``axis * inner`` values, placed ``axis_len * inner`` apart."""
 
     def prepare(self) -> None:
+        self.kernel = self.context.kernel("layout", "concat_slab")
         out = self.output_shapes[0]
         axis = self.info.descriptor.concat_axis % len(out)
-        self.outer = int(np.prod(out[:axis], dtype=np.int64))
-        self.row_bytes = int(np.prod(out[axis + 1 :], dtype=np.int64)) * 4
-        self.axis_len = out[axis]
+        self.inner = int(np.prod(out[axis + 1 :], dtype=np.int64))
+        self.pitch = out[axis] * self.inner
         self.axis = axis
 
-    def enqueue(self, inputs: Sequence[GpuTensor]) -> tuple[list[GpuTensor], Any]:
-        y = self.context.empty(self.output_shapes[0])
+    def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
+        y = outputs[0]
         event, start = None, 0
         for x in inputs:
-            rows = x.shape[self.axis]
+            block = x.shape[self.axis] * self.inner
             if x.size:
-                event = cl.enqueue_copy(
-                    y.queue, y.buffer, x.buffer,
-                    src_origin=(0, 0, 0), dst_origin=(0, start, 0),
-                    region=(self.row_bytes, rows, self.outer),
-                    src_pitches=(self.row_bytes, self.row_bytes * rows),
-                    dst_pitches=(self.row_bytes, self.row_bytes * self.axis_len),
+                event = self.kernel(
+                    queue, global_size(x.size), (LOCAL_SIZE,), x.buffer, y.buffer,
+                    *ints(block, self.pitch, start, x.size),
                 )  # fmt: skip
-            start += rows
-        return [y], event
+            start += block
+        return event
 
 
 @gpu_kernel("Transpose")
@@ -64,13 +68,11 @@ class TransposeKernel(GpuKernel):
         permuted = [0] * (RANK - len(shape)) + [strides[p] for p in perm]
         self.table = stride_table(self.context, self.output_shapes[0], permuted)
 
-    def enqueue(self, inputs: Sequence[GpuTensor]) -> tuple[list[GpuTensor], Any]:
-        x = inputs[0]
-        y = self.context.empty(self.output_shapes[0])
-        event = self.kernel(
-            x.queue, global_size(y.size), (LOCAL_SIZE,), x.buffer, y.buffer, self.table, np.int32(y.size)
+    def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
+        x, y = inputs[0], outputs[0]
+        return self.kernel(
+            queue, global_size(y.size), (LOCAL_SIZE,), x.buffer, y.buffer, self.table, np.int32(y.size)
         )
-        return [y], event
 
 
 @gpu_kernel("Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -78,6 +80,7 @@ class ViewKernel(GpuKernel):
     """The input's buffer with the output's shape (known at load): no copy, no command."""
 
     host_inputs = frozenset({1})  # Reshape's shape, Squeeze's and Unsqueeze's axes
+    is_view = True
 
-    def enqueue(self, inputs: Sequence[Any]) -> tuple[list[GpuTensor], Any]:
-        return [inputs[0].reshape(self.output_shapes[0])], None
+    def view(self, inputs: Sequence[Any]) -> list[GpuTensor]:
+        return [inputs[0].reshape(self.output_shapes[0])]

@@ -44,15 +44,13 @@ class BatchNormalizationKernel(GpuKernel):
         factor = scale / np.sqrt(var + np.float32(self.info.descriptor.epsilon))
         return self.context.upload(factor), self.context.upload(bias - mean * factor)
 
-    def enqueue(self, inputs: Sequence[Any]) -> tuple[list[GpuTensor], Any]:
-        x = inputs[0]
+    def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
+        x, y = inputs[0], outputs[0]
         factor, shift = self.folded or self._fold(inputs[1:5])
-        y = self.context.empty(x.shape)
-        event = self.kernel(
-            x.queue, global_size(x.size), (LOCAL_SIZE,), x.buffer, y.buffer, factor.buffer, shift.buffer,
+        return self.kernel(
+            queue, global_size(x.size), (LOCAL_SIZE,), x.buffer, y.buffer, factor.buffer, shift.buffer,
             *ints(*channel_layout(x.shape), x.size), *activation_args(self.info.activation),
         )  # fmt: skip
-        return [y], event
 
 
 @gpu_kernel("LRN")
@@ -62,16 +60,14 @@ class LRNKernel(GpuKernel):
     def prepare(self) -> None:
         self.kernel = self.context.kernel("normalization", "lrn")
 
-    def enqueue(self, inputs: Sequence[GpuTensor]) -> tuple[list[GpuTensor], Any]:
-        x, desc = inputs[0], self.info.descriptor
-        y = self.context.empty(x.shape)
+    def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
+        x, y, desc = inputs[0], outputs[0], self.info.descriptor
         channels, inner = channel_layout(x.shape)
-        event = self.kernel(
-            x.queue, global_size(x.size), (LOCAL_SIZE,), x.buffer, y.buffer,
+        return self.kernel(
+            queue, global_size(x.size), (LOCAL_SIZE,), x.buffer, y.buffer,
             *ints(channels, inner, desc.size), np.float32(desc.alpha / desc.size),
             np.float32(desc.beta), np.float32(desc.bias), np.int32(x.size),
         )  # fmt: skip
-        return [y], event
 
 
 @gpu_kernel("Softmax")
@@ -90,8 +86,6 @@ class SoftmaxKernel(GpuKernel):
         self.rows = int(np.prod(shape, dtype=np.int64)) // max(length, 1)
         self.args = ints(length, inner, self.rows)
 
-    def enqueue(self, inputs: Sequence[GpuTensor]) -> tuple[list[GpuTensor], Any]:
-        x = inputs[0]
-        y = self.context.empty(x.shape)
-        event = self.kernel(x.queue, global_size(self.rows), (LOCAL_SIZE,), x.buffer, y.buffer, *self.args)
-        return [y], event
+    def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
+        x, y = inputs[0], outputs[0]
+        return self.kernel(queue, global_size(self.rows), (LOCAL_SIZE,), x.buffer, y.buffer, *self.args)

@@ -35,11 +35,9 @@ class _Pool(GpuKernel):
         )
         self.geometry = g
 
-    def enqueue(self, inputs: Sequence[GpuTensor]) -> tuple[list[GpuTensor], Any]:
-        x = inputs[0]
-        y = self.context.empty(self.output_shapes[0])
-        event = self.kernel(x.queue, global_size(y.size), (LOCAL_SIZE,), x.buffer, y.buffer, *self.args)
-        return [y], event
+    def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
+        x, y = inputs[0], outputs[0]
+        return self.kernel(queue, global_size(y.size), (LOCAL_SIZE,), x.buffer, y.buffer, *self.args)
 
 
 @gpu_kernel("MaxPool")
@@ -67,10 +65,8 @@ class GlobalAveragePoolKernel(GpuKernel):
     def prepare(self) -> None:
         self.kernel = self.context.kernel("pooling", "global_average_pool")
 
-    def enqueue(self, inputs: Sequence[GpuTensor]) -> tuple[list[GpuTensor], Any]:
-        x = inputs[0]
-        y = self.context.empty(self.output_shapes[0])
-        event = self.kernel(
-            x.queue, global_size(y.size), (LOCAL_SIZE,), x.buffer, y.buffer, *ints(x.size // y.size, y.size)
+    def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
+        x, y = inputs[0], outputs[0]
+        return self.kernel(
+            queue, global_size(y.size), (LOCAL_SIZE,), x.buffer, y.buffer, *ints(x.size // y.size, y.size)
         )
-        return [y], event

@@ -1,0 +1,73 @@
+"""The OpenCL allocator: one device buffer per pool arena, tensors at offsets in it.
+
+The memory planner packs GpuAcc's intermediate tensors at offsets of one arena per pool, as
+it does on the host; here an arena is one ``cl.Buffer`` and a tensor at an offset is a
+sub-buffer of it. OpenCL lets a sub-buffer start only at a multiple of the device's
+base-address alignment (``CL_DEVICE_MEM_BASE_ADDR_ALIGN``, given in bits), so that is the
+alignment the planner packs with.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from flowrt.engine.memory.lifetime_managers import OffsetLifetimeManager
+from flowrt.engine.memory.manager import MemoryManager
+from flowrt.workers.gpu.context import DeviceContext
+from flowrt.workers.gpu.device import cl
+from flowrt.workers.gpu.tensor import GpuTensor
+
+
+class DeviceArena:
+    """One pool's GpuAcc arena: a device buffer and the tensor views made on it so far.
+
+    Views are cached by (offset, shape, dtype): the plan is fixed at load, so every run of a
+    pool asks for the same few, and a sub-buffer is made once rather than once per run.
+    """
+
+    def __init__(self, buffer: Any, nbytes: int) -> None:
+        self.buffer = buffer
+        self.nbytes = nbytes
+        self.views: dict[tuple[int, tuple[int, ...], np.dtype], GpuTensor] = {}
+
+
+class OpenCLAllocator:
+    """Allocates GpuAcc arenas on one device; what GpuAcc's memory manager plans with."""
+
+    def __init__(self, context: DeviceContext) -> None:
+        self.context = context
+        # The device reports its base-address alignment in bits.
+        self.alignment = max(int(context.device.mem_base_addr_align) // 8, 4)
+
+    def allocate(self, nbytes: int) -> DeviceArena:
+        """A new arena of ``nbytes`` bytes (uninitialized device memory)."""
+        size = max(int(nbytes), self.alignment)  # OpenCL refuses empty buffers
+        return DeviceArena(cl.Buffer(self.context.context, cl.mem_flags.READ_WRITE, size), size)
+
+    def view(self, arena: DeviceArena, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> GpuTensor:
+        """The device tensor of ``shape``/``dtype`` at byte ``offset`` of ``arena``."""
+        key = (offset, tuple(shape), np.dtype(dtype))
+        tensor = arena.views.get(key)
+        if tensor is None:
+            if offset % self.alignment:
+                raise ValueError(
+                    f"device tensor offset {offset} is not a multiple of the device's "
+                    f"base-address alignment ({self.alignment} bytes)"
+                )
+            nbytes = max(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, 1)
+            buffer = arena.buffer.get_sub_region(offset, nbytes)
+            tensor = arena.views[key] = GpuTensor(buffer, shape, dtype, self.context.queue)
+        return tensor
+
+    def zero(self, arena: DeviceArena) -> None:
+        """Fill the arena with zero bytes; blocks until done (the pool is idle when zeroed)."""
+        cl.enqueue_fill_buffer(self.context.queue, arena.buffer, np.uint8(0), 0, arena.nbytes).wait()
+
+
+def device_memory_manager(context: DeviceContext) -> MemoryManager:
+    """GpuAcc's memory manager: arenas from :class:`OpenCLAllocator`, offsets packed at the
+    device's base-address alignment."""
+    allocator = OpenCLAllocator(context)
+    return MemoryManager(allocator, OffsetLifetimeManager(allocator.alignment))

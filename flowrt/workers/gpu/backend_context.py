@@ -1,0 +1,61 @@
+"""GpuAcc's backend context: what one Runtime holds of GpuAcc — its device and queue actors.
+
+Arm NN's ClBackendContext, on trio: the runtime makes it from its options
+(``Runtime(opencl_device=...)``), starts ``run`` in its nursery (the queue actors, one per
+priority level), and the executor hands it each GPU segment of a run as one submission.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import trio
+
+from flowrt.errors import FlowrtError
+from flowrt.types import Priority
+from flowrt.workers.gpu.context import DeviceContext
+from flowrt.workers.gpu.queues import Enqueue, QueueActors, open_queue_actors
+from flowrt.workers.gpu.tensor import GpuTensor
+
+
+class GpuBackendContext:
+    """A device's queue actors for one runtime, and the transfers the executor asks for.
+
+    ``submit``, ``upload`` and ``download`` are the executor's device-runner protocol:
+    ``submit(priority, enqueue)`` runs ``enqueue(queue)`` on the queue actor of that priority
+    and returns once the device has finished; ``upload``/``download`` enqueue a copy on the
+    queue they are given and return the copy and its event (keep it until the work is done).
+    """
+
+    def __init__(self, device: DeviceContext, in_flight_limit: int | None = None) -> None:
+        self.device = device
+        self.in_flight_limit = in_flight_limit
+        self.actors: QueueActors | None = None
+        self._closed = trio.Event()
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """The context's task: serve the queue actors until ``close``."""
+        async with open_queue_actors(self.device, self.in_flight_limit) as actors:
+            self.actors = actors
+            task_status.started()
+            await self._closed.wait()
+        self.actors = None
+
+    def close(self) -> None:
+        """Stop the queue actors (work already submitted finishes first)."""
+        self._closed.set()
+
+    async def submit(self, priority: Priority | int, enqueue: Enqueue) -> None:
+        if self.actors is None:
+            raise FlowrtError(
+                "GpuAcc's queue actors are not running: run a model inside the 'async with "
+                "Runtime()' block that loaded it"
+            )
+        await self.actors[priority].submit(enqueue)
+
+    def upload(self, queue: Any, array: np.ndarray) -> tuple[GpuTensor, Any]:
+        return self.device.enqueue_upload(queue, array)
+
+    def download(self, queue: Any, tensor: GpuTensor) -> tuple[np.ndarray, Any]:
+        return tensor.enqueue_read(queue)

@@ -1,0 +1,52 @@
+"""The OpenCL allocator: one buffer per pool arena, tensors as sub-buffers at aligned offsets."""
+
+import numpy as np
+import pytest
+
+from flowrt.engine.memory.pool import PoolManager
+from flowrt.workers.gpu.allocator import DeviceArena, OpenCLAllocator, device_memory_manager
+from flowrt.workers.gpu.device import cl
+
+F32 = np.dtype(np.float32)
+
+
+def test_alignment_is_the_devices_base_address_alignment_in_bytes(gpu):
+    allocator = OpenCLAllocator(gpu)
+    assert allocator.alignment == gpu.device.mem_base_addr_align // 8
+    manager = device_memory_manager(gpu)
+    assert manager.lifetime_manager.alignment == allocator.alignment
+
+
+def test_tensors_are_sub_buffers_of_the_one_arena_buffer_at_their_offsets(gpu):
+    allocator = OpenCLAllocator(gpu)
+    arena = allocator.allocate(4 * allocator.alignment)
+    assert isinstance(arena, DeviceArena) and arena.nbytes == 4 * allocator.alignment
+    offset = 2 * allocator.alignment
+    tensor = allocator.view(arena, offset, (2, 3), F32)
+    assert tensor.shape == (2, 3) and tensor.dtype == F32
+    assert tensor.buffer.get_info(cl.mem_info.ASSOCIATED_MEMOBJECT).int_ptr == arena.buffer.int_ptr
+    assert tensor.buffer.get_info(cl.mem_info.OFFSET) == offset
+    assert allocator.view(arena, offset, (2, 3), F32) is tensor  # made once per pool
+    values = np.arange(6, dtype=np.float32).reshape(2, 3)
+    cl.enqueue_copy(gpu.queue, tensor.buffer, values, is_blocking=True)
+    whole = np.empty(arena.nbytes // 4, np.float32)
+    cl.enqueue_copy(gpu.queue, whole, arena.buffer, is_blocking=True)
+    np.testing.assert_array_equal(whole[offset // 4 : offset // 4 + 6], values.ravel())
+    np.testing.assert_array_equal(tensor.get(), values)
+
+
+def test_an_offset_off_the_base_address_alignment_is_refused(gpu):
+    allocator = OpenCLAllocator(gpu)
+    arena = allocator.allocate(2 * allocator.alignment)
+    with pytest.raises(ValueError, match="not a multiple of the device's base-address alignment"):
+        allocator.view(arena, 4, (4,), F32)
+
+
+async def test_a_device_pool_is_zeroed_when_released(gpu):
+    allocator = OpenCLAllocator(gpu)
+    pools = PoolManager(1, {"GpuAcc": 2 * allocator.alignment}, {"GpuAcc": allocator}, zero_on_release=True)
+    async with pools.acquire() as pool:
+        tensor = pool.view("GpuAcc", allocator.alignment, (8,), F32)
+        cl.enqueue_copy(gpu.queue, tensor.buffer, np.ones(8, np.float32), is_blocking=True)
+        assert pool.nbytes == 2 * allocator.alignment
+    assert not tensor.get().any()

@@ -1,0 +1,136 @@
+"""GpuAcc in a run: tensors stay on the device between GpuAcc layers, cross only where the host
+reads them, and a run's GPU segments are one submission each to the queue actors."""
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+
+import flowrt
+from flowrt.errors import BackendError, RunError
+from flowrt.types import TensorInfo
+from flowrt.workers.gpu.allocator import DeviceArena
+from flowrt.workers.gpu.context import DeviceContext
+from flowrt.workers.gpu.tensor import GpuTensor
+
+
+@pytest.fixture
+def transfers(monkeypatch):
+    """Counts of host->device uploads and device->host copies made through GpuAcc."""
+    counts = {"upload": 0, "download": 0}
+    enqueue_upload, enqueue_read, get = DeviceContext.enqueue_upload, GpuTensor.enqueue_read, GpuTensor.get
+
+    def counting(kind, fn):
+        def wrapper(*args, **kwargs):
+            counts[kind] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(DeviceContext, "enqueue_upload", counting("upload", enqueue_upload))
+    monkeypatch.setattr(GpuTensor, "enqueue_read", counting("download", enqueue_read))
+    monkeypatch.setattr(GpuTensor, "get", counting("download", get))
+    return counts
+
+
+async def test_gpuacc_intermediates_stay_on_the_device(gpu, conv_network, conv_net_reference, transfers):
+    feeds, expected = conv_net_reference
+    opt = flowrt.optimize(conv_network(), backends=["GpuAcc", "CpuRef"])
+    assert opt.backend_counts() == {"GpuAcc": len(opt.assignments())}
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        model = await rt.load(opt, max_in_flight=1)
+        (segment,) = model.dataflow.segments
+        assert segment.device and len(segment.nodes) == len(opt.assignments())
+        assert all(isinstance(a, DeviceArena) for a in model.pools.pools[0].arenas.values())
+        after_load = dict(transfers)
+        for _ in range(2):
+            out = await model.run(feeds)
+            np.testing.assert_allclose(out["y"], expected["y"], rtol=1e-5, atol=1e-6)
+    # per run: the feed goes up, the output comes down; nothing else crosses
+    assert transfers == {"upload": after_load["upload"] + 2, "download": after_load["download"] + 2}
+
+
+def _zigzag_network() -> flowrt.Network:
+    """x -> Relu (GpuAcc) -> Exp (CpuRef: no GpuAcc kernel) -> Sigmoid -> Add(relu, sigmoid) -> y."""
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((4, 8)))
+    relu = net.add_layer("Relu", inputs=[x], name="relu")
+    exp = net.add_layer("Exp", inputs=[relu], name="exp")
+    sigmoid = net.add_layer("Sigmoid", inputs=[exp], name="sigmoid")
+    net.add_output("y", net.add_layer("Add", inputs=[relu, sigmoid], name="add"))
+    return net
+
+
+async def test_a_host_layer_between_gpuacc_layers_reads_a_downloaded_copy(gpu, transfers):
+    opt = flowrt.optimize(_zigzag_network(), backends=["GpuAcc", "CpuRef"])
+    backends = {layer.name: layer.backend for layer in opt.graph}
+    assert backends["exp"] == "CpuRef" and backends["add"] == "GpuAcc"
+    x = np.linspace(-2, 2, 32, dtype=np.float32).reshape(4, 8)
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        model = await rt.load(opt, max_in_flight=1)
+        assert [s.device for s in model.dataflow.segments] == [True, False, True]
+        before = dict(transfers)
+        y = (await model.run({"x": x}))["y"]
+    r = np.maximum(x, 0)
+    np.testing.assert_allclose(y, r + 1 / (1 + np.exp(-np.exp(r))), rtol=1e-6)
+    # up: x, exp's output; down: relu's output (for exp), y. relu's output stays up for add.
+    assert transfers == {"upload": before["upload"] + 2, "download": before["download"] + 2}
+
+
+async def test_device_pools_are_zeroed_on_release(gpu, conv_network, conv_net_reference):
+    feeds, expected = conv_net_reference
+    opt = flowrt.optimize(conv_network(), backends=["GpuAcc"])
+    async with flowrt.Runtime(cpu_workers=1, zero_memory_on_release=True) as rt:
+        model = await rt.load(opt, max_in_flight=1)
+        for _ in range(2):
+            out = await model.run(feeds)
+            np.testing.assert_allclose(out["y"], expected["y"], rtol=1e-5, atol=1e-6)
+        (arena,) = model.pools.pools[0].arenas.values()
+        host = np.ones(arena.nbytes, np.uint8)
+        flowrt.workers.gpu.device.cl.enqueue_copy(gpu.queue, host, arena.buffer, is_blocking=True)
+    assert not host.any()
+
+
+async def test_a_failing_gpuacc_workload_raises_run_error_and_returns_the_pool(
+    gpu, conv_network, conv_net_reference
+):
+    feeds, _ = conv_net_reference
+    opt = flowrt.optimize(conv_network(), backends=["GpuAcc"])
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        model = await rt.load(opt, max_in_flight=1)
+        node = next(n for n in model.dataflow.order if n.layer == "conv2")
+
+        def broken(queue, inputs, outputs=None):
+            raise ValueError("deliberate")
+
+        node.workload.enqueue = broken
+        with pytest.raises(RunError, match=r"layer 'conv2' on backend GpuAcc failed: ValueError: deliberate"):
+            await model.run(feeds)
+        assert model.pools.free_count == 1
+
+
+async def test_a_cancelled_run_waits_for_its_device_work_then_returns_the_pool(gpu, matmul_chain):
+    opt = flowrt.optimize(matmul_chain(), backends=["GpuAcc"])
+    x = np.ones((128, 512), np.float32)
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        model = await rt.load(opt, max_in_flight=1)
+        expected = (await model.run({"x": x}))["y"]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(model.run, {"x": x})
+            await trio.testing.wait_all_tasks_blocked()  # enqueued, waiting for the device
+            assert model.pools.free_count == 0
+            nursery.cancel_scope.cancel()
+        assert model.pools.free_count == 1
+        np.testing.assert_array_equal((await model.run({"x": x}))["y"], expected)
+
+
+async def test_runtime_opencl_device_picks_gpuacc_device(gpu, conv_network, conv_net_reference):
+    feeds, expected = conv_net_reference
+    opt = flowrt.optimize(conv_network(), backends=["GpuAcc"])
+    async with flowrt.Runtime(cpu_workers=1, opencl_device="0:0") as rt:
+        model = await rt.load(opt, max_in_flight=1)
+        out = await model.run(feeds)
+    np.testing.assert_allclose(out["y"], expected["y"], rtol=1e-5, atol=1e-6)
+    async with flowrt.Runtime(cpu_workers=1, opencl_device="no such device") as rt:
+        with pytest.raises(BackendError, match="OpenCL device 'no such device' not found"):
+            await rt.load(opt)
