@@ -23,16 +23,15 @@ stage; the request skips the stages after it, and the other requests go on.
 from __future__ import annotations
 
 import inspect
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
-import numpy as np
 import trio
 
-from flowrt.errors import FlowrtError, ResourceError, RunError
+from flowrt.errors import FlowrtError, RunError
 from flowrt.runtime import LoadedNetwork
+from flowrt.stream import OrderedStream, Request
 from flowrt.types import Priority
 
 Stage = LoadedNetwork | Callable[..., Any]
@@ -74,14 +73,6 @@ def _stage_call(index: int, stage: Any, name: str | None) -> _StageCall:
     )
 
 
-@attrs.define(eq=False)
-class _Request:
-    feeds: Mapping[str, Any]
-    values: Any = None
-    error: RunError | None = None
-    done: trio.Event = attrs.Factory(trio.Event)
-
-
 class Pipeline:
     """Stages run overlapped over a stream of requests (see the module doc).
 
@@ -104,7 +95,7 @@ class Pipeline:
         self.stages = [_stage_call(i, s, None if names is None else names[i]) for i, s in enumerate(stages)]
         self.priority = priority
 
-    async def _through(self, call: _StageCall, request: _Request) -> None:
+    async def _through(self, call: _StageCall, request: Request) -> None:
         """Run one stage on a request, turning a failure into the request's RunError."""
         try:
             request.values = await call(request.values, request.feeds, self.priority)
@@ -115,7 +106,7 @@ class Pipeline:
 
     async def run(self, feeds: Mapping[str, Any]) -> Any:
         """One request through every stage in turn; its last stage's result."""
-        request = _Request(feeds, feeds)
+        request = Request(feeds, feeds)
         for call in self.stages:
             await self._through(call, request)
             if request.error is not None:
@@ -131,43 +122,33 @@ class Pipeline:
         return PipelineStream(self, 2 * len(self.stages) if max_in_flight is None else max_in_flight)
 
 
-class PipelineStream:
+class PipelineStream(OrderedStream):
     """The stream of a pipeline: ``send``/``send_nowait``/``submit``/``close`` and ``async for``,
     as a model's stream (``flowrt.stream.Stream``)."""
 
+    what = "pipeline stream"
+
     def __init__(self, pipeline: Pipeline, max_in_flight: int) -> None:
-        if not isinstance(max_in_flight, int) or max_in_flight < 1:
-            raise FlowrtError(f"max_in_flight must be a positive int, got {max_in_flight!r}")
+        super().__init__(max_in_flight)
         self.pipeline = pipeline
-        self.max_in_flight = max_in_flight
-        self._slots = trio.Semaphore(max_in_flight)
-        self._pending: deque[_Request] = deque()
-        self._arrived = trio.Event()
-        self._closed = False
-        self._nursery: trio.Nursery | None = None
         self._entry: trio.MemorySendChannel | None = None
 
-    async def __aenter__(self) -> PipelineStream:
-        self._nursery_manager = trio.open_nursery()
-        self._nursery = await self._nursery_manager.__aenter__()
+    def _opened(self) -> None:
         # A channel in front of each stage; the slots bound them all, so none ever fills.
-        send, receive = trio.open_memory_channel[_Request](self.max_in_flight)
+        send, receive = trio.open_memory_channel[Request](self.max_in_flight)
         self._entry = send
         for call in self.pipeline.stages:
-            next_send, next_receive = trio.open_memory_channel[_Request](self.max_in_flight)
-            self._nursery.start_soon(self._serve, call, receive, next_send)
+            next_send, next_receive = trio.open_memory_channel[Request](self.max_in_flight)
+            self._check_open().start_soon(self._serve, call, receive, next_send)
             receive = next_receive
-        self._nursery.start_soon(self._finish, receive)
-        return self
+        self._check_open().start_soon(self._finish, receive)
 
-    async def __aexit__(self, *exc_info: Any) -> bool | None:
-        assert self._nursery is not None
-        self._closed = True
-        self._nursery.cancel_scope.cancel()  # whatever still runs belongs to no one now
-        try:
-            return await self._nursery_manager.__aexit__(*exc_info)
-        finally:
-            self._nursery = None
+    def _launch(self, request: Request) -> None:
+        request.values = request.feeds  # what the first stage takes
+        self._entry.send_nowait(request)  # type: ignore[union-attr]
+
+    def _closing(self) -> None:
+        self._entry.close()  # type: ignore[union-attr]
 
     async def _serve(
         self, call: _StageCall, receive: trio.MemoryReceiveChannel, send: trio.MemorySendChannel
@@ -182,71 +163,3 @@ class PipelineStream:
         async with receive:
             async for request in receive:
                 request.done.set()
-
-    # -- sending ----------------------------------------------------------------------------
-    def _check_open(self) -> trio.MemorySendChannel:
-        if self._closed or self._entry is None:
-            raise FlowrtError(
-                "the pipeline stream is closed: send within its 'async with' and before close()"
-            )
-        return self._entry
-
-    def _start(self, feeds: Mapping[str, Any], tracked: bool = True) -> _Request:
-        request = _Request(feeds, feeds)
-        if tracked:
-            self._pending.append(request)
-            self._arrived.set()
-        self._check_open().send_nowait(request)
-        return request
-
-    async def send(self, feeds: Mapping[str, Any]) -> None:
-        """Queue a request; waits while ``max_in_flight`` requests are held (backpressure)."""
-        self._check_open()
-        await self._slots.acquire()
-        self._start(feeds)
-
-    def send_nowait(self, feeds: Mapping[str, Any]) -> None:
-        """Queue a request now, or raise ResourceError when the stream is full."""
-        self._check_open()
-        try:
-            self._slots.acquire_nowait()
-        except trio.WouldBlock:
-            raise ResourceError(
-                f"the pipeline stream is full: {self.max_in_flight} requests in flight or not yet received"
-            ) from None
-        self._start(feeds)
-
-    async def submit(self, feeds: Mapping[str, Any]) -> Any:
-        """Run one request through the stages under the stream's bound and return its result."""
-        self._check_open()
-        async with self._slots:
-            request = self._start(feeds, tracked=False)
-            await request.done.wait()
-        if request.error is not None:
-            raise request.error
-        return request.values
-
-    def close(self) -> None:
-        """No more sends; iteration ends once every sent request has been received."""
-        if not self._closed and self._entry is not None:
-            self._entry.close()
-        self._closed = True
-        self._arrived.set()
-
-    # -- receiving --------------------------------------------------------------------------
-    def __aiter__(self) -> PipelineStream:
-        return self
-
-    async def __anext__(self) -> dict[str, np.ndarray]:
-        while not self._pending:
-            if self._closed:
-                raise StopAsyncIteration
-            self._arrived = trio.Event()
-            await self._arrived.wait()
-        request = self._pending[0]
-        await request.done.wait()
-        self._pending.popleft()
-        self._slots.release()
-        if request.error is not None:
-            raise request.error
-        return request.values

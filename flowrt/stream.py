@@ -35,32 +35,41 @@ if TYPE_CHECKING:
 
 
 @attrs.define(eq=False)
-class _Request:
-    """One sent request: done when its run has finished, one way or another."""
+class Request:
+    """One sent request: done when its work has finished, one way or another, with its
+    result (``values``) or its ``error``."""
 
-    done: trio.Event = attrs.Factory(trio.Event)
-    outputs: dict[str, np.ndarray] | None = None
+    feeds: Mapping[str, Any]
+    values: Any = None
     error: BaseException | None = None
+    done: trio.Event = attrs.Factory(trio.Event)
 
 
-class Stream:
-    """A bounded, ordered flow of requests through one model; use via ``model.stream()``."""
+class OrderedStream:
+    """What every flowrt stream shares: at most ``max_in_flight`` requests held, ``send`` /
+    ``send_nowait`` / ``submit`` / ``close``, and results received in submission order.
 
-    def __init__(self, model: LoadedNetwork, max_in_flight: int, priority: Priority) -> None:
+    A subclass says how a request is worked on: ``_launch(request)`` starts it (in
+    ``self._nursery``) and sets ``request.done`` when it ends; ``_opened()`` may start tasks
+    when the stream opens, ``_closing()`` runs at ``close()``.
+    """
+
+    what = "stream"
+
+    def __init__(self, max_in_flight: int) -> None:
         if not isinstance(max_in_flight, int) or max_in_flight < 1:
             raise FlowrtError(f"max_in_flight must be a positive int, got {max_in_flight!r}")
-        self.model = model
         self.max_in_flight = max_in_flight
-        self.priority = priority
         self._slots = trio.Semaphore(max_in_flight)
-        self._pending: deque[_Request] = deque()
+        self._pending: deque[Request] = deque()
         self._arrived = trio.Event()
         self._closed = False
         self._nursery: trio.Nursery | None = None
 
-    async def __aenter__(self) -> Stream:
+    async def __aenter__(self):
         self._nursery_manager = trio.open_nursery()
         self._nursery = await self._nursery_manager.__aenter__()
+        self._opened()
         return self
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
@@ -72,11 +81,29 @@ class Stream:
         finally:
             self._nursery = None
 
+    def _opened(self) -> None:
+        """Start the stream's own tasks, if any (the nursery is open)."""
+
+    def _closing(self) -> None:
+        """No more requests will come (``close()``)."""
+
+    def _launch(self, request: Request) -> None:
+        raise NotImplementedError
+
     # -- sending ----------------------------------------------------------------------------
     def _check_open(self) -> trio.Nursery:
         if self._closed or self._nursery is None:
-            raise FlowrtError("the stream is closed: send within its 'async with' and before close()")
+            raise FlowrtError(f"the {self.what} is closed: send within its 'async with' and before close()")
         return self._nursery
+
+    def _start(self, feeds: Mapping[str, Any], tracked: bool = True) -> Request:
+        self._check_open()
+        request = Request(feeds)
+        if tracked:
+            self._pending.append(request)
+            self._arrived.set()
+        self._launch(request)
+        return request
 
     async def send(self, feeds: Mapping[str, Any]) -> None:
         """Queue a request; waits while ``max_in_flight`` requests are held (backpressure)."""
@@ -91,34 +118,32 @@ class Stream:
             self._slots.acquire_nowait()
         except trio.WouldBlock:
             raise ResourceError(
-                f"the stream is full: {self.max_in_flight} requests in flight or not yet received"
+                f"the {self.what} is full: {self.max_in_flight} requests in flight or not yet received"
             ) from None
         self._start(feeds)
 
-    def _start(self, feeds: Mapping[str, Any]) -> None:
-        request = _Request()
-        self._pending.append(request)
-        self._check_open().start_soon(self._run, feeds, request)
-        self._arrived.set()
-
-    async def _run(self, feeds: Mapping[str, Any], request: _Request) -> None:
-        try:
-            request.outputs = await self.model.run(feeds, priority=self.priority)
-        except Exception as e:  # delivered to whoever receives this request
-            request.error = e
-        finally:
-            request.done.set()
+    async def submit(self, feeds: Mapping[str, Any]) -> Any:
+        """Run one request under the stream's bound and return its result directly."""
+        self._check_open()
+        async with self._slots:
+            request = self._start(feeds, tracked=False)
+            await request.done.wait()
+        if request.error is not None:
+            raise request.error
+        return request.values
 
     def close(self) -> None:
         """No more sends; iteration ends once every sent request has been received."""
+        if not self._closed and self._nursery is not None:
+            self._closing()
         self._closed = True
         self._arrived.set()
 
     # -- receiving --------------------------------------------------------------------------
-    def __aiter__(self) -> Stream:
+    def __aiter__(self):
         return self
 
-    async def __anext__(self) -> dict[str, np.ndarray]:
+    async def __anext__(self) -> Any:
         while not self._pending:
             if self._closed:
                 raise StopAsyncIteration
@@ -130,10 +155,31 @@ class Stream:
         self._slots.release()
         if request.error is not None:
             raise request.error
-        return request.outputs  # type: ignore[return-value]
+        return request.values
+
+
+class Stream(OrderedStream):
+    """A bounded, ordered flow of requests through one model; use via ``model.stream()``."""
+
+    def __init__(self, model: LoadedNetwork, max_in_flight: int, priority: Priority) -> None:
+        super().__init__(max_in_flight)
+        self.model = model
+        self.priority = priority
+
+    def _launch(self, request: Request) -> None:
+        self._check_open().start_soon(self._run, request)
+
+    async def _run(self, request: Request) -> None:
+        try:
+            request.values = await self.model.run(request.feeds, priority=self.priority)
+        except Exception as e:  # delivered to whoever receives this request
+            request.error = e
+        finally:
+            request.done.set()
 
     async def submit(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Run one request under the stream's bound and return its outputs directly."""
+        """Run one request under the stream's bound and return its outputs directly (in the
+        caller's task: cancelling the caller cancels the run)."""
         self._check_open()
         async with self._slots:
             return await self.model.run(feeds, priority=self.priority)
