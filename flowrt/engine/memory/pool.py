@@ -38,10 +38,17 @@ class MemoryPool:
         # Allocators that only allocate (the protocol's minimum) make host arenas.
         self._viewers = {b: getattr(allocators.get(b), "view", HostAllocator.view) for b in self.arenas}
         self._zeroers = {b: getattr(allocators.get(b), "zero", HostAllocator.zero) for b in self.arenas}
+        # Views are made once per pool: every run that borrows it binds the same tensors.
+        self._views: dict[tuple, Any] = {}
 
     def view(self, backend: str, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> Any:
-        """The tensor of ``shape``/``dtype`` stored at ``offset`` of ``backend``'s arena."""
-        return self._viewers[backend](self.arenas[backend], offset, shape, dtype)
+        """The tensor of ``shape``/``dtype`` stored at ``offset`` of ``backend``'s arena (made
+        once, then the same object each time: do not change its shape or strides in place)."""
+        key = (backend, offset, shape, dtype)
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = self._viewers[backend](self.arenas[backend], offset, shape, dtype)
+        return view
 
     def zero(self) -> None:
         for backend, arena in self.arenas.items():
