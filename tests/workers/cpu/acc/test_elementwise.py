@@ -101,3 +101,11 @@ def test_non_float32_is_declined_with_a_reason():
         "Add", None, [TensorInfo((3,), "int64"), TensorInfo((3,), "int64")], [TensorInfo((3,), "int64")]
     )
     assert not answer.supported and answer.reason == "CpuAcc Add takes float32 only"
+
+
+def test_sum_whose_first_two_inputs_both_repeat_along_the_output_rows():
+    # x0 + x1 is written over the whole output, where neither operand varies along a row
+    rng = np.random.default_rng(3)
+    inputs = [np.asarray(rng.standard_normal(s), np.float32) for s in [(), (9, 1), (1, 1, 1, 1, 9)]]
+    got, expected = _run_both("Sum", inputs, 2, FusedActivation("Relu"), False)
+    np.testing.assert_allclose(got, expected, rtol=2e-6, atol=1e-6)

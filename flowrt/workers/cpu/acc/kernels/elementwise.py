@@ -92,7 +92,14 @@ def _segment(x, y, out, op, code, alpha, beta):
     Each loop is compiled with its ``op`` constant, so that it is branch-free and vectorizes
     (with ``op`` read at run time it is five times slower). Add fuses Relu into its loop
     (residual Add + Relu); any other activation is a second pass over ``out``, still in cache.
+    When both operands repeat along the row (one element each), the one result fills it.
     """
+    if x.shape[0] == 1 and y.shape[0] == 1 and out.shape[0] > 1:
+        v = _apply(op, x[0], y[0])
+        v = _relu(v, True) if code == RELU else activate(v, code, alpha, beta)
+        for j in range(out.shape[0]):
+            out[j] = v
+        return
     if op == ADD and code == RELU:
         _commutative(x, y, out, ADD, True)
         return
