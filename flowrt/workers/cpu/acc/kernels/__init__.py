@@ -23,6 +23,9 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 
+from flowrt.registry import Support, WorkloadInfo
+from flowrt.types import DataType
+
 AccKernel = type
 
 ACC_KERNELS: dict[str, AccKernel] = {}
@@ -46,3 +49,11 @@ def load_all() -> dict[str, AccKernel]:
     for module in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{module.name}")
     return ACC_KERNELS
+
+
+def float32_data(info: WorkloadInfo) -> Support:
+    """Support.yes when the layer's data input (its first) is float32; the reason otherwise."""
+    x = info.inputs[0] if info.inputs else None
+    if x is None or x.dtype is not DataType.FLOAT32:
+        return Support.no(f"CpuAcc {info.kind} takes float32 only")
+    return Support.yes()

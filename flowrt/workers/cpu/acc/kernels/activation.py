@@ -12,8 +12,7 @@ from numba import njit, prange
 from flowrt.engine.graph.passes.fuse_activation import as_fused_activation
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import Support, WorkloadInfo
-from flowrt.types import DataType
-from flowrt.workers.cpu.acc.kernels import acc_kernel
+from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels.epilogue import CODES, activate, activation_args
 
 # Below this many elements per slice, a second thread costs more than it saves.
@@ -35,10 +34,7 @@ class ActivationKernel:
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
-        x = info.inputs[0]
-        if x is None or x.dtype is not DataType.FLOAT32:
-            return Support.no("CpuAcc activations take float32 only")
-        return Support.yes()
+        return float32_data(info)
 
     def __init__(self, info: WorkloadInfo, workers: int) -> None:
         self.info = info

@@ -14,21 +14,13 @@ from numba import njit, prange
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
-from flowrt.workers.cpu.acc.kernels import acc_kernel
+from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels.epilogue import activate, activation_args
 
 # Below this many elements per slice, a second thread costs more than it saves.
 MIN_SLICE = 16384
 # Spatial positions LRN keeps in one block: its running sums stay in L1.
 LRN_BLOCK = 512
-
-
-def float32_data(info: WorkloadInfo) -> Support:
-    """Support.yes when the layer's data input X is float32."""
-    x = info.inputs[0]
-    if x is None or x.dtype is not DataType.FLOAT32:
-        return Support.no(f"CpuAcc {info.kind} takes float32 only")
-    return Support.yes()
 
 
 class _Bounds:

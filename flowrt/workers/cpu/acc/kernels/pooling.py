@@ -15,8 +15,7 @@ from numba import njit, prange
 from flowrt.engine.graph.layers.pooling import pool_geometry
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import Support, WorkloadInfo
-from flowrt.types import DataType
-from flowrt.workers.cpu.acc.kernels import acc_kernel
+from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 
 # Below this many input reads per slice, a second thread costs more than it saves.
 MIN_WORK = 32768
@@ -25,14 +24,6 @@ MIN_WORK = 32768
 def plane_bounds(planes: int, reads_per_plane: int, workers: int) -> np.ndarray:
     """Slices of whole planes, each worth at least ``MIN_WORK`` reads."""
     return split_bounds(planes, SplitHint(0, max(1, MIN_WORK // max(1, reads_per_plane))), workers)
-
-
-def float32_only(info: WorkloadInfo) -> Support:
-    """Support.yes for float32 data."""
-    x = info.inputs[0]
-    if x is None or x.dtype is not DataType.FLOAT32:
-        return Support.no(f"CpuAcc {info.kind} takes float32 only")
-    return Support.yes()
 
 
 @attrs.frozen(eq=False)
@@ -150,7 +141,7 @@ class _WindowedPool:
     def supports(cls, info: WorkloadInfo) -> Support:
         if len(info.descriptor.kernel_shape) != 2:
             return Support.no(f"CpuAcc {info.kind} takes 2-D pooling (N, C, H, W) only")
-        return float32_only(info)
+        return float32_data(info)
 
     def __init__(self, info: WorkloadInfo, workers: int) -> None:
         self.info = info
@@ -310,7 +301,7 @@ class _GlobalPool:
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
-        return float32_only(info)
+        return float32_data(info)
 
     def __init__(self, info: WorkloadInfo, workers: int) -> None:
         self.info = info

@@ -16,8 +16,7 @@ from flowrt.engine.graph.layers.reshape import const_ints
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.errors import BackendError
 from flowrt.registry import Support, WorkloadInfo
-from flowrt.types import DataType
-from flowrt.workers.cpu.acc.kernels import acc_kernel
+from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels.strided import MIN_SLICE
 
 SUM, MEAN, MAX = range(3)
@@ -91,10 +90,7 @@ class ReduceKernel:
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
-        x = info.inputs[0]
-        if x is None or x.dtype is not DataType.FLOAT32:
-            return Support.no(f"CpuAcc {info.kind} takes float32 only")
-        return Support.yes()
+        return float32_data(info)
 
     def __init__(self, info: WorkloadInfo, workers: int) -> None:
         if info.activation is not None:

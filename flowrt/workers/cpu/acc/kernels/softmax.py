@@ -15,8 +15,7 @@ from numba import njit, prange
 
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import Support, WorkloadInfo
-from flowrt.types import DataType
-from flowrt.workers.cpu.acc.kernels import acc_kernel
+from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 
 # Below this many elements per slice, a second thread costs more than it saves.
 MIN_SLICE = 16384
@@ -101,10 +100,7 @@ class SoftmaxKernel:
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
-        x = info.inputs[0]
-        if x is None or x.dtype is not DataType.FLOAT32:
-            return Support.no(f"CpuAcc {info.kind} takes float32 only")
-        return Support.yes()
+        return float32_data(info)
 
     def __init__(self, info: WorkloadInfo, workers: int) -> None:
         self.info = info
