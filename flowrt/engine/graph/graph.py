@@ -159,6 +159,12 @@ class Graph:
                 out.disconnect(dst)
         del self.layers[layer.name]
 
+    def remove_unread_constants(self) -> None:
+        """Drop Constant layers nothing reads any more (what a folding pass leaves behind)."""
+        for layer in self.of_kind("Constant"):
+            if not layer.outputs[0].connections:
+                self.remove_layer(layer)
+
     def reroute(self, old: OutputSlot, new: OutputSlot) -> None:
         """Make every reader of ``old`` read ``new`` instead."""
         for dst in list(old.connections):

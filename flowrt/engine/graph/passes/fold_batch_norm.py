@@ -65,7 +65,5 @@ def fold_batch_norm(graph: Graph) -> list[str]:
         graph.reroute(bn.outputs[0], conv.outputs[0])
         graph.remove_layer(bn)
         changes.append(f"folded BatchNormalization {bn.name!r} into Conv {conv.name!r}")
-    for layer in graph.of_kind("Constant"):
-        if not layer.outputs[0].connections:
-            graph.remove_layer(layer)
+    graph.remove_unread_constants()
     return changes

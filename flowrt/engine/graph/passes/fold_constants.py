@@ -57,14 +57,8 @@ def fold_constants(graph: Graph, evaluate: Evaluator) -> list[str]:
             graph.reroute(out, const.outputs[0])
         graph.remove_layer(layer)
         folded.append(layer)
-    _drop_unread_constants(graph)
+    graph.remove_unread_constants()
     if not folded:
         return []
     kinds = sorted({layer.kind for layer in folded})
     return [f"folded {len(folded)} constant layer(s) ({', '.join(kinds)})"]
-
-
-def _drop_unread_constants(graph: Graph) -> None:
-    for layer in graph.of_kind("Constant"):
-        if not layer.outputs[0].connections:
-            graph.remove_layer(layer)

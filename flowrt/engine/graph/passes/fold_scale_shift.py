@@ -87,7 +87,5 @@ def fold_scale_shift(graph: Graph) -> list[str]:
         for old in folded:
             graph.remove_layer(old)
         changes.append(f"folded {' + '.join(f'{o.kind} {o.name!r}' for o in folded)} into BatchNormalization")
-    for layer in graph.of_kind("Constant"):
-        if not layer.outputs[0].connections:
-            graph.remove_layer(layer)
+    graph.remove_unread_constants()
     return changes
