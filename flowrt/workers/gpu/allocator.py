@@ -5,16 +5,26 @@ it does on the host; here an arena is one ``cl.Buffer`` and a tensor at an offse
 sub-buffer of it. OpenCL lets a sub-buffer start only at a multiple of the device's
 base-address alignment (``CL_DEVICE_MEM_BASE_ADDR_ALIGN``, given in bits), so that is the
 alignment the planner packs with.
+
+GpuAcc never releases a sub-buffer: NVIDIA's OpenCL driver (580.159 on an H100) crashes in
+``clReleaseMemObject`` when some of them are released after the kernels of a run have used
+them (resnet50 or a Conv, MaxPool and Concat network, whether the parent buffer is still
+alive or not). So an arena that no pool holds any more goes to its device's
+:class:`ArenaCache` with its views, and the next arena of about that size is that buffer
+again — a caching allocator, as PyTorch's CUDA one is: device memory is bounded by the most
+arena bytes ever live at once, and is given back when the process ends.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
 
 from flowrt.engine.memory.lifetime_managers import OffsetLifetimeManager
 from flowrt.engine.memory.manager import MemoryManager
+from flowrt.workers.gpu.arena_cache import Views
 from flowrt.workers.gpu.context import DeviceContext
 from flowrt.workers.gpu.device import cl
 from flowrt.workers.gpu.tensor import GpuTensor
@@ -25,12 +35,13 @@ class DeviceArena:
 
     Views are cached by (offset, shape, dtype): the plan is fixed at load, so every run of a
     pool asks for the same few, and a sub-buffer is made once rather than once per run.
+    ``buffer`` may be larger than ``nbytes`` when it is a cached buffer used again.
     """
 
-    def __init__(self, buffer: Any, nbytes: int) -> None:
+    def __init__(self, buffer: Any, nbytes: int, views: Views | None = None) -> None:
         self.buffer = buffer
         self.nbytes = nbytes
-        self.views: dict[tuple[int, tuple[int, ...], np.dtype], GpuTensor] = {}
+        self.views: Views = {} if views is None else views
 
 
 class OpenCLAllocator:
@@ -42,9 +53,17 @@ class OpenCLAllocator:
         self.alignment = max(int(context.device.mem_base_addr_align) // 8, 4)
 
     def allocate(self, nbytes: int) -> DeviceArena:
-        """A new arena of ``nbytes`` bytes (uninitialized device memory)."""
+        """An arena of ``nbytes`` bytes (uninitialized device memory): a cached buffer when one
+        fits, else a new one. It returns to the cache when no one holds it any more."""
         size = max(int(nbytes), self.alignment)  # OpenCL refuses empty buffers
-        return DeviceArena(cl.Buffer(self.context.context, cl.mem_flags.READ_WRITE, size), size)
+        cache = self.context.arena_cache
+        cached = cache.take(size)
+        if cached is None:
+            arena = DeviceArena(cl.Buffer(self.context.context, cl.mem_flags.READ_WRITE, size), size)
+        else:
+            arena = DeviceArena(cached[0], size, cached[1])
+        weakref.finalize(arena, cache.give, arena.buffer, arena.views)
+        return arena
 
     def view(self, arena: DeviceArena, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> GpuTensor:
         """The device tensor of ``shape``/``dtype`` at byte ``offset`` of ``arena``."""

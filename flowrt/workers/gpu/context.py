@@ -7,9 +7,11 @@ from typing import Any
 
 import numpy as np
 
+from flowrt.workers.gpu.arena_cache import ArenaCache
 from flowrt.workers.gpu.device import choose_device, cl, takes_priority_hints
 from flowrt.workers.gpu.program import ProgramCache
 from flowrt.workers.gpu.tensor import GpuTensor
+from flowrt.workers.gpu.typed_kernel import TypedKernel
 
 
 class DeviceContext:
@@ -26,6 +28,8 @@ class DeviceContext:
         self.context = cl.Context([device])
         self.queue = cl.CommandQueue(self.context, device)
         self.programs = ProgramCache(self.context, device)
+        # Arena buffers no pool holds any more, for the next load (see ``allocator``).
+        self.arena_cache = ArenaCache()
         self._priority_hints: bool | None = None
 
     @property
@@ -35,10 +39,11 @@ class DeviceContext:
             self._priority_hints = takes_priority_hints(self.device, self.context)
         return self._priority_hints
 
-    def kernel(self, program: str, name: str) -> Any:
-        """A new ``cl.Kernel`` object for ``name`` in ``program``: its arguments are its own, so
-        the caller must not share it between threads without a lock."""
-        return cl.Kernel(self.programs.get(program), name)
+    def kernel(self, program: str, name: str) -> TypedKernel:
+        """A new kernel object for ``name`` in ``program`` (a ``cl.Kernel`` whose scalar
+        argument types are declared at its first launch): its arguments are its own, so the
+        caller must not share it between threads without a lock."""
+        return TypedKernel(cl.Kernel(self.programs.get(program), name))
 
     def empty(self, shape: tuple[int, ...], dtype: Any = np.float32) -> GpuTensor:
         """An uninitialized device tensor."""

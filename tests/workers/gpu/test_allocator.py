@@ -50,3 +50,23 @@ async def test_a_device_pool_is_zeroed_when_released(gpu):
         cl.enqueue_copy(gpu.queue, tensor.buffer, np.ones(8, np.float32), is_blocking=True)
         assert pool.nbytes == 2 * allocator.alignment
     assert not tensor.get().any()
+
+
+def test_an_arena_no_pool_holds_goes_back_to_the_device_cache_with_its_views(gpu):
+    import gc
+
+    allocator = OpenCLAllocator(gpu)
+    size = 37 * allocator.alignment  # a size no other test's arena has
+    arena = allocator.allocate(size)
+    view = allocator.view(arena, allocator.alignment, (4,), F32)
+    buffer_ptr, view_ptr = arena.buffer.int_ptr, view.buffer.int_ptr
+    cached_before = len(gpu.arena_cache)
+    del arena, view
+    gc.collect()
+    assert len(gpu.arena_cache) == cached_before + 1
+    again = allocator.allocate(size)
+    assert again.buffer.int_ptr == buffer_ptr and again.nbytes == size
+    assert allocator.view(again, allocator.alignment, (4,), F32).buffer.int_ptr == view_ptr
+    assert len(gpu.arena_cache) == cached_before
+    larger = allocator.allocate(8 * size)  # nothing cached fits: a new buffer
+    assert larger.buffer.int_ptr != buffer_ptr and larger.buffer.size == 8 * size
