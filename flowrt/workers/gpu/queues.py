@@ -7,11 +7,13 @@ segment of a run: uploads, kernels, downloads) and returns the last one's event,
 actor enqueues and flushes, then moves on; the submitter is woken by the event's completion
 callback (see ``completion``), so no thread waits per kernel and nothing polls.
 
-Priorities reach the hardware where the driver takes the hint. Where it does not, the order
-between levels comes from here: the device's actors share an :class:`Admission` that lets
-only a few submissions be on the device at once and admits the waiting one of the highest
-priority first, so work queued at a low level waits behind a later high-priority run
-instead of filling the device ahead of it.
+Priorities reach the hardware where the driver takes the hint, but a hint only orders work
+the device has not started: a GPU runs what is already queued to it before it looks at a
+later high-priority queue (on an H100, five queued low-priority runs all finished before a
+high-priority one submitted after them). So on every device the actors share an
+:class:`Admission` that lets only a few submissions be on the device at once and admits the
+waiting one of the highest priority first: work queued at a low level waits behind a later
+high-priority run instead of filling the device ahead of it.
 """
 
 from __future__ import annotations
@@ -46,9 +48,9 @@ PRIORITY_LEVELS = {
 # Enqueues commands on the queue it is given and returns the event of the last one (or None).
 Enqueue = Callable[[Any], Any]
 
-# Submissions on the device at once where queues take no priority hints: one running and one
-# enqueued behind it, so the device does not idle while the next is being enqueued.
-UNHINTED_IN_FLIGHT = 2
+# Submissions on the device at once: one running and one enqueued behind it, so the device
+# does not idle while the next is being enqueued.
+IN_FLIGHT = 2
 
 
 class Admission:
@@ -193,12 +195,12 @@ class QueueActor:
 class QueueActors:
     """A device's three queue actors, one per priority level; ``actors[Priority.HIGH]``.
 
-    They share one :class:`Admission`: unlimited where the queues take priority hints, else
-    ``UNHINTED_IN_FLIGHT`` submissions on the device at once, highest priority first.
+    They share one :class:`Admission`: ``IN_FLIGHT`` submissions on the device at once (or
+    ``in_flight_limit``), highest priority first.
     """
 
     def __init__(self, context: DeviceContext, in_flight_limit: int | None = None) -> None:
-        limit = in_flight_limit or (None if context.priority_hints else UNHINTED_IN_FLIGHT)
+        limit = in_flight_limit or IN_FLIGHT
         self.admission = Admission(limit)
         self.by_priority = {p: QueueActor(context, p, self.admission) for p in PRIORITY_LEVELS}
 
