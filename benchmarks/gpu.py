@@ -1,0 +1,224 @@
+"""resnet50 on GpuAcc against PyTorch eager on CUDA, fp32.
+
+    python benchmarks/gpu.py [--batches 1,8] [--iterations 50] [--concurrency 1,2] [--load-times]
+
+torchvision's resnet50 with random weights (seed 0) is exported to ONNX once per batch size
+and optimized for ``GpuAcc,CpuRef``; PyTorch runs the same module eagerly on CUDA with TF32
+off (``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32``), so
+both sides compute in fp32; PyTorch runs in a child process, so CUDA and the OpenCL driver never share one. For each batch size it prints the median latency and the
+throughput of each engine, flowrt's throughput as a fraction of PyTorch's, and the largest
+difference between their outputs. ``--concurrency C`` keeps C flowrt runs in flight (C memory
+pools), which overlaps one run's host work with another's device work.
+
+``--load-times`` starts two fresh processes one after the other, sharing an empty program
+cache (``FLOWRT_CACHE_DIR``): the first builds GpuAcc's programs from source (cold), the
+second from the cached binaries (warm). Each prints its optimize + load time and how every
+program was built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import trio
+
+import flowrt
+
+BACKENDS = ["GpuAcc", "CpuRef"]
+
+
+def _torch_model():
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    return torchvision.models.resnet50(weights=None).eval()
+
+
+def _export(model, batch: int, folder: Path) -> str:
+    import torch
+
+    path = folder / f"resnet50_b{batch}.onnx"
+    if not path.exists():
+        x = torch.zeros(batch, 3, 224, 224)
+        try:
+            torch.onnx.export(model, (x,), str(path), input_names=["data"], output_names=["logits"],
+                              opset_version=17, dynamo=False)  # fmt: skip
+        except TypeError:  # a torch without the dynamo switch
+            torch.onnx.export(model, (x,), str(path), input_names=["data"], output_names=["logits"],
+                              opset_version=17)  # fmt: skip
+    return str(path)
+
+
+def _torch_latencies(model, x: np.ndarray, iterations: int) -> tuple[list[float], np.ndarray]:
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    gpu_model = model.cuda()
+    xt = torch.from_numpy(x).cuda()
+    times = []
+    with torch.inference_mode():
+        for _ in range(5):
+            out = gpu_model(xt)
+        torch.cuda.synchronize()
+        for _ in range(iterations):
+            start = time.perf_counter()
+            out = gpu_model(xt)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+    result = out.cpu().numpy()
+    model.cpu()
+    return times, result
+
+
+async def _flowrt_latencies(path: str, x: np.ndarray, iterations: int, concurrency: int):
+    start = time.perf_counter()
+    opt = flowrt.optimize(flowrt.onnx.load(path), backends=BACKENDS)
+    off_gpu = [name for name, bid in opt.assignments().items() if bid != "GpuAcc"]
+    async with flowrt.Runtime() as rt:
+        model = await rt.load(opt, max_in_flight=concurrency)
+        load_s = time.perf_counter() - start
+        (name,) = model.inputs
+        feeds = {name: x}
+        for _ in range(3):
+            out = await model.run(feeds)
+        times: list[float] = []
+
+        async def client(count: int) -> None:
+            for _ in range(count):
+                t0 = time.perf_counter()
+                await model.run(feeds)
+                times.append(time.perf_counter() - t0)
+
+        wall = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for _ in range(concurrency):
+                nursery.start_soon(client, iterations // concurrency)
+        wall = time.perf_counter() - wall
+    return times, wall, next(iter(out.values())), load_s, off_gpu
+
+
+def _torch_in_child(batch: int, iterations: int, folder: Path) -> tuple[float, np.ndarray, np.ndarray]:
+    """PyTorch's median latency, the input and the output at ``batch``, measured in a process of its own (so
+    CUDA and the OpenCL driver never share one)."""
+    x_path, y_path = folder / f"x_b{batch}.npy", folder / f"y_b{batch}.npy"
+    out = subprocess.run([sys.executable, __file__, "--torch-only", str(batch), str(iterations), str(folder)],
+                         check=True, capture_output=True, text=True).stdout  # fmt: skip
+    return json.loads(out.strip().splitlines()[-1])["median_s"], np.load(x_path), np.load(y_path)
+
+
+def torch_once(batch: int, iterations: int, folder: Path) -> None:
+    """Export resnet50 at ``batch`` (once), time PyTorch eager on it, save the input and output."""
+    model = _torch_model()
+    _export(model, batch, folder)
+    x = np.random.default_rng(batch).standard_normal((batch, 3, 224, 224), dtype=np.float32)
+    times, y = _torch_latencies(model, x, iterations)
+    np.save(folder / f"x_b{batch}.npy", x)
+    np.save(folder / f"y_b{batch}.npy", y)
+    print(json.dumps({"median_s": statistics.median(times)}))
+
+
+def benchmark(batches: list[int], iterations: int, concurrencies: list[int], folder: Path) -> None:
+    rows = []
+    for batch in batches:
+        torch_s, x, expected = _torch_in_child(batch, iterations, folder)
+        path = str(folder / f"resnet50_b{batch}.onnx")
+        for concurrency in concurrencies:
+            times, wall, got, load_s, off_gpu = trio.run(_flowrt_latencies, path, x, iterations, concurrency)
+            ips = batch * len(times) / wall
+            diff = float(np.max(np.abs(got - expected)) / max(1e-12, float(np.max(np.abs(expected)))))
+            rows.append(
+                (
+                    batch,
+                    concurrency,
+                    statistics.median(times) * 1e3,
+                    ips,
+                    torch_s * 1e3,
+                    batch / torch_s,
+                    diff,
+                )
+            )
+            print(
+                f"batch {batch}, {concurrency} in flight: load {load_s:.2f} s, layers off GpuAcc: {off_gpu or 'none'}"
+            )
+    print()
+    print(
+        "batch  in flight  flowrt ms  flowrt img/s  torch ms  torch img/s  flowrt/torch img/s  max rel diff"
+    )
+    for batch, conc, ms, ips, tms, tips, diff in rows:
+        print(
+            f"{batch:>5}  {conc:>9}  {ms:>9.2f}  {ips:>12.1f}  {tms:>8.2f}  {tips:>11.1f}  {ips / tips:>18.3f}  {diff:>12.2e}"
+        )
+
+
+def load_once(path: str) -> None:
+    """Optimize and load ``path`` on GpuAcc in this process; print the time and program builds."""
+
+    async def main() -> dict:
+        start = time.perf_counter()
+        opt = flowrt.optimize(flowrt.onnx.load(path), backends=BACKENDS)
+        async with flowrt.Runtime() as rt:
+            await rt.load(opt)
+            load_s = time.perf_counter() - start
+            programs = rt._contexts["GpuAcc"].device.programs.builds
+            return {"load_s": load_s, "builds": dict(programs)}
+
+    print(json.dumps(trio.run(main)))
+
+
+def load_times(folder: Path) -> None:
+    path = _export(_torch_model(), 1, folder)  # exported here; torch's CUDA is never started
+    cache = tempfile.mkdtemp(prefix="flowrt-cache-")  # empty: the first process builds from source
+    env = dict(os.environ, FLOWRT_CACHE_DIR=cache)
+    for label in ("cold", "warm"):
+        start = time.perf_counter()
+        out = subprocess.run([sys.executable, __file__, "--load-only", path], env=env, check=True,
+                             capture_output=True, text=True).stdout  # fmt: skip
+        total = time.perf_counter() - start
+        result = json.loads(out.strip().splitlines()[-1])
+        print(
+            f"{label}: optimize + load {result['load_s']:.2f} s, process {total:.2f} s, programs {result['builds']}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--iterations", type=int, default=50)
+    parser.add_argument("--concurrency", default="1,2")
+    parser.add_argument("--load-times", action="store_true")
+    parser.add_argument("--load-only", metavar="MODEL", help=argparse.SUPPRESS)
+    parser.add_argument("--torch-only", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--export-dir", help="where the ONNX exports go (default: a temporary folder)")
+    args = parser.parse_args()
+    if args.load_only:
+        load_once(args.load_only)
+        return
+    if args.torch_only:
+        batch, iterations, folder = args.torch_only
+        torch_once(int(batch), int(iterations), Path(folder))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(args.export_dir or tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        if args.load_times:
+            load_times(folder)
+        batches = [int(b) for b in args.batches.split(",")]
+        concurrencies = [int(c) for c in args.concurrency.split(",")]
+        benchmark(batches, args.iterations, concurrencies, folder)
+
+
+if __name__ == "__main__":
+    main()
