@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from flowrt.engine.graph.passes.fusions import offer_fusions
 from flowrt.engine.memory.manager import MemoryManager
 from flowrt.registry import OptimizationViews
 from flowrt.workers.gpu.allocator import device_memory_manager
 from flowrt.workers.gpu.backend_context import GpuBackendContext
 from flowrt.workers.gpu.context import device_context
 from flowrt.workers.gpu.layer_support import GpuLayerSupport
+from flowrt.workers.gpu.tuner import Tuner
 from flowrt.workers.gpu.workload_factory import GpuWorkloadFactory
 
 # Kernels that apply a fused activation in their own store; other kinds would need a pass more.
@@ -24,7 +26,9 @@ class GpuAccBackend:
 
     Making one never touches OpenCL, so it is safe where there is none: its layer support then
     declines every layer with the reason. A runtime configures the object it holds through
-    ``create_context(options)``: ``options.opencl_device``, when set, picks the device.
+    ``create_context(options)``: ``options.opencl_device``, when set, picks the device, and
+    ``options.tuning_file`` / ``options.tuning_mode`` make the tuner its kernels take their
+    local work sizes from (see ``flowrt.workers.gpu.tuner``).
     Its memory lives on the device (``host_memory`` False): the runtime runs its workloads as
     GPU segments on the context's queue actors and copies to the host only where a host
     backend, or the caller, reads a GpuAcc tensor.
@@ -35,6 +39,7 @@ class GpuAccBackend:
 
     def __init__(self, opencl_device: str | None = None) -> None:
         self.opencl_device = opencl_device
+        self.tuner = Tuner()
 
     @property
     def capabilities(self) -> dict[str, Any]:
@@ -50,18 +55,20 @@ class GpuAccBackend:
         return GpuLayerSupport()
 
     def optimize_subgraph(self, view: Any) -> OptimizationViews:
-        """No fusions yet: every subgraph stays as it is."""
-        views = OptimizationViews()
-        views.add_untouched(view)
-        return views
+        """MatMul + bias Add (+ activation) as one Gemm, and an activation fused into the
+        layer before it (Conv + bias + Relu as one Conv): see ``offer_fusions``."""
+        return offer_fusions(view, self.layer_support(), FUSED_ACTIVATION_KINDS)
 
     def create_context(self, options: Any = None) -> GpuBackendContext:
         """The runtime's GpuAcc context: the device ``options.opencl_device`` names (this
         backend object keeps the choice, for the memory manager and workload factory it makes
-        next) and its queue actors, which the runtime starts."""
+        next) and its queue actors, which the runtime starts. A tuning file that cannot be
+        used raises BackendError here, naming the file and the problem."""
         spec = getattr(options, "opencl_device", None)
         if spec is not None:
             self.opencl_device = spec
+        mode = getattr(options, "tuning_mode", None) or "none"
+        self.tuner = Tuner(mode, getattr(options, "tuning_file", None))
         return GpuBackendContext(device_context(self.opencl_device))
 
     def create_memory_manager(self) -> MemoryManager:
@@ -69,4 +76,4 @@ class GpuAccBackend:
         return device_memory_manager(device_context(self.opencl_device))
 
     def create_workload_factory(self, memory_manager: Any = None) -> GpuWorkloadFactory:
-        return GpuWorkloadFactory(memory_manager, device_context(self.opencl_device))
+        return GpuWorkloadFactory(memory_manager, device_context(self.opencl_device), self.tuner)

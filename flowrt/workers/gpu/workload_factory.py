@@ -14,6 +14,7 @@ from flowrt.workers.gpu.device import cl
 from flowrt.workers.gpu.kernels import GpuKernel, load_all
 from flowrt.workers.gpu.kernels.activation import enqueue_activation
 from flowrt.workers.gpu.tensor import GpuTensor
+from flowrt.workers.gpu.tuner import Tuner, tuning_progress
 
 
 class GpuWorkload:
@@ -27,6 +28,8 @@ class GpuWorkload:
 
     Constant inputs (weights) are uploaded once by ``prepare``; the host copies the executor
     passes for them are not read again. The slots in ``host_inputs`` are read on the host.
+    When its tuner tunes, ``prepare`` also runs the layer once on the tuner's profiling queue,
+    on scratch tensors, which times the local sizes of the kernels it launches.
     """
 
     writes_in_place = True
@@ -49,6 +52,30 @@ class GpuWorkload:
         self.activation_kernel = None
         if self.info.activation is not None and not self.kernel.fuses_activation:
             self.activation_kernel = self.context.kernel("elementwise", "activation")
+        if self.kernel.tuner.tunes and not self.kernel.is_view:
+            self._tune()
+
+    def _tune(self) -> None:
+        """Run the layer on scratch tensors on the profiling queue (its kernels tune as they
+        launch), then write the tuning file if that found something new."""
+        tuner = self.kernel.tuner
+        queue = tuner.profiling_queue(self.context)
+        inputs = [self._scratch(i, info) for i, info in enumerate(self.info.inputs)]
+        self.enqueue(queue, inputs)
+        queue.finish()
+        tuner.save()
+        report = tuning_progress.get()
+        if report is not None:
+            report(self.info.layer_name)
+
+    def _scratch(self, index: int, info: Any) -> Any:
+        """A stand-in for input ``index`` while tuning: its constant, else ones."""
+        if info is None:
+            return None
+        value = self.kernel.constant(index)
+        if value is not None:
+            return value
+        return np.ones(tuple(info.shape), info.dtype.numpy)
 
     def enqueue(
         self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor] | None = None
@@ -69,7 +96,7 @@ class GpuWorkload:
             if self.activation_kernel is not None:
                 # In place: a kernel's outputs never alias its inputs.
                 enqueue_activation(
-                    self.activation_kernel, queue, targets[0], targets[0], self.info.activation
+                    self.kernel, self.activation_kernel, queue, targets[0], targets[0], self.info.activation
                 )  # type: ignore[arg-type]
         return targets
 
@@ -91,14 +118,16 @@ class GpuWorkload:
 
 
 class GpuWorkloadFactory:
-    """Makes GpuAcc workloads on one device."""
+    """Makes GpuAcc workloads on one device; their kernels take local sizes from ``tuner``
+    (default: none tuned, nothing timed)."""
 
-    def __init__(self, memory_manager: Any, context: DeviceContext) -> None:
+    def __init__(self, memory_manager: Any, context: DeviceContext, tuner: Tuner | None = None) -> None:
         self.memory_manager = memory_manager
         self.context = context
+        self.tuner = tuner or Tuner()
 
     def create_workload(self, info: WorkloadInfo) -> GpuWorkload:
         kernel = load_all().get(info.kind)
         if kernel is None:
             raise BackendError(f"GpuAcc has no kernel for layer {info.layer_name!r} ({info.kind})")
-        return GpuWorkload(kernel(info, self.context))
+        return GpuWorkload(kernel(info, self.context, self.tuner))

@@ -9,6 +9,9 @@ preallocated GpuTensor per output (planned pool memory, or new buffers), which i
 one. A view kernel (``is_view``) writes nothing: ``view(inputs)`` returns its outputs as views
 of its input. A kernel that applies ``info.activation`` itself sets ``fuses_activation``; for
 the others the workload runs the activation afterwards.
+
+A one-dimensional kernel (one work-item per element, skipping those past its count) is
+launched with :meth:`GpuKernel.launch`, which takes its local work size from the tuner.
 """
 
 from __future__ import annotations
@@ -23,12 +26,13 @@ import numpy as np
 
 from flowrt.registry import FusedActivation, Support, WorkloadInfo
 from flowrt.workers.gpu.tensor import GpuTensor
+from flowrt.workers.gpu.tuner import DEFAULT_LOCAL_SIZE, Tuner
 
 # The codes of common.cl's activate().
 ACTIVATION_CODES = {"Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "Tanh": 5}
-# One-dimensional kernels run in work-groups of this size (a fixed size: PoCL compiles a
+# One-dimensional kernels run in work-groups of this size unless tuned (PoCL compiles a
 # kernel once per work-group size it meets).
-LOCAL_SIZE = 64
+LOCAL_SIZE = DEFAULT_LOCAL_SIZE
 RANK = 6  # the largest rank strided_offset handles
 
 
@@ -57,7 +61,7 @@ def static_shape(info: Any) -> tuple[int, ...]:
 
 
 class GpuKernel:
-    """The shared part of every GpuAcc kernel: its layer, device context and a lock.
+    """The shared part of every GpuAcc kernel: its layer, device context, tuner and a lock.
 
     The lock serializes ``enqueue`` on one layer: a ``cl.Kernel`` holds its arguments, and
     two runs in flight may execute the same layer from two threads.
@@ -67,11 +71,17 @@ class GpuKernel:
     fuses_activation = False
     is_view = False
 
-    def __init__(self, info: WorkloadInfo, context: Any) -> None:
+    def __init__(self, info: WorkloadInfo, context: Any, tuner: Tuner | None = None) -> None:
         self.info = info
         self.context = context
+        self.tuner = tuner or Tuner()
         self.lock = threading.Lock()
         self.output_shapes = [static_shape(o) for o in info.outputs]
+
+    def launch(self, kernel: Any, queue: Any, n: int, *args: Any) -> Any:
+        """Enqueue the 1-D ``kernel(*args)`` over ``n`` work-items on ``queue`` in work-groups
+        of the tuned local size (see ``flowrt.workers.gpu.tuner``); returns the event."""
+        return self.tuner.enqueue(kernel, queue, self.context.device, n, args)
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:

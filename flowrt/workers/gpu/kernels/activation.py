@@ -12,19 +12,19 @@ from typing import Any
 import numpy as np
 
 from flowrt.registry import FusedActivation
-from flowrt.workers.gpu.kernels import LOCAL_SIZE, GpuKernel, activation_args, global_size, gpu_kernel
+from flowrt.workers.gpu.kernels import GpuKernel, activation_args, gpu_kernel
 from flowrt.workers.gpu.tensor import GpuTensor
 
 
 def enqueue_activation(
-    kernel: Any, queue: Any, x: GpuTensor, y: GpuTensor, activation: FusedActivation
+    owner: GpuKernel, kernel: Any, queue: Any, x: GpuTensor, y: GpuTensor, activation: FusedActivation
 ) -> Any:
     """Enqueue ``y = activation(x)`` (``y`` may be ``x``) on ``queue`` with the elementwise
-    program's ``activation`` kernel; returns its event."""
-    return kernel(
+    program's ``activation`` kernel, launched by ``owner``; returns its event."""
+    return owner.launch(
+        kernel,
         queue,
-        global_size(x.size),
-        (LOCAL_SIZE,),
+        x.size,
         x.buffer,
         y.buffer,
         np.int32(x.size),
@@ -42,4 +42,4 @@ class ActivationKernel(GpuKernel):
         self.activation = FusedActivation(self.info.kind, alpha)
 
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
-        return enqueue_activation(self.kernel, queue, inputs[0], outputs[0], self.activation)
+        return enqueue_activation(self, self.kernel, queue, inputs[0], outputs[0], self.activation)

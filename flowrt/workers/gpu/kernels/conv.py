@@ -13,7 +13,7 @@ from typing import Any
 
 from flowrt.engine.graph.layers.conv import window_geometry
 from flowrt.registry import Support, WorkloadInfo
-from flowrt.workers.gpu.kernels import LOCAL_SIZE, GpuKernel, global_size, gpu_kernel, ints, static_shape
+from flowrt.workers.gpu.kernels import GpuKernel, gpu_kernel, ints, static_shape
 from flowrt.workers.gpu.kernels.gemm import Operand, enqueue_gemm
 from flowrt.workers.gpu.tensor import GpuTensor
 
@@ -68,8 +68,8 @@ class ConvKernel(GpuKernel):
         """The im2col matrix of ``x`` (enqueued; the GEMM after it on the queue reads it)."""
         g = self.geometry
         cols = self.context.empty((total,))
-        self.im2col(
-            queue, global_size(total), (LOCAL_SIZE,), x.buffer, cols.buffer,
+        self.launch(
+            self.im2col, queue, total, x.buffer, cols.buffer,
             *ints(x.shape[1], *x.shape[2:], *self.kernel_hw, *g.out, *g.strides, *g.pads_begin,  # type: ignore[misc]
                   *g.dilations, total),
         )  # fmt: skip

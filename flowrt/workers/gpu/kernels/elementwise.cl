@@ -1,4 +1,4 @@
-// Activations and broadcasting binary ops, one work-item per output element.
+// Activations, broadcasting binary ops and unary functions, one work-item per output element.
 
 __kernel void activation(__global const float* x, __global float* y, int n,
                          int code, float alpha, float beta) {
@@ -10,6 +10,7 @@ __kernel void activation(__global const float* x, __global float* y, int n,
 #define OP_SUB 1
 #define OP_MUL 2
 #define OP_DIV 3
+#define OP_POW 4
 
 // table: output dims, A's strides, B's strides (see strided_offset).
 __kernel void binary(__global const float* a, __global const float* b, __global float* y,
@@ -24,7 +25,39 @@ __kernel void binary(__global const float* a, __global const float* b, __global 
     case OP_ADD: r = u + v; break;
     case OP_SUB: r = u - v; break;
     case OP_MUL: r = u * v; break;
+    case OP_POW: r = pow(u, v); break;
     default: r = u / v; break;
     }
     y[i] = activate(r, code, alpha, beta);
+}
+
+// Unary functions; codes match UNARY_CODES in kernels/unary.py. alpha and beta are the
+// layer's attributes where it has them (Elu's alpha, HardSigmoid's alpha and beta).
+inline float unary_op(float v, int op, float alpha, float beta) {
+    switch (op) {
+    case 0: return exp(v);
+    case 1: return log(v);
+    case 2: return sqrt(v);
+    case 3: return -v;
+    case 4: return fabs(v);
+    case 5: return 1.0f / v;
+    case 6: return floor(v);
+    case 7: return ceil(v);
+    case 8: return rint(v);  // half to even, as numpy rounds
+    case 9: return erf(v);
+    case 10: return sin(v);
+    case 11: return cos(v);
+    case 12: return 0.5f * v * (1.0f + erf(v * M_SQRT1_2_F));
+    case 13: return 0.5f * v * (1.0f + tanh(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    case 14: return v > 0.0f ? v : alpha * expm1(v);
+    case 15: return fmax(v, 0.0f) + log1p(exp(-fabs(v)));  // softplus without overflow
+    case 16: return v / (1.0f + fabs(v));
+    case 17: return fmin(fmax(mad(alpha, v, beta), 0.0f), 1.0f);
+    default: return v;
+    }
+}
+
+__kernel void unary(__global const float* x, __global float* y, int n, int op, float alpha, float beta) {
+    int i = get_global_id(0);
+    if (i < n) y[i] = unary_op(x[i], op, alpha, beta);
 }

@@ -1,4 +1,4 @@
-"""Add, Sub, Mul, Div and Sum with numpy broadcasting (and the pre-opset-7 legacy rule)."""
+"""Add, Sub, Mul, Div, Pow and Sum with numpy broadcasting (and the pre-opset-7 legacy rule)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,15 @@ import numpy as np
 from flowrt.engine.graph.layers.elementwise import legacy_b_shape
 from flowrt.workers.gpu.device import cl
 from flowrt.workers.gpu.kernels import (
-    LOCAL_SIZE,
     RANK,
     GpuKernel,
     activation_args,
-    global_size,
     gpu_kernel,
     static_shape,
 )
 from flowrt.workers.gpu.tensor import GpuTensor
 
-OPS = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Sum": 0}
+OPS = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Pow": 4, "Sum": 0}
 
 
 def broadcast_strides(shape: Sequence[int], out: Sequence[int]) -> list[int]:
@@ -43,7 +41,7 @@ def stride_table(context: Any, out: Sequence[int], *stride_sets: Sequence[int]) 
     return cl.Buffer(context.context, flags, hostbuf=table)
 
 
-@gpu_kernel("Add", "Sub", "Mul", "Div", "Sum")
+@gpu_kernel("Add", "Sub", "Mul", "Div", "Pow", "Sum")
 class BinaryKernel(GpuKernel):
     """y = act(a op b), broadcasting; Sum folds its inputs pairwise, left to right."""
 
@@ -76,8 +74,7 @@ class BinaryKernel(GpuKernel):
             # The fold's running results before the last are scratch buffers of their own.
             y = outputs[0] if last else self.context.empty(out)
             act = activation_args(self.info.activation if last else None)
-            event = self.kernel(
-                queue, global_size(y.size), (LOCAL_SIZE,),
+            event = self.launch(self.kernel, queue, y.size,
                 result.buffer, inputs[i + 1].buffer, y.buffer, table, np.int32(y.size), self.op, *act,
             )  # fmt: skip
             result = y

@@ -1,4 +1,4 @@
-"""Gemm and 2-D MatMul on gemm.cl's tiled GEMM; :func:`enqueue_gemm` is shared with Conv."""
+"""Gemm on gemm.cl's tiled GEMM; :func:`enqueue_gemm` is shared with Conv and MatMul."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import attrs
 import numpy as np
 
-from flowrt.registry import FusedActivation, Support, WorkloadInfo
-from flowrt.workers.gpu.kernels import GpuKernel, activation_args, gpu_kernel, ints, static_shape
+from flowrt.registry import FusedActivation
+from flowrt.workers.gpu.kernels import GpuKernel, activation_args, gpu_kernel, ints
 from flowrt.workers.gpu.tensor import GpuTensor
 
 TILE, GROUP = 64, 16  # gemm.cl's TM = TN and WG
@@ -93,23 +93,4 @@ class GemmKernel(_MatrixProduct):
         return enqueue_gemm(
             self.kernel, queue, (m, n, k), matrix(a, desc.transA), matrix(b, desc.transB), y, bias,  # type: ignore[arg-type]
             alpha=desc.alpha, beta=desc.beta, activation=self.info.activation,
-        )  # fmt: skip
-
-
-@gpu_kernel("MatMul")
-class MatMulKernel(_MatrixProduct):
-    """Y = A @ B for 2-D A and B."""
-
-    @classmethod
-    def supports(cls, info: WorkloadInfo) -> Support:
-        if any(len(static_shape(x)) != 2 for x in info.inputs if x is not None):
-            return Support.no("GpuAcc runs MatMul on 2-D inputs only")
-        return Support.yes()
-
-    def enqueue(self, queue: Any, inputs: Sequence[GpuTensor | None], outputs: Sequence[GpuTensor]) -> Any:
-        a, b = inputs
-        (m, n) = self.output_shapes[0]
-        return enqueue_gemm(
-            self.kernel, queue, (m, n, a.shape[1]), matrix(a, False), matrix(b, False), outputs[0],  # type: ignore[union-attr]
-            activation=self.info.activation,
         )  # fmt: skip

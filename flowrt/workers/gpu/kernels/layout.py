@@ -10,10 +10,8 @@ import numpy as np
 from flowrt.engine.graph.layers.transpose import transpose_perm
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.workers.gpu.kernels import (
-    LOCAL_SIZE,
     RANK,
     GpuKernel,
-    global_size,
     gpu_kernel,
     ints,
     static_shape,
@@ -41,8 +39,7 @@ class ConcatKernel(GpuKernel):
         for x in inputs:
             block = x.shape[self.axis] * self.inner
             if x.size:
-                event = self.kernel(
-                    queue, global_size(x.size), (LOCAL_SIZE,), x.buffer, y.buffer,
+                event = self.launch(self.kernel, queue, x.size, x.buffer, y.buffer,
                     *ints(block, self.pitch, start, x.size),
                 )  # fmt: skip
             start += block
@@ -70,9 +67,7 @@ class TransposeKernel(GpuKernel):
 
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
         x, y = inputs[0], outputs[0]
-        return self.kernel(
-            queue, global_size(y.size), (LOCAL_SIZE,), x.buffer, y.buffer, self.table, np.int32(y.size)
-        )
+        return self.launch(self.kernel, queue, y.size, x.buffer, y.buffer, self.table, np.int32(y.size))
 
 
 @gpu_kernel("Reshape", "Flatten", "Squeeze", "Unsqueeze")

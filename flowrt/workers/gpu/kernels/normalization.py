@@ -1,4 +1,4 @@
-"""BatchNormalization (inference), LRN and Softmax."""
+"""BatchNormalization (inference), LRN, Softmax and LayerNormalization."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from flowrt.registry import Support, WorkloadInfo
-from flowrt.workers.gpu.kernels import LOCAL_SIZE, GpuKernel, activation_args, global_size, gpu_kernel, ints
+from flowrt.workers.gpu.kernels import GpuKernel, activation_args, gpu_kernel, ints, static_shape
 from flowrt.workers.gpu.tensor import GpuTensor
 
 
@@ -47,8 +47,7 @@ class BatchNormalizationKernel(GpuKernel):
     def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
         x, y = inputs[0], outputs[0]
         factor, shift = self.folded or self._fold(inputs[1:5])
-        return self.kernel(
-            queue, global_size(x.size), (LOCAL_SIZE,), x.buffer, y.buffer, factor.buffer, shift.buffer,
+        return self.launch(self.kernel, queue, x.size, x.buffer, y.buffer, factor.buffer, shift.buffer,
             *ints(*channel_layout(x.shape), x.size), *activation_args(self.info.activation),
         )  # fmt: skip
 
@@ -63,8 +62,7 @@ class LRNKernel(GpuKernel):
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
         x, y, desc = inputs[0], outputs[0], self.info.descriptor
         channels, inner = channel_layout(x.shape)
-        return self.kernel(
-            queue, global_size(x.size), (LOCAL_SIZE,), x.buffer, y.buffer,
+        return self.launch(self.kernel, queue, x.size, x.buffer, y.buffer,
             *ints(channels, inner, desc.size), np.float32(desc.alpha / desc.size),
             np.float32(desc.beta), np.float32(desc.bias), np.int32(x.size),
         )  # fmt: skip
@@ -88,4 +86,43 @@ class SoftmaxKernel(GpuKernel):
 
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
         x, y = inputs[0], outputs[0]
-        return self.kernel(queue, global_size(self.rows), (LOCAL_SIZE,), x.buffer, y.buffer, *self.args)
+        return self.launch(self.kernel, queue, self.rows, x.buffer, y.buffer, *self.args)
+
+
+@gpu_kernel("LayerNormalization")
+class LayerNormalizationKernel(GpuKernel):
+    """Each row of the dims from ``axis`` on standardized, then scaled and shifted; the
+    optional Mean and InvStdDev outputs hold each row's statistics."""
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        shape = static_shape(info.inputs[0])
+        axis = info.descriptor.axis % len(shape)
+        size = int(np.prod(shape[axis:], dtype=np.int64))
+        for what, param in zip(("scale", "bias"), info.inputs[1:], strict=False):
+            if param is not None and param.num_elements not in (1, size):
+                return Support.no(
+                    f"GpuAcc's LayerNormalization takes a {what} of 1 or {size} values, "
+                    f"got shape {param.shape}"
+                )
+        return Support.yes()
+
+    def prepare(self) -> None:
+        self.kernel = self.context.kernel("reduction", "layer_norm")
+        shape = static_shape(self.info.inputs[0])
+        axis = self.info.descriptor.axis % len(shape)
+        self.size = int(np.prod(shape[axis:], dtype=np.int64))
+        self.rows = int(np.prod(shape[:axis], dtype=np.int64))
+
+    def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
+        x, scale, *rest = inputs
+        bias = rest[0] if rest else None
+        y, stats = outputs[0], list(outputs[1:3])
+        mean, inv_std = (stats + [y, y])[:2]
+        return self.launch(
+            self.kernel, queue, self.rows, x.buffer, y.buffer,
+            scale.buffer, np.int32(scale.size > 1),
+            (scale if bias is None else bias).buffer, np.int32(bias is not None and bias.size > 1), np.int32(bias is not None),
+            mean.buffer, inv_std.buffer, np.int32(len(stats)),
+            *ints(self.size, self.rows), np.float32(self.info.descriptor.epsilon),
+        )  # fmt: skip

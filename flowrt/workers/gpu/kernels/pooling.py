@@ -9,7 +9,7 @@ import numpy as np
 
 from flowrt.engine.graph.layers.pooling import pool_geometry
 from flowrt.registry import Support, WorkloadInfo
-from flowrt.workers.gpu.kernels import LOCAL_SIZE, GpuKernel, global_size, gpu_kernel, ints, static_shape
+from flowrt.workers.gpu.kernels import GpuKernel, gpu_kernel, ints, static_shape
 from flowrt.workers.gpu.tensor import GpuTensor
 
 
@@ -37,7 +37,7 @@ class _Pool(GpuKernel):
 
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
         x, y = inputs[0], outputs[0]
-        return self.kernel(queue, global_size(y.size), (LOCAL_SIZE,), x.buffer, y.buffer, *self.args)
+        return self.launch(self.kernel, queue, y.size, x.buffer, y.buffer, *self.args)
 
 
 @gpu_kernel("MaxPool")
@@ -67,6 +67,4 @@ class GlobalAveragePoolKernel(GpuKernel):
 
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
         x, y = inputs[0], outputs[0]
-        return self.kernel(
-            queue, global_size(y.size), (LOCAL_SIZE,), x.buffer, y.buffer, *ints(x.size // y.size, y.size)
-        )
+        return self.launch(self.kernel, queue, y.size, x.buffer, y.buffer, *ints(x.size // y.size, y.size))

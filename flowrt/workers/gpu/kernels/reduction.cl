@@ -1,0 +1,96 @@
+// Reductions over a set of axes and layer normalization, one work-item per output value.
+//
+// reduce: output i starts at the input offset that the `kept` table gives it (the kept dims,
+// then their input strides; see strided_offset); its `count` values lie where the `reduced`
+// table puts them, or at base + k when they are contiguous. Codes match REDUCE_CODES in
+// kernels/reduce.py.
+
+#define R_SUM 0
+#define R_MEAN 1
+#define R_MAX 2
+#define R_MIN 3
+#define R_PROD 4
+#define R_L1 5
+#define R_L2 6
+#define R_SUM_SQUARE 7
+#define R_LOG_SUM 8
+#define R_LOG_SUM_EXP 9
+
+inline float reduce_start(int op) {
+    switch (op) {
+    case R_MAX: return -INFINITY;
+    case R_MIN: return INFINITY;
+    case R_PROD: return 1.0f;
+    default: return 0.0f;
+    }
+}
+
+inline float reduce_step(float acc, float v, int op, float shift) {
+    switch (op) {
+    case R_MAX: return (v > acc || isnan(v)) ? v : acc;
+    case R_MIN: return (v < acc || isnan(v)) ? v : acc;
+    case R_PROD: return acc * v;
+    case R_L1: return acc + fabs(v);
+    case R_L2:
+    case R_SUM_SQUARE: return mad(v, v, acc);
+    case R_LOG_SUM_EXP: return acc + exp(v - shift);
+    default: return acc + v;
+    }
+}
+
+inline float reduce_finish(float acc, int op, int count, float shift) {
+    switch (op) {
+    case R_MEAN: return acc / (float)count;
+    case R_L2: return sqrt(acc);
+    case R_LOG_SUM: return log(acc);
+    case R_LOG_SUM_EXP: return log(acc) + shift;
+    default: return acc;
+    }
+}
+
+__kernel void reduce(__global const float* x, __global float* y, __constant const int* kept,
+                     __constant const int* reduced, int count, int contiguous, int n, int op) {
+    int i = get_global_id(0);
+    if (i >= n) return;
+    int base = strided_offset(i, kept, 1);
+    float shift = 0.0f;
+    if (op == R_LOG_SUM_EXP) {  // shift by the max so that exp cannot overflow
+        float top = -INFINITY;
+        for (int k = 0; k < count; ++k)
+            top = reduce_step(top, x[base + (contiguous ? k : strided_offset(k, reduced, 1))], R_MAX, 0.0f);
+        shift = isfinite(top) ? top : 0.0f;
+    }
+    float acc = reduce_start(op);
+    for (int k = 0; k < count; ++k)
+        acc = reduce_step(acc, x[base + (contiguous ? k : strided_offset(k, reduced, 1))], op, shift);
+    y[i] = reduce_finish(acc, op, count, shift);
+}
+
+// One work-item per row of `size` contiguous values: y = (x - mean) / sqrt(var + eps) * scale
+// + bias, scale and bias read along the row with steps of 1 (0 when they are one value); the
+// row's mean goes to mean_out when stats > 0, its 1 / sqrt(var + eps) to inv_std_out when
+// stats > 1 (LayerNormalization's optional outputs).
+__kernel void layer_norm(__global const float* x, __global float* y,
+                         __global const float* scale, int scale_step,
+                         __global const float* bias, int bias_step, int has_bias,
+                         __global float* mean_out, __global float* inv_std_out, int stats,
+                         int size, int rows, float epsilon) {
+    int r = get_global_id(0);
+    if (r >= rows) return;
+    __global const float* row = x + r * size;
+    float mean = 0.0f;
+    for (int k = 0; k < size; ++k) mean += row[k];
+    mean /= (float)size;
+    float var = 0.0f;
+    for (int k = 0; k < size; ++k) {
+        float d = row[k] - mean;
+        var = mad(d, d, var);
+    }
+    float inv_std = 1.0f / sqrt(var / (float)size + epsilon);
+    for (int k = 0; k < size; ++k) {
+        float v = (row[k] - mean) * inv_std * scale[k * scale_step];
+        y[r * size + k] = has_bias ? v + bias[k * bias_step] : v;
+    }
+    if (stats > 0) mean_out[r] = mean;
+    if (stats > 1) inv_std_out[r] = inv_std;
+}
