@@ -9,7 +9,9 @@ Put this file's directory in ``FLOWRT_BACKEND_PATHS`` (or pass it as ``Runtime(b
         model = await rt.load(opt)
 
 It runs float32 Relu, Add and 2-D Conv (group 1, no dilation) with numpy, and declines every
-other layer with a reason, so the optimizer hands those to the next backend in the list.
+other layer with a reason, so the optimizer hands those to the next backend in the list. Its
+``optimize_subgraph`` offers one fusion: a Conv whose only reader is a Relu becomes one Conv
+that applies the Relu as it writes its output.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from flowrt.registry import OptimizationViews, Support, WorkloadInfo
+from flowrt.registry import FusedActivation, OptimizationViews, ReplacementLayer, Support, WorkloadInfo
 
 BACKEND_ID = "Acme_Sample"
 
@@ -93,6 +95,16 @@ def conv_support(descriptor: Any, inputs: Sequence[Any]) -> Support:
 LIMITS = {"Add": add_support, "Conv": conv_support}
 
 
+# -- the one fusion ------------------------------------------------------------------------------
+def conv_relu(layer: Any, view: Any) -> Any:
+    """The Relu that is the only reader of ``layer``, when ``layer`` is a Conv and both are in
+    ``view`` (the layers handed to ``optimize_subgraph``); else None."""
+    if layer.kind != "Conv" or len(layer.outputs[0].connections) != 1:
+        return None
+    reader = layer.outputs[0].connections[0].layer
+    return reader if reader.kind == "Relu" and reader in view else None
+
+
 # -- the protocol objects -----------------------------------------------------------------------
 class SampleLayerSupport:
     """Relu, Add and plain Conv on float32; everything else declined with a reason (the
@@ -121,7 +133,10 @@ class SampleWorkload:
 
     def execute(self, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
         """Blocking; one array per input slot in, one per output out."""
-        return [self.kernel(self.info.descriptor, *inputs)]
+        y = self.kernel(self.info.descriptor, *inputs)
+        if self.info.activation is not None:  # a Relu fused by optimize_subgraph
+            y = relu(None, y)
+        return [y]
 
 
 class SampleWorkloadFactory:
@@ -140,9 +155,23 @@ class SampleBackend:
         return SampleLayerSupport()
 
     def optimize_subgraph(self, view: Any) -> OptimizationViews:
-        """Fuses nothing: every subgraph stays as it was handed over."""
+        """Each Conv read only by a Relu (both in ``view``) is replaced by one Conv with the Relu
+        fused; every other layer of the view stays untouched."""
         views = OptimizationViews()
-        views.add_untouched(view)
+        fused: set[str] = set()
+        for layer in view:
+            relu_layer = conv_relu(layer, view)
+            if relu_layer is None:
+                continue
+            sources = [slot.source for slot in layer.inputs]
+            replacement = ReplacementLayer(
+                "Conv", layer.descriptor, sources, FusedActivation("Relu"), layer.name
+            )
+            views.add_substitution([layer, relu_layer], replacement)
+            fused |= {layer.name, relu_layer.name}
+        rest = [layer for layer in view if layer.name not in fused]
+        if rest:
+            views.add_untouched(rest)
         return views
 
     def create_memory_manager(self) -> None:

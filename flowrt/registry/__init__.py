@@ -1,7 +1,7 @@
 """Backends: their protocols, the registry that finds them, and what their optimizers answer."""
 
 from flowrt.registry.backend_registry import BackendId, BackendRegistry, backend_registry
-from flowrt.registry.optimization_views import OptimizationViews, Substitution
+from flowrt.registry.optimization_views import OptimizationViews, ReplacementLayer, Substitution
 from flowrt.registry.protocols import (
     ACTIVATION_KINDS,
     Backend,
@@ -25,6 +25,7 @@ __all__ = [
     "FusedActivation",
     "LayerSupport",
     "OptimizationViews",
+    "ReplacementLayer",
     "Substitution",
     "Support",
     "Workload",

@@ -6,13 +6,34 @@ from typing import Any
 
 import attrs
 
+from flowrt.registry.protocols import FusedActivation
+
+
+@attrs.frozen
+class ReplacementLayer:
+    """The layer a backend puts in place of a subgraph: its own fused layer.
+
+    ``kind`` and ``descriptor`` are a registered layer kind and its descriptor; ``inputs`` are
+    the output slots it reads, in slot order (None for an absent optional input) — each one
+    produced outside the replaced subgraph. Its outputs take the place of the subgraph's
+    ``output_slots``, in order, and must have the same shapes and data types.
+    ``activation`` is applied by its workload as it writes its output; ``name`` defaults to
+    the name of the first replaced layer.
+    """
+
+    kind: str
+    descriptor: Any
+    inputs: tuple[Any, ...] = attrs.field(converter=tuple)
+    activation: FusedActivation | None = None
+    name: str | None = None
+
 
 @attrs.define
 class Substitution:
-    """Replace the layers of ``subgraph`` by those of ``replacement`` (a backend's fused layers)."""
+    """Replace the layers of ``subgraph`` (any iterable of layers) by ``replacement``."""
 
     subgraph: Any
-    replacement: Any
+    replacement: ReplacementLayer
 
 
 @attrs.define
@@ -27,7 +48,7 @@ class OptimizationViews:
     failed: list[Any] = attrs.Factory(list)
     untouched: list[Any] = attrs.Factory(list)
 
-    def add_substitution(self, subgraph: Any, replacement: Any) -> None:
+    def add_substitution(self, subgraph: Any, replacement: ReplacementLayer) -> None:
         self.substitutions.append(Substitution(subgraph, replacement))
 
     def add_failed(self, subgraph: Any) -> None:

@@ -517,7 +517,6 @@ async def test_acme_sample_shares_a_network_with_cpuref(registry):
     opt, split, ref = await run_both(small_network(), {"x": x}, registry)
     assert opt.assignments() == {
         "conv": "Acme_Sample",
-        "relu": "Acme_Sample",
         "grouped": "CpuRef",
         "strided": "Acme_Sample",
         "pool": "CpuRef",
@@ -528,6 +527,10 @@ async def test_acme_sample_shares_a_network_with_cpuref(registry):
         "Acme_Sample": "Acme_Sample runs group 1 convolutions only, got group 2"
     }
     assert opt.decisions["pool"].declined["Acme_Sample"].startswith("Acme_Sample has no kernel for MaxPool")
+    assert [s.describe() for s in opt.substitutions] == [
+        "Acme_Sample: Conv 'conv' + Relu 'relu' -> Conv 'conv' (+Relu)"
+    ]
+    assert opt.graph.layers["conv"].activation.kind == "Relu"
     np.testing.assert_allclose(split["y"], ref["y"], rtol=1e-4)
 
 
@@ -540,7 +543,7 @@ async def test_acme_sample_runs_squeezenet_with_cpuref(registry):
     for layer, backend in opt.assignments().items():
         by_backend.setdefault(backend, set()).add(kinds[layer])
     assert by_backend == {
-        "Acme_Sample": {"Conv", "Relu"},
+        "Acme_Sample": {"Conv"},  # every Relu follows a Conv, fused into it by optimize_subgraph
         "CpuRef": {"MaxPool", "Concat", "GlobalAveragePool", "Softmax"},
     }
     for name in ref:

@@ -33,6 +33,8 @@ import numpy as np
 from flowrt.engine.graph.graph import Graph, Layer, constant_value
 from flowrt.engine.graph.layer_kind import LayerKind, get_layer_kind
 from flowrt.engine.graph.optimizer import DATA_KINDS, Assignment, OptimizedNetwork, OptimizerOptions
+from flowrt.engine.graph.passes.crossings import Crossing
+from flowrt.engine.graph.passes.substitute import SubstitutionRecord
 from flowrt.errors import FlowrtError, ModelLoadError
 from flowrt.registry import FusedActivation
 from flowrt.types import DataType, Quantization, TensorInfo
@@ -189,7 +191,17 @@ def encode_network(optimized: OptimizedNetwork, store: Store) -> dict[str, Any]:
         "passes": [str(p) for p in optimized.passes],
         "layers": [_encode_layer(layer, position, optimized.decisions, store) for layer in order],
         "graph_order": [position[name] for name in optimized.graph.layers],
+        "substitutions": [
+            encode_fields(r, store, f"substitutions[{i}]") for i, r in enumerate(optimized.substitutions)
+        ],
+        "crossings": [encode_fields(c, store, f"crossings[{i}]") for i, c in enumerate(optimized.crossings)],
     }
+
+
+def _decode_records(root: dict, key: str, cls: type, fetch: Fetch) -> list[Any]:
+    """The records under ``key`` (absent in files written before they were kept: none)."""
+    items = expect_type(root.get(key, []), list, key)
+    return [decode_fields(cls, item, fetch, f"{key}[{i}]") for i, item in enumerate(items)]
 
 
 def _encode_layer(layer: Layer, position: dict[str, int], decisions: dict, store: Store) -> dict[str, Any]:
@@ -252,7 +264,9 @@ def decode_network(data: Any, fetch: Fetch) -> OptimizedNetwork:
         _fail("graph_order", f"expected a permutation of the {len(layers)} layer indices")
     graph = Graph()
     graph.layers = {layers[i].name: layers[i] for i in order}
-    return OptimizedNetwork(graph, backends, decisions, passes, options)
+    substitutions = _decode_records(root, "substitutions", SubstitutionRecord, fetch)
+    crossings = _decode_records(root, "crossings", Crossing, fetch)
+    return OptimizedNetwork(graph, backends, decisions, passes, options, substitutions, crossings)
 
 
 def _decode_layer(

@@ -1,33 +1,54 @@
 """optimize(): graph passes, then each layer assigned to the first backend that takes it.
 
 As Arm NN's ``Optimize``: every backend in the preference list is asked about every layer and
-its answer recorded; each backend then sees its own subgraphs (``optimize_subgraph``), and the
-ones it fails go to the next backend in the list.
+its answer recorded; each backend then sees its own subgraphs (``optimize_subgraph``): its
+substitutions are applied, the ones it fails go to the next backend in the list. Last, the
+tensors that cross between backends are recorded as copies or zero-copy imports.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 import numpy as np
 
 from flowrt.engine.graph.graph import Graph, Layer, workload_info
 from flowrt.engine.graph.network import Network
+from flowrt.engine.graph.passes.collapse_reshape import collapse_reshapes
+from flowrt.engine.graph.passes.crossings import Crossing, find_crossings
 from flowrt.engine.graph.passes.fold_batch_norm import fold_batch_norm
 from flowrt.engine.graph.passes.fold_constants import fold_constants
 from flowrt.engine.graph.passes.fold_scale_shift import fold_scale_shift
+from flowrt.engine.graph.passes.fold_transpose import fold_transposes
 from flowrt.engine.graph.passes.fuse_activation import fuse_activations
+from flowrt.engine.graph.passes.reduce_fp16 import reduce_fp32_to_fp16
 from flowrt.engine.graph.passes.remove_identity import remove_pass_through
+from flowrt.engine.graph.passes.substitute import SubstitutionRecord, check_coverage, substitute
 from flowrt.engine.graph.report import format_report
 from flowrt.engine.graph.subgraph import connected_subgraphs
-from flowrt.errors import BackendError, UnsupportedLayerError
+from flowrt.errors import BackendError, GraphError, InputError, UnsupportedLayerError
 from flowrt.registry import Backend, BackendRegistry, backend_registry
 
 logger = logging.getLogger(__name__)
 
 DATA_KINDS = ("Input", "Output", "Constant")
+
+
+def _hint_pairs(value: Any) -> tuple[tuple[str, str], ...]:
+    """``{layer name: backend id}`` (or pairs) as sorted pairs of str, so options stay frozen."""
+    pairs = tuple(value.items()) if isinstance(value, Mapping) else tuple(tuple(p) for p in value)
+    for pair in pairs:
+        if len(pair) != 2 or not all(isinstance(v, str) for v in pair):
+            raise InputError(
+                f"layer_backend_hints expects {{layer name: backend id}} with str keys and values, found {pair!r}"
+            )
+    return tuple(sorted(pairs))  # type: ignore[arg-type]
+
+
+_flag = attrs.validators.instance_of(bool)
 
 
 @attrs.frozen
@@ -37,8 +58,15 @@ class OptimizerOptions:
     ``fold_constants`` evaluates constant subgraphs once (needs CpuRef registered);
     ``fast_math`` lets backends trade exactness for speed (passed to their kernels);
     ``fold_scale_shift`` turns Mul and Add by per-channel constants into BatchNormalization
-    (folded into a Conv before it by ``fold_batch_norm``); ``fuse_activations`` folds an activation into the layer before it where that layer's
-    backend declares it can apply one (capability ``fused_activation``).
+    (folded into a Conv before it by ``fold_batch_norm``); ``fuse_activations`` folds an
+    activation into the layer before it where that layer's backend can apply one (through
+    its ``optimize_subgraph``, or capability ``fused_activation``). ``fold_transposes``
+    composes and cancels chains of Transpose; ``collapse_reshapes`` makes a chain of
+    reshapes one Reshape. ``reduce_fp32_to_fp16`` runs float32 layers in float16 on the
+    backends that declare capability ``fp16`` (casts at their borders; ignored, and
+    reported, where none does). ``layer_backend_hints`` (``{layer name: backend id}``)
+    puts a layer on a backend of the preference list whatever the order says; an
+    UnsupportedLayerError when that backend does not support it.
     """
 
     fold_constants: bool = True
@@ -46,6 +74,15 @@ class OptimizerOptions:
     fold_scale_shift: bool = True
     fast_math: bool = False
     fuse_activations: bool = True
+    fold_transposes: bool = attrs.field(default=True, validator=_flag)
+    collapse_reshapes: bool = attrs.field(default=True, validator=_flag)
+    reduce_fp32_to_fp16: bool = attrs.field(default=False, validator=_flag)
+    layer_backend_hints: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_hint_pairs)
+
+    @property
+    def hints(self) -> dict[str, str]:
+        """``layer_backend_hints`` as ``{layer name: backend id}``."""
+        return dict(self.layer_backend_hints)
 
 
 @attrs.frozen
@@ -66,12 +103,17 @@ class OptimizedNetwork:
         decisions: dict[str, Assignment],
         passes: list[str],
         options: OptimizerOptions,
+        substitutions: list[SubstitutionRecord] | None = None,
+        crossings: list[Crossing] | None = None,
     ) -> None:
         self.graph = graph
         self.backends = backends
         self.decisions = decisions
         self.passes = passes
         self.options = options
+        # What backends' optimize_subgraph replaced, and where data crosses between backends.
+        self.substitutions = list(substitutions or [])
+        self.crossings = list(crossings or [])
         # Backend-prepared data, {backend id: ((major, minor), {layer name: bytes})}: what
         # flowrt.load found in a .flowrt file for the registered version of a backend.
         self.prepared: dict[str, tuple[tuple[int, int], dict[str, bytes | memoryview]]] = {}
@@ -85,6 +127,22 @@ class OptimizedNetwork:
         for backend in self.assignments().values():
             counts[backend] = counts.get(backend, 0) + 1
         return counts
+
+    def fallbacks(self) -> dict[str, Assignment]:
+        """The layers not on the first backend of the preference list, with their decisions."""
+        return {
+            name: self.decisions[name]
+            for name, backend in self.assignments().items()
+            if backend != self.backends[0] and name in self.decisions
+        }
+
+    def copies(self) -> list[Crossing]:
+        """The tensors copied between memories (host and a device) per run."""
+        return [c for c in self.crossings if c.method == "copy"]
+
+    def imports(self) -> list[Crossing]:
+        """The tensors read in place across backends that share memory (zero-copy)."""
+        return [c for c in self.crossings if c.method == "import"]
 
     def report(self) -> str:
         """The text ``flowrt inspect`` prints: passes, then each layer with its backend."""
@@ -116,22 +174,69 @@ def _unsupported(layer: Layer, answers: dict[str, tuple[bool, str]]) -> Unsuppor
     )
 
 
-def _assign(graph: Graph, order: list[str], backends: dict[str, Backend]) -> dict[str, Assignment]:
+def _assign(
+    graph: Graph, order: list[str], backends: dict[str, Backend], hints: dict[str, str], passes: list[str]
+) -> dict[str, Assignment]:
     ask = _asker(backends)
     decisions = {}
     for layer in graph.topological_order():
         if layer.kind in DATA_KINDS:
             continue
         answers = ask(layer)
-        chosen = next((bid for bid in order if answers[bid][0]), None)
+        chosen = hints.get(layer.name) or next((bid for bid in order if answers[bid][0]), None)
         if chosen is None:
             raise _unsupported(layer, answers)
+        if not answers[chosen][0]:
+            raise UnsupportedLayerError(
+                f"layer_backend_hints puts layer {layer.name!r} ({layer.kind}) on {chosen}, which does "
+                f"not support it: {answers[chosen][1] or 'declined'}"
+            )
         layer.backend = chosen
         declined = {bid: reason for bid, (ok, reason) in answers.items() if not ok}
         decisions[layer.name] = Assignment(chosen, declined)
-        if declined and order.index(chosen) > 0:
+        if layer.name in hints:
+            passes.append(f"layer {layer.name!r} placed on {chosen} by layer_backend_hints")
+        elif declined and order.index(chosen) > 0:
             logger.info("layer %r (%s) falls back to %s: %s", layer.name, layer.kind, chosen, declined)
     return decisions
+
+
+def _check_hints(
+    hints: dict[str, str], order: list[str], network_layers: set[str], graph: Graph
+) -> list[str]:
+    """Raise for a hint naming a layer the network lacks or a backend not in ``order``;
+    report the hints whose layers the graph passes removed."""
+    unused = []
+    for name, bid in hints.items():
+        if bid not in order:
+            raise BackendError(
+                f"layer_backend_hints puts layer {name!r} on {bid!r}; expected a backend of the "
+                f"preference list {order}"
+            )
+        if name not in network_layers:
+            raise GraphError(f"layer_backend_hints names layer {name!r}, which the network does not have")
+        if name not in graph.layers:
+            logger.info("layer_backend_hints: layer %r was removed by the graph passes", name)
+            unused.append(f"layer_backend_hints: layer {name!r} was removed by the graph passes; hint unused")
+    return unused
+
+
+def _reassign(layer: Layer, bid: str, later: list[str], decisions: dict[str, Assignment], ask, hints) -> str:
+    """Give ``layer``, failed by ``bid``, to the first backend in ``later`` that takes it."""
+    if layer.name in hints:
+        raise BackendError(
+            f"backend {bid} failed the subgraph of layer {layer.name!r}, which layer_backend_hints puts on it"
+        )
+    answers = ask(layer)
+    nxt = next((b for b in later if answers[b][0]), None)
+    if nxt is None:
+        raise _unsupported(layer, answers)
+    layer.backend = nxt
+    declined = dict(decisions[layer.name].declined)
+    declined[bid] = "optimize_subgraph reported the subgraph as failed"
+    decisions[layer.name] = Assignment(nxt, declined)
+    logger.info("backend %s failed layer %r; re-assigned to %s", bid, layer.name, nxt)
+    return f"{bid} failed layer {layer.name!r}; re-assigned to {nxt}"
 
 
 def _optimize_subgraphs(
@@ -140,28 +245,32 @@ def _optimize_subgraphs(
     backends: dict[str, Backend],
     decisions: dict[str, Assignment],
     passes: list[str],
-) -> None:
-    """Hand each backend its subgraphs; re-assign the layers of failed ones down the list."""
+    options: OptimizerOptions,
+) -> list[SubstitutionRecord]:
+    """Hand each backend its subgraphs; apply its substitutions and re-assign the layers of
+    the subgraphs it failed down the list (Arm NN's ApplyBackendOptimizations)."""
     ask = _asker(backends)
+    records = []
     for position, bid in enumerate(order):
         mine = [layer for layer in graph if layer.backend == bid]
-        for view in connected_subgraphs(graph, mine):
+        for view in connected_subgraphs(graph, mine, options):
             views = backends[bid].optimize_subgraph(view)
-            if views.substitutions:
-                raise BackendError(
-                    f"backend {bid} returned substitutions, which this version of flowrt does not apply"
+            check_coverage(bid, view, views)
+            moved: dict = {}
+            for sub in views.substitutions:
+                declined = decisions[next(iter(sub.subgraph)).name].declined
+                layer, record = substitute(
+                    graph, bid, sub.subgraph, sub.replacement, backends[bid].layer_support(), moved
                 )
+                for name in record.replaced:
+                    decisions.pop(name, None)
+                decisions[layer.name] = Assignment(bid, declined)
+                logger.info("substitution by %s", record.describe())
+                records.append(record)
             for failed in views.failed:
                 for layer in failed:
-                    answers = ask(layer)
-                    nxt = next((b for b in order[position + 1 :] if answers[b][0]), None)
-                    if nxt is None:
-                        raise _unsupported(layer, answers)
-                    layer.backend = nxt
-                    declined = dict(decisions[layer.name].declined)
-                    declined[bid] = "optimize_subgraph reported the subgraph as failed"
-                    decisions[layer.name] = Assignment(nxt, declined)
-                    passes.append(f"{bid} failed layer {layer.name!r}; re-assigned to {nxt}")
+                    passes.append(_reassign(layer, bid, order[position + 1 :], decisions, ask, options.hints))
+    return records
 
 
 def _evaluator(registry: BackendRegistry):
@@ -173,6 +282,46 @@ def _evaluator(registry: BackendRegistry):
         return factory.create_workload(workload_info(layer)).execute(inputs)
 
     return evaluate
+
+
+def _graph_passes(graph: Graph, options: OptimizerOptions, registry: BackendRegistry) -> list[str]:
+    passes = remove_pass_through(graph)
+    evaluate = _evaluator(registry) if options.fold_constants else None
+    if evaluate is not None:
+        passes += fold_constants(graph, evaluate)
+    if options.fold_scale_shift:
+        passes += fold_scale_shift(graph)
+    if options.fold_batch_norm:
+        passes += fold_batch_norm(graph)
+    if options.fold_transposes:
+        passes += fold_transposes(graph)
+    if options.collapse_reshapes:
+        passes += collapse_reshapes(graph)
+    graph.infer_shapes()
+    return passes
+
+
+def _fp16(
+    graph: Graph, order: list[str], backends: dict[str, Backend], decisions: dict[str, Assignment]
+) -> list[str]:
+    """``reduce_fp32_to_fp16`` on the backends that declare fp16; each Cast it inserts goes to
+    the converted layer's backend when that takes it, else to the first in ``order`` that does."""
+    capabilities = {bid: backend.capabilities for bid, backend in backends.items()}
+    if not any(c.get("fp16") for c in capabilities.values()):
+        logger.info("reduce_fp32_to_fp16: no backend in %s declares fp16; nothing reduced", order)
+        return [f"reduce_fp32_to_fp16: no backend in {order} declares fp16; nothing reduced"]
+    ask = _asker(backends)
+
+    def place(cast: Layer, near: str) -> None:
+        answers = ask(cast)
+        chosen = next((bid for bid in [near, *order] if answers[bid][0]), None)
+        if chosen is None:
+            raise _unsupported(cast, answers)
+        cast.backend = chosen
+        decisions[cast.name] = Assignment(chosen, {b: r for b, (ok, r) in answers.items() if not ok})
+
+    supports = {bid: backend.layer_support() for bid, backend in backends.items()}
+    return reduce_fp32_to_fp16(graph, supports, capabilities, place)
 
 
 def optimize(
@@ -194,19 +343,16 @@ def optimize(
     instances = {bid: registry.get(bid) for bid in order}
     graph = (network.graph if isinstance(network, Network) else network).copy()
     graph.validate()
-    passes = remove_pass_through(graph)
-    evaluate = _evaluator(registry) if options.fold_constants else None
-    if evaluate is not None:
-        passes += fold_constants(graph, evaluate)
-    if options.fold_scale_shift:
-        passes += fold_scale_shift(graph)
-    if options.fold_batch_norm:
-        passes += fold_batch_norm(graph)
-    graph.infer_shapes()
-    decisions = _assign(graph, order, instances)
-    _optimize_subgraphs(graph, order, instances, decisions, passes)
+    network_layers = set(graph.layers)
+    passes = _graph_passes(graph, options, registry)
+    passes += _check_hints(options.hints, order, network_layers, graph)
+    decisions = _assign(graph, order, instances, options.hints, passes)
+    substitutions = _optimize_subgraphs(graph, order, instances, decisions, passes, options)
+    capabilities = {bid: backend.capabilities for bid, backend in instances.items()}
     if options.fuse_activations:
-        capabilities = {bid: backend.capabilities for bid, backend in instances.items()}
         passes += fuse_activations(graph, capabilities)
-        decisions = {name: d for name, d in decisions.items() if name in graph.layers}
-    return OptimizedNetwork(graph, order, decisions, passes, options)
+    if options.reduce_fp32_to_fp16:
+        passes += _fp16(graph, order, instances, decisions)
+    decisions = {name: d for name, d in decisions.items() if name in graph.layers}
+    crossings = find_crossings(graph, capabilities)
+    return OptimizedNetwork(graph, order, decisions, passes, options, substitutions, crossings)

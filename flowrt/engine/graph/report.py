@@ -8,6 +8,32 @@ if TYPE_CHECKING:
     from flowrt.engine.graph.optimizer import OptimizedNetwork
 
 
+def _section(title: str, items: list[str]) -> list[str]:
+    return [f"{title} ({len(items)}):", *(f"  {item}" for item in items)] if items else [f"{title}: none"]
+
+
+def _decisions(opt: OptimizedNetwork) -> list[str]:
+    """Substitutions, fallbacks, copies and imports: where the backends changed the graph
+    and where data moves between them."""
+    first = opt.backends[0]
+    hints = opt.options.hints
+    fallbacks = [
+        f"{name!r} ({opt.graph.layers[name].kind}) -> {d.backend}: "
+        + (
+            "placed by layer_backend_hints"
+            if name in hints
+            else "; ".join(f"{bid}: {reason}" for bid, reason in d.declined.items() if bid != d.backend)
+        )
+        for name, d in opt.fallbacks().items()
+    ]
+    return [
+        *_section("substitutions", [s.describe() for s in opt.substitutions]),
+        *_section(f"fallbacks from {first}", fallbacks),
+        *_section("copies", [c.describe() for c in opt.copies()]),
+        *_section("imports", [c.describe() for c in opt.imports()]),
+    ]
+
+
 def format_report(opt: OptimizedNetwork) -> str:
     lines = [f"backends (preference order): {', '.join(opt.backends)}"]
     counts = opt.backend_counts()
@@ -15,6 +41,7 @@ def format_report(opt: OptimizedNetwork) -> str:
     if opt.passes:
         lines.append("graph passes:")
         lines += [f"  {change}" for change in opt.passes]
+    lines += _decisions(opt)
     graph = opt.graph
     lines.append("inputs:")
     for layer in graph.input_layers:

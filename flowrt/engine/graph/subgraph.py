@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from flowrt.engine.graph.graph import Graph, InputSlot, Layer, OutputSlot
 
@@ -12,10 +13,13 @@ class SubgraphView:
 
     ``input_slots`` are the members' input slots fed from outside the view, ``output_slots``
     the members' output slots read outside it (or by nobody, for network outputs).
+    ``options`` are the ``OptimizerOptions`` a backend's ``optimize_subgraph`` is asked under
+    (Arm NN's model options; None outside the optimizer).
     """
 
-    def __init__(self, graph: Graph, layers: Iterable[Layer]) -> None:
+    def __init__(self, graph: Graph, layers: Iterable[Layer], options: Any = None) -> None:
         self.graph = graph
+        self.options = options
         names = {layer.name for layer in layers}
         self.layers = [layer for layer in graph.topological_order() if layer.name in names]
         self._names = names
@@ -51,7 +55,7 @@ class SubgraphView:
         return f"SubgraphView({[layer.name for layer in self.layers]})"
 
 
-def connected_subgraphs(graph: Graph, layers: Iterable[Layer]) -> list[SubgraphView]:
+def connected_subgraphs(graph: Graph, layers: Iterable[Layer], options: Any = None) -> list[SubgraphView]:
     """Split ``layers`` into maximal groups connected through each other (Arm NN's subgraph selector)."""
     members = {layer.name: layer for layer in layers}
     seen: set[str] = set()
@@ -68,5 +72,5 @@ def connected_subgraphs(graph: Graph, layers: Iterable[Layer]) -> list[SubgraphV
                 if other.name in members and other.name not in seen:
                     seen.add(other.name)
                     stack.append(other)
-        groups.append(SubgraphView(graph, group))
+        groups.append(SubgraphView(graph, group, options))
     return groups

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from flowrt.engine.graph.passes.fusions import offer_fusions
 from flowrt.engine.memory.manager import MemoryManager
 from flowrt.registry import OptimizationViews
 from flowrt.workers.cpu.acc.layer_support import AccLayerSupport
@@ -32,6 +33,8 @@ class AccBackend:
             "async_execution": False,
             "fp16": False,
             "window_split": True,
+            # Arenas may come from Runtime(allocators={"CpuAcc": ...}).
+            "custom_allocator": True,
             # Kernels that apply an activation as they store (epilogue.activate).
             "fused_activation": FUSED_ACTIVATION_KINDS,
         }
@@ -40,10 +43,9 @@ class AccBackend:
         return AccLayerSupport()
 
     def optimize_subgraph(self, view: Any) -> OptimizationViews:
-        """No fusions yet: every subgraph stays as it is."""
-        views = OptimizationViews()
-        views.add_untouched(view)
-        return views
+        """MatMul + bias Add (+ activation) as one Gemm, and an activation fused into the
+        layer before it (Conv + bias + Relu as one Conv): see ``offer_fusions``."""
+        return offer_fusions(view, self.layer_support(), FUSED_ACTIVATION_KINDS)
 
     def create_memory_manager(self) -> MemoryManager:
         return MemoryManager()

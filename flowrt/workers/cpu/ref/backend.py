@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from flowrt.engine.graph.passes.fusions import offer_fusions
 from flowrt.engine.memory.manager import MemoryManager
 from flowrt.registry import OptimizationViews
 from flowrt.workers.cpu.ref.layer_support import RefLayerSupport
@@ -18,16 +19,15 @@ class RefBackend:
 
     @property
     def capabilities(self) -> dict[str, Any]:
-        return {"host_memory": True, "async_execution": False, "fp16": False}
+        return {"host_memory": True, "async_execution": False, "fp16": False, "custom_allocator": True}
 
     def layer_support(self) -> RefLayerSupport:
         return RefLayerSupport()
 
     def optimize_subgraph(self, view: Any) -> OptimizationViews:
-        """CpuRef fuses nothing: every subgraph it is handed stays as it is."""
-        views = OptimizationViews()
-        views.add_untouched(view)
-        return views
+        """One fusion, exact in float32 arithmetic order: MatMul + bias Add as one Gemm;
+        every other layer stays as it is (CpuRef fuses no activations)."""
+        return offer_fusions(view, self.layer_support())
 
     def create_memory_manager(self) -> MemoryManager:
         """Host memory, tensors packed at offsets of one arena."""

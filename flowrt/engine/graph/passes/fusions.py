@@ -1,0 +1,125 @@
+"""Fusions a backend offers through ``optimize_subgraph``: patterns found in the subgraph it
+is handed, each answered as a substitution by one fused layer (Arm NN's backend-side
+``FuseLayer`` optimizations).
+
+- ``MatMul`` of two matrices + ``Add`` of a constant bias (+ an activation) -> one ``Gemm``
+  (with the activation fused), as ONNX Runtime's MatMulAddFusion;
+- a layer of ``activation_kinds`` (Conv, Gemm, ...) + the activation reading it -> that
+  layer with the activation fused (Conv + bias + Relu is one Conv).
+
+A backend calls :func:`offer_fusions` with its own layer support, so only fused layers it can
+run are offered; every layer not fused is answered untouched. Activations are fused only while
+the view's options allow it (``OptimizerOptions.fuse_activations``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from flowrt.engine.graph.graph import Layer, constant_value
+from flowrt.engine.graph.layers.gemm import GemmDescriptor
+from flowrt.engine.graph.passes.fuse_activation import as_fused_activation
+from flowrt.registry import ACTIVATION_KINDS, LayerSupport, OptimizationViews, ReplacementLayer
+from flowrt.types import DataType
+
+Fusion = tuple[list[Layer], ReplacementLayer]
+
+
+def _only_reader(layer: Layer, members: set[str]) -> Layer | None:
+    """The one layer of the subgraph reading ``layer``'s only output, float32, if so."""
+    if len(layer.outputs) != 1 or len(layer.outputs[0].connections) != 1:
+        return None
+    info = layer.outputs[0].info
+    reader = layer.outputs[0].connections[0].layer
+    if info is None or info.dtype is not DataType.FLOAT32 or reader.name not in members:
+        return None
+    return reader
+
+
+def _activation_of(layer: Layer | None):
+    """``layer`` as a FusedActivation when it is an activation with constant parameters."""
+    if layer is None or layer.kind not in ACTIVATION_KINDS:
+        return None
+    constants = tuple(constant_value(s.source) for s in layer.inputs)
+    if any(s.source is not None and c is None for s, c in zip(layer.inputs[1:], constants[1:])):
+        return None
+    return as_fused_activation(layer.kind, layer.descriptor, constants)
+
+
+def _bias_of(add: Layer, product: Layer) -> np.ndarray | None:
+    """The constant ``add`` adds to ``product``'s (M, N) output, when it broadcasts to (M, N)."""
+    if add.kind != "Add" or len(add.inputs) != 2 or getattr(add.descriptor, "legacy", False):
+        return None
+    slots = [s.source for s in add.inputs]
+    other = slots[1] if slots[0] is product.outputs[0] else slots[0]
+    bias, shape = constant_value(other), product.outputs[0].info.shape  # type: ignore[union-attr]
+    if bias is None or bias.dtype != np.float32 or bias.ndim > 2:
+        return None
+    try:
+        return bias if np.broadcast_shapes(bias.shape, shape) == tuple(shape) else None
+    except ValueError:
+        return None
+
+
+def matmul_add(layer: Layer, members: set[str], with_activation: bool = True) -> Fusion | None:
+    """MatMul (matrices) + Add (constant bias) [+ activation] -> Gemm."""
+    infos = layer.input_infos
+    if layer.kind != "MatMul" or any(i is None or i.shape is None or len(i.shape) != 2 for i in infos):
+        return None
+    add = _only_reader(layer, members)
+    if add is None or _bias_of(add, layer) is None:
+        return None
+    bias_slot = next(s.source for s in add.inputs if s.source is not layer.outputs[0])
+    after = _only_reader(add, members)
+    activation = _activation_of(after) if with_activation else None
+    fused = [layer, add, after] if activation is not None else [layer, add]
+    sources = (layer.inputs[0].source, layer.inputs[1].source, bias_slot)
+    return fused, ReplacementLayer("Gemm", GemmDescriptor(), sources, activation, layer.name)  # type: ignore[list-item]
+
+
+def fused_activation(layer: Layer, members: set[str], kinds: frozenset[str]) -> Fusion | None:
+    """A layer of ``kinds`` + the activation that is its only reader -> the layer, fused."""
+    if layer.kind not in kinds or layer.activation is not None:
+        return None
+    after = _only_reader(layer, members)
+    activation = _activation_of(after)
+    if activation is None:
+        return None
+    sources = tuple(s.source for s in layer.inputs)
+    return [layer, after], ReplacementLayer(layer.kind, layer.descriptor, sources, activation, layer.name)  # type: ignore[list-item]
+
+
+def _supported(support: LayerSupport, fusion: Fusion) -> bool:
+    _, rep = fusion
+    inputs = [s.info if s is not None else None for s in rep.inputs]
+    outputs = [fusion[0][-1].outputs[0].info]
+    return support.is_layer_supported(rep.kind, rep.descriptor, inputs, outputs).supported
+
+
+def offer_fusions(
+    view: Iterable[Layer], support: LayerSupport, activation_kinds: frozenset[str] = frozenset()
+) -> OptimizationViews:
+    """The substitutions ``support``'s backend can run in ``view``; the rest untouched."""
+    layers = list(view)
+    with_activation = getattr(getattr(view, "options", None), "fuse_activations", True)
+    if not with_activation:
+        activation_kinds = frozenset()
+    members = {layer.name for layer in layers}
+    taken: set[str] = set()
+    views = OptimizationViews()
+    for find in (
+        lambda layer: matmul_add(layer, members, with_activation and "Gemm" in activation_kinds),
+        lambda layer: fused_activation(layer, members, activation_kinds),
+    ):
+        for layer in layers:
+            fusion = None if layer.name in taken else find(layer)
+            if fusion is None or any(f.name in taken for f in fusion[0]) or not _supported(support, fusion):
+                continue
+            taken.update(f.name for f in fusion[0])
+            views.add_substitution(fusion[0], fusion[1])
+    rest = [layer for layer in layers if layer.name not in taken]
+    if rest:
+        views.add_untouched(rest)
+    return views
