@@ -15,10 +15,17 @@ not yet taken by the consumer — so ``send`` waits when the consumer falls behi
 (backpressure) and nothing is ever dropped; ``send_nowait`` raises ResourceError instead of
 waiting. Leaving the ``async with`` cancels what is still running; every pool is given back
 and no task is left behind.
+
+With ``max_batch`` > 1 (``model.stream(max_batch=8, max_delay=0.002)``) a stream is a dynamic
+batcher, as Triton's: requests that arrive within ``max_delay`` seconds of the first waiting
+one are stacked along the batch dimension, up to ``max_batch``, and run as one; each request
+gets its own rows of the outputs back (see :class:`BatchingStream`).
 """
 
 from __future__ import annotations
 
+import copy
+import math
 from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -27,8 +34,10 @@ import attrs
 import numpy as np
 import trio
 
-from flowrt.errors import FlowrtError, ResourceError
-from flowrt.types import Priority
+from flowrt.engine.graph.passes.batch import rebatch
+from flowrt.engine.scheduler.feeds import check_feeds
+from flowrt.errors import FlowrtError, ResourceError, ShapeError
+from flowrt.types import Priority, TensorInfo
 
 if TYPE_CHECKING:
     from flowrt.runtime import LoadedNetwork
@@ -183,3 +192,159 @@ class Stream(OrderedStream):
         self._check_open()
         async with self._slots:
             return await self.model.run(feeds, priority=self.priority)
+
+
+def batch_sizes(max_batch: int) -> list[int]:
+    """The batch sizes a batching stream loads: 1, the powers of two below ``max_batch``, and it."""
+    sizes = [1]
+    while sizes[-1] * 2 < max_batch:
+        sizes.append(sizes[-1] * 2)
+    return [*sizes, max_batch] if max_batch > 1 else sizes
+
+
+def _request_rows(inputs: Mapping[str, TensorInfo]) -> int:
+    """The leading dim every request has (the batch the model was loaded for)."""
+    leading = {info.shape[0] if info.shape else None for info in inputs.values()}
+    if len(leading) != 1 or not isinstance(next(iter(leading)), int):
+        found = ", ".join(f"{name} {info}" for name, info in inputs.items())
+        raise ShapeError(
+            f"batching a stream needs inputs with one fixed leading (batch) dim, found {found}; "
+            "load the model with batch=1"
+        )
+    return next(iter(leading))
+
+
+def _stack(batch: list[Request], size: int) -> Mapping[str, Any]:
+    """The feeds of ``batch`` stacked along axis 0, padded to ``size`` requests with copies of
+    the last one (real data: padding rows run like any other and are dropped)."""
+    feeds = [r.feeds for r in batch]
+    feeds += [feeds[-1]] * (size - len(feeds))
+    if len(feeds) == 1:
+        return feeds[0]
+    return {name: np.concatenate([f[name] for f in feeds]) for name in feeds[0]}
+
+
+def _own_copy(error: Exception) -> Exception:
+    """One exception object per request, so that raising it in one caller leaves the others'
+    traceback alone."""
+    try:
+        return copy.copy(error)
+    except Exception:
+        return error
+
+
+class BatchingStream(OrderedStream):
+    """A stream that stacks requests and runs them as one; use via ``model.stream(max_batch=...)``.
+
+    A collector actor takes the first waiting request, then more until ``max_batch`` are
+    taken or ``max_delay`` seconds have passed since that first one was sent (at once once
+    the stream is closed), and starts the batch. Results come back per request, in
+    submission order; ``max_in_flight`` bounds the requests held, as for any stream. A
+    request whose feeds do not match the model fails alone, when sent; an error in a batched
+    run reaches every request of that batch.
+
+    Partial batches: when the stream opens, the model is loaded (``model.batched``, kept
+    for later streams) for 1, the powers of two below ``max_batch``, and ``max_batch``
+    requests; a batch of k runs on the smallest of those sizes that holds it, padded with
+    copies of its last request. Each size is a load of its own (workloads prepared, memory
+    planned, pools allocated): loading every size up to ``max_batch`` costs that many loads,
+    and loading ``max_batch`` alone makes a lone request pay for ``max_batch`` samples when
+    traffic is light. Powers of two need about log2(``max_batch``) loads and never spend
+    half of a run on padding. Loading at open keeps load time out of request latency.
+    """
+
+    def __init__(
+        self, model: LoadedNetwork, max_in_flight: int, priority: Priority, max_batch: int, max_delay: float
+    ) -> None:
+        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+            raise FlowrtError(f"max_batch must be a positive int, got {max_batch!r}")
+        if not isinstance(max_delay, int | float) or not max_delay >= 0:
+            raise FlowrtError(f"max_delay must be a number of seconds >= 0, got {max_delay!r}")
+        super().__init__(max_in_flight)
+        self.model, self.priority = model, priority
+        self.max_batch, self.max_delay = max_batch, float(max_delay)
+        self._inputs = model.inputs
+        self._rows = _request_rows(self._inputs)
+        # Proven now, so that a model that cannot be re-batched fails where the stream is made.
+        rebatch(model.unbatched.graph.copy(), self._rows * max_batch)
+        self._sizes = batch_sizes(max_batch)
+        self._models: dict[int, LoadedNetwork] = {}
+        self._queue_in, self._queue_out = trio.open_memory_channel[tuple[float, Request]](math.inf)
+
+    async def __aenter__(self):
+        for size in self._sizes:
+            self._models[size] = await self.model.batched(size * self._rows) if size > 1 else self.model
+        return await super().__aenter__()
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        try:
+            return await super().__aexit__(*exc_info)
+        finally:
+            self._queue_in.close()
+            while True:
+                try:
+                    _, request = self._queue_out.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+                self._finish([request])
+
+    def _opened(self) -> None:
+        self._check_open().start_soon(self._collect)
+
+    def _closing(self) -> None:
+        self._queue_in.close()
+
+    def _launch(self, request: Request) -> None:
+        try:
+            request.feeds = check_feeds(self._inputs, request.feeds)
+        except FlowrtError as e:
+            request.error = e
+            request.done.set()
+            return
+        self._queue_in.send_nowait((trio.current_time(), request))
+
+    async def _collect(self) -> None:
+        """The actor that forms batches, one at a time, and starts each as it is formed."""
+        async for sent_at, first in self._queue_out:
+            batch = [first]
+            await self._fill(batch, sent_at + self.max_delay)
+            assert self._nursery is not None  # this task runs in it
+            self._nursery.start_soon(self._run_batch, batch)
+
+    async def _fill(self, batch: list[Request], deadline: float) -> None:
+        """Add waiting requests to ``batch``, then those that come before ``deadline``."""
+        while len(batch) < self.max_batch:
+            try:
+                batch.append(self._queue_out.receive_nowait()[1])
+                continue
+            except trio.WouldBlock:
+                pass
+            except trio.EndOfChannel:
+                return
+            with trio.move_on_at(deadline) as timer:
+                try:
+                    batch.append((await self._queue_out.receive())[1])
+                except trio.EndOfChannel:
+                    return
+            if timer.cancelled_caught:
+                return
+
+    async def _run_batch(self, batch: list[Request]) -> None:
+        size = next(s for s in self._sizes if s >= len(batch))
+        try:
+            outputs = await self._models[size].run(_stack(batch, size), priority=self.priority)
+            rows = self._rows
+            for i, request in enumerate(batch):
+                request.values = {n: v[i * rows : (i + 1) * rows].copy() for n, v in outputs.items()}
+        except Exception as e:  # delivered to every request of the batch
+            for request in batch:
+                request.error = _own_copy(e)
+        finally:
+            self._finish(batch)
+
+    @staticmethod
+    def _finish(batch: list[Request]) -> None:
+        for request in batch:
+            if request.values is None and request.error is None:
+                request.error = FlowrtError("the stream closed before this request finished")
+            request.done.set()

@@ -82,3 +82,37 @@ def test_cli_bench_plots_the_latency_distribution(tmp_path, capsys):
     assert main(["bench", "--iterations", "4", "--backends", "CpuAcc,CpuRef", "--plot", str(plot)]) == 0
     assert f"latency plot: {plot}" in capsys.readouterr().out
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 5000
+
+
+def test_bench_at_batch_n_runs_the_rebatched_model_and_onnxruntime_as_batch_1_runs():
+    results = run_bench(
+        str(light_model("squeezenet")),
+        ["CpuAcc", "CpuRef"],
+        iterations=2,
+        vs_onnxruntime=True,
+        progress=False,
+        batch=3,
+    )
+    ours, theirs = results
+    assert (ours.batch, theirs.batch) == (3, 3)
+    assert ours.note == ""
+    assert theirs.note.startswith("onnxruntime refused batch 3 (")
+    assert "invalid dimensions for input: data_0" in theirs.note
+    assert theirs.note.endswith("each of its requests is 3 runs of batch 1")
+    assert ours.summary()["samples_per_s"] == pytest.approx(3 * ours.throughput)
+    table = format_results(results).splitlines()
+    assert table[-2] == "each request is a batch of 3 samples: samples/s = req/s x 3"
+    assert table[-1] == f"note: {theirs.note}"
+
+
+def test_cli_bench_batch_json_and_bad_batch(capsys):
+    model = str(light_model("squeezenet"))
+    assert (
+        main(["bench", model, "--backends", "CpuAcc,CpuRef", "--iterations", "2", "--batch", "2", "--json"])
+        == 0
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert report["batch"] == 2 and report["results"]["flowrt"]["batch"] == 2
+    assert report["results"]["flowrt"]["requests"] == 2
+    assert main(["bench", "--batch", "0"]) == 2
+    assert "--batch must be at least 1, got 0" in capsys.readouterr().err

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
-from fakes import SleepyBackend
+from fakes import PartialBackend, SleepyBackend
 
 import flowrt
-from flowrt.errors import FlowrtError, ResourceError, RunError
+from flowrt.errors import FlowrtError, ResourceError, RunError, ShapeError
 from flowrt.registry import BackendRegistry
 from flowrt.types import TensorInfo
 
@@ -131,3 +131,123 @@ async def test_cancelling_a_send_or_the_stream_scope_leaves_nothing_behind(attem
                 await s.send(_req(0.0, 1))  # blocks: the stream is full until the first is received
         assert model.pools.free_count == 1
         assert int((await model.run(_req(0.0, 5)))["y"][1]) == 5
+
+
+# -- dynamic batching ---------------------------------------------------------------------
+def _batchable_parts(backend):
+    """x (1, 2) -> Relu -> y on ``backend`` (registered as "B"), which sees each batch run."""
+    registry = BackendRegistry()
+    registry.register("B", lambda: backend)
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, 2)))
+    net.add_output("y", net.add_layer("Relu", inputs=[x], name="relu"))
+    return registry, flowrt.optimize(net, backends=["B"], registry=registry)
+
+
+def _row(tag: float) -> dict:
+    return {"x": np.array([[0.0, tag]], np.float32)}
+
+
+async def test_requests_within_max_delay_are_stacked_and_split_back_in_order(autojump_clock):
+    backend = PartialBackend("B", {"Relu"})
+    registry, opt = _batchable_parts(backend)
+    async with flowrt.Runtime(registry, cpu_workers=2) as rt:
+        model = await rt.load(opt, max_in_flight=2)
+        async with model.stream(max_batch=4, max_delay=1.0) as s:
+
+            async def produce():
+                for at, tag in [(0.0, 0), (0.5, 1), (1.2, 2), (3.0, 3), (3.0, 4), (3.0, 5)]:
+                    await trio.sleep_until(at)
+                    await s.send(_row(tag))
+                s.close()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(produce)
+                received = [o["y"] async for o in s]
+    # 0 and 1 arrive within 1 s of 0; 2 waits its 1 s alone; 3-5 run as one, padded to 4.
+    batches = [seen[0][:, 1].tolist() for seen in backend.inputs_seen]
+    assert batches == [[0, 1], [2], [3, 4, 5, 5]]
+    assert [r.shape for r in received] == [(1, 2)] * 6
+    assert [int(r[0, 1]) for r in received] == [0, 1, 2, 3, 4, 5]
+
+
+async def test_a_full_batch_runs_without_waiting_for_max_delay(autojump_clock):
+    backend = PartialBackend("B", {"Relu"})
+    registry, opt = _batchable_parts(backend)
+    async with flowrt.Runtime(registry, cpu_workers=2) as rt:
+        model = await rt.load(opt, max_in_flight=2)
+        async with model.stream(max_batch=2, max_delay=60.0) as s:
+            start = trio.current_time()
+            results = {}
+
+            async def ask(tag):
+                results[tag] = int((await s.submit(_row(tag)))["y"][0, 1])
+
+            async with trio.open_nursery() as nursery:
+                for tag in range(2):
+                    nursery.start_soon(ask, tag)
+            assert trio.current_time() - start < 60.0
+    assert results == {0: 0, 1: 1}
+    assert [seen[0].shape for seen in backend.inputs_seen] == [(2, 2)]
+
+
+async def test_a_failing_batch_fails_each_of_its_requests_and_a_bad_feed_fails_alone():
+    backend = PartialBackend("B", {"Relu"}, fail_kinds={"Relu"})
+    registry, opt = _batchable_parts(backend)
+    async with flowrt.Runtime(registry, cpu_workers=2) as rt:
+        model = await rt.load(opt, max_in_flight=2)
+        async with model.stream(max_batch=2, max_delay=0.0) as s:
+            s.send_nowait({"x": np.zeros((1, 3), np.float32)})
+            s.send_nowait(_row(1))
+            s.send_nowait(_row(2))
+            s.close()
+            with pytest.raises(ShapeError, match=r"input 'x' expects shape \(1, 2\), got \(1, 3\)"):
+                await s.__anext__()
+            for _ in range(2):
+                with pytest.raises(RunError, match="layer 'relu' on backend B failed"):
+                    await s.__anext__()
+    assert [seen[0].shape for seen in backend.inputs_seen] == [(2, 2)]
+
+
+async def test_a_model_that_cannot_be_rebatched_refuses_a_batching_stream():
+    registry, _ = _batchable_parts(PartialBackend("B", {"Relu", "Reshape"}))
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, 4)))
+    net.add_output("y", net.add_layer("Reshape", inputs=[x, np.array([2, 2], np.int64)], name="fold"))
+    async with flowrt.Runtime(registry) as rt:
+        model = await rt.load(flowrt.optimize(net, backends=["B"], registry=registry))
+        with pytest.raises(ShapeError, match=r"cannot batch layer 'fold' \(Reshape\): its target \[2, 2\]"):
+            model.stream(max_batch=4)
+        assert isinstance(model.stream(max_batch=1), flowrt.stream.Stream)
+
+
+@pytest.mark.parametrize("attempt", range(20))
+async def test_leaving_a_batching_stream_early_returns_every_pool_and_fails_waiters(attempt):
+    registry, opt = _sleepy_model_parts()
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, 2)))
+    net.add_output("y", net.add_layer("Relu", inputs=[x], name="sleep"))
+    opt = flowrt.optimize(net, backends=["Sleepy"], registry=registry)
+    async with flowrt.Runtime(registry, cpu_workers=2) as rt:
+        model = await rt.load(opt, max_in_flight=1)
+        outcomes, started = [], 0
+        with trio.fail_after(5):  # a waiter left hanging would fail here
+            async with trio.open_nursery() as outer:
+                with trio.move_on_after(0.002 * (attempt % 5)):
+                    async with model.stream(max_batch=2, max_delay=0.001) as s:
+
+                        async def ask(tag):
+                            try:
+                                outcomes.append(await s.submit({"x": np.array([[0.003, tag]], np.float32)}))
+                            except FlowrtError as e:
+                                outcomes.append(e)
+
+                        for tag in range(3):
+                            outer.start_soon(ask, tag)
+                        started = 3
+                        await trio.sleep(0.001 * (attempt % 4))
+        assert len(outcomes) == started
+        assert all(isinstance(o, FlowrtError) or int(o["y"][0, 1]) in (0, 1, 2) for o in outcomes)
+        pair = await model.batched(2)
+        assert (model.pools.free_count, pair.pools.free_count) == (1, 1)
+        assert int((await pair.run({"x": np.array([[0, 5], [0, 6]], np.float32)}))["y"][1, 1]) == 6

@@ -1,0 +1,359 @@
+"""Batching rules: for each layer kind, where the batch axis of its inputs leaves its outputs.
+
+The re-batching pass (``flowrt.engine.graph.passes.batch``) walks a graph whose shapes are
+inferred at batch 1 and follows the axis that carries the samples from the inputs to the
+outputs. A rule gets the layer and, per input, the batch axis of that input (None: the input
+does not depend on the network's inputs, e.g. weights). It returns the batch axis of the
+layer's outputs, or a :class:`Rewrite` when the layer must change to run N samples (a Reshape
+whose target hard-codes the batch of 1). A rule raises :class:`Refused` when it cannot prove
+that every sample stays separate: a batch that another sample's values could flow into is
+never re-batched. A kind without a rule is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import attrs
+import numpy as np
+
+from flowrt.engine.graph.graph import Graph, Layer, constant_value
+from flowrt.engine.graph.layers.reduce import REDUCE_DTYPES, reduce_axes
+from flowrt.engine.graph.layers.reshape import const_ints
+from flowrt.engine.graph.shapes import normalize_axis
+from flowrt.errors import ShapeError
+from flowrt.types import Dim
+
+Axis = int | None
+
+
+class Refused(Exception):
+    """Why a layer cannot be shown to keep samples apart (the pass names the layer)."""
+
+
+@attrs.frozen
+class Rewrite:
+    """A layer that keeps samples apart once ``apply(graph, batch)`` has changed it; ``apply``
+    returns one line for the optimizer's report."""
+
+    axis: int
+    apply: Callable[[Graph, int], str]
+
+
+Rule = Callable[[Layer, list[Axis]], "Axis | Rewrite"]
+RULES: dict[str, Rule] = {}
+
+
+def batch_rule(*kinds: str) -> Callable[[Rule], Rule]:
+    """Register the decorated rule for ``kinds``."""
+
+    def register(rule: Rule) -> Rule:
+        for kind in kinds:
+            RULES[kind] = rule
+        return rule
+
+    return register
+
+
+# -- helpers ------------------------------------------------------------------------------
+def input_shape(layer: Layer, index: int) -> tuple[Dim, ...]:
+    info = layer.input_infos[index]
+    if info is None or info.shape is None:
+        raise Refused(f"the shape of input {index} is not known")
+    return tuple(info.shape)
+
+
+def only_batched(axes: list[Axis], *batched: int) -> None:
+    """Inputs other than ``batched`` must not carry the batch (weights, biases, parameters)."""
+    for i, axis in enumerate(axes):
+        if i not in batched and axis is not None:
+            raise Refused(f"input {i} carries the batch (axis {axis}); only input(s) {list(batched)} may")
+
+
+def batched_first(axes: list[Axis], at: int | None = None) -> int:
+    """The batch axis of input 0, which must carry the batch (on axis ``at`` when given)."""
+    axis = axes[0]
+    if axis is None:
+        raise Refused("input 0 does not carry the batch but another input does")
+    if at is not None and axis != at:
+        raise Refused(f"the batch must be on axis {at} of input 0, found it on axis {axis}")
+    only_batched(axes, 0)
+    return axis
+
+
+def _not_along(axis: int, along: int, what: str) -> None:
+    if axis == along:
+        raise Refused(f"it works {what} axis {along}, which carries the batch")
+
+
+# -- per-sample layers --------------------------------------------------------------------
+PER_ELEMENT = (
+    "Relu Sigmoid Tanh Softplus Softsign HardSwish Mish LeakyRelu Elu Celu ThresholdedRelu "
+    "HardSigmoid Selu Gelu Swish Shrink Exp Log Sqrt Reciprocal Floor Ceil Round Sin Cos Tan Asin "
+    "Acos Atan Sinh Cosh Asinh Acosh Atanh Abs Neg Sign Erf Not IsNaN IsInf Identity Cast Dropout "
+    "Clip BitwiseNot"
+).split()
+
+# Layers over N x C x spatial data: each sample is computed on its own when the batch is axis 0.
+PER_SAMPLE_NCHW = (
+    "Conv ConvTranspose MaxPool AveragePool LpPool GlobalAveragePool GlobalMaxPool GlobalLpPool "
+    "LRN BatchNormalization InstanceNormalization GroupNormalization DepthToSpace SpaceToDepth"
+).split()
+
+
+@batch_rule(*PER_ELEMENT)
+def per_element(layer: Layer, axes: list[Axis]) -> Axis:
+    return batched_first(axes)
+
+
+@batch_rule(*PER_SAMPLE_NCHW)
+def per_sample_nchw(layer: Layer, axes: list[Axis]) -> Axis:
+    return batched_first(axes, at=0)
+
+
+BROADCASTING = (
+    "Add Sub Mul Div Pow Mod BitShift And Or Xor Equal Less Greater LessOrEqual GreaterOrEqual "
+    "BitwiseAnd BitwiseOr BitwiseXor Max Min Sum Mean Where PRelu"
+).split()
+
+
+@batch_rule(*BROADCASTING)
+def broadcasting(layer: Layer, axes: list[Axis]) -> Axis:
+    """Numpy broadcasting: batched inputs agree on the (right-aligned) batch axis, and the other
+    inputs have 1 there (or no dim at all), so they broadcast over the samples."""
+    if getattr(layer.descriptor, "legacy", False) and getattr(layer.descriptor, "broadcast", 0):
+        raise Refused("pre-opset-7 broadcasting along an axis is not re-batched")
+    present = [i for i, slot in enumerate(layer.inputs) if slot.source is not None]
+    shapes = {i: input_shape(layer, i) for i in present}
+    rank = max(len(s) for s in shapes.values())
+    aligned = {axes[i] + rank - len(shapes[i]) for i in present if axes[i] is not None}
+    if len(aligned) != 1:
+        raise Refused(f"its inputs carry the batch on different axes ({sorted(aligned)}, right-aligned)")
+    axis = aligned.pop()
+    for i in present:
+        k = axis - (rank - len(shapes[i]))
+        if axes[i] is None and k >= 0 and shapes[i][k] != 1:
+            raise Refused(
+                f"input {i} does not carry the batch but has {shapes[i][k]} on the batch axis {axis}; "
+                "1 is expected, so that it broadcasts over the samples"
+            )
+    return axis
+
+
+# -- layers that work along one axis ------------------------------------------------------
+@batch_rule("Softmax", "LogSoftmax", "Hardmax")
+def softmax(layer: Layer, axes: list[Axis]) -> Axis:
+    batch = batched_first(axes)
+    along = layer.descriptor.resolved_axis(len(input_shape(layer, 0)), layer.kind)
+    if layer.descriptor.coerces_to_2d and batch >= along:
+        raise Refused(f"before opset 13 it normalizes over axes {along} and on, which hold the batch")
+    _not_along(batch, along, "along")
+    return batch
+
+
+@batch_rule("LpNormalization", "CumSum", "CumProd")
+def along_axis(layer: Layer, axes: list[Axis]) -> Axis:
+    batch = batched_first(axes)
+    if layer.kind == "LpNormalization":
+        along = layer.descriptor.axis
+    else:
+        along = (const_ints(constant_value(layer.inputs[1].source)) or [None])[0]
+        if along is None:
+            raise Refused("its axis is computed at run time")
+    _not_along(batch, normalize_axis(along, len(input_shape(layer, 0)), layer.kind), "along")
+    return batch
+
+
+@batch_rule("LayerNormalization")
+def layer_norm(layer: Layer, axes: list[Axis]) -> Axis:
+    batch = batched_first(axes)
+    if batch >= normalize_axis(layer.descriptor.axis, len(input_shape(layer, 0)), layer.kind):
+        raise Refused(f"it normalizes over axes {layer.descriptor.axis} and on, which hold the batch")
+    return batch
+
+
+@batch_rule("Concat")
+def concat(layer: Layer, axes: list[Axis]) -> Axis:
+    found = set(axes)
+    if len(found) != 1 or None in found:
+        raise Refused(f"every input must carry the batch on one axis, found axes {axes}")
+    batch = axes[0]
+    _not_along(batch, normalize_axis(layer.descriptor.concat_axis, len(input_shape(layer, 0))), "along")
+    return batch
+
+
+@batch_rule("Split")
+def split(layer: Layer, axes: list[Axis]) -> Axis:
+    batch = batched_first(axes)
+    _not_along(batch, normalize_axis(layer.descriptor.axis, len(input_shape(layer, 0))), "along")
+    return batch
+
+
+def _reduced(layer: Layer, batch: int, reduced: Sequence[int], keepdims: int) -> int:
+    if batch in reduced:
+        raise Refused(f"it reduces axes {list(reduced)}, which include the batch axis {batch}")
+    return batch if keepdims else batch - sum(1 for a in reduced if a < batch)
+
+
+@batch_rule(*REDUCE_DTYPES)
+def reduce(layer: Layer, axes: list[Axis]) -> Axis:
+    batch = batched_first(axes)
+    given = len(layer.inputs) > 1 and layer.inputs[1].source is not None
+    values = const_ints(constant_value(layer.inputs[1].source)) if given else None
+    if given and values is None:
+        raise Refused("its axes are computed at run time")
+    reduced = reduce_axes(layer.descriptor, len(input_shape(layer, 0)), values, layer.kind)
+    return _reduced(layer, batch, reduced, layer.descriptor.keepdims)
+
+
+@batch_rule("ArgMax", "ArgMin")
+def arg_reduce(layer: Layer, axes: list[Axis]) -> Axis:
+    batch = batched_first(axes)
+    along = normalize_axis(layer.descriptor.axis, len(input_shape(layer, 0)), layer.kind)
+    return _reduced(layer, batch, (along,), layer.descriptor.keepdims)
+
+
+# -- matrix products ----------------------------------------------------------------------
+@batch_rule("Gemm")
+def gemm(layer: Layer, axes: list[Axis]) -> Axis:
+    batched_first(axes, at=1 if layer.descriptor.transA else 0)
+    if len(layer.inputs) > 2 and layer.inputs[2].source is not None:
+        c = input_shape(layer, 2)
+        if len(c) == 2 and c[0] != 1:
+            raise Refused(f"its C input {c} has {c[0]} rows; 1 is expected, so that it broadcasts")
+    return 0
+
+
+@batch_rule("MatMul")
+def matmul(layer: Layer, axes: list[Axis]) -> Axis:
+    batch = batched_first(axes)
+    a, b = input_shape(layer, 0), input_shape(layer, 1)
+    if len(a) < 2 or batch == len(a) - 1:
+        raise Refused("the batch is on the axis it contracts")
+    if len(b) == 1:
+        return batch
+    rank = max(len(a), len(b))
+    axis = batch + rank - len(a)
+    k = axis - (rank - len(b))
+    if axis < rank - 2 and k >= 0 and b[k] != 1:
+        raise Refused(f"input 1 has {b[k]} on the batch axis {axis}; 1 is expected, so that it broadcasts")
+    return axis
+
+
+@batch_rule("Gather")
+def gather(layer: Layer, axes: list[Axis]) -> Axis:
+    data, indices = input_shape(layer, 0), input_shape(layer, 1)
+    along = normalize_axis(layer.descriptor.axis, len(data))
+    if axes[0] is None:  # a lookup into a table by batched indices
+        return along + axes[1]  # type: ignore[operator]
+    batch = batched_first(axes)
+    _not_along(batch, along, "along")
+    return batch if batch < along else batch + len(indices) - 1
+
+
+# -- layout -------------------------------------------------------------------------------
+@batch_rule("Transpose")
+def transpose(layer: Layer, axes: list[Axis]) -> Axis:
+    batch = batched_first(axes)
+    perm = layer.descriptor.perm or tuple(reversed(range(len(input_shape(layer, 0)))))
+    return list(perm).index(batch)
+
+
+@batch_rule("Flatten")
+def flatten(layer: Layer, axes: list[Axis]) -> Axis:
+    batched_first(axes, at=0)
+    axis = layer.descriptor.axis
+    if axis == 0 or axis == -len(input_shape(layer, 0)):
+        raise Refused("with axis 0 it folds the batch into the columns")
+    return 0
+
+
+def _squeeze_axes(layer: Layer) -> list[int] | None:
+    if layer.descriptor.axes:
+        return list(layer.descriptor.axes)
+    if len(layer.inputs) > 1 and layer.inputs[1].source is not None:
+        values = const_ints(constant_value(layer.inputs[1].source))
+        if values is None:
+            raise Refused("its axes are computed at run time")
+        return values or None
+    return None
+
+
+@batch_rule("Squeeze")
+def squeeze(layer: Layer, axes: list[Axis]) -> Axis:
+    batch = batched_first(axes)
+    rank = len(input_shape(layer, 0))
+    chosen = _squeeze_axes(layer)
+    if chosen is None:
+        raise Refused("without axes it squeezes every dim of 1, the batch of 1 included")
+    removed = {normalize_axis(a, rank) for a in chosen}
+    if batch in removed:
+        raise Refused(f"it squeezes the batch axis {batch}")
+    return batch - sum(1 for a in removed if a < batch)
+
+
+@batch_rule("Unsqueeze")
+def unsqueeze(layer: Layer, axes: list[Axis]) -> Axis:
+    batch = batched_first(axes)
+    chosen = _squeeze_axes(layer)
+    if chosen is None:
+        raise Refused("its axes are not known before the run")
+    rank = len(input_shape(layer, 0)) + len(chosen)
+    inserted = {normalize_axis(a, rank) for a in chosen}
+    kept = [i for i in range(rank) if i not in inserted]
+    return kept[batch]
+
+
+@batch_rule("Reshape")
+def reshape(layer: Layer, axes: list[Axis]) -> Axis | Rewrite:
+    """Provable when the batch is axis 0 before and after: the input is batch-major, so the
+    output's leading dim of 1 is the batch exactly when the target keeps it as 1 (rewritten to
+    N), 0 (copied) or -1 (the other dims already hold one sample's elements)."""
+    batched_first(axes, at=0)
+    target, from_input = _reshape_target(layer)
+    source, out = input_shape(layer, 0), tuple(layer.outputs[0].info.shape)
+    if not target or out[0] != 1:
+        raise Refused(
+            f"its target {list(target)} does not keep the batch as a leading 1: {source} becomes {out}"
+        )
+    if target[0] in (0, -1):
+        return 0
+    return Rewrite(0, lambda graph, batch: _retarget(graph, layer, target, from_input, batch))
+
+
+def _reshape_target(layer: Layer) -> tuple[list[int], bool]:
+    if len(layer.inputs) > 1 and layer.inputs[1].source is not None:
+        target = const_ints(constant_value(layer.inputs[1].source))
+        if target is None:
+            raise Refused("its target shape is computed at run time; only a constant target is re-batched")
+        return target, True
+    return list(layer.descriptor.shape or ()), False
+
+
+def _retarget(graph: Graph, layer: Layer, target: list[int], from_input: bool, batch: int) -> str:
+    new = [batch, *target[1:]]
+    if from_input:
+        slot = layer.inputs[1]
+        old = slot.source
+        value = np.asarray(new, dtype=constant_value(old).dtype)  # type: ignore[union-attr]
+        const = graph.add_layer(
+            "Constant", type(old.layer.descriptor)(value), name=f"{layer.name}/batch_shape"
+        )  # type: ignore[union-attr]
+        old.disconnect(slot)  # type: ignore[union-attr]
+        const.outputs[0].connect(slot)
+    else:
+        layer.descriptor = attrs.evolve(layer.descriptor, shape=tuple(new))
+    return f"re-batched Reshape {layer.name!r}: target {target} -> {new}"
+
+
+# -- layers whose output is the batch itself -----------------------------------------------
+@batch_rule("Shape", "Size")
+def shape_of_batch(layer: Layer, axes: list[Axis]) -> Axis:
+    raise Refused("its value is the batch-1 shape; fold constants first so it becomes a constant")
+
+
+def check_output(name: str, axis: Axis) -> None:
+    """Outputs carry the batch on axis 0, where a batched run's results are split."""
+    if axis != 0:
+        where = "does not depend on the inputs" if axis is None else f"carries the batch on axis {axis}"
+        raise ShapeError(f"cannot batch output {name!r}: it {where}; axis 0 is expected")
