@@ -12,6 +12,7 @@
 from flowrt import descriptors, errors, onnx, profiling
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.optimizer import OptimizedNetwork, OptimizerOptions, optimize
+from flowrt.engine.graph.passes.batch import set_batch
 from flowrt.pipeline import Pipeline
 from flowrt.registry import BackendId, BackendRegistry, backend_registry
 from flowrt.runtime import LoadedNetwork, Runtime
@@ -52,4 +53,5 @@ __all__ = [
     "optimize",
     "profiling",
     "save",
+    "set_batch",
 ]

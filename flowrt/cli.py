@@ -1,4 +1,4 @@
-"""The ``flowrt`` command line: run, inspect, backends."""
+"""The ``flowrt`` command line: run, inspect, convert, bench, tune, backends."""
 
 from __future__ import annotations
 
@@ -134,9 +134,29 @@ async def _memory_report(opt) -> dict[str, dict[str, int]]:
         return (await rt.load(opt, max_in_flight=1)).memory_report()
 
 
+def _hints(items: Sequence[str]) -> dict[str, str]:
+    """``--hint LAYER=BACKEND`` arguments as ``{layer: backend}``."""
+    hints = {}
+    for item in items:
+        layer, sep, backend = item.rpartition("=")
+        if not sep or not layer or not backend:
+            raise InputError(f"--hint expects LAYER=BACKEND, got {item!r}")
+        hints[layer] = backend.strip()
+    return hints
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     path = args.model or str(default_model())
-    opt = _optimized(path, args.backends)
+    hints = _hints(args.hint)
+    if hints and not serialize.is_flowrt_file(path):
+        options = flowrt.OptimizerOptions(layer_backend_hints=hints)
+        opt = flowrt.optimize(
+            flowrt.onnx.load(path), backends=_backends(args.backends or "CpuRef"), options=options
+        )
+    else:
+        if hints:
+            raise InputError(f"--hint applies to .onnx models; {path} was optimized when it was converted")
+        opt = _optimized(path, args.backends)
     print(f"model: {path}")
     print(opt.report())
     if args.memory:
@@ -174,6 +194,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise InputError(
             f"--iterations and --concurrency must be at least 1, got {args.iterations} and {args.concurrency}"
         )
+    if args.batch < 1:
+        raise InputError(f"--batch must be at least 1, got {args.batch}")
     if args.vs not in (None, "onnxruntime"):
         raise InputError(f"--vs takes 'onnxruntime', got {args.vs!r}")
     results = run_bench(
@@ -184,6 +206,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         vs_onnxruntime=args.vs == "onnxruntime",
         progress=not args.json,
         duration=args.duration,
+        batch=args.batch,
     )
     if args.plot:
         plot_latencies(results, args.plot)
@@ -193,15 +216,54 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 {
                     "model": path,
                     "concurrency": args.concurrency,
+                    "batch": args.batch,
                     "results": {r.engine: r.summary() for r in results},
+                    "notes": {r.engine: r.note for r in results if r.note},
                 }
             )
         )
     else:
-        print(f"model: {path}  backends: {args.backends}  concurrency: {args.concurrency}")
+        print(
+            f"model: {path}  backends: {args.backends}  concurrency: {args.concurrency}  batch: {args.batch}"
+        )
         print(format_results(results))
         if args.plot:
             print(f"latency plot: {args.plot}")
+    return 0
+
+
+async def _tune(opt: flowrt.OptimizedNetwork, output: str, mode: str, layers: int) -> None:
+    from tqdm import tqdm
+
+    from flowrt.workers.gpu.tuner import tuning_progress
+
+    with tqdm(total=layers, desc=f"tuning ({mode})", unit="layer", file=sys.stderr) as bar:
+        token = tuning_progress.set(lambda _layer: bar.update(1))
+        try:
+            async with flowrt.Runtime(cpu_workers=1, tuning_file=output, tuning_mode=mode) as rt:
+                await rt.load(opt, max_in_flight=1)
+        finally:
+            tuning_progress.reset(token)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from flowrt.workers.gpu.tuning_file import read_tuning_file
+
+    start = time.perf_counter()
+    opt = _optimized(args.model, args.backends or "GpuAcc,CpuRef")
+    layers = opt.backend_counts().get("GpuAcc", 0)
+    if not layers:
+        reasons = {a.declined.get("GpuAcc") for a in opt.decisions.values()} - {None}
+        raise InputError(
+            f"no layer of {args.model} runs on GpuAcc, so there is nothing to tune"
+            + (f" (GpuAcc: {sorted(reasons)[0]})" if reasons else "")
+        )
+    trio.run(_tune, opt, args.output, args.mode, layers)
+    entries = read_tuning_file(args.output)
+    print(
+        f"wrote {args.output}: {len(entries)} tuned local work sizes for {layers} GpuAcc layers "
+        f"(mode {args.mode}) in {time.perf_counter() - start:.1f} s"
+    )
     return 0
 
 
@@ -269,6 +331,13 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--memory", action="store_true", help="also plan memory and print the per-backend report"
     )
+    inspect.add_argument(
+        "--hint",
+        action="append",
+        default=[],
+        metavar="LAYER=BACKEND",
+        help="put a layer on a backend of the list (layer_backend_hints; repeatable, .onnx only)",
+    )
     inspect.set_defaults(func=cmd_inspect)
 
     convert = sub.add_parser("convert", help="optimize an ONNX model once and save it as a .flowrt file")
@@ -283,6 +352,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--iterations", type=int, default=50, help="requests to time per engine (default: 50)")
     bench.add_argument("--concurrency", type=int, default=1, help="requests in flight at once (default: 1)")
     bench.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        help="samples per request: the model re-batched from its batch of 1 (default: 1); ONNX Runtime "
+        "gets the same feeds, or runs N batch-1 runs per request where it refuses them (a note says so)",
+    )
+    bench.add_argument(
         "--vs", metavar="onnxruntime", help="also run ONNX Runtime, alternating, and print the ratios"
     )
     bench.add_argument(
@@ -291,6 +367,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", metavar="PNG", help="draw the latency distribution (needs matplotlib)")
     bench.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     bench.set_defaults(func=cmd_bench)
+
+    tune = sub.add_parser("tune", help="tune GpuAcc's local work sizes for a model into a tuning file")
+    tune.add_argument("model", help="an .onnx or .flowrt file")
+    tune.add_argument(
+        "--mode", choices=["rapid", "normal", "exhaustive"], default="normal", help="how many sizes to time"
+    )
+    tune.add_argument(
+        "-o", "--output", required=True, help="the msgpack tuning file to write (updated if it exists)"
+    )
+    tune.add_argument("--backends", help="comma-separated backend preference list (default: GpuAcc,CpuRef)")
+    tune.set_defaults(func=cmd_tune)
 
     backends = sub.add_parser("backends", help="list registered backends and OpenCL devices")
     backends.set_defaults(func=cmd_backends)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +22,7 @@ import trio
 
 from flowrt.engine.graph.graph import Layer
 from flowrt.engine.graph.optimizer import OptimizedNetwork
+from flowrt.engine.graph.passes.batch import set_batch
 from flowrt.engine.memory.manager import MemoryManager
 from flowrt.engine.memory.planner import MemoryLayout, PlannedNode, plan_memory
 from flowrt.engine.memory.pool import PoolManager
@@ -30,8 +32,9 @@ from flowrt.engine.scheduler.feeds import check_feeds, check_output_buffers
 from flowrt.errors import BackendError, FlowrtError
 from flowrt.profiling import ProfileRecord
 from flowrt.registry import Backend, BackendRegistry, WorkloadInfo, backend_registry
+from flowrt.registry.contexts import call_hooks, check_allocators
 from flowrt.registry.dynamic import BackendPaths, load_dynamic_backends, unload_dynamic_backends
-from flowrt.stream import Stream
+from flowrt.stream import BatchingStream, Stream
 from flowrt.types import Priority, TensorInfo
 from flowrt.workers.cpu.workers import CpuWorkerPool, default_cpu_workers
 
@@ -41,9 +44,13 @@ logger = logging.getLogger(__name__)
 @attrs.frozen
 class RuntimeOptions:
     """What a runtime tells the backends it makes contexts for (Arm NN's creation options):
-    ``opencl_device`` picks GpuAcc's device (see ``flowrt.workers.gpu.device``)."""
+    ``opencl_device`` picks GpuAcc's device (see ``flowrt.workers.gpu.device``);
+    ``tuning_file`` and ``tuning_mode`` configure GpuAcc's local-work-size tuner (see
+    ``flowrt.workers.gpu.tuner``)."""
 
     opencl_device: str | None = None
+    tuning_file: str | None = None
+    tuning_mode: str = "none"
 
 
 def _bindings(dataflow: Dataflow, layout: MemoryLayout) -> dict[int, Binding]:
@@ -82,6 +89,17 @@ class LoadedNetwork:
         self.profiling = profiling
         self._records: list[ProfileRecord] = []
         self._runs = itertools.count()
+        # Set by Runtime.load: the batch asked for (None: as exported), the network before
+        # re-batching (what other batch sizes are made from), and the runtime that loads them.
+        self.batch: int | None = None
+        self.unbatched = optimized
+        self._runtime: Runtime | None = None
+        self._batched: dict[int, LoadedNetwork] = {}
+        # Set by Runtime.load; unload() makes runs raise, waits for those in flight, frees pools.
+        self.network_id: int | None = None
+        self.unloaded = False
+        self._in_flight = 0
+        self._drained: trio.Event | None = None
 
     @property
     def inputs(self) -> dict[str, TensorInfo]:
@@ -112,22 +130,30 @@ class LoadedNetwork:
         each workload's timing; :meth:`profile` returns the records. On a device backend
         (GpuAcc) ``priority`` also picks the queue the run's GPU segments are enqueued on.
         """
+        if self.unloaded:
+            raise FlowrtError(f"network {self.network_id} was unloaded; load it again to run it")
         arrays = check_feeds(self.dataflow.input_infos, feeds)
         bound = check_output_buffers(self.dataflow.output_infos, outputs)
         record = (
             self._recorder(next(self._runs)) if (self.profiling if profile is None else profile) else None
         )
-        async with self.pools.acquire(int(priority)) as pool:
-            results = await execute(
-                self.dataflow,
-                arrays,
-                self._workers.run_sync,
-                pool,
-                self._bindings,
-                record,
-                devices=self._devices,
-                priority=int(priority),
-            )
+        self._in_flight += 1
+        try:
+            async with self.pools.acquire(int(priority)) as pool:
+                results = await execute(
+                    self.dataflow,
+                    arrays,
+                    self._workers.run_sync,
+                    pool,
+                    self._bindings,
+                    record,
+                    devices=self._devices,
+                    priority=int(priority),
+                )
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0 and self._drained is not None:
+                self._drained.set()
         for name, target in bound.items():
             np.copyto(target, results[name])
             results[name] = target
@@ -148,12 +174,55 @@ class LoadedNetwork:
             self._records.clear()
         return records
 
-    def stream(self, *, max_in_flight: int | None = None, priority: Priority = Priority.MEDIUM) -> Stream:
+    def stream(
+        self,
+        *,
+        max_in_flight: int | None = None,
+        priority: Priority = Priority.MEDIUM,
+        max_batch: int = 1,
+        max_delay: float = 0.0,
+    ) -> Stream | BatchingStream:
         """A bounded stream of requests, results in submission order (see ``flowrt.stream``).
 
-        ``max_in_flight`` defaults to the number of memory pools the model was loaded with.
+        ``max_in_flight`` defaults to the number of memory pools the model was loaded with
+        (times ``max_batch``). With ``max_batch`` > 1, requests that arrive within
+        ``max_delay`` seconds of the first waiting one are stacked along the batch dimension
+        and run as one (see ``BatchingStream``); ShapeError at once when this network cannot
+        be re-batched.
         """
-        return Stream(self, self.pools.count if max_in_flight is None else max_in_flight, priority)
+        if max_batch == 1:
+            return Stream(self, self.pools.count if max_in_flight is None else max_in_flight, priority)
+        if max_in_flight is None and isinstance(max_batch, int):
+            max_in_flight = self.pools.count * max_batch
+        return BatchingStream(self, max_in_flight, priority, max_batch, max_delay)  # type: ignore[arg-type]
+
+    async def batched(self, batch: int) -> LoadedNetwork:
+        """This network re-shaped to run ``batch`` samples per run (``flowrt.set_batch``), loaded
+        by the same runtime with as many pools; built on first use, then kept. Raises ShapeError
+        when the network cannot be re-batched."""
+        if batch == self.batch:
+            return self
+        if batch not in self._batched:
+            if self._runtime is None:
+                raise FlowrtError("re-batching needs the network to be loaded by Runtime.load")
+            self._batched[batch] = await self._runtime.load(
+                self.unbatched, max_in_flight=self.pools.count, batch=batch
+            )
+        return self._batched[batch]
+
+    async def unload(self) -> None:
+        """Unload this network from the runtime that loaded it (see ``Runtime.unload``)."""
+        if self._runtime is None:
+            raise FlowrtError("unload needs a network loaded by Runtime.load")
+        await self._runtime.unload(self)
+
+    async def _release(self) -> None:
+        """Refuse new runs, wait for the runs in flight, then let go of the memory pools."""
+        self.unloaded = True
+        if self._in_flight:
+            self._drained = trio.Event()
+            await self._drained.wait()
+        self.pools = PoolManager(0, {}, {})
 
     def memory_report(self) -> dict[str, dict[str, int]]:
         """Per backend: ``arena_bytes`` (one pool), ``no_reuse_bytes`` (all intermediate
@@ -191,9 +260,21 @@ class Runtime:
     makes its context from this runtime's ``RuntimeOptions`` (``opencl_device`` picks
     GpuAcc's device, else ``FLOWRT_OPENCL_DEVICE``, else the first GPU) and starts the
     context's ``run`` task (GpuAcc's queue actors) in the runtime's nursery; they stop when
-    the runtime closes. A backend whose memory is not host memory (capability ``host_memory``
+    the runtime closes. GpuAcc tunes its kernels' local work sizes at load unless
+    ``tuning_mode`` is "none" (the default; "rapid", "normal" and "exhaustive" time more
+    candidates), reading ``tuning_file`` first when it exists and writing what it tuned back
+    to it: with a tuning file, runs use the sizes in it and nothing is timed again.
+    A backend whose memory is not host memory (capability ``host_memory``
     False) and whose context runs device segments (``submit``) runs on its device: its
-    tensors stay there between its workloads.
+    tensors stay there between its workloads. The runtime holds its contexts for its
+    lifetime; each context's ``before_load``/``after_load`` and ``before_unload``/
+    ``after_unload`` hooks are called with the network id around each load and ``unload``
+    (see ``flowrt.registry.contexts``).
+
+    ``allocators`` (``{backend id: Allocator}``, see ``flowrt.engine.memory.allocator``)
+    makes a backend take its arenas from the user's allocator, as Arm NN's
+    CustomMemoryAllocator; BackendError for a backend not registered or whose capabilities
+    do not allow it (``custom_allocator``).
     """
 
     def __init__(
@@ -207,6 +288,9 @@ class Runtime:
         backend_paths: BackendPaths = None,
         parallel_branches: bool = False,
         opencl_device: str | None = None,
+        tuning_file: str | os.PathLike[str] | None = None,
+        tuning_mode: str = "none",
+        allocators: Mapping[str, Any] | None = None,
     ) -> None:
         self.registry = registry or backend_registry()
         self.cpu_workers = cpu_workers or default_cpu_workers()
@@ -218,7 +302,11 @@ class Runtime:
             raise FlowrtError(f"priority_aging must be a positive number of seconds, got {priority_aging}")
         self.priority_aging = priority_aging
         self.parallel_branches = parallel_branches
-        self.options = RuntimeOptions(opencl_device=opencl_device)
+        self.options = RuntimeOptions(
+            opencl_device=opencl_device,
+            tuning_file=None if tuning_file is None else os.fspath(tuning_file),
+            tuning_mode=tuning_mode,
+        )
         self._workers: CpuWorkerPool | None = None
         self._backends: dict[str, Backend] = {}  # one configured object per backend id
         self._contexts: dict[str, Any] = {}
@@ -227,6 +315,13 @@ class Runtime:
         # Loaded last, so a bad argument above never leaves backends registered.
         self.dynamic_backends = load_dynamic_backends(self.registry, backend_paths)
         self._owns_dynamic_backends = True
+        try:
+            self.allocators = check_allocators(allocators, self.registry)
+        except FlowrtError:
+            self._unload_dynamic_backends()
+            raise
+        self._loaded: dict[int, LoadedNetwork] = {}
+        self._network_ids = itertools.count()
 
     async def __aenter__(self) -> Runtime:
         self._workers = await CpuWorkerPool(self.cpu_workers).__aenter__()
@@ -239,6 +334,8 @@ class Runtime:
         workers, self._workers = self._workers, None
         stack, self._stack = self._stack, None
         try:
+            for model in list(self._loaded.values()):
+                await self.unload(model)
             for context in self._contexts.values():
                 if hasattr(context, "close"):
                     context.close()
@@ -263,11 +360,16 @@ class Runtime:
             self._owns_dynamic_backends = False
             unload_dynamic_backends(self.registry, self.dynamic_backends)
 
-    async def load(self, optimized: OptimizedNetwork, *, max_in_flight: int | None = None) -> LoadedNetwork:
+    async def load(
+        self, optimized: OptimizedNetwork, *, max_in_flight: int | None = None, batch: int | None = None
+    ) -> LoadedNetwork:
         """Build and prepare every workload and plan memory; heavy one-time work happens here.
 
         ``max_in_flight`` pools are allocated (default: the runtime's ``cpu_workers``): that
-        many runs of this network execute at once, each in its own memory.
+        many runs of this network execute at once, each in its own memory. ``batch`` re-shapes
+        a network exported for a batch of 1 to run that many samples per run (as OpenVINO's
+        ``model.reshape``; see ``flowrt.set_batch``): every input's leading dim becomes
+        ``batch``, weights are shared; ShapeError when the network cannot be re-batched.
         """
         if self._workers is None:
             raise FlowrtError("Runtime.load needs an active runtime: use 'async with Runtime() as rt'")
@@ -280,7 +382,32 @@ class Runtime:
             raise FlowrtError(f"max_in_flight must be a positive int, got {pools!r}")
         for bid in self._backends_of(optimized):
             await self._start_context(bid)
-        return await trio.to_thread.run_sync(self._build, optimized, pools)
+        shaped = optimized
+        if batch is not None:
+            shaped = await trio.to_thread.run_sync(set_batch, optimized, batch, self.registry)
+        network_id = next(self._network_ids)
+        call_hooks(self._contexts, "before_load", network_id)
+        model = await trio.to_thread.run_sync(self._build, shaped, pools)
+        model.batch, model.unbatched, model._runtime = batch, optimized, self
+        model.network_id = network_id
+        self._loaded[network_id] = model
+        call_hooks(self._contexts, "after_load", network_id)
+        return model
+
+    async def unload(self, model: LoadedNetwork) -> None:
+        """Unload a network this runtime loaded: later runs raise FlowrtError, runs in flight
+        finish first, then its memory pools are released. Backend contexts' ``before_unload``
+        and ``after_unload`` hooks are called around it with the network id. The runtime's
+        close unloads the networks still loaded."""
+        if self._loaded.get(model.network_id) is not model:  # type: ignore[arg-type]
+            raise FlowrtError(
+                f"Runtime.unload expects a network loaded by this runtime and not yet unloaded; "
+                f"network {model.network_id} is {'unloaded' if model.unloaded else 'not one of them'}"
+            )
+        call_hooks(self._contexts, "before_unload", model.network_id)  # type: ignore[arg-type]
+        del self._loaded[model.network_id]  # type: ignore[arg-type]
+        await model._release()
+        call_hooks(self._contexts, "after_unload", model.network_id)  # type: ignore[arg-type]
 
     @staticmethod
     def _backends_of(optimized: OptimizedNetwork) -> list[str]:
@@ -327,6 +454,8 @@ class Runtime:
             if bid not in factories:
                 backend = self._backend(bid)
                 managers[bid] = backend.create_memory_manager() or MemoryManager()
+                if bid in self.allocators:  # Runtime(allocators=...): arenas from the user's
+                    managers[bid].allocator = self.allocators[bid]
                 factories[bid] = backend.create_workload_factory(managers[bid])
             try:
                 workload = factories[bid].create_workload(info)

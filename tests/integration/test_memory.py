@@ -81,16 +81,17 @@ async def test_outputs_of_an_earlier_run_are_not_touched_by_the_next():
         first = (await model.run({"x": _input(1)}))["y"]
         kept = first.copy()
         second = (await model.run({"x": _input(2)}))["y"]
+        arenas = list(model.pools.pools[0].arenas.values())  # released when the runtime closes
     np.testing.assert_array_equal(first, kept)
     assert not np.array_equal(first, second)
-    for arena in model.pools.pools[0].arenas.values():
+    for arena in arenas:
         assert not np.shares_memory(first, arena) and not np.shares_memory(second, arena)
 
 
 async def test_pools_of_in_flight_runs_never_overlap():
     async with flowrt.Runtime() as rt:
         model = await rt.load(flowrt.optimize(_cnn()), max_in_flight=3)
-    arenas = [pool.arenas["CpuRef"] for pool in model.pools.pools]
+        arenas = [pool.arenas["CpuRef"] for pool in model.pools.pools]
     assert len(arenas) == 3
     for i in range(3):
         for j in range(i + 1, 3):
@@ -186,8 +187,8 @@ async def test_intermediate_tensors_live_in_the_run_pool():
             flowrt.optimize(_cnn(), backends=["Spy", "CpuRef"], registry=registry), max_in_flight=2
         )
         await model.run({"x": _input(5)})
+        arenas = [pool.arenas["CpuRef"] for pool in model.pools.pools]
     (concat_output,) = spy.inputs_seen[0]
-    arenas = [pool.arenas["CpuRef"] for pool in model.pools.pools]
     assert sum(np.shares_memory(concat_output, arena) for arena in arenas) == 1
 
 
