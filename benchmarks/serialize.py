@@ -4,8 +4,9 @@
                                    [--mutations 2000] [--fuzz-model squeezenet] [--seed 0]
 
 Prints the time to an OptimizedNetwork both ways — ONNX parse + optimize, and
-``flowrt.serialize.load`` of the file ``save`` wrote (read, and mapped with ``mmap=True``) — and
-the ratio ONNX / .flowrt of the medians (higher is better for .flowrt). Then writes ``--mutations`` damaged copies of a .flowrt file (seeded: bit
+``flowrt.serialize.load`` of the file ``save`` wrote (mapped, the default, and read into memory
+with ``mmap=False``) — and the ratio ONNX / .flowrt of the medians (higher is better for
+.flowrt). Then writes ``--mutations`` damaged copies of a .flowrt file (seeded: bit
 flips, truncations, overwritten header fields, inserted or deleted bytes, runs of junk), loads
 each, and counts how it ended; every one must be a ModelLoadError (exit status 1 otherwise).
 """
@@ -132,7 +133,7 @@ def main() -> int:
         file_first, file_ms, loaded = _median_ms(lambda: serialize.load(saved), args.repeat)
         assert loaded.report() == optimized.report()
         del loaded
-        mapped_first, mapped_ms, loaded = _median_ms(lambda: serialize.load(saved, mmap=True), args.repeat)
+        read_first, read_ms, loaded = _median_ms(lambda: serialize.load(saved, mmap=False), args.repeat)
         assert loaded.report() == optimized.report()
         print(
             f"model: {source.name}  backends: {','.join(backends)}  .flowrt: {saved.stat().st_size / 2**20:.1f} MiB"
@@ -140,9 +141,10 @@ def main() -> int:
         print(f"{'to an OptimizedNetwork':<28} {'first ms':>9} {'median ms':>10}")
         print(f"{'ONNX parse + optimize':<28} {onnx_first:>9.1f} {onnx_ms:>10.1f}")
         print(f"{'.flowrt load':<28} {file_first:>9.1f} {file_ms:>10.1f}")
-        print(f"{'.flowrt load, mmap=True':<28} {mapped_first:>9.1f} {mapped_ms:>10.1f}")
+        print(f"{'.flowrt load, mmap=False':<28} {read_first:>9.1f} {read_ms:>10.1f}")
         print(
-            f"ratio ONNX / .flowrt (median): {onnx_ms / file_ms:.1f}x, with mmap {onnx_ms / mapped_ms:.1f}x"
+            f"ratio ONNX / .flowrt (median): {onnx_ms / file_ms:.1f}x (target >= 3), "
+            f"read into memory {onnx_ms / read_ms:.1f}x"
         )
         print(f"(save took {save_ms:.1f} ms)")
         del loaded

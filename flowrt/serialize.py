@@ -32,8 +32,8 @@ the network as ``flowrt.engine.graph.encoding`` writes it ("backends", "options"
                 data a backend made ahead of time for its layers (uint8 tensors); loaded
                 only for a backend registered with that same version
 
-Loading reads the file once into one 64-byte-aligned buffer (or maps it, ``mmap=True``): every
-array is a read-only view of it, never a copy. The checks run in this order: magic ("not a flowrt file"), format
+Loading maps the file into memory (or reads it once into one 64-byte-aligned buffer,
+``mmap=False``): every array is a read-only view of it, never a copy. The checks run in this order: magic ("not a flowrt file"), format
 version ("newer format"), declared length ("truncated"), checksum and header fields
 ("corrupt"), the Backend API version ("incompatible"), then the metadata, unpacked by msgpack
 under limits no larger than the file (str map keys, no ext types, no hooks) and decoded field
@@ -196,14 +196,15 @@ def is_flowrt_file(path: str | os.PathLike) -> bool:
 
 
 def load(
-    path: str | os.PathLike, *, mmap: bool = False, registry: BackendRegistry | None = None
+    path: str | os.PathLike, *, mmap: bool = True, registry: BackendRegistry | None = None
 ) -> OptimizedNetwork:
     """Read a .flowrt file written by :func:`save`: no ONNX parsing, no optimization.
 
-    Arrays in the result are read-only views of one buffer holding the file, read once; with
-    ``mmap=True`` that buffer is the file mapped into memory (faster for big files, but the file
-    must then not be changed in place while the network is in use: ``save`` replaces files
-    whole, which is safe). Prepared data is kept for backends registered in ``registry``
+    Arrays in the result are read-only views of the file mapped into memory: pages are read
+    when first touched and shared with other processes that map the same file, as ONNX Runtime
+    and OpenVINO do with their weight files. The file must then not be changed in place while
+    the network is in use (``save`` replaces files whole, which is safe). With ``mmap=False``
+    the file is read once into one buffer instead, and may then change freely. Prepared data is kept for backends registered in ``registry``
     (default: the process registry) with the version that made it, and dropped (logged at INFO)
     for the others. Raises ModelLoadError for a missing, foreign, truncated, corrupt, newer or
     incompatible file.
