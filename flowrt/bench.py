@@ -147,8 +147,8 @@ def run_bench(
 
     async def main() -> list[BenchResult]:
         start = time.perf_counter()
-        opt = flowrt.optimize(flowrt.onnx.load(model_path), backends=backends)
         async with flowrt.Runtime() as rt:
+            opt = flowrt.optimize(flowrt.onnx.load(model_path), backends=backends, registry=rt.registry)
             model = await rt.load(opt, max_in_flight=concurrency, batch=None if batch == 1 else batch)
             flowrt_load = time.perf_counter() - start
             feeds = {n: pattern_input(info) for n, info in model.inputs.items()}

@@ -18,6 +18,8 @@ from flowrt import serialize
 from flowrt.errors import FlowrtError, InputError
 from flowrt.models import default_model, expected_outputs, expected_tolerance, pattern_input
 from flowrt.profiling import top_layers, write_chrome_trace
+from flowrt.registry import BackendRegistry
+from flowrt.registry.dynamic import format_report, load_dynamic_backends
 from flowrt.types import TensorInfo
 
 
@@ -25,17 +27,30 @@ def _backends(text: str) -> list[str]:
     return [b.strip() for b in text.split(",") if b.strip()]
 
 
-def _optimized(path: str, backends: str | None) -> flowrt.OptimizedNetwork:
+def _registry() -> BackendRegistry:
+    """The process's backends and the dynamic ones a Runtime would load (FLOWRT_BACKEND_PATHS and
+    the ``flowrt.backends`` entry points), for commands that optimize before any runtime exists."""
+    registry = flowrt.backend_registry().copy()
+    load_dynamic_backends(registry)
+    return registry
+
+
+def _optimized(
+    path: str, backends: str | None, options: flowrt.OptimizerOptions | None = None
+) -> flowrt.OptimizedNetwork:
     """A .flowrt file as it was converted, or an ONNX model optimized for ``backends`` (default CpuRef)."""
+    registry = _registry()
     if serialize.is_flowrt_file(path):
-        opt = serialize.load(path)
+        opt = serialize.load(path, registry=registry)
         if backends is not None and _backends(backends) != opt.backends:
             raise InputError(
                 f"--backends {backends} differs from the backends {path} was converted for "
                 f"({','.join(opt.backends)}); convert the model again to change them"
             )
         return opt
-    return flowrt.optimize(flowrt.onnx.load(path), backends=_backends(backends or "CpuRef"))
+    return flowrt.optimize(
+        flowrt.onnx.load(path), backends=_backends(backends or "CpuRef"), options=options, registry=registry
+    )
 
 
 def _parse_inputs(items: Sequence[str]) -> dict[str, np.ndarray]:
@@ -148,15 +163,9 @@ def _hints(items: Sequence[str]) -> dict[str, str]:
 def cmd_inspect(args: argparse.Namespace) -> int:
     path = args.model or str(default_model())
     hints = _hints(args.hint)
-    if hints and not serialize.is_flowrt_file(path):
-        options = flowrt.OptimizerOptions(layer_backend_hints=hints)
-        opt = flowrt.optimize(
-            flowrt.onnx.load(path), backends=_backends(args.backends or "CpuRef"), options=options
-        )
-    else:
-        if hints:
-            raise InputError(f"--hint applies to .onnx models; {path} was optimized when it was converted")
-        opt = _optimized(path, args.backends)
+    if hints and serialize.is_flowrt_file(path):
+        raise InputError(f"--hint applies to .onnx models; {path} was optimized when it was converted")
+    opt = _optimized(path, args.backends, flowrt.OptimizerOptions(layer_backend_hints=hints))
     print(f"model: {path}")
     print(opt.report())
     if args.memory:
@@ -173,7 +182,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    opt = flowrt.optimize(flowrt.onnx.load(args.model), backends=_backends(args.backends))
+    opt = flowrt.optimize(
+        flowrt.onnx.load(args.model), backends=_backends(args.backends), registry=_registry()
+    )
     target = args.output or str(Path(args.model).with_suffix(".flowrt"))
     serialize.save(opt, target)
     counts = ", ".join(f"{b}={n}" for b, n in opt.backend_counts().items())
@@ -268,12 +279,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
-    registry = flowrt.backend_registry()
+    registry = flowrt.backend_registry().copy()
+    dynamic = load_dynamic_backends(registry)
     for bid in registry.ids():
         backend = registry.get(bid)
         major, minor = backend.version
         caps = ", ".join(f"{k}={v}" for k, v in backend.capabilities.items())
         print(f"{bid}  version {major}.{minor}  capabilities: {caps}")
+    if dynamic.found or dynamic.skipped:
+        print("dynamic backends:")
+        print("\n".join(f"  {line}" for line in format_report(dynamic).splitlines()))
     _print_opencl_devices()
     return 0
 

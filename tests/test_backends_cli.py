@@ -1,5 +1,11 @@
 """``flowrt inspect`` on a mixed preference list: assignment, substitutions, fallbacks, copies."""
 
+from pathlib import Path
+
+import pytest
+
+import flowrt
+import flowrt.registry.dynamic as dynamic
 from flowrt.cli import main
 from flowrt.models import light_model
 
@@ -36,3 +42,31 @@ def test_inspect_shows_substitutions_fallbacks_and_copies(capsys):
 def test_inspect_with_a_malformed_hint_is_a_clear_error(capsys):
     assert main(["inspect", "--hint", "n2"]) == 2
     assert "--hint expects LAYER=BACKEND, got 'n2'" in capsys.readouterr().err
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "backends"
+
+
+@pytest.fixture
+def acme_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dynamic, "advertised_entry_points", lambda: [])
+    monkeypatch.setenv(dynamic.BACKEND_PATHS_ENV, str(EXAMPLES))
+
+
+def test_inspect_uses_the_dynamic_backends_on_the_backend_path(acme_on_path, capsys):
+    assert main(["inspect", "--backends", "Acme_Sample,CpuRef"]) == 0
+    out = capsys.readouterr().out
+    assert "layers per backend: Acme_Sample=26, CpuRef=13" in out
+    assert "Acme_Sample: Conv 'n0' + Relu 'n1' -> Conv 'n0' (+Relu)" in out
+    assert "  'n2' (MaxPool) -> CpuRef: Acme_Sample: Acme_Sample has no kernel for MaxPool" in out
+    assert not flowrt.backend_registry().is_registered("Acme_Sample")  # the process registry is untouched
+
+
+def test_run_and_backends_list_the_dynamic_backends(acme_on_path, capsys):
+    assert main(["run", "--backends", "Acme_Sample,CpuRef"]) == 0
+    out = capsys.readouterr().out
+    assert "Acme_Sample" in out and "match (max abs diff" in out
+    assert main(["backends"]) == 0
+    out = capsys.readouterr().out
+    assert "Acme_Sample  version 1.0" in out
+    assert f"    Acme_Sample 1.0  {EXAMPLES / 'Acme_Sample_backend.py'}" in out
