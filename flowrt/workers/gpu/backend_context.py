@@ -58,4 +58,4 @@ class GpuBackendContext:
         return self.device.enqueue_upload(queue, array)
 
     def download(self, queue: Any, tensor: GpuTensor) -> tuple[np.ndarray, Any]:
-        return tensor.enqueue_read(queue)
+        return self.device.enqueue_download(queue, tensor)

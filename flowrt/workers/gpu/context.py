@@ -10,6 +10,7 @@ import numpy as np
 from flowrt.workers.gpu.arena_cache import ArenaCache
 from flowrt.workers.gpu.device import choose_device, cl, takes_priority_hints
 from flowrt.workers.gpu.program import ProgramCache
+from flowrt.workers.gpu.scratch import ScratchSets, current_scratch
 from flowrt.workers.gpu.tensor import GpuTensor
 from flowrt.workers.gpu.typed_kernel import TypedKernel
 
@@ -30,6 +31,8 @@ class DeviceContext:
         self.programs = ProgramCache(self.context, device)
         # Arena buffers no pool holds any more, for the next load (see ``allocator``).
         self.arena_cache = ArenaCache()
+        # Kernels' temporaries, lent per submission (see ``scratch``).
+        self.scratch_sets = ScratchSets(self.context, self.queue)
         self._priority_hints: bool | None = None
 
     @property
@@ -50,6 +53,16 @@ class DeviceContext:
         nbytes = max(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, 1)
         return GpuTensor(cl.Buffer(self.context, cl.mem_flags.READ_WRITE, nbytes), shape, dtype, self.queue)
 
+    def scratch(self, shape: tuple[int, ...], slot: int = 0, dtype: Any = np.float32) -> GpuTensor:
+        """A device tensor for a kernel's temporary values, valid until the kernels of the
+        current submission have run: slot ``slot`` of the submission's scratch set (a later
+        kernel of the submission reuses it), or a new buffer outside any submission."""
+        lent = current_scratch.get()
+        if lent is None or lent.context is not self.context:
+            return self.empty(shape, dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        return GpuTensor(lent.take(nbytes, slot), shape, dtype, self.queue)
+
     def upload(self, array: Any, dtype: Any = np.float32) -> GpuTensor:
         """A device copy of a host array, as ``dtype``; blocks until the copy is done."""
         tensor, event = self.enqueue_upload(self.queue, array, dtype)
@@ -63,8 +76,26 @@ class DeviceContext:
         until it completes: it holds the host bytes the copy reads."""
         host = np.ascontiguousarray(array, dtype=dtype)
         tensor = self.empty(host.shape, host.dtype)
-        event = cl.enqueue_copy(queue, tensor.buffer, host, is_blocking=False) if host.size else None
-        return tensor, event
+        if not host.size:
+            return tensor, None
+        lent = current_scratch.get()
+        if lent is not None and lent.context is self.context:  # through pinned staging
+            staged = lent.stage(host.nbytes)
+            np.copyto(staged, host.reshape(-1).view(np.uint8))
+            host = staged
+        return tensor, cl.enqueue_copy(queue, tensor.buffer, host, is_blocking=False)
+
+    def enqueue_download(self, queue: Any, tensor: GpuTensor) -> tuple[np.ndarray, Any]:
+        """A new host array that will hold ``tensor`` once the returned event has completed
+        (keep the event until then); inside a submission, once the submission has finished."""
+        lent = current_scratch.get()
+        if lent is None or lent.context is not self.context or not tensor.size:
+            return tensor.enqueue_read(queue)
+        host = np.empty(tensor.shape, tensor.dtype)
+        staged = lent.stage(tensor.nbytes)
+        event = cl.enqueue_copy(queue, staged, tensor.buffer, is_blocking=False)
+        lent.copy_after(host.reshape(-1).view(np.uint8), staged)
+        return host, event
 
 
 _contexts: dict[int, DeviceContext] = {}

@@ -29,7 +29,7 @@ import trio
 
 from flowrt.errors import BackendError, FlowrtError
 from flowrt.types import Priority
-from flowrt.workers.gpu.completion import EventCompletion
+from flowrt.workers.gpu.completion import CompletionWaiter, EventCompletion
 from flowrt.workers.gpu.context import DeviceContext
 from flowrt.workers.gpu.device import (
     CL_QUEUE_PRIORITY_HIGH_KHR,
@@ -38,6 +38,7 @@ from flowrt.workers.gpu.device import (
     cl,
     priority_properties,
 )
+from flowrt.workers.gpu.scratch import ScratchSet, current_scratch
 
 PRIORITY_LEVELS = {
     Priority.HIGH: CL_QUEUE_PRIORITY_HIGH_KHR,
@@ -102,6 +103,7 @@ class _Submission:
     enqueued: trio.Event = attrs.Factory(trio.Event)
     abandoned: bool = False
     error: Exception | None = None
+    scratch: ScratchSet | None = None
 
 
 class QueueActor:
@@ -119,33 +121,44 @@ class QueueActor:
         properties = priority_properties(PRIORITY_LEVELS[self.priority]) if self.priority_hinted else 0
         self.queue = cl.CommandQueue(context.context, context.device, properties=properties)
         self.admission = admission or Admission(None)
+        self.scratch_sets = context.scratch_sets
+        self.waiter = CompletionWaiter(f"flowrt-gpu-{self.priority.name.lower()}-completion")
         self.send_channel, self.receive_channel = trio.open_memory_channel[_Submission](math.inf)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        async with self.receive_channel:
-            async for submission in self.receive_channel:
-                if submission.abandoned:
-                    continue
-                await self.admission.acquire(self.priority)
-                if submission.abandoned:  # cancelled while waiting for the device
-                    self.admission.release()
-                    continue
-                self._serve(submission)
+        self.waiter.start()
+        try:
+            task_status.started()
+            async with self.receive_channel:
+                async for submission in self.receive_channel:
+                    if submission.abandoned:
+                        continue
+                    await self.admission.acquire(self.priority)
+                    if submission.abandoned:  # cancelled while waiting for the device
+                        self.admission.release()
+                        continue
+                    self._serve(submission)
+        finally:
+            await self.waiter.stop()
 
     def _serve(self, submission: _Submission) -> None:
+        # The kernels' temporaries come from a scratch set lent until the commands finish.
+        submission.scratch = self.scratch_sets.take()
+        lent = current_scratch.set(submission.scratch)
         try:
             event = submission.enqueue(self.queue)
         except Exception as e:  # reported to the submitter, which raises it
             submission.error = e
             event = None
+        finally:
+            current_scratch.reset(lent)
         try:
             # Whatever was enqueued before a failure must finish before the submitter goes on.
             if event is None:
                 event = cl.enqueue_marker(self.queue)
             # Hand the commands to the device now: a callback fires only for submitted work.
             self.queue.flush()
-            submission.completion.attach(event)
+            submission.completion.attach(event, self.waiter)
         except Exception as e:
             self.queue.finish()  # no event to wait on: make sure nothing is left running
             submission.error = submission.error or e
@@ -185,11 +198,15 @@ class QueueActor:
             )
 
     async def _finished(self, submission: _Submission) -> int:
-        """Wait for an enqueued submission's commands to finish; give its device slot back."""
+        """Wait for an enqueued submission's commands to finish; give its device slot and its
+        scratch set back."""
         try:
             return await submission.completion.wait()
         finally:
             self.admission.release()
+            if submission.scratch is not None:
+                self.scratch_sets.give(submission.scratch)
+                submission.scratch = None
 
 
 class QueueActors:

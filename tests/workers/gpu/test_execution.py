@@ -18,7 +18,8 @@ from flowrt.workers.gpu.tensor import GpuTensor
 def transfers(monkeypatch):
     """Counts of host->device uploads and device->host copies made through GpuAcc."""
     counts = {"upload": 0, "download": 0}
-    enqueue_upload, enqueue_read, get = DeviceContext.enqueue_upload, GpuTensor.enqueue_read, GpuTensor.get
+    enqueue_upload, enqueue_download = DeviceContext.enqueue_upload, DeviceContext.enqueue_download
+    get = GpuTensor.get
 
     def counting(kind, fn):
         def wrapper(*args, **kwargs):
@@ -28,7 +29,7 @@ def transfers(monkeypatch):
         return wrapper
 
     monkeypatch.setattr(DeviceContext, "enqueue_upload", counting("upload", enqueue_upload))
-    monkeypatch.setattr(GpuTensor, "enqueue_read", counting("download", enqueue_read))
+    monkeypatch.setattr(DeviceContext, "enqueue_download", counting("download", enqueue_download))
     monkeypatch.setattr(GpuTensor, "get", counting("download", get))
     return counts
 
@@ -134,3 +135,38 @@ async def test_runtime_opencl_device_picks_gpuacc_device(gpu, conv_network, conv
     async with flowrt.Runtime(cpu_workers=1, opencl_device="no such device") as rt:
         with pytest.raises(BackendError, match="OpenCL device 'no such device' not found"):
             await rt.load(opt)
+
+
+async def test_kernel_temporaries_come_from_scratch_sets_that_later_runs_reuse(
+    gpu, conv_network, conv_net_reference
+):
+    feeds, expected = conv_net_reference
+    opt = flowrt.optimize(conv_network(), backends=["GpuAcc", "CpuRef"])
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        model = await rt.load(opt, max_in_flight=4)
+        sets = gpu.scratch_sets._free
+        before = len(sets)  # other tests' sets, on this process-wide device context
+        await model.run(feeds)
+        buffers = {id(b) for s in sets for b in s.buffers.values()}
+        assert buffers  # the im2col columns went to a scratch set
+        # the feed went up and the output came down through its pinned staging memory
+        assert any(len(s.staging) >= 2 for s in sets)
+        results = {}
+
+        async def run(i, priority):
+            results[i] = await model.run(feeds, priority=priority)
+
+        for _ in range(3):  # concurrent runs on every queue: each submission has a set of its own
+            async with trio.open_nursery() as nursery:
+                for i, priority in enumerate([flowrt.Priority.HIGH, flowrt.Priority.LOW] * 2):
+                    nursery.start_soon(run, i, priority)
+            for out in results.values():
+                np.testing.assert_allclose(out["y"], expected["y"], rtol=1e-5, atol=1e-6)
+        assert len(sets) <= max(before, 1) + 3  # no more sets than submissions at once, all given back
+        assert buffers <= {id(b) for s in sets for b in s.buffers.values()}  # the first run's, reused
+        assert not any(s.retired for s in sets)
+
+
+def test_a_kernel_temporary_outside_a_submission_is_a_buffer_of_its_own(gpu):
+    a, b = gpu.scratch((16,)), gpu.scratch((16,))
+    assert a.buffer is not b.buffer and a.shape == (16,)

@@ -67,7 +67,7 @@ class ConvKernel(GpuKernel):
     def _columns(self, queue: Any, x: GpuTensor, total: int) -> GpuTensor:
         """The im2col matrix of ``x`` (enqueued; the GEMM after it on the queue reads it)."""
         g = self.geometry
-        cols = self.context.empty((total,))
+        cols = self.context.scratch((total,))
         self.launch(
             self.im2col, queue, total, x.buffer, cols.buffer,
             *ints(x.shape[1], *x.shape[2:], *self.kernel_hw, *g.out, *g.strides, *g.pads_begin,  # type: ignore[misc]

@@ -71,8 +71,9 @@ class BinaryKernel(GpuKernel):
         result, event = inputs[0], None
         for i, (out, table) in enumerate(self.steps):
             last = i == len(self.steps) - 1
-            # The fold's running results before the last are scratch buffers of their own.
-            y = outputs[0] if last else self.context.empty(out)
+            # The fold's running results before the last are scratch, in two alternating slots
+            # (a step reads the previous one's result and writes the other).
+            y = outputs[0] if last else self.context.scratch(out, slot=i % 2)
             act = activation_args(self.info.activation if last else None)
             event = self.launch(self.kernel, queue, y.size,
                 result.buffer, inputs[i + 1].buffer, y.buffer, table, np.int32(y.size), self.op, *act,

@@ -1,0 +1,116 @@
+"""Scratch memory for kernels' temporary values: im2col columns, a fold's running result.
+
+A kernel asks its device context for a temporary with ``context.scratch(shape, slot)``. Inside
+a queue actor's submission the temporary comes from the :class:`ScratchSet` lent to that
+submission: one buffer per slot, grown to the largest request and shared by every kernel of
+the submission. That is safe because a submission's commands run in order on one in-order
+queue: a later kernel's writes to a slot come after an earlier kernel's reads of it. The set
+goes back to the device's :class:`ScratchSets` once the submission's commands have finished,
+and the next submission takes it as it is.
+
+Feeds and outputs cross through the set's pinned staging memory (buffers made with
+``ALLOC_HOST_PTR`` and mapped once, NVIDIA's recommended way to copy without waiting): a feed is
+copied into staging and uploaded from there; an output is downloaded into staging and copied
+into its own array once the submission has finished (``complete``). A copy between the device
+and pageable host memory makes NVIDIA's driver hold the enqueueing thread until the queue has
+reached that copy — the trio thread would wait out every earlier command on the queue, and no
+other run could be enqueued meanwhile.
+
+Making and releasing an OpenCL buffer per launch is dear: on an H100 (NVIDIA's OpenCL driver)
+a new buffer costs about 35 µs to create and 60 µs more at its first launch, and releasing one
+that queued commands still use about 300 µs — resnet50's twenty im2col buffers cost more host
+time than all its GEMM launches. A kernel outside any submission (a workload's blocking
+``execute``, the tuner) gets a new buffer per call, as before.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from typing import Any
+
+import numpy as np
+
+from flowrt.workers.gpu.device import cl
+
+# The set lent to the submission being enqueued (set by the queue actor around ``enqueue``).
+current_scratch: contextvars.ContextVar[ScratchSet | None] = contextvars.ContextVar(
+    "flowrt_gpu_scratch", default=None
+)
+
+
+class ScratchSet:
+    """One buffer per slot, for the kernels of one submission at a time."""
+
+    def __init__(self, context: Any, map_queue: Any) -> None:
+        self.context = context  # the cl.Context its buffers belong to
+        self.map_queue = map_queue  # an idle queue to map staging buffers on
+        self.buffers: dict[int, Any] = {}
+        self.staging: list[np.ndarray] = []  # mapped pinned host memory, uint8
+        self.staged = 0  # staging areas used by the submission so far
+        self.copies: list[tuple[np.ndarray, np.ndarray]] = []  # (to, from) after completion
+        # Buffers outgrown during a submission: its queued commands may still use them, so
+        # they are kept until it has finished.
+        self.retired: list[Any] = []
+
+    def take(self, nbytes: int, slot: int) -> Any:
+        """Slot ``slot``'s buffer, of at least ``nbytes`` bytes."""
+        buffer = self.buffers.get(slot)
+        if buffer is None or buffer.size < nbytes:
+            if buffer is not None:
+                self.retired.append(buffer)
+            buffer = self.buffers[slot] = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, max(nbytes, 1))
+        return buffer
+
+    def stage(self, nbytes: int) -> np.ndarray:
+        """A staging area of ``nbytes`` bytes of pinned host memory (uint8), the submission's
+        next one: each transfer of a submission has its own."""
+        index, self.staged = self.staged, self.staged + 1
+        if index == len(self.staging):
+            self.staging.append(self._pinned(nbytes))
+        elif self.staging[index].nbytes < nbytes:
+            self.retired.append(self.staging[index])
+            self.staging[index] = self._pinned(nbytes)
+        return self.staging[index][:nbytes]
+
+    def _pinned(self, nbytes: int) -> np.ndarray:
+        flags = cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR
+        buffer = cl.Buffer(self.context, flags, max(nbytes, 1))
+        mapped, _ = cl.enqueue_map_buffer(
+            self.map_queue, buffer, cl.map_flags.READ | cl.map_flags.WRITE, 0, (max(nbytes, 1),), np.uint8
+        )
+        return mapped  # the mapping (and the buffer) live as long as this array
+
+    def copy_after(self, target: np.ndarray, staged: np.ndarray) -> None:
+        """Copy ``staged`` into ``target`` once the submission's commands have finished."""
+        self.copies.append((target, staged))
+
+    def complete(self) -> None:
+        """The submission's commands have finished: deliver its downloads, reset for the next."""
+        for target, staged in self.copies:
+            np.copyto(target, staged)
+        self.copies.clear()
+        self.retired.clear()
+        self.staged = 0
+
+
+class ScratchSets:
+    """A device's scratch sets not lent to any submission."""
+
+    def __init__(self, context: Any, map_queue: Any) -> None:
+        self.context = context
+        self.map_queue = map_queue
+        self._free: list[ScratchSet] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> ScratchSet:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return ScratchSet(self.context, self.map_queue)
+
+    def give(self, scratch: ScratchSet) -> None:
+        """Return a set whose submission's commands have all finished."""
+        scratch.complete()
+        with self._lock:
+            self._free.append(scratch)
