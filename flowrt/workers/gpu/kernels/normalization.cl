@@ -33,11 +33,15 @@ __kernel void softmax(__global const float* x, __global float* y, int axis_len, 
     int base = (r / inner) * axis_len * inner + r % inner;
     float top = -INFINITY;
     for (int k = 0; k < axis_len; ++k) top = fmax(top, x[base + k * inner]);
-    float sum = 0.0f;
+    // Compensated (Kahan) sum: a plain running sum of a long row drifts by up to
+    // axis_len * FLT_EPSILON, where numpy's pairwise sum stays near the exact value.
+    float sum = 0.0f, lost = 0.0f;
     for (int k = 0; k < axis_len; ++k) {
         float e = exp(x[base + k * inner] - top);
         y[base + k * inner] = e;
-        sum += e;
+        float term = e - lost, next = sum + term;
+        lost = (next - sum) - term;
+        sum = next;
     }
     for (int k = 0; k < axis_len; ++k) y[base + k * inner] /= sum;
 }
