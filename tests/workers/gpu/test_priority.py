@@ -6,7 +6,7 @@ import trio
 import trio.testing
 
 import flowrt
-from flowrt.types import Priority
+from flowrt.types import Priority, TensorInfo
 from flowrt.workers.gpu.device import cl
 from flowrt.workers.gpu.queues import Admission, open_queue_actors
 
@@ -77,23 +77,57 @@ async def test_high_priority_submission_overtakes_queued_low_priority_work(gpu):
     assert finished == ["low0", "high", "low1", "low2", "low3"]
 
 
-async def test_a_high_priority_run_finishes_before_queued_low_priority_runs(gpu, matmul_chain):
-    opt = flowrt.optimize(matmul_chain(), backends=["GpuAcc"])
-    x = np.ones((128, 512), np.float32)
+def _widening_chain(rows: int, width: int, layers: int = 4) -> flowrt.Network:
+    """x (1, width) broadcast to (rows, width), ``layers`` MatMuls by (width, width), then the
+    mean over the rows: the work grows with rows and width while the feed and the output stay
+    one row. (NVIDIA's driver copies between the device and pageable host memory while the
+    enqueueing thread waits: a large feed or output holds that thread until its queue reaches
+    the copy, and no later run is enqueued meanwhile.)"""
+    rng = np.random.default_rng(0)
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, width)))
+    h = net.add_layer("Add", inputs=[x, np.zeros((rows, width), np.float32)])
+    for _ in range(layers):
+        w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+        h = net.add_layer("MatMul", inputs=[h, w])
+    net.add_output("y", net.add_layer("ReduceMean", flowrt.descriptors.ReduceMean(axes=(0,)), inputs=[h]))
+    return net
+
+
+async def _long_run_model(rt, seconds: float):
+    """A model on GpuAcc whose run takes at least ``seconds`` on this device, and its feed:
+    on a fast GPU a fixed size finishes before the next run is even queued."""
+    sizes = [(128, 512), (512, 1024), (1024, 2048), (2048, 4096), (4096, 4096), (8192, 4096)]
+    for rows, width in sizes:
+        model = await rt.load(
+            flowrt.optimize(_widening_chain(rows, width), backends=["GpuAcc"]), max_in_flight=6
+        )
+        x = np.ones((1, width), np.float32)
+        await model.run({"x": x})  # warm-up
+        start = trio.current_time()
+        await model.run({"x": x})
+        if trio.current_time() - start >= seconds or (rows, width) == sizes[-1]:
+            break
+        await model.unload()
+    return model, x
+
+
+async def test_a_high_priority_run_finishes_before_queued_low_priority_runs(gpu):
     finished = []
 
-    async def run(model, priority, label):
+    async def run(model, x, priority, label):
         await model.run({"x": x}, priority=priority)
         finished.append(label)
 
     async with flowrt.Runtime(cpu_workers=1) as rt:
-        model = await rt.load(opt, max_in_flight=6)
+        model, x = await _long_run_model(rt, 0.03)
         assert model.dataflow.segments[0].device
         async with trio.open_nursery() as nursery:
             for i in range(5):
-                nursery.start_soon(run, model, Priority.LOW, f"low{i}")
+                nursery.start_soon(run, model, x, Priority.LOW, f"low{i}")
                 await trio.testing.wait_all_tasks_blocked()  # two low runs on the device, the rest queued
-            nursery.start_soon(run, model, Priority.HIGH, "high")
+            assert finished == []  # the low work is still in flight when the high run arrives
+            nursery.start_soon(run, model, x, Priority.HIGH, "high")
     # Overtaken by at most the two low runs already on the device when it arrived.
     assert finished.index("high") <= 2, finished
     assert finished[-1].startswith("low")
