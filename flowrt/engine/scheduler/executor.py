@@ -113,7 +113,7 @@ class _RunState:
         ``keep``, which the caller holds until the device has finished."""
         for tid in segment.uploads:
             self.device_values[tid], event = runner.upload(queue, self.values[tid])
-            keep.append(event)
+            keep.append((self.device_values[tid], event))  # both alive until the device is done
         for node in segment.nodes:
             if self.stop.is_set():
                 return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,9 @@ class DeviceContext:
         self.arena_cache = ArenaCache()
         # Kernels' temporaries, lent per submission (see ``scratch``).
         self.scratch_sets = ScratchSets(self.context, self.queue)
+        # Device buffers of uploaded feeds, for later uploads: releasing a device buffer makes
+        # NVIDIA's driver wait until the device is idle (every queue's work, other runs' too).
+        self.upload_buffers = ArenaCache()
         self._priority_hints: bool | None = None
 
     @property
@@ -75,15 +79,22 @@ class DeviceContext:
         returns it and the copy's event (None when there was nothing to copy). Keep the event
         until it completes: it holds the host bytes the copy reads."""
         host = np.ascontiguousarray(array, dtype=dtype)
-        tensor = self.empty(host.shape, host.dtype)
-        if not host.size:
-            return tensor, None
         lent = current_scratch.get()
-        if lent is not None and lent.context is self.context:  # through pinned staging
-            staged = lent.stage(host.nbytes)
-            np.copyto(staged, host.reshape(-1).view(np.uint8))
-            host = staged
-        return tensor, cl.enqueue_copy(queue, tensor.buffer, host, is_blocking=False)
+        if not host.size or lent is None or lent.context is not self.context:
+            tensor = self.empty(host.shape, host.dtype)  # a constant at load, say
+            return tensor, cl.enqueue_copy(
+                queue, tensor.buffer, host, is_blocking=False
+            ) if host.size else None
+        # A run's feed: a cached device buffer, filled through pinned staging.
+        cached = self.upload_buffers.take(host.nbytes)
+        buffer = cached[0] if cached else cl.Buffer(self.context, cl.mem_flags.READ_WRITE, host.nbytes)
+        tensor = GpuTensor(buffer, host.shape, host.dtype, self.queue)
+        # Back to the cache (never released) when the tensor is dropped: the executor keeps it with the copy's
+        # event until the submission has finished, so no command still reads it then.
+        weakref.finalize(tensor, self.upload_buffers.give, buffer, {})
+        staged = lent.stage(host.nbytes)
+        np.copyto(staged, host.reshape(-1).view(np.uint8))
+        return tensor, cl.enqueue_copy(queue, tensor.buffer, staged, is_blocking=False)
 
     def enqueue_download(self, queue: Any, tensor: GpuTensor) -> tuple[np.ndarray, Any]:
         """A new host array that will hold ``tensor`` once the returned event has completed

@@ -22,7 +22,7 @@ class GpuTensor:
     alive; it does not synchronize with commands on other queues still writing it.
     """
 
-    __slots__ = ("buffer", "dtype", "queue", "shape", "size")
+    __slots__ = ("__weakref__", "buffer", "dtype", "queue", "shape", "size")
 
     def __init__(self, buffer: Any, shape: Sequence[int], dtype: Any, queue: Any) -> None:
         self.buffer = buffer
