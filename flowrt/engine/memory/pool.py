@@ -6,20 +6,20 @@ manager.acquire(priority) as pool`` gives the pool back on success, error and ca
 
 Aging: a waiting run gains one priority level for every ``aging_interval`` seconds it has
 waited (never beyond the highest), so a LOW run competes as HIGH after two intervals and is
-then served in arrival order: low priority is never starved.
+then served in arrival order: low priority is never starved. The rule, and the waiting, are
+``PriorityLender``'s, which lends the CPU workers the same way.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import numpy as np
-import trio
 
 from flowrt.engine.memory.allocator import Allocator, HostAllocator
+from flowrt.engine.memory.lending import PriorityLender
 
 
 class MemoryPool:
@@ -59,8 +59,9 @@ class MemoryPool:
         return sum(a.nbytes for a in self.arenas.values())
 
 
-class PoolManager:
-    """Holds ``count`` pools of the given per-backend arena sizes and lends them to runs."""
+class PoolManager(PriorityLender[MemoryPool]):
+    """Holds ``count`` pools of the given per-backend arena sizes and lends them to runs
+    (by priority, with aging: see ``flowrt.engine.memory.lending``)."""
 
     def __init__(
         self,
@@ -75,71 +76,24 @@ class PoolManager:
             MemoryPool(i, {b: allocators[b].allocate(n) for b, n in arena_bytes.items()}, allocators)
             for i in range(count)
         ]
-        self._free = list(self.pools)
-        self._waiting: list[_Waiter] = []
-        self._sequence = itertools.count()
+        super().__init__(self.pools, aging_interval=aging_interval)
         self.zero_on_release = zero_on_release
-        if aging_interval <= 0:
-            raise ValueError(f"aging_interval must be positive, got {aging_interval}")
-        self.aging_interval = aging_interval
 
     @property
     def count(self) -> int:
         return len(self.pools)
 
-    @property
-    def free_count(self) -> int:
-        return len(self._free)
-
     @asynccontextmanager
     async def acquire(self, priority: int = 1) -> AsyncIterator[MemoryPool]:
         """Lend a pool for the body of the ``async with``; waits while all are lent."""
-        pool = await self._take(priority)
+        pool = await self.take(priority)
         try:
             yield pool
         finally:
-            self._give_back(pool)
+            self.give_back(pool)
 
-    async def _take(self, priority: int) -> MemoryPool:
-        await trio.sleep(0)  # a checkpoint: a cancelled caller never takes a pool
-        if self._free and not self._waiting:
-            return self._free.pop()
-        waiter = _Waiter(priority, next(self._sequence), trio.current_time())
-        self._waiting.append(waiter)
-        try:
-            await waiter.event.wait()
-        except BaseException:
-            if waiter.pool is not None:  # handed a pool just as we were cancelled: pass it on
-                self._give_back(waiter.pool)
-            else:
-                self._waiting.remove(waiter)
-            raise
-        return waiter.pool  # type: ignore[return-value]
-
-    def _give_back(self, pool: MemoryPool) -> None:
+    def give_back(self, pool: MemoryPool) -> None:
+        """Return a pool (zeroed first when ``zero_on_release``) to the next waiting run."""
         if self.zero_on_release:
             pool.zero()
-        if self._waiting:
-            now = trio.current_time()
-            waiter = min(
-                self._waiting, key=lambda w: (w.effective_priority(now, self.aging_interval), w.sequence)
-            )
-            self._waiting.remove(waiter)
-            waiter.pool = pool
-            waiter.event.set()
-        else:
-            self._free.append(pool)
-
-
-class _Waiter:
-    """A run waiting for a pool."""
-
-    def __init__(self, priority: int, sequence: int, since: float) -> None:
-        self.priority = priority
-        self.sequence = sequence
-        self.since = since
-        self.event = trio.Event()
-        self.pool: MemoryPool | None = None
-
-    def effective_priority(self, now: float, aging_interval: float) -> int:
-        return max(0, self.priority - int((now - self.since) // aging_interval))
+        super().give_back(pool)

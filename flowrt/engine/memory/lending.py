@@ -1,0 +1,98 @@
+"""Lending interchangeable resources to waiting tasks by priority, with aging.
+
+Memory pools (``PoolManager``) and CPU workers (``CpuWorkerPool``) are lent the same way. A
+task that finds one free, with nobody waiting, takes it at once; otherwise it waits, and each
+one given back goes to the waiter of the highest priority (the lowest ``Priority`` value),
+first come first served within a priority.
+
+Aging: a waiter gains one priority level for every ``aging_interval`` seconds it has waited
+(never beyond the highest), so a LOW waiter competes as HIGH after two intervals and, having
+waited longest, is then served first: low priority is never starved.
+
+Cancelling a waiter is safe: it leaves the queue, and one handed an item just as it was
+cancelled passes it on, so a cancelled waiter never holds anything.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from typing import Generic, TypeVar
+
+import trio
+
+T = TypeVar("T")
+
+
+def aged_priority(priority: int, waited: float, aging_interval: float) -> int:
+    """The priority a waiter of ``priority`` competes at after ``waited`` seconds: one level
+    higher (one lower in value) per ``aging_interval`` seconds, never beyond the highest (0)."""
+    return max(0, priority - int(waited // aging_interval))
+
+
+class _Waiter(Generic[T]):
+    """A task waiting to be lent an item."""
+
+    def __init__(self, priority: int, sequence: int, since: float) -> None:
+        self.priority = priority
+        self.sequence = sequence
+        self.since = since
+        self.event = trio.Event()
+        self.item: T | None = None
+
+
+class PriorityLender(Generic[T]):
+    """Lends ``items`` to waiting tasks: by priority, first come first served within one, with
+    aging (see the module doc). Use from one trio run; ``take`` and ``give_back`` in pairs."""
+
+    def __init__(self, items: Iterable[T] = (), *, aging_interval: float = 1.0) -> None:
+        if aging_interval <= 0:
+            raise ValueError(f"aging_interval must be positive, got {aging_interval}")
+        self.aging_interval = aging_interval
+        self._free: list[T] = list(items)
+        self._waiting: list[_Waiter[T]] = []
+        self._sequence = itertools.count()
+
+    @property
+    def free_count(self) -> int:
+        """Items not lent now."""
+        return len(self._free)
+
+    @property
+    def waiting_count(self) -> int:
+        """Tasks waiting for an item now."""
+        return len(self._waiting)
+
+    async def take(self, priority: int = 1) -> T:
+        """Borrow an item, waiting while none is free (or others wait before this one).
+
+        Always a checkpoint: a caller cancelled before it is served never takes an item.
+        """
+        await trio.sleep(0)
+        if self._free and not self._waiting:
+            return self._free.pop()
+        waiter: _Waiter[T] = _Waiter(priority, next(self._sequence), trio.current_time())
+        self._waiting.append(waiter)
+        try:
+            await waiter.event.wait()
+        except BaseException:
+            if waiter.item is not None:  # handed an item just as we were cancelled: pass it on
+                self.give_back(waiter.item)
+            else:
+                self._waiting.remove(waiter)
+            raise
+        return waiter.item  # type: ignore[return-value]
+
+    def give_back(self, item: T) -> None:
+        """Return a borrowed item (or add a new one): to the first waiter in priority order,
+        or to the free items when nobody waits."""
+        if not self._waiting:
+            self._free.append(item)
+            return
+        now, interval = trio.current_time(), self.aging_interval
+        waiter = min(
+            self._waiting, key=lambda w: (aged_priority(w.priority, now - w.since, interval), w.sequence)
+        )
+        self._waiting.remove(waiter)
+        waiter.item = item
+        waiter.event.set()
