@@ -242,9 +242,9 @@ class Runtime:
     different workers at once (see ``flowrt.engine.scheduler.dataflow``). ``zero_memory_on_release`` zeroes a memory
     pool before it is lent to the next run (for sensitive data). ``profiling`` makes every
     run of the networks it loads record per-workload timings (see ``LoadedNetwork.profile``).
-    Runs waiting for a memory pool are served by priority, first come first served within one;
-    a waiting run gains one priority level every ``priority_aging`` seconds, so LOW is never
-    starved.
+    Runs waiting for a memory pool or a CPU worker are served by priority, first come first
+    served within one; a waiting run gains one priority level every ``priority_aging``
+    seconds, so LOW is never starved.
 
     Dynamic backends (see ``flowrt.registry.dynamic``) are loaded when the runtime is created,
     as Arm NN does: from the directories of ``backend_paths`` (which overrides the
@@ -324,7 +324,7 @@ class Runtime:
         self._network_ids = itertools.count()
 
     async def __aenter__(self) -> Runtime:
-        self._workers = await CpuWorkerPool(self.cpu_workers).__aenter__()
+        self._workers = await CpuWorkerPool(self.cpu_workers, aging_interval=self.priority_aging).__aenter__()
         self._stack = contextlib.AsyncExitStack()
         # Backend contexts' tasks (GpuAcc's queue actors) live here, started on first use.
         self._nursery = await self._stack.enter_async_context(trio.open_nursery())

@@ -198,9 +198,10 @@ async def execute(
 ) -> dict[str, np.ndarray]:
     """Run the dataflow once on checked feeds; return fresh output arrays by name.
 
-    ``run_sync(fn, *args)`` runs a blocking function on a CPU worker (``CpuWorkerPool.run_sync``);
-    it must not return before ``fn`` has finished, even when cancelled. ``devices`` maps each
-    device segment's backend to its runner; ``priority`` is passed to the runners' ``submit``.
+    ``run_sync(fn, *args, priority=...)`` runs a blocking function on a CPU worker
+    (``CpuWorkerPool.run_sync``); it must not return before ``fn`` has finished, even when
+    cancelled. ``devices`` maps each device segment's backend to its runner; ``priority`` is
+    passed to ``run_sync`` and to the runners' ``submit``.
 
     With a ``pool``, planned intermediate tensors live at their ``bindings`` in it; the pool
     must stay lent until this returns (it does not touch the pool afterwards). ``record``,
@@ -218,7 +219,7 @@ async def execute(
             if segment.device:
                 await run_on_device(segment)
             else:
-                await run_sync(state.run_segment, segment)
+                await run_sync(state.run_segment, segment, priority=priority)
         except RunError as e:
             if state.error is None:
                 state.error = e

@@ -1,11 +1,30 @@
 """CPU worker actors: long-lived threads that run segments of workloads for trio.
 
-A worker is a thread with an inbox. ``await pool.run_sync(fn, *args)`` waits for an idle
-worker (first come, first served), hands it ``fn`` and waits for the result without blocking
-trio; the worker reports back once, through the trio token. Crossing threads costs about
-200 µs on small machines, so callers hand over a whole segment of workloads at a time; the
-parallelism inside a kernel comes from its window split (numba parallel regions), not from
-more crossings.
+A worker is a thread with an inbox. ``await pool.run_sync(fn, *args, priority=...)`` waits
+for an idle worker, hands it ``fn`` and waits for the result without blocking trio; the
+worker reports back once, through the trio token. Crossing threads costs about 200 µs on
+small machines, so callers hand over a whole segment of workloads at a time; the parallelism
+inside a kernel comes from its window split (numba parallel regions), not from more
+crossings. Models loaded in one runtime share these workers: this is where their runs meet.
+
+Priorities, as three rules:
+
+- Waiting: idle workers are lent as memory pools are (``flowrt.engine.memory.lending``):
+  the waiting call of the highest priority first, first come first served within one, and a
+  waiting call gains one level per ``aging_interval`` seconds, so LOW is never starved.
+- HIGH never queues behind running work of lower priority: a HIGH call that finds every
+  worker busy, some with lower-priority jobs, runs at once on one of ``count`` reserve
+  workers kept for that (as GpuAcc gives HIGH a queue of its own).
+- LOW yields the cores: where the OS lets a thread lower its nice value again (Linux, with
+  CAP_SYS_NICE or a permissive RLIMIT_NICE), a LOW job that runs on one thread does so at
+  nice +``LOW_PRIORITY_NICE``, so that the OS gives the cores to the others first.
+
+Intra-op threads adapt to the load: a job's numba parallel regions use ``threads // busy``
+threads (at least one), ``busy`` counting the workers running a job, this one included. A
+lone run spreads over every core; runs in flight together take a core each instead of
+oversubscribing them (two runs of two threads each on two cores wait at each other's
+barriers: one thread each streams small models about 15% faster). Reserve jobs use every
+thread, the LOW jobs around them having stepped back.
 
 The pool's threads are started by ``async with CpuWorkerPool(n)`` (the ``Runtime`` does it)
 and stopped, and joined, when that block ends.
@@ -13,17 +32,28 @@ and stopped, and joined, when that block ends.
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import numba
 import outcome
 import trio
 
+from flowrt.engine.memory.lending import PriorityLender
 from flowrt.errors import FlowrtError
+from flowrt.types import Priority
+
+logger = logging.getLogger(__name__)
+
+# CFS gives a thread of nice +10 about a tenth of the share of one at 0.
+LOW_PRIORITY_NICE = 10
 
 
 def default_cpu_workers() -> int:
@@ -34,67 +64,180 @@ def default_cpu_workers() -> int:
         return os.cpu_count() or 1
 
 
+@functools.cache
+def nice_is_reversible() -> bool:
+    """Whether a thread of this process may raise its nice value and lower it again (checked
+    once, in a thread of its own that then ends): where it may not, LOW jobs keep theirs."""
+    if not sys.platform.startswith("linux"):  # nice is per thread on Linux only
+        return False
+    reversible: list[bool] = []
+
+    def probe() -> None:
+        thread = threading.get_native_id()
+        try:
+            base = os.getpriority(os.PRIO_PROCESS, thread)
+            os.setpriority(os.PRIO_PROCESS, thread, min(base + 1, 19))
+            os.setpriority(os.PRIO_PROCESS, thread, base)
+            reversible.append(True)
+        except OSError:
+            reversible.append(False)
+
+    prober = threading.Thread(target=probe, name="flowrt-nice-probe")
+    prober.start()
+    prober.join()
+    return reversible == [True]
+
+
+@attrs.frozen
+class _Job:
+    """What a worker is handed: the call, the threads of its parallel regions, the nice value
+    to add while it runs, and how to report back into trio."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    threads: int
+    nice: int
+    token: trio.lowlevel.TrioToken
+    deliver: Callable[[outcome.Outcome], None]
+
+
 class _Worker:
-    """One thread serving its inbox until it receives ``None``; the numba parallel regions it
-    enters use ``threads`` threads."""
+    """One thread serving its inbox until it receives ``None``."""
 
     def __init__(self, name: str, threads: int) -> None:
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self.threads = threads
         self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self.ready = threading.Event()
 
     def _serve(self) -> None:
         # numba's thread count is per calling thread: kernels split their windows into
         # slices, and this caps how many threads run a worker's slices at once.
-        numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
+        numba.set_num_threads(self.threads)
+        self.ready.set()
+        current = self.threads
         while (job := self.inbox.get()) is not None:
-            fn, args, token, deliver = job
-            result = outcome.capture(fn, *args)
-            token.run_sync_soon(deliver, result)
+            if job.threads != current:
+                numba.set_num_threads(job.threads)
+                current = job.threads
+            job.token.run_sync_soon(job.deliver, self._run(job))
+
+    @staticmethod
+    def _run(job: _Job) -> outcome.Outcome:
+        if not job.nice:
+            return outcome.capture(job.fn, *job.args)
+        thread = threading.get_native_id()
+        try:
+            base = os.getpriority(os.PRIO_PROCESS, thread)
+            os.setpriority(os.PRIO_PROCESS, thread, min(base + job.nice, 19))
+        except OSError as e:  # the job runs all the same, at the thread's nice value
+            logger.info("a LOW job runs without stepping back: %s", e)
+            return outcome.capture(job.fn, *job.args)
+        try:
+            return outcome.capture(job.fn, *job.args)
+        finally:
+            try:
+                os.setpriority(os.PRIO_PROCESS, thread, base)
+            except OSError as e:
+                logger.warning("worker thread %d keeps the nice +%d of a LOW job: %s", thread, job.nice, e)
 
 
 class CpuWorkerPool:
-    """``count`` worker actors; ``run_sync`` runs a blocking function on an idle one."""
+    """``count`` worker actors (and ``count`` reserve ones for HIGH); ``run_sync`` runs a
+    blocking function on an idle one (see the module doc for the priority rules).
 
-    def __init__(self, count: int) -> None:
+    ``aging_interval``: seconds of waiting that raise a call's priority one level.
+    """
+
+    def __init__(self, count: int, *, aging_interval: float = 1.0) -> None:
         if count < 1:
             raise ValueError(f"a worker pool needs at least one worker, got {count}")
         self.count = count
-        self._workers = [_Worker(f"flowrt-cpu-{i}", count) for i in range(count)]
-        self._idle_send, self._idle_receive = trio.open_memory_channel[_Worker](count)
+        # A job's parallel regions never use more threads than numba has.
+        self.threads = min(count, numba.config.NUMBA_NUM_THREADS)
+        self._workers = [_Worker(f"flowrt-cpu-{i}", self.threads) for i in range(count)]
+        self._reserve = [_Worker(f"flowrt-cpu-high-{i}", self.threads) for i in range(count)]
+        self._idle: PriorityLender[_Worker] = PriorityLender(aging_interval=aging_interval)
+        self._idle_reserve: list[_Worker] = []
+        self._running: dict[_Worker, int] = {}  # busy (not reserve) worker -> its job's priority
+        self._renice = False
         self._started = False
 
+    @property
+    def idle_count(self) -> int:
+        """Workers (not counting the reserve) with no job now."""
+        return self._idle.free_count
+
+    @property
+    def waiting_count(self) -> int:
+        """Calls waiting for an idle worker now."""
+        return self._idle.waiting_count
+
     async def __aenter__(self) -> CpuWorkerPool:
-        for worker in self._workers:
+        self._renice = LOW_PRIORITY_NICE > 0 and nice_is_reversible()
+        for worker in self._workers + self._reserve:
             worker.thread.start()
-            self._idle_send.send_nowait(worker)
+        # The first call in a process starts numba's threading layer (a second or so): here,
+        # rather than in the first run, and in every worker before any is lent.
+        await trio.to_thread.run_sync(self._wait_ready)
+        # The last one given back is lent first: worker 0 takes the first job.
+        for worker in reversed(self._workers):
+            self._idle.give_back(worker)
+        self._idle_reserve = self._reserve[::-1]
         self._started = True
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         self._started = False
-        for worker in self._workers:
+        for worker in self._workers + self._reserve:
             worker.inbox.put(None)
         # Every job finishes before its caller returns, so the workers are idle by now.
         await trio.to_thread.run_sync(self._join)
 
+    def _wait_ready(self) -> None:
+        for worker in self._workers + self._reserve:
+            worker.ready.wait()
+
     def _join(self) -> None:
-        for worker in self._workers:
+        for worker in self._workers + self._reserve:
             worker.thread.join()
 
-    async def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _borrow(self, priority: int) -> tuple[_Worker, bool]:
+        """An idle worker for a call of ``priority``, and whether it is a reserve one."""
+        if priority <= Priority.HIGH and self._idle_reserve:
+            await trio.sleep(0)  # a checkpoint, as taking a worker is: a cancelled call takes none
+            if (
+                self._idle.free_count == 0
+                and self._idle_reserve
+                and any(running > priority for running in self._running.values())
+            ):
+                return self._idle_reserve.pop(), True
+        return await self._idle.take(priority), False
+
+    def _job_settings(self, priority: int, reserve: bool) -> tuple[int, int]:
+        """The threads and the nice increment of a job that starts now."""
+        if reserve:
+            return self.threads, 0
+        threads = max(1, self.threads // len(self._running))
+        # One thread: the job runs on the worker's own thread. The helper threads of a
+        # parallel region are made once per worker and would keep a nice value given then.
+        low = self._renice and priority >= Priority.LOW and threads == 1
+        return threads, LOW_PRIORITY_NICE if low else 0
+
+    async def run_sync(self, fn: Callable[..., Any], *args: Any, priority: int = Priority.MEDIUM) -> Any:
         """Run ``fn(*args)`` on an idle worker and return its result (or raise its exception).
 
-        Waiting for an idle worker can be cancelled; once ``fn`` has started, the call waits
-        for it to finish even when cancelled (``fn`` must notice a stop flag of its own to
-        end early), so nothing it uses is released while it still runs.
+        While every worker is busy the call waits, by ``priority`` (see the module doc).
+        Waiting can be cancelled, and a cancelled call never holds a worker; once ``fn`` has
+        started, the call waits for it to finish even when cancelled (``fn`` must notice a
+        stop flag of its own to end early), so nothing it uses is released while it still
+        runs.
         """
         if not self._started:
             raise FlowrtError(
                 "the CPU workers are not running: run a model inside the 'async with Runtime()' "
                 "block that loaded it"
             )
-        worker = await self._idle_receive.receive()
         done = trio.Event()
         box: list[outcome.Outcome] = []
 
@@ -102,10 +245,19 @@ class CpuWorkerPool:
             box.append(result)
             done.set()
 
+        priority = int(priority)
+        worker, reserve = await self._borrow(priority)
         try:
-            worker.inbox.put((fn, args, trio.lowlevel.current_trio_token(), deliver))
+            if not reserve:
+                self._running[worker] = priority
+            threads, nice = self._job_settings(priority, reserve)
+            worker.inbox.put(_Job(fn, args, threads, nice, trio.lowlevel.current_trio_token(), deliver))
             with trio.CancelScope(shield=True):
                 await done.wait()
         finally:
-            self._idle_send.send_nowait(worker)
+            if reserve:
+                self._idle_reserve.append(worker)
+            else:
+                self._running.pop(worker, None)
+                self._idle.give_back(worker)
         return box[0].unwrap()

@@ -1,0 +1,272 @@
+"""CpuWorkerPool: idle workers lent by priority, first come first served within one, with
+aging; HIGH beside lower-priority work on a reserve worker; threads that follow the load;
+cancellation never leaves a worker held."""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from collections.abc import Callable
+
+import numba
+import numpy as np
+import pytest
+import trio
+import trio.testing
+from netbuild import branchy_network
+
+import flowrt
+from flowrt.errors import FlowrtError
+from flowrt.types import Priority
+from flowrt.workers.cpu.workers import LOW_PRIORITY_NICE, CpuWorkerPool, nice_is_reversible
+
+
+class GatedJobs:
+    """Fake jobs: each one holds its worker until the test releases it, and tells trio (in
+    trio time) when it starts, so the test decides how long every job takes."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[str, float]] = []
+        self._gates: dict[str, threading.Event] = {}
+        self._token = trio.lowlevel.current_trio_token()
+        self._changed = trio.Event()
+
+    @property
+    def order(self) -> list[str]:
+        return [name for name, _ in self.started]
+
+    def job(self, name: str) -> Callable[[], str]:
+        gate = self._gates[name] = threading.Event()
+
+        def run() -> str:
+            self._token.run_sync_soon(self._on_start, name)
+            if not gate.wait(timeout=30):
+                raise TimeoutError(f"job {name!r} was never released")
+            return name
+
+        return run
+
+    def _on_start(self, name: str) -> None:
+        self.started.append((name, trio.current_time()))
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def run(self, pool: CpuWorkerPool, name: str, priority: Priority = Priority.MEDIUM) -> str:
+        return await pool.run_sync(self.job(name), priority=priority)
+
+    async def wait_started(self, count: int) -> None:
+        """Until ``count`` jobs have started."""
+        while len(self.started) < count:
+            await self._changed.wait()
+
+    def release(self, name: str) -> None:
+        self._gates[name].set()
+
+    def release_all(self) -> None:
+        for gate in self._gates.values():
+            gate.set()
+
+
+async def test_run_sync_returns_the_result_or_raises_the_error_and_gives_the_worker_back():
+    async with CpuWorkerPool(2) as pool:
+        assert await pool.run_sync(sum, [1, 2, 3]) == 6
+        with pytest.raises(ZeroDivisionError):
+            await pool.run_sync(lambda: 1 / 0)
+        assert pool.idle_count == 2
+        names = await pool.run_sync(lambda: threading.current_thread().name)
+        assert names.startswith("flowrt-cpu-")
+
+
+async def test_run_sync_outside_the_pool_block_is_refused():
+    pool = CpuWorkerPool(1)
+    with pytest.raises(FlowrtError, match="not running"):
+        await pool.run_sync(print)
+
+
+async def test_waiting_calls_get_a_worker_by_priority_then_first_come(autojump_clock):
+    async with CpuWorkerPool(1) as pool:
+        jobs = GatedJobs()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(jobs.run, pool, "first", Priority.HIGH)
+            await jobs.wait_started(1)
+            for name, priority in [
+                ("low", Priority.LOW),
+                ("normal-1", Priority.NORMAL),
+                ("high", Priority.HIGH),
+                ("normal-2", Priority.NORMAL),
+            ]:
+                nursery.start_soon(jobs.run, pool, name, priority)
+                await trio.testing.wait_all_tasks_blocked()
+            assert (pool.idle_count, pool.waiting_count) == (0, 4)
+            jobs.release_all()
+    assert jobs.order == ["first", "high", "normal-1", "normal-2", "low"]
+    assert pool.idle_count == 1
+
+
+async def test_the_first_worker_given_back_goes_to_the_highest_priority_waiter(autojump_clock):
+    async with CpuWorkerPool(2) as pool:
+        jobs = GatedJobs()
+        async with trio.open_nursery() as nursery:
+            for name in ("low-a", "low-b"):
+                nursery.start_soon(jobs.run, pool, name, Priority.LOW)
+            await jobs.wait_started(2)
+            nursery.start_soon(jobs.run, pool, "low-c", Priority.LOW)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(jobs.run, pool, "normal", Priority.NORMAL)
+            await trio.testing.wait_all_tasks_blocked()
+            jobs.release("low-b")
+            await jobs.wait_started(3)
+            assert jobs.order[2] == "normal"
+            jobs.release_all()
+    assert jobs.order[3] == "low-c"
+
+
+async def test_high_runs_at_once_on_a_reserve_worker_beside_lower_priority_work(autojump_clock):
+    async with CpuWorkerPool(1) as pool:
+        jobs = GatedJobs()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(jobs.run, pool, "low", Priority.LOW)
+            await jobs.wait_started(1)
+            nursery.start_soon(jobs.run, pool, "normal", Priority.NORMAL)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(jobs.run, pool, "high-1", Priority.HIGH)
+            await jobs.wait_started(2)  # "low" still holds the only worker
+            assert jobs.order == ["low", "high-1"]
+            # The reserve is busy, and so is the worker: the next HIGH call waits, first in line.
+            nursery.start_soon(jobs.run, pool, "high-2", Priority.HIGH)
+            await trio.testing.wait_all_tasks_blocked()
+            assert pool.waiting_count == 2
+            jobs.release("low")
+            await jobs.wait_started(3)
+            assert jobs.order[2] == "high-2"
+            jobs.release_all()
+    assert jobs.order == ["low", "high-1", "high-2", "normal"]
+
+
+async def test_high_waits_in_line_when_only_high_work_runs(autojump_clock):
+    async with CpuWorkerPool(1) as pool:
+        jobs = GatedJobs()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(jobs.run, pool, "high-1", Priority.HIGH)
+            await jobs.wait_started(1)
+            nursery.start_soon(jobs.run, pool, "high-2", Priority.HIGH)
+            await trio.testing.wait_all_tasks_blocked()
+            assert (jobs.order, pool.waiting_count) == (["high-1"], 1)
+            jobs.release_all()
+    assert jobs.order == ["high-1", "high-2"]
+
+
+async def test_a_waiting_low_priority_call_ages_and_is_not_starved(autojump_clock):
+    async with CpuWorkerPool(1, aging_interval=1.0) as pool:
+        jobs = GatedJobs()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(jobs.run, pool, "first", Priority.NORMAL)
+            await jobs.wait_started(1)
+            nursery.start_soon(jobs.run, pool, "low", Priority.LOW)
+            await trio.testing.wait_all_tasks_blocked()
+            # A NORMAL call arrives every 0.5 s and each job holds the only worker for 0.5 s:
+            # without aging the LOW call would wait for ever.
+            for i in range(6):
+                nursery.start_soon(jobs.run, pool, f"normal{i}", Priority.NORMAL)
+                await trio.testing.wait_all_tasks_blocked()
+                await trio.sleep(0.5)
+                jobs.release(jobs.order[-1])
+                await jobs.wait_started(i + 2)
+            jobs.release_all()
+    # After one interval LOW competes as NORMAL and, having waited longest, goes first.
+    assert jobs.order[:3] == ["first", "normal0", "low"]
+    assert dict(jobs.started)["low"] == pytest.approx(1.0)
+
+
+async def test_a_cancelled_waiter_never_holds_a_worker(autojump_clock):
+    async with CpuWorkerPool(1) as pool:
+        jobs = GatedJobs()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(jobs.run, pool, "first")
+            await jobs.wait_started(1)
+            with trio.move_on_after(1.0) as scope:
+                await jobs.run(pool, "cancelled", Priority.NORMAL)
+            assert scope.cancelled_caught
+            assert (pool.idle_count, pool.waiting_count) == (0, 0)
+            nursery.start_soon(jobs.run, pool, "next")
+            await trio.testing.wait_all_tasks_blocked()
+            jobs.release_all()
+        assert jobs.order == ["first", "next"]
+        assert pool.idle_count == 1
+        assert await pool.run_sync(int, "7") == 7
+
+
+async def test_a_started_job_is_waited_for_when_its_caller_is_cancelled(autojump_clock):
+    async with CpuWorkerPool(1) as pool:
+        jobs = GatedJobs()
+        ended: list[float] = []
+
+        async def release_later() -> None:
+            await trio.sleep(2.0)
+            jobs.release("slow")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(release_later)
+            with trio.move_on_after(1.0):
+                await jobs.run(pool, "slow")
+                ended.append(trio.current_time())
+        assert ended == [pytest.approx(2.0)]
+        assert pool.idle_count == 1
+
+
+async def test_model_runs_pass_their_priority_to_the_workers():
+    opt = flowrt.optimize(branchy_network(), backends=["CpuRef"])
+    x = np.ones((2, 4), np.float32)
+    finished: list[str] = []
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        model = await rt.load(opt, max_in_flight=3)
+        gate = threading.Event()
+
+        async def run(name: str, priority: Priority) -> None:
+            await model.run({"x": x}, priority=priority)
+            finished.append(name)
+
+        async with trio.open_nursery() as nursery:
+            # Another model's segment would hold the only worker the same way.
+            nursery.start_soon(functools.partial(rt._workers.run_sync, gate.wait, 30))  # type: ignore[union-attr]
+            await trio.testing.wait_all_tasks_blocked()
+            for name, priority in [("low", Priority.LOW), ("normal", Priority.NORMAL)]:
+                nursery.start_soon(run, name, priority)
+                await trio.testing.wait_all_tasks_blocked()
+            assert rt._workers.waiting_count == 2  # type: ignore[union-attr]
+            await run("high", Priority.HIGH)  # on a reserve worker, while the gate is shut
+            gate.set()
+    assert finished == ["high", "normal", "low"]
+
+
+async def test_runs_in_flight_together_share_the_cores_instead_of_oversubscribing(autojump_clock):
+    async with CpuWorkerPool(2) as pool:
+        jobs = GatedJobs()
+        seen: dict[str, tuple[int, int]] = {}
+
+        def observe(name: str) -> Callable[[], None]:
+            job = jobs.job(name)
+
+            def run() -> None:
+                thread = threading.get_native_id()
+                seen[name] = (numba.get_num_threads(), os.getpriority(os.PRIO_PROCESS, thread))
+                job()
+
+            return run
+
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(pool.run_sync, observe("alone"), priority=Priority.LOW))
+            await jobs.wait_started(1)
+            nursery.start_soon(functools.partial(pool.run_sync, observe("beside"), priority=Priority.LOW))
+            await jobs.wait_started(2)
+            jobs.release_all()
+        assert await pool.run_sync(numba.get_num_threads) == pool.threads
+    # A LOW job on one thread steps back for the others, where the OS lets it step up again.
+    low_nice = min(base + LOW_PRIORITY_NICE, 19) if nice_is_reversible() else base
+
+    def expected(threads: int) -> tuple[int, int]:
+        return threads, low_nice if threads == 1 else base
+
+    assert seen == {"alone": expected(pool.threads), "beside": expected(max(1, pool.threads // 2))}
