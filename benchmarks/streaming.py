@@ -1,0 +1,330 @@
+"""Streams, pipelines and priorities on flowrt, against ONNX Runtime, in one process.
+
+    python benchmarks/streaming.py [--quick] [--cases streaming,pipeline,priority]
+        [--models NAME ...] [--requests 128] [--backends CpuAcc,CpuRef] [--rounds 2]
+
+Three cases, each printing requests/s and p50/p99 latency:
+
+- streaming: per light model (as ``compare_ort.py`` finds them), ``--requests`` requests of
+  batch 1 through ``model.stream()`` with the settings printed (``--pools``,
+  ``--max-in-flight``, ``--max-batch``, ``--max-delay`` change them), against ONNX Runtime
+  doing one ``run()`` per request in a loop with ``intra_op_num_threads`` = the cores. The
+  requests are sent as fast as the stream takes them; a request's latency runs from the
+  moment the stream accepted it to the moment its result is received. Then the geometric mean
+  of the requests/s ratios.
+- pipeline: squeezenet, then a function stage feeding densenet121 the request's original
+  image, then densenet121: ``flowrt.Pipeline`` against running the two models one after the
+  other per request, on the same loaded models.
+- priority: a LOW stream of ``--low-model`` keeps every CPU worker busy while HIGH requests
+  of ``--high-model`` arrive one at a time (after a pseudo-random pause); their latency is
+  compared with the same requests on the idle runtime.
+
+The engines alternate round by round (``--rounds``) so that both see the same machine; ONNX
+Runtime's idle threads are told not to spin, as in ``compare_ort.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+import onnxruntime as ort
+import trio
+
+import flowrt
+from flowrt.bench import BenchResult
+from flowrt.models import LIGHT_MODELS, light_model, pattern_input
+from flowrt.workers.cpu.workers import default_cpu_workers
+
+Feeds = Mapping[str, np.ndarray]
+
+
+@attrs.frozen
+class StreamSettings:
+    """How the streaming case runs flowrt: pools loaded per model and the stream's options."""
+
+    pools: int
+    max_in_flight: int
+    max_batch: int = 1
+    max_delay: float = 0.0
+
+    def describe(self) -> str:
+        batching = f", max_batch={self.max_batch}, max_delay={self.max_delay * 1e3:g} ms"
+        return (
+            f"rt.load(max_in_flight={self.pools}), model.stream(max_in_flight={self.max_in_flight}"
+            f"{batching if self.max_batch > 1 else ''})"
+        )
+
+
+# The best of those tried on a 2-core machine, alternated in one process: pools 1-2,
+# max_in_flight 1-32, max_batch 1-16, max_delay 2-20 ms. Two batches of 8 in flight were the
+# fastest on squeezenet, shufflenet, bvlc_alexnet, resnet50, inception_v2 and zfnet512
+# (densenet121 went either way between runs); with a sender that never pauses, batches fill
+# before max_delay. Throughput is bought with latency: 16 requests wait in the stream.
+BEST = StreamSettings(pools=2, max_in_flight=16, max_batch=8, max_delay=0.002)
+
+
+def _ort_session(path: str, threads: int) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    # Spinning idle threads would hold the cores through flowrt's turns (see compare_ort.py).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+def _split(requests: int, rounds: int) -> list[int]:
+    return [requests // rounds + (1 if r < requests % rounds else 0) for r in range(rounds)]
+
+
+def _merge(engine: str, rounds: Sequence[tuple[list[float], float]]) -> BenchResult:
+    latencies = [x for lat, _ in rounds for x in lat]
+    return BenchResult(engine, tuple(latencies), sum(wall for _, wall in rounds), 0.0)
+
+
+async def _through_stream(stream: Any, feeds: Feeds, requests: int) -> tuple[list[float], float]:
+    """Send ``requests`` requests into an open stream as fast as it takes them and receive
+    them all; per-request latency (accepted -> received) and the wall time."""
+    accepted: list[float] = []
+    latencies: list[float] = []
+
+    async def produce() -> None:
+        for _ in range(requests):
+            await stream.send(feeds)
+            accepted.append(time.perf_counter())
+        stream.close()
+
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(produce)
+        async for _ in stream:
+            latencies.append(time.perf_counter() - accepted[len(latencies)])
+    return latencies, time.perf_counter() - start
+
+
+async def _one_by_one(run: Callable[[], Awaitable[Any]], requests: int) -> tuple[list[float], float]:
+    latencies = []
+    start = time.perf_counter()
+    for _ in range(requests):
+        begin = time.perf_counter()
+        await run()
+        latencies.append(time.perf_counter() - begin)
+    return latencies, time.perf_counter() - start
+
+
+def _ort_loop(session: ort.InferenceSession, feeds: Feeds, requests: int) -> tuple[list[float], float]:
+    latencies = []
+    start = time.perf_counter()
+    for _ in range(requests):
+        begin = time.perf_counter()
+        session.run(None, feeds)
+        latencies.append(time.perf_counter() - begin)
+    return latencies, time.perf_counter() - start
+
+
+def _row(label: str, r: BenchResult) -> str:
+    return f"{label:<26} {r.throughput:>9.1f} {r.percentile_ms(50):>9.1f} {r.percentile_ms(99):>9.1f}"
+
+
+HEADER = f"{'':<26} {'req/s':>9} {'p50 ms':>9} {'p99 ms':>9}"
+
+
+# -- streaming ------------------------------------------------------------------------------
+async def _streaming(name: str, backends: list[str], settings: StreamSettings, requests: int, rounds: int):
+    path = str(light_model(name))
+    opt = flowrt.optimize(flowrt.onnx.load(path), backends=backends)
+    async with flowrt.Runtime() as rt:
+        model = await rt.load(opt, max_in_flight=settings.pools)
+        feeds = {n: pattern_input(info) for n, info in model.inputs.items()}
+        session = _ort_session(path, rt.cpu_workers)
+
+        def open_stream() -> Any:
+            return model.stream(
+                max_in_flight=settings.max_in_flight,
+                max_batch=settings.max_batch,
+                max_delay=settings.max_delay,
+            )
+
+        async with open_stream() as s:  # warm-up; loads the batch sizes a batching stream uses
+            await _through_stream(s, feeds, settings.max_in_flight)
+        _ort_loop(session, feeds, 2)
+        ours, theirs = [], []
+        for count in _split(requests, rounds):
+            async with open_stream() as s:
+                ours.append(await _through_stream(s, feeds, count))
+            theirs.append(_ort_loop(session, feeds, count))
+    return _merge("flowrt", ours), _merge("onnxruntime", theirs)
+
+
+def run_streaming(args: argparse.Namespace, backends: list[str]) -> None:
+    settings = StreamSettings(args.pools, args.max_in_flight, args.max_batch, args.max_delay)
+    print(f"\n== streaming: {args.requests} requests of batch 1 per model")
+    print(f"flowrt: {settings.describe()}; ONNX Runtime: run() in a loop, {default_cpu_workers()} threads")
+    print(f"{'model':<14} {'flowrt req/s':>12} {'p50 ms':>8} {'p99 ms':>8}   {'ORT req/s':>9} {'p50 ms':>8} "
+          f"{'p99 ms':>8}   {'ratio':>6}")  # fmt: skip
+    ratios = {}
+    for name in args.models:
+        ours, theirs = trio.run(_streaming, name, backends, settings, args.requests, args.rounds)
+        ratios[name] = ours.throughput / theirs.throughput
+        print(
+            f"{name:<14} {ours.throughput:>12.1f} {ours.percentile_ms(50):>8.1f} {ours.percentile_ms(99):>8.1f}"
+            f"   {theirs.throughput:>9.1f} {theirs.percentile_ms(50):>8.1f} {theirs.percentile_ms(99):>8.1f}"
+            f"   {ratios[name]:>6.2f}",
+            flush=True,
+        )
+    geomean = math.exp(sum(math.log(r) for r in ratios.values()) / len(ratios))
+    print(f"geometric mean of flowrt/ORT requests/s: {geomean:.2f} (target >= 1.2)")
+    named = [f"{m} {ratios[m]:.2f}" for m in ("shufflenet", "bvlc_alexnet", "densenet121") if m in ratios]
+    if named:
+        print(f"  {', '.join(named)} (target >= 1.3 each)")
+
+
+# -- pipeline -------------------------------------------------------------------------------
+async def _pipeline(backends: list[str], requests: int, rounds: int, max_in_flight: int | None):
+    first, second = (
+        flowrt.optimize(flowrt.onnx.load(str(light_model(m))), backends=backends)
+        for m in ("squeezenet", "densenet121")
+    )
+    async with flowrt.Runtime() as rt:
+        classify, describe = await rt.load(first), await rt.load(second)
+        feeds = {n: pattern_input(info) for n, info in classify.inputs.items()}
+        (image_name,) = feeds
+        (target_name,) = describe.inputs
+
+        def original_image(outputs: Feeds, request_feeds: Feeds) -> dict[str, np.ndarray]:
+            return {target_name: request_feeds[image_name]}
+
+        async def one_after_the_other() -> None:
+            outputs = await classify.run(feeds)
+            await describe.run(original_image(outputs, feeds))
+
+        pipeline = flowrt.Pipeline([classify, original_image, describe])
+        await one_after_the_other()
+        async with pipeline.stream(max_in_flight=max_in_flight) as s:
+            await _through_stream(s, feeds, 2)
+        overlapped, serial = [], []
+        for count in _split(requests, rounds):
+            async with pipeline.stream(max_in_flight=max_in_flight) as s:
+                overlapped.append(await _through_stream(s, feeds, count))
+            serial.append(await _one_by_one(one_after_the_other, count))
+        return _merge("pipeline", overlapped), _merge("serial", serial), s.max_in_flight
+
+
+def run_pipeline(args: argparse.Namespace, backends: list[str]) -> None:
+    print(f"\n== pipeline: squeezenet -> original image -> densenet121, {args.pipeline_requests} requests")
+    overlapped, serial, in_flight = trio.run(
+        _pipeline, backends, args.pipeline_requests, args.rounds, args.pipeline_in_flight
+    )
+    print(HEADER)
+    print(_row(f"Pipeline (max_in_flight={in_flight})", overlapped))
+    print(_row("one model after the other", serial))
+    print(
+        f"ratio Pipeline / one after the other, req/s: {overlapped.throughput / serial.throughput:.2f} (target >= 1.25)"
+    )
+
+
+# -- priority -------------------------------------------------------------------------------
+async def _priority(args: argparse.Namespace, backends: list[str]):
+    low_opt, high_opt = (
+        flowrt.optimize(flowrt.onnx.load(str(light_model(m))), backends=backends)
+        for m in (args.low_model, args.high_model)
+    )
+    pauses = np.random.default_rng(0).uniform(0.0, args.max_pause, args.priority_requests)
+    async with flowrt.Runtime() as rt:
+        low, high = await rt.load(low_opt), await rt.load(high_opt)
+        low_feeds = {n: pattern_input(info) for n, info in low.inputs.items()}
+        high_feeds = {n: pattern_input(info) for n, info in high.inputs.items()}
+
+        async def high_requests() -> tuple[list[float], float]:
+            latencies = []
+            start = time.perf_counter()
+            for pause in pauses:
+                await trio.sleep(pause)
+                begin = time.perf_counter()
+                await high.run(high_feeds, priority=flowrt.Priority.HIGH)
+                latencies.append(time.perf_counter() - begin)
+            return latencies, time.perf_counter() - start
+
+        await high.run(high_feeds)
+        await low.run(low_feeds)
+        idle = await high_requests()
+        low_done: list[float] = []
+        async with low.stream(max_in_flight=2 * rt.cpu_workers, priority=flowrt.Priority.LOW) as s:
+
+            async def saturate() -> None:
+                while True:
+                    await s.send(low_feeds)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(saturate)
+                await s.__anext__()  # the workers are busy with LOW work from here on
+                start = time.perf_counter()
+
+                async def drain() -> None:
+                    async for _ in s:
+                        low_done.append(time.perf_counter())
+
+                nursery.start_soon(drain)
+                loaded = await high_requests()
+                low_rate = len(low_done) / (time.perf_counter() - start)
+                nursery.cancel_scope.cancel()
+    return _merge("idle", [idle]), _merge("loaded", [loaded]), low_rate
+
+
+def run_priority(args: argparse.Namespace, backends: list[str]) -> None:
+    print(
+        f"\n== priority: {args.priority_requests} HIGH {args.high_model} requests, each after a pause of "
+        f"0-{args.max_pause * 1e3:g} ms, alone and beside a LOW {args.low_model} stream"
+    )
+    idle, loaded, low_rate = trio.run(_priority, args, backends)
+    print(HEADER)
+    print(_row("HIGH, idle runtime", idle))
+    print(_row(f"HIGH, beside LOW ({low_rate:.1f}/s)", loaded))
+    print(
+        f"ratio HIGH p99 beside LOW / idle p99: {loaded.percentile_ms(99) / idle.percentile_ms(99):.2f}, "
+        f"/ idle p50: {loaded.percentile_ms(99) / idle.percentile_ms(50):.2f} (target <= 2)"
+    )
+
+
+CASES: dict[str, Callable[[argparse.Namespace, list[str]], None]] = {
+    "streaming": run_streaming,
+    "pipeline": run_pipeline,
+    "priority": run_priority,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated, of: " + ", ".join(CASES))
+    parser.add_argument("--models", nargs="+", default=list(LIGHT_MODELS), help="streaming: light models")
+    parser.add_argument("--requests", type=int, default=128, help="streaming: requests per model")
+    parser.add_argument("--quick", action="store_true", help="16 requests per case and model")
+    parser.add_argument("--backends", default="CpuAcc,CpuRef")
+    parser.add_argument("--rounds", type=int, default=2, help="alternations of the engines compared")
+    parser.add_argument("--pools", type=int, default=BEST.pools, help="streaming: pools loaded")
+    parser.add_argument("--max-in-flight", type=int, default=BEST.max_in_flight)
+    parser.add_argument("--max-batch", type=int, default=BEST.max_batch)
+    parser.add_argument("--max-delay", type=float, default=BEST.max_delay, help="seconds")
+    parser.add_argument("--pipeline-requests", type=int, default=64)
+    parser.add_argument("--pipeline-in-flight", type=int, default=None)
+    parser.add_argument("--priority-requests", type=int, default=48)
+    parser.add_argument("--low-model", default="densenet121")
+    parser.add_argument("--high-model", default="squeezenet")
+    parser.add_argument("--max-pause", type=float, default=0.05, help="priority: seconds")
+    args = parser.parse_args()
+    if args.quick:
+        args.requests = args.pipeline_requests = args.priority_requests = 16
+    backends = args.backends.split(",")
+    ort.set_default_logger_severity(3)
+    print(f"backends {','.join(backends)}, {default_cpu_workers()} cores")
+    for case in args.cases.split(","):
+        CASES[case](args, backends)
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    main()
