@@ -25,6 +25,7 @@ import onnxruntime as ort
 import trio
 
 import flowrt
+from flowrt.bench import ort_session
 from flowrt.models import LIGHT_MODELS, light_model, pattern_input
 from flowrt.workers.cpu.workers import default_cpu_workers
 
@@ -39,10 +40,7 @@ async def _compare(path: str, backends: list[str], iterations: int, workers: int
         start = time.perf_counter()
         await model.run(feeds)
         first_ms = (time.perf_counter() - start) * 1e3
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = workers
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        session = ort_session(path, workers)
         session.run(None, feeds)
         await model.run(feeds)
         ours, theirs = [], []

@@ -37,7 +37,7 @@ import onnxruntime as ort
 import trio
 
 import flowrt
-from flowrt.bench import BenchResult
+from flowrt.bench import BenchResult, ort_session
 from flowrt.models import LIGHT_MODELS, light_model, pattern_input
 from flowrt.workers.cpu.workers import default_cpu_workers
 
@@ -67,14 +67,6 @@ class StreamSettings:
 # (densenet121 went either way between runs); with a sender that never pauses, batches fill
 # before max_delay. Throughput is bought with latency: 16 requests wait in the stream.
 BEST = StreamSettings(pools=2, max_in_flight=16, max_batch=8, max_delay=0.002)
-
-
-def _ort_session(path: str, threads: int) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    # Spinning idle threads would hold the cores through flowrt's turns (see compare_ort.py).
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
 def _split(requests: int, rounds: int) -> list[int]:
@@ -140,7 +132,7 @@ async def _streaming(name: str, backends: list[str], settings: StreamSettings, r
     async with flowrt.Runtime() as rt:
         model = await rt.load(opt, max_in_flight=settings.pools)
         feeds = {n: pattern_input(info) for n, info in model.inputs.items()}
-        session = _ort_session(path, rt.cpu_workers)
+        session = ort_session(path, rt.cpu_workers)
 
         def open_stream() -> Any:
             return model.stream(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import attrs
 import numpy as np
@@ -120,6 +121,17 @@ def _ort_round(run_request: Callable[[], None], requests: int, concurrency: int,
     return latencies, time.perf_counter() - start
 
 
+def ort_session(model_path: str, threads: int) -> Any:
+    """ONNX Runtime on the CPU with ``threads`` intra-op threads that do not spin when idle:
+    spinning, they would hold the cores through flowrt's turns in an alternating comparison."""
+    import onnxruntime as ort  # a comparison peer only, imported on demand
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
+
+
 def run_bench(
     model_path: str,
     backends: Sequence[str],
@@ -159,11 +171,7 @@ def run_bench(
 
                 ort.set_default_logger_severity(3)
                 start = time.perf_counter()
-                options = ort.SessionOptions()
-                options.intra_op_num_threads = rt.cpu_workers
-                # Idle threads that spin would hold the cores through flowrt's turns.
-                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-                session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
+                session = ort_session(model_path, rt.cpu_workers)
                 ort_load = time.perf_counter() - start
                 ort_request, note = _ort_request(session, feeds, batch)
                 ort_request()  # warm-up
