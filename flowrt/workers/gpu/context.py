@@ -11,7 +11,7 @@ import numpy as np
 from flowrt.workers.gpu.arena_cache import ArenaCache
 from flowrt.workers.gpu.device import choose_device, cl, takes_priority_hints
 from flowrt.workers.gpu.program import ProgramCache
-from flowrt.workers.gpu.scratch import ScratchSets, current_scratch
+from flowrt.workers.gpu.scratch import ScratchSet, ScratchSets, current_scratch
 from flowrt.workers.gpu.tensor import GpuTensor
 from flowrt.workers.gpu.typed_kernel import TypedKernel
 
@@ -61,11 +61,16 @@ class DeviceContext:
         """A device tensor for a kernel's temporary values, valid until the kernels of the
         current submission have run: slot ``slot`` of the submission's scratch set (a later
         kernel of the submission reuses it), or a new buffer outside any submission."""
-        lent = current_scratch.get()
-        if lent is None or lent.context is not self.context:
+        lent = self._lent_scratch()
+        if lent is None:
             return self.empty(shape, dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         return GpuTensor(lent.take(nbytes, slot), shape, dtype, self.queue)
+
+    def _lent_scratch(self) -> ScratchSet | None:
+        """The scratch set of the submission being enqueued on this device, if any."""
+        lent = current_scratch.get()
+        return lent if lent is not None and lent.context is self.context else None
 
     def upload(self, array: Any, dtype: Any = np.float32) -> GpuTensor:
         """A device copy of a host array, as ``dtype``; blocks until the copy is done."""
@@ -79,18 +84,18 @@ class DeviceContext:
         returns it and the copy's event (None when there was nothing to copy). Keep the event
         until it completes: it holds the host bytes the copy reads."""
         host = np.ascontiguousarray(array, dtype=dtype)
-        lent = current_scratch.get()
-        if not host.size or lent is None or lent.context is not self.context:
-            tensor = self.empty(host.shape, host.dtype)  # a constant at load, say
-            return tensor, cl.enqueue_copy(
-                queue, tensor.buffer, host, is_blocking=False
-            ) if host.size else None
+        lent = self._lent_scratch()
+        if not host.size:
+            return self.empty(host.shape, host.dtype), None
+        if lent is None:  # a constant at load, say: a buffer of its own
+            tensor = self.empty(host.shape, host.dtype)
+            return tensor, cl.enqueue_copy(queue, tensor.buffer, host, is_blocking=False)
         # A run's feed: a cached device buffer, filled through pinned staging.
         cached = self.upload_buffers.take(host.nbytes)
         buffer = cached[0] if cached else cl.Buffer(self.context, cl.mem_flags.READ_WRITE, host.nbytes)
         tensor = GpuTensor(buffer, host.shape, host.dtype, self.queue)
-        # Back to the cache (never released) when the tensor is dropped: the executor keeps it with the copy's
-        # event until the submission has finished, so no command still reads it then.
+        # Back to the cache (never released) when the tensor is dropped: the executor keeps it
+        # with the copy's event until the submission has finished, so no command reads it then.
         weakref.finalize(tensor, self.upload_buffers.give, buffer, {})
         staged = lent.stage(host.nbytes)
         np.copyto(staged, host.reshape(-1).view(np.uint8))
@@ -99,8 +104,8 @@ class DeviceContext:
     def enqueue_download(self, queue: Any, tensor: GpuTensor) -> tuple[np.ndarray, Any]:
         """A new host array that will hold ``tensor`` once the returned event has completed
         (keep the event until then); inside a submission, once the submission has finished."""
-        lent = current_scratch.get()
-        if lent is None or lent.context is not self.context or not tensor.size:
+        lent = self._lent_scratch()
+        if lent is None or not tensor.size:
             return tensor.enqueue_read(queue)
         host = np.empty(tensor.shape, tensor.dtype)
         staged = lent.stage(tensor.nbytes)
