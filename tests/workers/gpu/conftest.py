@@ -1,9 +1,6 @@
 """GpuAcc test fixtures: the device (tests that need one skip without it) and a runner that
 checks a layer on GpuAcc against CpuRef."""
 
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -54,17 +51,6 @@ def run_both(gpu):
         return [g.get() for g in got], expected
 
     return run
-
-
-def pytest_collection_modifyitems(config, items):
-    """GpuAcc cases marked slow (minutes on PoCL's two CPU threads) run only when asked for:
-    ``-m slow``, or FLOWRT_SLOW_TESTS=1."""
-    if "slow" in (config.getoption("-m") or "") or os.environ.get("FLOWRT_SLOW_TESTS"):
-        return
-    skip = pytest.mark.skip(reason="slow on PoCL: run with -m slow or FLOWRT_SLOW_TESTS=1")
-    for item in items:
-        if "slow" in item.keywords and Path(__file__).parent in Path(item.path).parents:
-            item.add_marker(skip)
 
 
 def _conv_network(channels: int = 8, size: int = 16) -> flowrt.Network:

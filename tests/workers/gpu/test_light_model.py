@@ -6,9 +6,6 @@ import pytest
 import flowrt
 from flowrt.models import LIGHT_MODELS, expected_outputs, expected_tolerance, light_model, pattern_input
 
-# Seconds of PoCL time on two CPU threads for one run: these run with -m slow only.
-SLOW_ON_POCL = {"bvlc_alexnet", "densenet121", "resnet50", "vgg19", "zfnet512"}
-
 
 async def test_squeezenet_fuses_every_relu_into_its_conv_on_gpuacc(gpu):
     opt = flowrt.optimize(flowrt.onnx.load(light_model("squeezenet")), backends=["GpuAcc", "CpuRef"])
@@ -21,9 +18,8 @@ async def test_squeezenet_fuses_every_relu_into_its_conv_on_gpuacc(gpu):
     assert {layer.activation.kind for layer in opt.graph if layer.kind == "Conv"} == {"Relu"}
 
 
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW_ON_POCL else []) for n in LIGHT_MODELS]
-)
+# All nine run in CI: about a minute of PoCL time on two CPU threads together (vgg19 half of it).
+@pytest.mark.parametrize("name", LIGHT_MODELS)
 async def test_light_model_on_gpuacc_matches_expected_output(gpu, name):
     path = light_model(name)
     opt = flowrt.optimize(flowrt.onnx.load(path), backends=["GpuAcc", "CpuRef"])
