@@ -85,30 +85,119 @@ class PoolPlan:
 # and that check keeps LLVM from vectorizing.
 
 
+@njit(nogil=True, cache=True)
+def _max_plane_exact(x, out, hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw, column):
+    """One plane of MaxPool with np.maximum, which lets NaN win as CpuRef's does (slower:
+    its NaN test keeps LLVM from vectorizing). Max is separable: first over the kernel rows,
+    then along the row."""
+    lowest = np.float32(-np.inf)
+    for oh in range(out.shape[0]):
+        row = out[oh]
+        row[:] = lowest
+        if hhi[oh] == hlo[oh]:
+            continue
+        column[:] = x[hs[oh] + hlo[oh] * dh]
+        for kh in range(hlo[oh] + 1, hhi[oh]):
+            line = x[hs[oh] + kh * dh]
+            for i in range(column.shape[0]):
+                iw = np.uint64(i)
+                column[iw] = np.maximum(column[iw], line[iw])
+        for kw in range(wfirst.shape[0]):
+            offset = kw * dw - pw
+            for ow in range(wfirst[kw], wlast[kw]):
+                o = np.uint64(ow)
+                row[o] = np.maximum(row[o], column[np.uint64(ow * sw + offset)])
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _max_along(row, column, kw_count, sw, dw):
+    """``row[o]`` = the max of ``column[o * sw + k * dw]`` over the kernel cells ``k``: one pass
+    per cell, the common strides spelled out so that LLVM vectorizes them."""
+    count = row.shape[0]
+    if sw == 1:
+        for o in range(count):
+            row[o] = column[o]
+        for k in range(1, kw_count):
+            shifted = column[k * dw : k * dw + count]
+            for o in range(count):
+                row[o] = max(row[o], shifted[o])
+    elif sw == 2 and kw_count == 3 and dw == 1:  # the classic 3x3 stride-2 pool, in one pass
+        for o in range(count):
+            row[o] = max(max(column[2 * o], column[2 * o + 1]), column[2 * o + 2])
+    elif sw == 2 and kw_count == 2 and dw == 1:
+        for o in range(count):
+            row[o] = max(column[2 * o], column[2 * o + 1])
+    elif sw == 2:
+        for o in range(count):
+            row[o] = column[2 * o]
+        for k in range(1, kw_count):
+            shifted = column[k * dw :]
+            for o in range(count):
+                row[o] = max(row[o], shifted[2 * o])
+    else:
+        for o in range(count):
+            row[o] = column[o * sw]
+        for k in range(1, kw_count):
+            shifted = column[k * dw :]
+            for o in range(count):
+                row[o] = max(row[o], shifted[o * sw])
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def _max_pool(x, out, bounds, hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw):
+    """Each plane with plain ``max`` (vectorized; it lets NaN lose), noting NaN in the input
+    it reads: a plane that has one is computed again by :func:`_max_plane_exact`.
+
+    The kernel rows' max goes into a column buffer with ``pw`` cells of -inf before the
+    row and enough after it for every window: padding never wins, and no window needs a
+    bounds test."""
+    width, kw_count = x.shape[2], wfirst.shape[0]
     lowest = np.float32(-np.inf)
+    span = max(pw + width, (out.shape[2] - 1) * sw + (kw_count - 1) * dw + 1)
     for s in prange(bounds.shape[0] - 1):
-        # Max is separable: first over the kernel rows (unit stride, vectorized), then along
-        # the row. np.maximum lets NaN win, as CpuRef's does.
-        column = np.empty(x.shape[2], np.float32)
+        padded = np.full(span, lowest, np.float32)
+        column = padded[pw : pw + width]
+        exact = np.empty(width, np.float32)
         for p in range(bounds[s], bounds[s + 1]):
+            nan = False
             for oh in range(out.shape[1]):
                 row = out[p, oh]
-                row[:] = lowest
                 if hhi[oh] == hlo[oh]:
+                    row[:] = lowest
                     continue
-                column[:] = x[p, hs[oh] + hlo[oh] * dh]
+                line = x[p, hs[oh] + hlo[oh] * dh]
+                for i in range(width):
+                    v = line[i]
+                    column[i] = v
+                    nan |= v != v
                 for kh in range(hlo[oh] + 1, hhi[oh]):
                     line = x[p, hs[oh] + kh * dh]
-                    for i in range(column.shape[0]):
-                        iw = np.uint64(i)
-                        column[iw] = np.maximum(column[iw], line[iw])
-                for kw in range(wfirst.shape[0]):
-                    offset = kw * dw - pw
-                    for ow in range(wfirst[kw], wlast[kw]):
-                        o = np.uint64(ow)
-                        row[o] = np.maximum(row[o], column[np.uint64(ow * sw + offset)])
+                    for i in range(width):
+                        v = line[i]
+                        column[i] = max(column[i], v)
+                        nan |= v != v
+                _max_along(row, padded, kw_count, sw, dw)
+            if nan:
+                _max_plane_exact(x[p], out[p], hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw, exact)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _add_along(row, line, first, last, sw, offset):
+    """``row[o] += line[o * sw + offset]`` for ``o`` in ``[first, last)``; strides 1 and 2
+    spelled out so that LLVM vectorizes them."""
+    if last <= first:
+        return
+    dst = row[first:last]
+    src = line[first * sw + offset :]
+    if sw == 1:
+        for o in range(dst.shape[0]):
+            dst[o] += src[o]
+    elif sw == 2:
+        for o in range(dst.shape[0]):
+            dst[o] += src[2 * o]
+    else:
+        for o in range(dst.shape[0]):
+            dst[o] += src[o * sw]
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -123,10 +212,7 @@ def _average_pool(x, out, bounds, hs, hlo, hhi, hcount, dh, wfirst, wlast, wcoun
                 for kh in range(hlo[oh], hhi[oh]):
                     line = x[p, hs[oh] + kh * dh]
                     for kw in range(wfirst.shape[0]):
-                        offset = kw * dw - pw
-                        for ow in range(wfirst[kw], wlast[kw]):
-                            o = np.uint64(ow)
-                            row[o] += line[np.uint64(ow * sw + offset)]
+                        _add_along(row, line, wfirst[kw], wlast[kw], sw, kw * dw - pw)
                 for ow in range(row.shape[0]):
                     # Divided in float64, as CpuRef divides its float32 sums by int64 counts.
                     row[ow] = np.float64(row[ow]) / (hcount[oh] * wcount[ow])
