@@ -387,7 +387,11 @@ class Runtime:
             shaped = await trio.to_thread.run_sync(set_batch, optimized, batch, self.registry)
         network_id = next(self._network_ids)
         call_hooks(self._contexts, "before_load", network_id)
-        model = await trio.to_thread.run_sync(self._build, shaped, pools)
+        # On a CPU worker, as runs are: warming a layer up enters numba's parallel regions, and
+        # an OpenMP team started in any other thread would outlive the load and make every
+        # later region slower to enter (libgomp stops spinning once its threads outnumber
+        # the cores).
+        model = await self._workers.run_sync(self._build, shaped, pools)
         model.batch, model.unbatched, model._runtime = batch, optimized, self
         model.network_id = network_id
         self._loaded[network_id] = model

@@ -270,3 +270,30 @@ async def test_runs_in_flight_together_share_the_cores_instead_of_oversubscribin
         return threads, low_nice if threads == 1 else base
 
     assert seen == {"alone": expected(pool.threads), "beside": expected(max(1, pool.threads // 2))}
+
+
+async def test_a_job_runs_in_the_callers_context():
+    import contextvars
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    var.set("caller")
+    async with CpuWorkerPool(1) as pool:
+        assert await pool.run_sync(var.get) == "caller"
+
+
+async def test_load_warms_layers_up_on_a_cpu_worker(monkeypatch):
+    """Warm-up enters numba's parallel regions: in any other thread it would start a second
+    OpenMP team, and the runs after it would wake sleeping helpers at every kernel."""
+    from flowrt.workers.cpu.acc.workload_factory import AccWorkload
+
+    threads: list[str] = []
+    original = AccWorkload.prepare
+
+    def prepare(self):
+        threads.append(threading.current_thread().name)
+        original(self)
+
+    monkeypatch.setattr(AccWorkload, "prepare", prepare)
+    async with flowrt.Runtime(cpu_workers=2) as rt:
+        await rt.load(flowrt.optimize(branchy_network(), backends=["CpuAcc", "CpuRef"]))
+    assert threads and set(threads) == {"flowrt-cpu-0"}
