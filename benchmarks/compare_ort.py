@@ -11,6 +11,9 @@ ratios over the models.
 ONNX Runtime's intra-op threads are told not to spin between runs
 (``session.intra_op.allow_spinning`` = 0): spinning, they would hold the cores through
 flowrt's turn. Alone, ONNX Runtime is within about 5% of its spinning speed that way.
+Each turn also starts after a pause of ``TURN_PAUSE``, long enough for the other engine's
+idle threads to stop spinning (flowrt's OpenMP threads spin briefly after a kernel, as
+libgomp's do), so that each engine runs on cores the other has left.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from flowrt.bench import ort_session
 from flowrt.models import LIGHT_MODELS, light_model, pattern_input
 from flowrt.workers.cpu.workers import default_cpu_workers
 
+TURN_PAUSE = 0.002  # seconds
+
 
 async def _compare(path: str, backends: list[str], iterations: int, workers: int) -> dict[str, float]:
     start = time.perf_counter()
@@ -45,9 +50,11 @@ async def _compare(path: str, backends: list[str], iterations: int, workers: int
         await model.run(feeds)
         ours, theirs = [], []
         for _ in range(iterations):
+            time.sleep(TURN_PAUSE)
             start = time.perf_counter()
             await model.run(feeds)
             ours.append(time.perf_counter() - start)
+            time.sleep(TURN_PAUSE)
             start = time.perf_counter()
             session.run(None, feeds)
             theirs.append(time.perf_counter() - start)
