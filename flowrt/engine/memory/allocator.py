@@ -8,6 +8,7 @@ import numpy as np
 
 # Cache-line alignment for host tensors; also what SIMD loads want.
 HOST_ALIGNMENT = 64
+PAGE_SIZE = 4096
 
 
 @runtime_checkable
@@ -33,6 +34,8 @@ class HostAllocator:
 
     def allocate(self, nbytes: int) -> np.ndarray:
         raw = np.empty(nbytes + self.alignment, dtype=np.uint8)
+        # One write per page: the OS maps the pages now, at load, not in the first run.
+        raw[::PAGE_SIZE] = 0
         start = -raw.ctypes.data % self.alignment
         return raw[start : start + nbytes]
 
