@@ -9,9 +9,11 @@
             ...
     outputs = await pipeline.run({"image": frame})   # one request, stage after stage
 
-Each stage is one task that takes requests in order from a bounded channel and hands them on
-to the next stage's channel, so stage k works on request i while stage k+1 works on request
-i-1. A stage is a ``LoadedNetwork`` (fed the previous stage's outputs, or the request's feeds
+Each stage takes requests in order from a bounded channel and hands them on, in the same
+order, to the next stage's channel, so stage k works on request i while stage k+1 works on
+request i-1. A model stage works on as many requests at once as the model has pools
+(``rt.load(max_in_flight=...)``), so that a slow stage keeps every core busy; a function stage
+works on one at a time. A stage is a ``LoadedNetwork`` (fed the previous stage's outputs, or the request's feeds
 for the first) or a function, sync or async, ``fn(outputs)`` or ``fn(outputs, feeds)`` that
 returns the next stage's feeds (``feeds``: the request's original feeds). A sync function runs
 in the trio loop itself: keep it light, or make it async and move heavy work off the loop.
@@ -44,6 +46,11 @@ class _StageCall:
     name: str
     stage: Stage
     wants_feeds: bool  # a function stage that takes (outputs, feeds)
+
+    @property
+    def concurrency(self) -> int:
+        """Requests this stage works on at once: a model's pool count, one for a function."""
+        return self.stage.pools.count if isinstance(self.stage, LoadedNetwork) else 1
 
     async def __call__(self, values: Mapping[str, Any], feeds: Mapping[str, Any], priority: Priority) -> Any:
         if isinstance(self.stage, LoadedNetwork):
@@ -116,10 +123,11 @@ class Pipeline:
     def stream(self, *, max_in_flight: int | None = None) -> PipelineStream:
         """A bounded stream of requests through the stages, results in submission order.
 
-        ``max_in_flight`` (default: twice the number of stages) bounds the requests held at
-        once — in a stage, between stages, or finished but not yet received.
+        ``max_in_flight`` (default: twice the requests the stages work on at once) bounds the
+        requests held at once — in a stage, between stages, or finished but not yet received.
         """
-        return PipelineStream(self, 2 * len(self.stages) if max_in_flight is None else max_in_flight)
+        default = 2 * sum(call.concurrency for call in self.stages)
+        return PipelineStream(self, default if max_in_flight is None else max_in_flight)
 
 
 class PipelineStream(OrderedStream):
@@ -153,10 +161,33 @@ class PipelineStream(OrderedStream):
     async def _serve(
         self, call: _StageCall, receive: trio.MemoryReceiveChannel, send: trio.MemorySendChannel
     ):
-        async with receive, send:
-            async for request in receive:
-                if request.error is None:
-                    await self.pipeline._through(call, request)
+        """Work on up to ``call.concurrency`` requests at once; hand them on in arrival order."""
+        limit = trio.Semaphore(call.concurrency)
+        order_send, order_receive = trio.open_memory_channel[tuple[Request, trio.Event]](self.max_in_flight)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._hand_on, order_receive, send)
+            async with receive, order_send:
+                async for request in receive:
+                    finished = trio.Event()
+                    if request.error is None:
+                        await limit.acquire()
+                        nursery.start_soon(self._work, call, request, limit, finished)
+                    else:
+                        finished.set()
+                    order_send.send_nowait((request, finished))
+
+    async def _work(self, call: _StageCall, request: Request, limit: trio.Semaphore, finished: trio.Event):
+        try:
+            await self.pipeline._through(call, request)
+        finally:
+            limit.release()
+            finished.set()
+
+    @staticmethod
+    async def _hand_on(order_receive: trio.MemoryReceiveChannel, send: trio.MemorySendChannel) -> None:
+        async with order_receive, send:
+            async for request, finished in order_receive:
+                await finished.wait()
                 send.send_nowait(request)
 
     async def _finish(self, receive: trio.MemoryReceiveChannel) -> None:

@@ -3,10 +3,13 @@
 import numpy as np
 import pytest
 import trio
+from fakes import SleepyBackend
 from netbuild import branchy_expected, branchy_network
 
 import flowrt
 from flowrt.errors import FlowrtError, ResourceError, RunError
+from flowrt.registry import BackendRegistry
+from flowrt.types import TensorInfo
 
 
 def _feeds(i: int) -> dict[str, np.ndarray]:
@@ -86,6 +89,30 @@ async def test_stages_overlap(autojump_clock):
 test_stages_overlap = pytest.mark.trio(clock=trio.testing.MockClock(autojump_threshold=0))(
     test_stages_overlap
 )
+
+
+async def test_a_model_stage_works_on_as_many_requests_as_it_has_pools():
+    """A model loaded with three pools runs three requests of its stage at once, and still
+    hands them on in order: request 0 sleeps longest, yet comes out first."""
+    registry = BackendRegistry()
+    registry.register("Sleepy", SleepyBackend)
+    net = flowrt.Network()
+    net.add_output("y", net.add_layer("Relu", inputs=[net.add_input("x", TensorInfo((2,)))], name="sleep"))
+    delays = [0.3, 0.0, 0.1, 0.0, 0.2, 0.0]
+    async with flowrt.Runtime(registry, cpu_workers=3, profiling=True) as rt:
+        model = await rt.load(flowrt.optimize(net, backends=["Sleepy"], registry=registry), max_in_flight=3)
+        pipeline = flowrt.Pipeline([model, lambda out: {"tag": int(out["y"][1])}])
+        async with pipeline.stream() as s:
+            assert s.max_in_flight == 8  # twice (3 + 1)
+            for tag, delay in enumerate(delays):
+                await s.send({"x": np.array([delay, tag], np.float32)})
+            s.close()
+            tags = [out["tag"] async for out in s]
+        assert model.pools.free_count == 3
+    assert tags == list(range(len(delays)))
+    runs = sorted(model.profile(), key=lambda r: r.start_ns)
+    first = next(r for r in runs if r.end_ns - r.start_ns >= 0.25e9)
+    assert sum(r.start_ns < first.end_ns for r in runs) >= 3
 
 
 async def test_a_failing_request_gets_a_run_error_naming_the_stage_and_the_rest_go_on():
