@@ -79,6 +79,7 @@ def _many_slices(kernel):
     kernel.split_hint = SplitHint(axis=2, min_slice=1)
     kernel.row_hint = SplitHint(axis=1, min_slice=1)
     kernel.chunk_floats = 5
+    kernel.taps_block_floats = 1  # tap by tap: one output row per block
 
 
 @settings(max_examples=30, deadline=None)
@@ -121,6 +122,42 @@ def test_large_layers_split_across_workers(x_shape, w_shape, attrs, split):
     assert (plan.column_bounds is not None) == (split == "columns")
     bounds = plan.column_bounds if split == "columns" else plan.row_bounds
     assert len(bounds) == 3
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("constant", [True, False])
+@pytest.mark.parametrize(
+    "x_shape, w_shape, attrs",
+    [
+        ((2, 16, 14, 14), (32, 16, 3, 3), dict(pads=(1, 1, 1, 1))),
+        ((1, 5, 13, 11), (7, 5, 5, 3), dict(pads=(2, 0, 1, 3), dilations=(1, 2))),
+        ((1, 4, 9, 12), (3, 4, 2, 2), dict(auto_pad="SAME_LOWER")),
+        ((1, 6, 7, 7), (8, 6, 3, 3), dict(auto_pad="VALID", dilations=(2, 2))),
+    ],
+)
+def test_few_output_channels_run_tap_by_tap(x_shape, w_shape, attrs, constant, workers):
+    """Stride 1, one group, at most TAPS_MAX_ROWS output channels: no column matrix, one GEMM
+    per kernel tap. The same conv with the tap path turned off goes through im2col."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(x_shape, dtype=np.float32)
+    w = rng.standard_normal(w_shape, dtype=np.float32)
+    b = rng.standard_normal(w_shape[0], dtype=np.float32)
+    for tune, taps in [(None, True), (_many_slices, True), (lambda k: setattr(k, "taps_max_rows", 0), False)]:
+        kernel, got, expected = conv_case(
+            x, w, b, workers=workers, activation=FusedActivation("Relu"), constant=constant, tune=tune, **attrs
+        )
+        close(got, expected)
+        assert kernel.plan(x.shape, w.shape).taps is taps
+
+
+def test_many_output_channels_or_strides_use_the_column_matrix():
+    kernel, got, expected = conv_case(
+        np.ones((1, 4, 9, 9), np.float32), np.ones((33, 4, 3, 3), np.float32), pads=(1, 1, 1, 1)
+    )
+    close(got, expected)
+    assert not kernel.plan((1, 4, 9, 9), (33, 4, 3, 3)).taps
+    kernel, _, _ = conv_case(np.ones((1, 4, 9, 9), np.float32), np.ones((8, 4, 3, 3), np.float32), strides=(2, 2))
+    assert not kernel.plan((1, 4, 9, 9), (8, 4, 3, 3)).taps
 
 
 def test_depthwise_with_channel_multiplier_and_stride():

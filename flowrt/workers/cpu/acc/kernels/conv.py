@@ -7,6 +7,13 @@ while that block is still in cache. A 1x1 stride-1 unpadded conv reads its input
 column matrix itself. When there are too few pixels to give every worker a slice, the output
 channels (GEMM rows) are split instead, over one shared column matrix.
 
+A stride-1 conv with few output channels skips the column matrix: its input is copied once
+into a zero-padded plane per channel, and each kernel tap is one GEMM of that tap's weights by
+the padded planes read from the tap's offset, accumulated into the output block (outputs are
+computed on the padded plane's row pitch, the extra columns dropped). im2col writes and reads
+back kh*kw copies of the input for every output block, which costs more than the GEMM itself
+when there are only a few dozen output channels to share it.
+
 Depthwise conv (one input channel per group) is a direct loop, one slice per channel.
 """
 
@@ -33,6 +40,10 @@ MIN_COLUMNS = 96
 MIN_ROWS = 16
 # The column buffer a chunk fills is kept near this many floats, so that it stays in L2.
 CHUNK_FLOATS = 512 * 1024
+# Most output channels (per group) for which a stride-1 conv runs one GEMM per kernel tap.
+TAPS_MAX_ROWS = 32
+# The output block a tap-by-tap slice accumulates into is kept near this many floats.
+TAPS_BLOCK_FLOATS = 16 * 1024
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -191,6 +202,41 @@ def _conv_by_rows(x, x_flat, w, bias, out, geo, direct, row_bounds, finish, code
                 _finish(block, bias[r0:r1], code, alpha, beta)
 
 
+@njit(parallel=True, nogil=True, cache=True)
+def _conv_by_taps(x, w_taps, bias, out, geo, padded_shape, row_bounds, block_rows, finish, code, alpha, beta):
+    """Stride 1, one group: every image is copied into zero-padded planes, then each slice of
+    output rows is computed ``block_rows`` rows at a time, one GEMM per kernel tap
+    (``w_taps``: (kh*kw, M, C)) reading the planes at the tap's offset; bias and activation
+    are applied as each block's rows are copied out."""
+    kh, kw, dh, dw, ph, pw = geo[0], geo[1], geo[4], geo[5], geo[6], geo[7]
+    channels, height, width = x.shape[1], x.shape[2], x.shape[3]
+    m_count, ow_count = out.shape[1], out.shape[3]
+    pitch = padded_shape[1]
+    padded = np.zeros((channels, padded_shape[0], pitch), np.float32)
+    flat = padded.reshape(channels, -1)
+    slices = row_bounds.shape[0] - 1
+    for n in range(x.shape[0]):
+        for c in prange(channels):
+            padded[c, ph : ph + height, pw : pw + width] = x[n, c]
+        for s in prange(slices):
+            start, stop = row_bounds[s], row_bounds[s + 1]
+            block = np.empty((m_count, block_rows * pitch), np.float32)
+            for r0 in range(start, stop, block_rows):
+                r1 = min(r0 + block_rows, stop)
+                q0, q1 = r0 * pitch, (r1 - 1) * pitch + ow_count
+                acc = block[:, : q1 - q0]
+                for t in range(kh * kw):
+                    offset = (t // kw) * dh * pitch + (t % kw) * dw
+                    sgemm(False, False, 1.0, w_taps[t], flat[:, q0 + offset : q1 + offset], 1.0 if t else 0.0, acc)
+                for m in range(m_count):
+                    b = bias[m] if finish else np.float32(0)
+                    for r in range(r0, r1):
+                        src = acc[m, (r - r0) * pitch : (r - r0) * pitch + ow_count]
+                        dst = out[n, m, r]
+                        for j in range(ow_count):
+                            dst[j] = activate(src[j] + b, code, alpha, beta)
+
+
 @njit(nogil=True, cache=True)
 def _depthwise_plane(plane, wm, b, out_plane, acc, geo, code, alpha, beta):
     """One output plane of a depthwise conv from its zero-padded input plane.
@@ -272,6 +318,10 @@ class _Plan(NamedTuple):
     row_bounds: np.ndarray
     chunk: int
     plane_bounds: np.ndarray  # depthwise: (image, channel) planes per slice
+    taps: bool  # run by _conv_by_taps
+    padded_shape: np.ndarray  # tap by tap: the padded plane's rows and pitch
+    block_rows: int  # tap by tap: output rows per block
+    tap_row_bounds: np.ndarray  # tap by tap: output rows per slice
 
 
 @acc_kernel("Conv")
@@ -301,15 +351,29 @@ class ConvKernel:
         self.weights = None if constants[1] is None else self._pack(constants[1])
         self.weights_shape = None if constants[1] is None else tuple(constants[1].shape)
         self.bias = None if constants[2] is None else np.ascontiguousarray(constants[2], np.float32)
-        # The split and chunking knobs, per instance so that tests can force many slices.
+        # The split, chunking and path knobs, per instance so that tests can force each case.
         self.row_hint = SplitHint(axis=1, min_slice=MIN_ROWS)
         self.chunk_floats = CHUNK_FLOATS
+        self.taps_max_rows = TAPS_MAX_ROWS
+        self.taps_block_floats = TAPS_BLOCK_FLOATS
+        self._taps: np.ndarray | None = None
         self._plans: dict[tuple[int, ...], _Plan] = {}
 
     def _pack(self, w: np.ndarray) -> np.ndarray:
         """Weights as (group, M/group, C/group * kh * kw) float32, the GEMM's left operand."""
         group = self.desc.group
         return np.ascontiguousarray(w, np.float32).reshape(group, w.shape[0] // group, -1)
+
+    def _tap_weights(self, w: np.ndarray, w_shape: tuple[int, ...]) -> np.ndarray:
+        """Packed weights (1, M, C*kh*kw) as one (M, C) matrix per kernel tap: (kh*kw, M, C);
+        kept for constant weights."""
+        if self._taps is not None and w is self.weights:
+            return self._taps
+        m, c, kh, kw = w_shape
+        taps = np.ascontiguousarray(w.reshape(m, c, kh * kw).transpose(2, 0, 1))
+        if w is self.weights:
+            self._taps = taps
+        return taps
 
     def plan(self, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> _Plan:
         """The geometry and split for one input shape (computed once per shape)."""
@@ -329,6 +393,17 @@ class ConvKernel:
             groups * (len(row_bounds) - 1), self.workers
         )
         chunk = max(min(MIN_COLUMNS, self.chunk_floats), self.chunk_floats // max(rows, mg))
+        oh, ow = int(g.out[0]), int(g.out[1])
+        taps = groups == 1 and g.strides == (1, 1) and not direct and mg <= self.taps_max_rows
+        padded_shape = np.array(
+            [
+                max(x_shape[2] + g.pads_begin[0], oh + (kernel[0] - 1) * g.dilations[0]),
+                max(x_shape[3] + g.pads_begin[1], ow + (kernel[1] - 1) * g.dilations[1]),
+            ],
+            np.int64,
+        )
+        tap_row_bounds = split_bounds(oh, SplitHint(0, 1), self.workers)
+        block_rows = max(1, min(int(tap_row_bounds[1]), self.taps_block_floats // (mg * int(padded_shape[1]))))
         cached = self._plans[key] = _Plan(
             geo,
             (x_shape[0], w_shape[0], int(g.out[0]), int(g.out[1])),
@@ -337,6 +412,10 @@ class ConvKernel:
             row_bounds,
             chunk,
             split_bounds(x_shape[0] * w_shape[0], SplitHint(0, 1), self.workers),
+            taps,
+            padded_shape,
+            block_rows,
+            tap_row_bounds,
         )
         return cached
 
@@ -352,6 +431,12 @@ class ConvKernel:
         args = (self.code, self.alpha, self.beta)
         if self.desc.group == x.shape[1] > 1:
             _depthwise(x, w.reshape(w_shape[0], *w_shape[2:]), bias, out, plan.geo, *args, plan.plane_bounds)
+            return [out]
+        if plan.taps:
+            w_taps = self._tap_weights(w, w_shape)
+            _conv_by_taps(
+                x, w_taps, bias, out, plan.geo, plan.padded_shape, plan.tap_row_bounds, plan.block_rows, finish, *args
+            )
             return [out]
         x_flat = x.reshape(*x.shape[:2], -1)
         out_flat = out.reshape(*out.shape[:2], -1)
