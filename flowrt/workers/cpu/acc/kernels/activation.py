@@ -13,7 +13,7 @@ from flowrt.engine.graph.passes.fuse_activation import as_fused_activation
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
-from flowrt.workers.cpu.acc.kernels.epilogue import CODES, activate, activation_args
+from flowrt.workers.cpu.acc.kernels.epilogue import CODES, NO_BIAS, activate_row, activation_args
 
 # Below this many elements per slice, a second thread costs more than it saves.
 MIN_SLICE = 16384
@@ -22,8 +22,8 @@ MIN_SLICE = 16384
 @njit(parallel=True, nogil=True, cache=True)
 def _activation(x, out, bounds, code, alpha, beta):
     for s in prange(bounds.shape[0] - 1):
-        for i in range(bounds[s], bounds[s + 1]):
-            out[i] = activate(x[i], code, alpha, beta)
+        lo, hi = bounds[s], bounds[s + 1]
+        activate_row(out[lo:hi], x[lo:hi], NO_BIAS, code, alpha, beta)
 
 
 @acc_kernel("Relu", "LeakyRelu", "Sigmoid", "Tanh")

@@ -30,7 +30,7 @@ from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
 from flowrt.workers.cpu.acc.blas import pin_scipy_blas, sgemm
 from flowrt.workers.cpu.acc.kernels import acc_kernel
-from flowrt.workers.cpu.acc.kernels.epilogue import NONE, activate, activation_args
+from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, NONE, activate_row, activation_args
 
 pin_scipy_blas()
 
@@ -142,13 +142,13 @@ def _fill_columns(x, x_flat, c0, geo, r0, q0, dst):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _finish(block, bias, code, alpha, beta):
-    """Bias (one per row) and the activation, in place."""
-    for i in range(block.shape[0]):
-        b = bias[i]
-        row = block[i]
-        for j in range(row.shape[0]):
-            row[j] = activate(row[j] + b, code, alpha, beta)
+def _finish(out, r0, r1, q0, q1, bias, code, alpha, beta):
+    """Bias (one per row) and the activation, in place, on rows ``r0 .. r1`` and columns
+    ``q0 .. q1`` of one image's C-contiguous (channels, pixels) output. Rows are taken from
+    that array itself: numba types a row of a 2-D slice as strided, and does not vectorize it."""
+    for r in range(r0, r1):
+        row = out[r, q0:q1]
+        activate_row(row, row, bias[r], code, alpha, beta)
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -161,18 +161,19 @@ def _conv_by_columns(x, x_flat, w, bias, out, geo, direct, bounds, chunk, finish
         for task in prange(groups * slices):
             g, s = divmod(np.int64(task), slices)
             start, stop = bounds[s], bounds[s + 1]
-            buffer = np.empty((0 if direct else kg, min(chunk, stop - start)), np.float32)
+            buffer = np.empty(0 if direct else kg * min(chunk, stop - start), np.float32)
             for q0 in range(start, stop, chunk):
                 q1 = min(q0 + chunk, stop)
                 if direct:
                     cols = x_flat[n, g * cg : (g + 1) * cg, q0:q1]
                 else:
-                    cols = buffer[:, : q1 - q0]
+                    # a C-contiguous (kg, q1 - q0) matrix, so that im2col's row copies vectorize
+                    cols = buffer[: kg * (q1 - q0)].reshape((kg, q1 - q0))
                     _fill_columns(x[n], x_flat[n], g * cg, geo, 0, q0, cols)
                 block = out[n, g * mg : (g + 1) * mg, q0:q1]
                 sgemm(False, False, 1.0, w[g], cols, 0.0, block)
                 if finish:
-                    _finish(block, bias[g * mg : (g + 1) * mg], code, alpha, beta)
+                    _finish(out[n], g * mg, (g + 1) * mg, q0, q1, bias, code, alpha, beta)
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -199,7 +200,7 @@ def _conv_by_rows(x, x_flat, w, bias, out, geo, direct, row_bounds, finish, code
             block = out[n, r0:r1]
             sgemm(False, False, 1.0, w[g, row_bounds[s] : row_bounds[s + 1]], cols, 0.0, block)
             if finish:
-                _finish(block, bias[r0:r1], code, alpha, beta)
+                _finish(out[n], r0, r1, 0, pixels, bias, code, alpha, beta)
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -229,12 +230,10 @@ def _conv_by_taps(x, w_taps, bias, out, geo, padded_shape, row_bounds, block_row
                     offset = (t // kw) * dh * pitch + (t % kw) * dw
                     sgemm(False, False, 1.0, w_taps[t], flat[:, q0 + offset : q1 + offset], 1.0 if t else 0.0, acc)
                 for m in range(m_count):
-                    b = bias[m] if finish else np.float32(0)
+                    b = bias[m] if finish else NO_BIAS
                     for r in range(r0, r1):
-                        src = acc[m, (r - r0) * pitch : (r - r0) * pitch + ow_count]
-                        dst = out[n, m, r]
-                        for j in range(ow_count):
-                            dst[j] = activate(src[j] + b, code, alpha, beta)
+                        src = block[m, (r - r0) * pitch : (r - r0) * pitch + ow_count]
+                        activate_row(out[n, m, r], src, b, code, alpha, beta)
 
 
 @njit(nogil=True, cache=True)
@@ -262,10 +261,7 @@ def _depthwise_plane(plane, wm, b, out_plane, acc, geo, code, alpha, beta):
                 for i in range(total):
                     run[i] += wv * src[i]
         for oh in range(oh_count):
-            line = run[oh * pitch : oh * pitch + ow_count]
-            dst = out_plane[oh]
-            for ow in range(ow_count):
-                dst[ow] = activate(line[ow], code, alpha, beta)
+            activate_row(out_plane[oh], run[oh * pitch : oh * pitch + ow_count], NO_BIAS, code, alpha, beta)
         return
     line = acc[:ow_count]
     for oh in range(oh_count):
@@ -277,9 +273,7 @@ def _depthwise_plane(plane, wm, b, out_plane, acc, geo, code, alpha, beta):
                 wv = wm[ki, kj]
                 for ow in range(ow_count):
                     line[ow] += wv * src[kj * dw + ow * sw]
-        dst = out_plane[oh]
-        for ow in range(ow_count):
-            dst[ow] = activate(line[ow], code, alpha, beta)
+        activate_row(out_plane[oh], line, NO_BIAS, code, alpha, beta)
 
 
 @njit(parallel=True, nogil=True, cache=True)
