@@ -62,11 +62,11 @@ class StreamSettings:
 
 
 # The best of those tried on a 2-core machine, alternated in one process: pools 1-2,
-# max_in_flight 1-32, max_batch 1-16, max_delay 2-20 ms. Two batches of 8 in flight were the
-# fastest on squeezenet, shufflenet, bvlc_alexnet, resnet50, inception_v2 and zfnet512
-# (densenet121 went either way between runs); with a sender that never pauses, batches fill
-# before max_delay. Throughput is bought with latency: 16 requests wait in the stream.
-BEST = StreamSettings(pools=2, max_in_flight=16, max_batch=8, max_delay=0.002)
+# max_in_flight 1-32, max_batch 1-16, max_delay 2-20 ms. Two requests of batch 1 running at
+# once, a core each, beat batches of 8 on every light model but bvlc_alexnet and zfnet512
+# (whose large fully connected layers gain from a batch): a batch's activations leave the
+# L2 cache that one image's stay in, and the per-image cost of a run hardly falls with it.
+BEST = StreamSettings(pools=2, max_in_flight=4)
 
 
 def _split(requests: int, rounds: int) -> list[int]:
