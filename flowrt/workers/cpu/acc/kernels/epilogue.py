@@ -54,16 +54,16 @@ def activate(v, code, alpha, beta):
 def activate_row(dst, src, b, code, alpha, beta):
     """``dst[j] = activate(src[j] + b)`` over a row (``dst`` may be ``src``); the branch on
     ``code`` is taken once, so that the loops of the common activations vectorize."""
+    # Each loop passes activate() a literal code: inlined, its branch folds away.
     if code == NONE:
         for j in range(dst.shape[0]):
             dst[j] = src[j] + b
     elif code == RELU:
         for j in range(dst.shape[0]):
-            v = src[j] + b
-            dst[j] = v if v > 0 or v != v else np.float32(0)
+            dst[j] = activate(src[j] + b, RELU, alpha, beta)
     elif code == CLIP:
         for j in range(dst.shape[0]):
-            dst[j] = min(max(src[j] + b, alpha), beta)
+            dst[j] = activate(src[j] + b, CLIP, alpha, beta)
     else:
         for j in range(dst.shape[0]):
             dst[j] = activate(src[j] + b, code, alpha, beta)
