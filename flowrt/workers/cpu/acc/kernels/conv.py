@@ -14,7 +14,8 @@ computed on the padded plane's row pitch, the extra columns dropped). im2col wri
 back kh*kw copies of the input for every output block, which costs more than the GEMM itself
 when there are only a few dozen output channels to share it.
 
-Depthwise conv (one input channel per group) is a direct loop, one slice per channel.
+Depthwise conv (one input channel per group) is a direct loop, one slice per channel
+(``depthwise.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
 from flowrt.workers.cpu.acc.blas import pin_scipy_blas, sgemm
 from flowrt.workers.cpu.acc.kernels import acc_kernel
+from flowrt.workers.cpu.acc.kernels.depthwise import depthwise
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, NONE, activate_row, activation_args
 
 pin_scipy_blas()
@@ -228,73 +230,20 @@ def _conv_by_taps(x, w_taps, bias, out, geo, padded_shape, row_bounds, block_row
                 acc = block[:, : q1 - q0]
                 for t in range(kh * kw):
                     offset = (t // kw) * dh * pitch + (t % kw) * dw
-                    sgemm(False, False, 1.0, w_taps[t], flat[:, q0 + offset : q1 + offset], 1.0 if t else 0.0, acc)
+                    sgemm(
+                        False,
+                        False,
+                        1.0,
+                        w_taps[t],
+                        flat[:, q0 + offset : q1 + offset],
+                        1.0 if t else 0.0,
+                        acc,
+                    )
                 for m in range(m_count):
                     b = bias[m] if finish else NO_BIAS
                     for r in range(r0, r1):
                         src = block[m, (r - r0) * pitch : (r - r0) * pitch + ow_count]
                         activate_row(out[n, m, r], src, b, code, alpha, beta)
-
-
-@njit(nogil=True, cache=True)
-def _depthwise_plane(plane, wm, b, out_plane, acc, geo, code, alpha, beta):
-    """One output plane of a depthwise conv from its zero-padded input plane.
-
-    With unit strides every tap is one long unit-stride loop over the flattened plane: the
-    output is computed on the padded plane's row pitch (a few columns per row too many, then
-    dropped), which LLVM vectorizes. Other strides walk output rows. ``acc`` is scratch of at
-    least one padded plane."""
-    kh, kw, sh, sw, dh, dw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
-    oh_count, ow_count = out_plane.shape
-    pitch = plane.shape[1]
-    if sh == 1 and sw == 1:
-        flat = plane.reshape(-1)
-        total = (oh_count - 1) * pitch + ow_count
-        run = acc[:total]
-        for i in range(total):
-            run[i] = b
-        for ki in range(kh):
-            for kj in range(kw):
-                wv = wm[ki, kj]
-                start = ki * dh * pitch + kj * dw
-                src = flat[start : start + total]
-                for i in range(total):
-                    run[i] += wv * src[i]
-        for oh in range(oh_count):
-            activate_row(out_plane[oh], run[oh * pitch : oh * pitch + ow_count], NO_BIAS, code, alpha, beta)
-        return
-    line = acc[:ow_count]
-    for oh in range(oh_count):
-        for ow in range(ow_count):
-            line[ow] = b
-        for ki in range(kh):
-            src = plane[oh * sh + ki * dh]
-            for kj in range(kw):
-                wv = wm[ki, kj]
-                for ow in range(ow_count):
-                    line[ow] += wv * src[kj * dw + ow * sw]
-        activate_row(out_plane[oh], line, NO_BIAS, code, alpha, beta)
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def _depthwise(x, w, bias, out, geo, code, alpha, beta, bounds):
-    """Tasks are (image, output channel) planes, cut into slices by ``bounds``: a direct sliding
-    window over a zero-padded copy of the input channel (output channel m reads input
-    channel m // multiplier)."""
-    kh, kw, sh, sw, dh, dw, ph, pw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7]
-    channels, height, width = x.shape[1], x.shape[2], x.shape[3]
-    m_count, oh_count, ow_count = out.shape[1], out.shape[2], out.shape[3]
-    multiplier = m_count // channels
-    padded_h = max(ph + height, (oh_count - 1) * sh + (kh - 1) * dh + 1)
-    padded_w = max(pw + width, (ow_count - 1) * sw + (kw - 1) * dw + 1)
-    for s in prange(bounds.shape[0] - 1):
-        # scratch per slice: the padded plane (its border stays zero) and the accumulator
-        plane = np.zeros((padded_h, padded_w), np.float32)
-        acc = np.empty(padded_h * padded_w, np.float32)
-        for task in range(bounds[s], bounds[s + 1]):
-            n, m = divmod(task, m_count)
-            plane[ph : ph + height, pw : pw + width] = x[n, m // multiplier]
-            _depthwise_plane(plane, w[m], bias[m], out[n, m], acc, geo, code, alpha, beta)
 
 
 def _balance(tasks: int, workers: int) -> float:
@@ -397,7 +346,9 @@ class ConvKernel:
             np.int64,
         )
         tap_row_bounds = split_bounds(oh, SplitHint(0, 1), self.workers)
-        block_rows = max(1, min(int(tap_row_bounds[1]), self.taps_block_floats // (mg * int(padded_shape[1]))))
+        block_rows = max(
+            1, min(int(tap_row_bounds[1]), self.taps_block_floats // (mg * int(padded_shape[1])))
+        )
         cached = self._plans[key] = _Plan(
             geo,
             (x_shape[0], w_shape[0], int(g.out[0]), int(g.out[1])),
@@ -424,12 +375,21 @@ class ConvKernel:
         bias = np.zeros(w_shape[0], np.float32) if b is None else np.ascontiguousarray(b, np.float32)
         args = (self.code, self.alpha, self.beta)
         if self.desc.group == x.shape[1] > 1:
-            _depthwise(x, w.reshape(w_shape[0], *w_shape[2:]), bias, out, plan.geo, *args, plan.plane_bounds)
+            depthwise(x, w.reshape(w_shape[0], *w_shape[2:]), bias, out, plan.geo, *args, plan.plane_bounds)
             return [out]
         if plan.taps:
             w_taps = self._tap_weights(w, w_shape)
             _conv_by_taps(
-                x, w_taps, bias, out, plan.geo, plan.padded_shape, plan.tap_row_bounds, plan.block_rows, finish, *args
+                x,
+                w_taps,
+                bias,
+                out,
+                plan.geo,
+                plan.padded_shape,
+                plan.tap_row_bounds,
+                plan.block_rows,
+                finish,
+                *args,
             )
             return [out]
         x_flat = x.reshape(*x.shape[:2], -1)
