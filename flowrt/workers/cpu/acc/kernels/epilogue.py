@@ -3,8 +3,9 @@ to a value before it stores it (a fused activation, or the Activation kernels th
 
 ``activation_args(activation)`` turns a ``FusedActivation`` (or None) into the
 ``(code, alpha, beta)`` triple that :func:`activate` takes inside a jitted loop.
-:func:`activate_row` applies one to a whole row, plus a bias, with a loop of its own per
-activation: LLVM does not vectorize a loop that branches on the code for every element.
+:func:`affine_row` applies one to a whole row after a scale and a shift (:func:`activate_row`
+after a bias only), with a loop of its own per activation: LLVM does not vectorize a loop
+that branches on the code for every element.
 """
 
 from __future__ import annotations
@@ -51,19 +52,26 @@ def activate(v, code, alpha, beta):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def activate_row(dst, src, b, code, alpha, beta):
-    """``dst[j] = activate(src[j] + b)`` over a row (``dst`` may be ``src``); the branch on
-    ``code`` is taken once, so that the loops of the common activations vectorize."""
+def affine_row(dst, src, a, b, code, alpha, beta):
+    """``dst[j] = activate(src[j] * a + b)`` over a row (``dst`` may be ``src``); the branch
+    on ``code`` is taken once, so that the loops of the common activations vectorize."""
     # Each loop passes activate() a literal code: inlined, its branch folds away.
     if code == NONE:
         for j in range(dst.shape[0]):
-            dst[j] = src[j] + b
+            dst[j] = src[j] * a + b
     elif code == RELU:
         for j in range(dst.shape[0]):
-            dst[j] = activate(src[j] + b, RELU, alpha, beta)
+            dst[j] = activate(src[j] * a + b, RELU, alpha, beta)
     elif code == CLIP:
         for j in range(dst.shape[0]):
-            dst[j] = activate(src[j] + b, CLIP, alpha, beta)
+            dst[j] = activate(src[j] * a + b, CLIP, alpha, beta)
     else:
         for j in range(dst.shape[0]):
-            dst[j] = activate(src[j] + b, code, alpha, beta)
+            dst[j] = activate(src[j] * a + b, code, alpha, beta)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def activate_row(dst, src, b, code, alpha, beta):
+    """``dst[j] = activate(src[j] + b)`` over a row (``dst`` may be ``src``)."""
+    # x * 1 is x for every float32 x: the multiply folds away.
+    affine_row(dst, src, np.float32(1), b, code, alpha, beta)

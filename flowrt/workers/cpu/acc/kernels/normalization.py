@@ -15,7 +15,7 @@ from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
-from flowrt.workers.cpu.acc.kernels.epilogue import activate, activation_args
+from flowrt.workers.cpu.acc.kernels.epilogue import activation_args, affine_row
 
 # Below this many elements per slice, a second thread costs more than it saves.
 MIN_SLICE = 16384
@@ -49,10 +49,8 @@ def _batch_normalization(x, out, bounds, scale, shift, channels, plane, code, al
         while i < stop:
             p = i // plane
             end = min(stop, (p + 1) * plane)
-            a, b = scale[p % channels], shift[p % channels]
-            for j in range(i, end):
-                k = np.uint64(j)
-                out[k] = activate(x[k] * a + b, code, alpha, beta)
+            c = p % channels
+            affine_row(out[i:end], x[i:end], scale[c], shift[c], code, alpha, beta)
             i = end
 
 
