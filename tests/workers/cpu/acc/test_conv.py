@@ -144,7 +144,14 @@ def test_few_output_channels_run_tap_by_tap(x_shape, w_shape, attrs, constant, w
     b = rng.standard_normal(w_shape[0], dtype=np.float32)
     for tune, taps in [(None, True), (_many_slices, True), (lambda k: setattr(k, "taps_max_rows", 0), False)]:
         kernel, got, expected = conv_case(
-            x, w, b, workers=workers, activation=FusedActivation("Relu"), constant=constant, tune=tune, **attrs
+            x,
+            w,
+            b,
+            workers=workers,
+            activation=FusedActivation("Relu"),
+            constant=constant,
+            tune=tune,
+            **attrs,
         )
         close(got, expected)
         assert kernel.plan(x.shape, w.shape).taps is taps
@@ -156,7 +163,9 @@ def test_many_output_channels_or_strides_use_the_column_matrix():
     )
     close(got, expected)
     assert not kernel.plan((1, 4, 9, 9), (33, 4, 3, 3)).taps
-    kernel, _, _ = conv_case(np.ones((1, 4, 9, 9), np.float32), np.ones((8, 4, 3, 3), np.float32), strides=(2, 2))
+    kernel, _, _ = conv_case(
+        np.ones((1, 4, 9, 9), np.float32), np.ones((8, 4, 3, 3), np.float32), strides=(2, 2)
+    )
     assert not kernel.plan((1, 4, 9, 9), (8, 4, 3, 3)).taps
 
 

@@ -99,6 +99,23 @@ def test_max_pool_lets_nan_win():
     assert np.isnan(got[0, 0, 0, 0]) and np.isnan(got[0, 0, 1, 1]) and not np.isnan(got[0, 0, 2, 2])
 
 
+@pytest.mark.parametrize("kind", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize("workers", [1, 3])
+def test_stride_one_pools_stack_padded_planes_and_match_cpuref(kind, workers):
+    # Planes of 9x11 with 3x3 windows and pads: the flat path stacks many planes per pass.
+    x = np.random.default_rng(5).uniform(-10, 10, (2, 40, 9, 11)).astype(np.float32)
+    x[1, 7, 4, 4] = np.nan
+    x[0, 3, 0, 0] = -np.inf
+    attributes = {"kernel_shape": (3, 3), "pads": (1, 2, 1, 0), "dilations": (1, 2)}
+    info_desc = getattr(flowrt.descriptors, kind)(**attributes)
+    info = WorkloadInfo("layer", kind, info_desc, (TensorInfo.of(x),), (TensorInfo(None, x.dtype),), (None,))
+    plan = acc_kernels()[kind](info, workers).plan(x.shape)
+    assert plan.flat and plan.group > 1
+    got, expected = _run_both(kind, x, workers, **attributes)
+    np.testing.assert_array_equal(got, expected)
+    assert np.isnan(got[1, 7]).sum() == np.isnan(expected[1, 7]).sum() > 0
+
+
 @settings(max_examples=20, deadline=None)
 @given(
     kind=st.sampled_from(["GlobalAveragePool", "GlobalMaxPool"]),

@@ -4,6 +4,11 @@ The window is the N*C planes of the input; each slice is a run of whole planes. 
 windowed kinds, the geometry (pads, ceil mode, auto_pad) is resolved once per input shape
 into per-axis tables: where each output row/column's window starts and which of its kernel
 cells fall inside the input, so the jitted loop never tests a cell against the borders.
+
+A stride-1 pool whose outputs cover most of the plane (inception's 3x3 pools) instead copies
+a group of planes at a time into padded planes stacked in one buffer (pad cells 0, or -inf
+for max) and makes each kernel cell one long pass over all of them: row by row, the 7 to 28
+wide rows of those layers are too short for the vectorized loops to pay off.
 """
 
 from __future__ import annotations
@@ -79,6 +84,18 @@ class PoolPlan:
     bounds: np.ndarray
     height: AxisTable
     width: AxisTable
+    # Stride 1 on planes mostly covered by outputs: run by _pool_flat, ``group`` padded planes
+    # of ``padded`` (rows, pitch) at a time; ``taps`` is (kh, kw, dh, dw, pad top, pad left).
+    flat: bool = False
+    taps: np.ndarray | None = None
+    padded: np.ndarray | None = None
+    group: int = 1
+
+    def table(self) -> tuple:
+        """The axis tables _flat_group takes (for the exact MaxPool and the divisors)."""
+        h, w = self.height, self.width
+        reciprocal = 1.0 / (h.count[:, None] * w.count[None, :])
+        return (h.start, h.lo, h.hi, h.count, w.first, w.last, w.count, w.stride, w.begin, reciprocal)
 
 
 # Indices are cast to uint64 in the hot loops: numba wraps negative signed indices around,
@@ -218,6 +235,108 @@ def _average_pool(x, out, bounds, hs, hlo, hhi, hcount, dh, wfirst, wlast, wcoun
                     row[ow] = np.float64(row[ow]) / (hcount[oh] * wcount[ow])
 
 
+# The padded planes a stride-1 pool stacks into one buffer are kept near this many floats.
+FLAT_FLOATS = 8192
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _copy(dst, src):
+    for f in range(dst.shape[0]):
+        k = np.uint64(f)
+        dst[k] = src[k]
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _max_into(dst, src):
+    for f in range(dst.shape[0]):
+        k = np.uint64(f)
+        dst[k] = max(dst[k], src[k])
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _add_into(dst, src):
+    for f in range(dst.shape[0]):
+        k = np.uint64(f)
+        dst[k] += src[k]
+
+
+@njit(nogil=True, cache=True)
+def _flat_group(x, out, p0, planes, buf, acc, column, taps, is_max, table):
+    """Planes ``p0 .. p0 + planes`` of a stride-1 pool on stacked padded planes ``buf`` (its
+    border cells hold the pad value: 0, or -inf for max)."""
+    kh, kw, dh, dw, bh, bw = taps[0], taps[1], taps[2], taps[3], taps[4], taps[5]
+    height, width = x.shape[1], x.shape[2]
+    oh_count, ow_count = out.shape[1], out.shape[2]
+    pitch, rows = buf.shape[2], buf.shape[1]
+    for g in range(planes):
+        for ih in range(height):
+            _copy(buf[g, bh + ih, bw : bw + width], x[p0 + g, ih])
+    flat = buf.reshape(-1)
+    nan = False
+    if is_max:
+        # Counted over the whole buffer in one pass, which vectorizes (pad cells are -inf).
+        count = 0
+        for f in range(planes * rows * pitch):
+            v = flat[np.uint64(f)]
+            count += v != v
+        nan = count > 0
+    span = planes * rows * pitch - (kh - 1) * dh * pitch - (kw - 1) * dw
+    res = acc[:span]
+    if is_max:
+        # Max is separable: over the kernel rows into the back half of ``acc``, then along
+        # those into the front half.
+        wide = span + (kw - 1) * dw
+        col = acc[acc.shape[0] // 2 : acc.shape[0] // 2 + wide]
+        _copy(col, flat)
+        for i in range(1, kh):
+            _max_into(col, flat[i * dh * pitch : i * dh * pitch + wide])
+        _copy(res, col)
+        for j in range(1, kw):
+            _max_into(res, col[j * dw : j * dw + span])
+    else:
+        # Cell by cell in row-major kernel order, as CpuRef adds them; pad cells add 0.
+        for f in range(span):
+            res[np.uint64(f)] = 0
+        for i in range(kh):
+            for j in range(kw):
+                offset = i * dh * pitch + j * dw
+                _add_into(res, flat[offset : offset + span])
+    hs, hlo, hhi, hcount, wfirst, wlast, wcount, sw, pw, reciprocal = table
+    for g in range(planes):
+        p = p0 + g
+        if is_max and nan:
+            _max_plane_exact(x[p], out[p], hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw, column)
+            continue
+        for oh in range(oh_count):
+            src = acc[(g * rows + oh) * pitch :]
+            row = out[p, oh]
+            if is_max:
+                for ow in range(ow_count):
+                    k = np.uint64(ow)
+                    row[k] = src[k]
+            else:
+                # 1 / count in float64 rounds to float32 as CpuRef's division by the count does.
+                divisors = reciprocal[oh]
+                for ow in range(ow_count):
+                    k = np.uint64(ow)
+                    row[k] = np.float64(src[k]) * divisors[k]
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _pool_flat(x, out, bounds, taps, padded, group, is_max, table):
+    """A stride-1 MaxPool or AveragePool: each slice stacks ``group`` planes at a time into
+    zero- (or -inf-) padded planes, so that every pass is one long loop over all of them
+    instead of a short one per output row."""
+    fill = np.float32(-np.inf) if is_max else np.float32(0)
+    for s in prange(bounds.shape[0] - 1):
+        buf = np.full((group, padded[0], padded[1]), fill, np.float32)
+        acc = np.empty(2 * group * padded[0] * padded[1], np.float32)
+        column = np.empty(x.shape[2], np.float32)
+        for p0 in range(bounds[s], bounds[s + 1], group):
+            planes = min(group, bounds[s + 1] - p0)
+            _flat_group(x, out, p0, planes, buf, acc, column, taps, is_max, table)
+
+
 class _WindowedPool:
     """What MaxPool and AveragePool share: the support check and a plan per input shape."""
 
@@ -241,11 +360,20 @@ class _WindowedPool:
             desc = self.info.descriptor
             geometry = pool_geometry(desc, shape[2:])
             reads = int(np.prod(geometry.out)) * int(np.prod(desc.kernel_shape))
+            (kh, kw), (dh, dw) = desc.kernel_shape, geometry.dilations
+            (oh, ow), (bh, bw) = geometry.out, geometry.pads_begin
+            padded = np.array(
+                [max(shape[2] + bh, oh + (kh - 1) * dh), max(shape[3] + bw, ow + (kw - 1) * dw)], np.int64
+            )
             cached = self._plans[shape] = PoolPlan(
                 (*shape[:2], *geometry.out),
                 plane_bounds(shape[0] * shape[1], reads, self.workers),
                 axis_table(desc, shape[2], 0, geometry),
                 axis_table(desc, shape[3], 1, geometry),
+                flat=tuple(geometry.strides) == (1, 1) and 2 * oh * ow >= padded[0] * padded[1] > 0,
+                taps=np.array([kh, kw, dh, dw, bh, bw], np.int64),
+                padded=padded,
+                group=max(1, FLAT_FLOATS // max(1, int(padded[0] * padded[1]))),
             )
         return cached
 
@@ -270,6 +398,9 @@ class MaxPoolKernel(_WindowedPool):
 
     def execute(self, inputs, outputs=None):
         plan, x, out, y = self.planes(inputs, outputs)
+        if plan.flat:
+            _pool_flat(x, y, plan.bounds, plan.taps, plan.padded, plan.group, True, plan.table())
+            return [out]
         h, w = plan.height, plan.width
         _max_pool(
             x, y, plan.bounds, h.start, h.lo, h.hi, h.dilation, w.first, w.last, w.stride, w.dilation, w.begin
@@ -283,6 +414,9 @@ class AveragePoolKernel(_WindowedPool):
 
     def execute(self, inputs, outputs=None):
         plan, x, out, y = self.planes(inputs, outputs)
+        if plan.flat:
+            _pool_flat(x, y, plan.bounds, plan.taps, plan.padded, plan.group, False, plan.table())
+            return [out]
         h, w = plan.height, plan.width
         _average_pool(
             x,
