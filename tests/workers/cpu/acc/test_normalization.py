@@ -100,6 +100,15 @@ def test_lrn_matches_cpuref(n, c, spatial, size, alpha, beta, bias, workers, giv
     np.testing.assert_allclose(got, expected, rtol=2e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("beta", [0.75, 0.6])
+def test_lrn_three_quarter_power_by_square_roots_stays_within_float32_rounding(beta):
+    # beta 0.75 (AlexNet, GoogLeNet) takes the square-root path, any other beta takes pow.
+    x = np.maximum(_data(11, (1, 64, 20, 20)), 0) * 50
+    (got,), (expected,) = _run_both("LRN", [x], 2, size=5, alpha=1e-2, beta=beta, bias=1.0)
+    ulps = np.abs(got.view(np.int32).astype(np.int64) - expected.view(np.int32))
+    assert ulps.max() <= 4
+
+
 def test_lrn_on_alexnets_first_block_spans_several_position_blocks():
     x = np.maximum(_data(7, (2, 96, 27, 27)), 0) * 20
     (got,), (expected,) = _run_both("LRN", [x], 3, size=5, alpha=1e-4, beta=0.75, bias=1.0)
