@@ -90,9 +90,11 @@ class PoolPlan:
     taps: np.ndarray | None = None
     padded: np.ndarray | None = None
     group: int = 1
+    # The axis tables _flat_group takes (for the exact MaxPool), and 1 / count per output cell.
+    table: tuple = attrs.field(init=False)
 
-    def table(self) -> tuple:
-        """The axis tables _flat_group takes (for the exact MaxPool and the divisors)."""
+    @table.default
+    def _table(self) -> tuple:
         h, w = self.height, self.width
         reciprocal = 1.0 / (h.count[:, None] * w.count[None, :])
         return (h.start, h.lo, h.hi, h.count, w.first, w.last, w.count, w.stride, w.begin, reciprocal)
@@ -399,7 +401,7 @@ class MaxPoolKernel(_WindowedPool):
     def execute(self, inputs, outputs=None):
         plan, x, out, y = self.planes(inputs, outputs)
         if plan.flat:
-            _pool_flat(x, y, plan.bounds, plan.taps, plan.padded, plan.group, True, plan.table())
+            _pool_flat(x, y, plan.bounds, plan.taps, plan.padded, plan.group, True, plan.table)
             return [out]
         h, w = plan.height, plan.width
         _max_pool(
@@ -415,7 +417,7 @@ class AveragePoolKernel(_WindowedPool):
     def execute(self, inputs, outputs=None):
         plan, x, out, y = self.planes(inputs, outputs)
         if plan.flat:
-            _pool_flat(x, y, plan.bounds, plan.taps, plan.padded, plan.group, False, plan.table())
+            _pool_flat(x, y, plan.bounds, plan.taps, plan.padded, plan.group, False, plan.table)
             return [out]
         h, w = plan.height, plan.width
         _average_pool(
