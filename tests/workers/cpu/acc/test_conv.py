@@ -11,6 +11,7 @@ from flowrt.models import expected_outputs, expected_tolerance, light_model, pat
 from flowrt.registry import FusedActivation, WorkloadInfo
 from flowrt.types import TensorInfo
 from flowrt.workers.cpu.acc.kernels import load_all as acc_kernels
+from flowrt.workers.cpu.acc.kernels.winograd import WinogradRule
 from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
 
 ACTIVATIONS = {
@@ -155,6 +156,67 @@ def test_few_output_channels_run_tap_by_tap(x_shape, w_shape, attrs, constant, w
         )
         close(got, expected)
         assert kernel.plan(x.shape, w.shape).taps is taps
+
+
+def _force_winograd(kernel):
+    kernel.winograd_rule = WinogradRule(min_channels=0, min_pixels=0, min_work=0)
+
+
+def _force_winograd_in_small_blocks(kernel):
+    _force_winograd(kernel)
+    kernel.winograd_block_tiles = 1  # one row of tiles per block
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("constant", [True, False])
+@pytest.mark.parametrize("tune", [_force_winograd, _force_winograd_in_small_blocks])
+@pytest.mark.parametrize(
+    "x_shape, w_shape, attrs",
+    [
+        ((2, 5, 9, 7), (3, 5, 3, 3), dict(pads=(1, 1, 1, 1))),  # odd sizes: partial tiles
+        ((1, 4, 10, 11), (6, 4, 3, 3), dict(pads=(0, 2, 1, 0))),  # uneven pads
+        ((1, 3, 6, 5), (2, 3, 3, 3), dict(auto_pad="VALID")),
+        ((1, 3, 6, 6), (2, 3, 3, 3), dict(auto_pad="SAME_LOWER")),
+        ((1, 2, 4, 4), (2, 2, 3, 3), dict(pads=(2, 2, 2, 2))),  # more padding than the kernel reach
+        ((1, 3, 3, 3), (4, 3, 3, 3), {}),  # one output pixel
+    ],
+)
+def test_3x3_stride_1_convs_run_by_winograd(x_shape, w_shape, attrs, tune, constant, workers):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(x_shape, dtype=np.float32)
+    w = rng.standard_normal(w_shape, dtype=np.float32)
+    b = rng.standard_normal(w_shape[0], dtype=np.float32)
+    kernel, got, expected = conv_case(
+        x, w, b, workers=workers, activation=FusedActivation("LeakyRelu", 0.1), constant=constant,
+        tune=tune, **attrs,
+    )  # fmt: skip
+    assert kernel.plan(x.shape, w.shape).winograd
+    close(got, expected)
+    # A second image reuses the plan and the transformed weights.
+    (again,) = kernel.execute([x, w, b])
+    np.testing.assert_array_equal(again, got)
+
+
+@pytest.mark.parametrize(
+    "x_shape, w_shape, attrs, winograd",
+    [
+        ((1, 64, 14, 14), (64, 64, 3, 3), dict(pads=(1, 1, 1, 1)), True),
+        ((1, 16, 28, 28), (32, 16, 3, 3), dict(pads=(1, 1, 1, 1)), True),
+        ((1, 256, 7, 7), (256, 256, 3, 3), dict(pads=(1, 1, 1, 1)), False),  # 16 tiles: too few
+        ((1, 8, 28, 28), (64, 8, 3, 3), dict(pads=(1, 1, 1, 1)), False),  # too few channels
+        ((1, 64, 28, 28), (64, 64, 3, 3), dict(strides=(2, 2), pads=(1, 1, 1, 1)), False),
+        ((1, 64, 28, 28), (64, 64, 3, 3), dict(dilations=(2, 2), pads=(2, 2, 2, 2)), False),
+        ((1, 64, 28, 28), (64, 32, 3, 3), dict(group=2, pads=(1, 1, 1, 1)), False),
+        ((1, 64, 28, 28), (64, 64, 5, 5), dict(pads=(2, 2, 2, 2)), False),
+    ],
+)
+def test_winograd_is_chosen_for_large_3x3_stride_1_convs(x_shape, w_shape, attrs, winograd):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(x_shape, dtype=np.float32)
+    w = rng.standard_normal(w_shape, dtype=np.float32) / np.float32(np.sqrt(np.prod(w_shape[1:])))
+    kernel, got, expected = conv_case(x, w, None, workers=2, activation=FusedActivation("Relu"), **attrs)
+    assert kernel.plan(x.shape, w.shape).winograd is winograd
+    close(got, expected)
 
 
 def test_many_output_channels_or_strides_use_the_column_matrix():

@@ -11,7 +11,8 @@ A stride-1 conv with few output channels skips the column matrix and runs one GE
 tap (``taps.py``).
 
 Depthwise conv (one input channel per group) is a direct loop, one slice per channel
-(``depthwise.py``).
+(``depthwise.py``); a 3x3 stride-1 conv with enough channels and pixels runs by Winograd's
+F(2x2, 3x3) (``winograd.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ from flowrt.workers.cpu.acc.kernels import acc_kernel
 from flowrt.workers.cpu.acc.kernels.depthwise import depthwise
 from flowrt.workers.cpu.acc.kernels.epilogue import NONE, activate_row, activation_args
 from flowrt.workers.cpu.acc.kernels.taps import conv_by_taps
+from flowrt.workers.cpu.acc.kernels.winograd import (
+    BLOCK_TILES,
+    WinogradRule,
+    winograd,
+    winograd_block,
+    winograd_weights,
+)
 
 pin_scipy_blas()
 
@@ -221,6 +229,9 @@ class _Plan(NamedTuple):
     padded_shape: np.ndarray  # tap by tap: the padded plane's rows and pitch
     block_rows: int  # tap by tap: output rows per block
     tap_row_bounds: np.ndarray  # tap by tap: output rows per slice
+    winograd: bool  # run by winograd()
+    tile_bounds: np.ndarray  # Winograd: rows of 2x2 output tiles per slice
+    tile_block: int  # Winograd: tile rows per block
 
 
 @acc_kernel("Conv")
@@ -255,7 +266,10 @@ class ConvKernel:
         self.chunk_floats = CHUNK_FLOATS
         self.taps_max_rows = TAPS_MAX_ROWS
         self.taps_block_floats = TAPS_BLOCK_FLOATS
+        self.winograd_rule = WinogradRule()
+        self.winograd_block_tiles = BLOCK_TILES
         self._taps: np.ndarray | None = None
+        self._winograd: np.ndarray | None = None
         self._plans: dict[tuple[int, ...], _Plan] = {}
 
     def _pack(self, w: np.ndarray) -> np.ndarray:
@@ -273,6 +287,15 @@ class ConvKernel:
         if w is self.weights:
             self._taps = taps
         return taps
+
+    def _winograd_weights(self, w: np.ndarray, w_shape: tuple[int, ...]) -> np.ndarray:
+        """The filters' Winograd transforms (16, M, C); kept for constant weights."""
+        if self._winograd is not None and w is self.weights:
+            return self._winograd
+        u = winograd_weights(w.reshape(w_shape))
+        if w is self.weights:
+            self._winograd = u
+        return u
 
     def plan(self, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> _Plan:
         """The geometry and split for one input shape (computed once per shape)."""
@@ -305,6 +328,13 @@ class ConvKernel:
         block_rows = max(
             1, min(int(tap_row_bounds[1]), self.taps_block_floats // (mg * int(padded_shape[1])))
         )
+        winograd = (
+            groups == 1
+            and kernel == (3, 3)
+            and g.strides == (1, 1)
+            and g.dilations == (1, 1)
+            and self.winograd_rule.fits(w_shape[1], mg, (oh, ow))
+        )
         cached = self._plans[key] = _Plan(
             geo,
             (x_shape[0], w_shape[0], int(g.out[0]), int(g.out[1])),
@@ -317,6 +347,9 @@ class ConvKernel:
             padded_shape,
             block_rows,
             tap_row_bounds,
+            winograd,
+            split_bounds((oh + 1) // 2, SplitHint(0, 1), self.workers),
+            winograd_block((oh, ow), self.winograd_block_tiles),
         )
         return cached
 
@@ -332,6 +365,11 @@ class ConvKernel:
         args = (self.code, self.alpha, self.beta)
         if self.desc.group == x.shape[1] > 1:
             depthwise(x, w.reshape(w_shape[0], *w_shape[2:]), bias, out, plan.geo, *args, plan.plane_bounds)
+            return [out]
+        if plan.winograd:
+            u = self._winograd_weights(w, w_shape)
+            pads = plan.geo[6:8]
+            winograd(x, u, bias, out, pads[0], pads[1], plan.tile_bounds, plan.tile_block, *args)
             return [out]
         if plan.taps:
             w_taps = self._tap_weights(w, w_shape)

@@ -1,0 +1,197 @@
+"""3x3 stride-1 Conv for CpuAcc by Winograd's minimal filtering F(2x2, 3x3), as the Arm Compute
+Library's ``NEWinogradConvolutionLayer`` does: 16 multiplies per 2x2 output tile and input
+channel where im2col and GEMM do 36.
+
+Each 4x4 input tile ``d`` (overlapping its neighbours by two) becomes ``V = Bt d B``, each
+3x3 filter ``g`` becomes ``U = G g Gt`` (once, at load), and the sixteen elements of the 4x4
+transformed tiles are sixteen independent GEMMs: ``Mx = Ux @ Vx`` over the channels. The
+output tile is ``Y = At M A``. :class:`~flowrt.workers.cpu.acc.kernels.conv.ConvKernel` calls
+it for the layers where it is faster (``winograd_fits``).
+
+Layout. The input is first copied, zero-padded, into four *phase planes* per channel (the
+padded pixels whose row and column are even or odd, each plane ``tiles_w + 1`` wide), so that
+for any tile element ``d[i, j]`` the tiles of a row of tiles read one contiguous run of a
+phase plane. The window is rows of tiles: a slice transforms ``block`` tile rows at a time
+(enough tiles to keep the GEMMs wide, few enough for the transformed tiles to stay near the
+cache), runs the sixteen GEMMs, and transforms back with bias and activation.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+from numba import njit, prange
+
+from flowrt.workers.cpu.acc.blas import sgemm
+from flowrt.workers.cpu.acc.kernels.epilogue import activate_row
+
+# Winograd F(2x2, 3x3): G (4x3) maps a 3-tap filter to its transform.
+_G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
+# A block of tile rows aims at this many tiles (GEMM columns).
+BLOCK_TILES = 256
+
+
+@attrs.define
+class WinogradRule:
+    """Which 3x3 stride-1 convs of one group run faster by Winograd than by im2col and GEMM
+    (measured on 1 to 2 cores): enough input channels for the GEMMs to be deep, enough output
+    pixels for them to be wide (a 7x7 plane is 16 tiles), and enough output work for the
+    transforms to be a small part."""
+
+    min_channels: int = 16
+    min_pixels: int = 12 * 12
+    min_work: int = 64 * 13 * 13  # output channels x output pixels
+
+    def fits(self, channels: int, outputs: int, out_hw: tuple[int, int]) -> bool:
+        pixels = out_hw[0] * out_hw[1]
+        return channels >= self.min_channels and pixels >= self.min_pixels and outputs * pixels >= self.min_work
+
+
+def winograd_weights(w: np.ndarray) -> np.ndarray:
+    """Filters (M, C, 3, 3) as their transforms, one (M, C) matrix per tile element: (16, M, C),
+    computed in float64."""
+    u = np.einsum("ai,mcij,bj->abmc", _G, np.asarray(w, np.float64), _G)
+    return np.ascontiguousarray(u.reshape(16, w.shape[0], w.shape[1]), np.float32)
+
+
+def winograd_block(out_hw: tuple[int, int], block_tiles: int = BLOCK_TILES) -> int:
+    """Tile rows per block for an output of ``out_hw`` pixels."""
+    tiles_h, pitch = (out_hw[0] + 1) // 2, (out_hw[1] + 1) // 2 + 1
+    return max(1, min(tiles_h, -(-block_tiles // pitch)))
+
+
+@njit(nogil=True, cache=True)
+def _fill_phases(x, phases, pad_h, pad_w, pitch):
+    """Copy one channel ``x`` (H, W), zero-padded by ``pad_h``/``pad_w`` before, into its four
+    phase planes ``phases[2 * row parity + column parity]`` (flattened rows of ``pitch``).
+    Pixels that no tile reads are left out; the rest of the planes stays zero."""
+    rows = phases.shape[1] // pitch
+    height, width = x.shape
+    for ih in range(height):
+        r = ih + pad_h
+        if r >= 2 * rows:
+            break
+        src = x[ih]
+        for parity in range(2):
+            start = (r // 2) * pitch
+            dst = phases[2 * (r % 2) + parity, start : start + pitch]
+            for iw in range((parity - pad_w) % 2, width, 2):
+                col = (iw + pad_w) // 2
+                if col >= pitch:
+                    break
+                dst[col] = src[iw]
+
+
+@njit(nogil=True, cache=True)
+def _transform_input(phases, start, pitch, v, at, n):
+    """``v[e, at + t] = (Bt d B)[e]`` for the ``n`` tiles from flat tile ``start`` on (tile rows
+    of ``pitch``) of one channel's phase planes, with
+    Bt = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]."""
+    # d[i][j] of the run of tiles: phase plane (i % 2, j % 2) from tile (i // 2, j // 2) on.
+    a, b = start, start + pitch
+    e00, e01, e02, e03 = phases[0, a : a + n], phases[1, a : a + n], phases[0, a + 1 : a + 1 + n], phases[1, a + 1 : a + 1 + n]
+    e10, e11, e12, e13 = phases[2, a : a + n], phases[3, a : a + n], phases[2, a + 1 : a + 1 + n], phases[3, a + 1 : a + 1 + n]
+    e20, e21, e22, e23 = phases[0, b : b + n], phases[1, b : b + n], phases[0, b + 1 : b + 1 + n], phases[1, b + 1 : b + 1 + n]
+    e30, e31, e32, e33 = phases[2, b : b + n], phases[3, b : b + n], phases[2, b + 1 : b + 1 + n], phases[3, b + 1 : b + 1 + n]
+    # Whole-array indexing keeps each view contiguous (to numba, and so to LLVM's vectorizer).
+    b = at + n
+    v0, v1, v2, v3 = v[0, at:b], v[1, at:b], v[2, at:b], v[3, at:b]
+    v4, v5, v6, v7 = v[4, at:b], v[5, at:b], v[6, at:b], v[7, at:b]
+    v8, v9, v10, v11 = v[8, at:b], v[9, at:b], v[10, at:b], v[11, at:b]
+    v12, v13, v14, v15 = v[12, at:b], v[13, at:b], v[14, at:b], v[15, at:b]
+    for t in range(n):
+        d20, d21, d22, d23 = e20[t], e21[t], e22[t], e23[t]
+        r00, r01, r02, r03 = e00[t] - d20, e01[t] - d21, e02[t] - d22, e03[t] - d23
+        d10, d11, d12, d13 = e10[t], e11[t], e12[t], e13[t]
+        r10, r11, r12, r13 = d10 + d20, d11 + d21, d12 + d22, d13 + d23
+        r20, r21, r22, r23 = d20 - d10, d21 - d11, d22 - d12, d23 - d13
+        r30, r31, r32, r33 = d10 - e30[t], d11 - e31[t], d12 - e32[t], d13 - e33[t]
+        v0[t], v1[t], v2[t], v3[t] = r00 - r02, r01 + r02, r02 - r01, r01 - r03
+        v4[t], v5[t], v6[t], v7[t] = r10 - r12, r11 + r12, r12 - r11, r11 - r13
+        v8[t], v9[t], v10[t], v11[t] = r20 - r22, r21 + r22, r22 - r21, r21 - r23
+        v12[t], v13[t], v14[t], v15[t] = r30 - r32, r31 + r32, r32 - r31, r31 - r33
+
+
+@njit(nogil=True, cache=True)
+def _transform_output(m, at, y, n):
+    """``y[2 * a + b, t] = (At m A)[a, b]`` from ``m[e, at + t]`` (one output channel's ``n``
+    transformed tiles), with At = [[1, 1, 1, 0], [0, 1, -1, -1]]."""
+    b = at + n
+    m0, m1, m2, m3 = m[0, at:b], m[1, at:b], m[2, at:b], m[3, at:b]
+    m4, m5, m6, m7 = m[4, at:b], m[5, at:b], m[6, at:b], m[7, at:b]
+    m8, m9, m10, m11 = m[8, at:b], m[9, at:b], m[10, at:b], m[11, at:b]
+    m12, m13, m14, m15 = m[12, at:b], m[13, at:b], m[14, at:b], m[15, at:b]
+    y0, y1, y2, y3 = y[0, :n], y[1, :n], y[2, :n], y[3, :n]
+    for t in range(n):
+        w1, w2, w5, w6, w9, w10 = m1[t], m2[t], m5[t], m6[t], m9[t], m10[t]
+        s0 = m0[t] + m4[t] + m8[t]
+        s1 = w1 + w5 + w9
+        s2 = w2 + w6 + w10
+        s3 = m3[t] + m7[t] + m11[t]
+        u0 = m4[t] - m8[t] - m12[t]
+        u1 = w5 - w9 - m13[t]
+        u2 = w6 - w10 - m14[t]
+        u3 = m7[t] - m11[t] - m15[t]
+        y0[t] = s0 + s1 + s2
+        y1[t] = s1 - s2 - s3
+        y2[t] = u0 + u1 + u2
+        y3[t] = u1 - u2 - u3
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _spread(floats):
+    """``floats`` rounded up to 64 past a multiple of 1024: rows of that many float32 start
+    256 bytes further along the cache's sets each, so that the sixteen rows a transform walks
+    together do not evict each other (rows a multiple of 4 KiB apart share the same sets)."""
+    return floats + (64 - floats) % 1024
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def winograd(x, u, bias, out, pad_h, pad_w, bounds, block, code, alpha, beta):
+    """Every image; one task per slice of tile rows (``bounds``), ``block`` tile rows at a
+    time. ``u``: :func:`winograd_weights`; ``bias``: one per output channel."""
+    channels, m_count = x.shape[1], out.shape[1]
+    oh_count, ow_count = out.shape[2], out.shape[3]
+    tiles_h, tiles_w = (oh_count + 1) // 2, (ow_count + 1) // 2
+    pitch = tiles_w + 1
+    # A block reads one tile row and one column past its tiles: one spare row keeps it inside.
+    phases = np.zeros((channels, 4, _spread((tiles_h + 2) * pitch)), np.float32)
+    cols = block * pitch
+    for n in range(x.shape[0]):
+        for c in prange(channels):
+            _fill_phases(x[n, c], phases[c], pad_h, pad_w, pitch)
+        for s in prange(bounds.shape[0] - 1):
+            # (16, channels x cols) and (16, outputs x cols), rows apart by a spread stride
+            v = np.empty((16, _spread(channels * cols)), np.float32)
+            mb = np.empty((16, _spread(m_count * cols)), np.float32)
+            y = np.empty((4, cols), np.float32)
+            for row0 in range(bounds[s], bounds[s + 1], block):
+                row1 = min(row0 + block, bounds[s + 1])
+                count = (row1 - row0) * pitch
+                for c in range(channels):
+                    _transform_input(phases[c], row0 * pitch, pitch, v, c * cols, count)
+                for e in range(16):
+                    ve = v[e, : channels * cols].reshape((channels, cols))
+                    me = mb[e, : m_count * cols].reshape((m_count, cols))
+                    sgemm(False, False, 1.0, u[e], ve[:, :count], 0.0, me[:, :count])
+                for k in range(m_count):
+                    _transform_output(mb, k * cols, y, count)
+                    for e in range(4):
+                        activate_row(y[e, :count], y[e, :count], bias[k], code, alpha, beta)
+                    for th in range(row0, row1):
+                        q = (th - row0) * pitch
+                        for a in range(2):
+                            oh = 2 * th + a
+                            if oh < oh_count:
+                                _interleave(out[n, k, oh], y[2 * a, q : q + tiles_w], y[2 * a + 1, q : q + tiles_w])
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _interleave(dst, even, odd):
+    """``dst[2t] = even[t]``, ``dst[2t + 1] = odd[t]`` as far as ``dst`` reaches."""
+    half = dst.shape[0] // 2
+    for t in range(half):
+        dst[2 * t] = even[t]
+        dst[2 * t + 1] = odd[t]
+    if dst.shape[0] % 2:
+        dst[2 * half] = even[half]
