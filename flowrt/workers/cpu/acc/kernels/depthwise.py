@@ -1,5 +1,6 @@
 """Depthwise Conv for CpuAcc (one input channel per group, NCHW): a direct sliding window over
-a zero-padded copy of each input channel, one task per (image, output channel) plane.
+a zero-padded copy of each input channel (split into phase planes when strided), one task per
+(image, output channel) plane.
 :class:`~flowrt.workers.cpu.acc.kernels.conv.ConvKernel` calls it for such convs."""
 
 from __future__ import annotations
@@ -10,14 +11,23 @@ from numba import njit, prange
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, activate_row
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _phase_floats(geo, oh_count, ow_count):
+    """Scratch for a strided plane's phase planes (none for unit strides)."""
+    kh, kw, sh, sw, dh, dw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
+    if sh == 1 and sw == 1:
+        return 0
+    return sh * sw * (oh_count + (kh - 1) * dh // sh) * (ow_count + (kw - 1) * dw // sw)
+
+
 @njit(nogil=True, cache=True)
-def _depthwise_plane(plane, wm, b, out_plane, acc, geo, code, alpha, beta):
+def _depthwise_plane(plane, wm, b, out_plane, acc, phases, geo, code, alpha, beta):
     """One output plane of a depthwise conv from its zero-padded input plane.
 
     With unit strides every tap is one long unit-stride loop over the flattened plane: the
     output is computed on the padded plane's row pitch (a few columns per row too many, then
-    dropped), which LLVM vectorizes. Other strides walk output rows. ``acc`` is scratch of at
-    least one padded plane."""
+    dropped), which LLVM vectorizes. ``acc`` and ``phases`` are scratch of at least one padded
+    plane (and :func:`_phase_floats`)."""
     kh, kw, sh, sw, dh, dw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
     oh_count, ow_count = out_plane.shape
     pitch = plane.shape[1]
@@ -37,17 +47,37 @@ def _depthwise_plane(plane, wm, b, out_plane, acc, geo, code, alpha, beta):
         for oh in range(oh_count):
             activate_row(out_plane[oh], run[oh * pitch : oh * pitch + ow_count], NO_BIAS, code, alpha, beta)
         return
-    line = acc[:ow_count]
+    # Other strides: the padded plane is first split into its ``sh * sw`` phase planes (the
+    # pixels whose row and column are i and j modulo the strides), ``pitch`` wide; each tap then
+    # reads one phase plane from a fixed offset, as above.
+    rows = oh_count + (kh - 1) * dh // sh
+    pitch = ow_count + (kw - 1) * dw // sw
+    for i in range(sh):
+        for j in range(sw):
+            phase = phases[(i * sw + j) * rows * pitch : (i * sw + j + 1) * rows * pitch]
+            for r in range(rows):
+                dst = phase[r * pitch : (r + 1) * pitch]
+                if i + r * sh >= plane.shape[0]:
+                    dst[:] = 0
+                    continue
+                src = plane[i + r * sh]
+                for c in range(pitch):
+                    col = j + c * sw
+                    dst[c] = src[col] if col < src.shape[0] else 0
+    total = (oh_count - 1) * pitch + ow_count
+    run = acc[:total]
+    for i in range(total):
+        run[i] = b
+    for ki in range(kh):
+        for kj in range(kw):
+            wv = wm[ki, kj]
+            p = ((ki * dh) % sh) * sw + (kj * dw) % sw
+            start = p * rows * pitch + (ki * dh // sh) * pitch + kj * dw // sw
+            src = phases[start : start + total]
+            for i in range(total):
+                run[i] += wv * src[i]
     for oh in range(oh_count):
-        for ow in range(ow_count):
-            line[ow] = b
-        for ki in range(kh):
-            src = plane[oh * sh + ki * dh]
-            for kj in range(kw):
-                wv = wm[ki, kj]
-                for ow in range(ow_count):
-                    line[ow] += wv * src[kj * dw + ow * sw]
-        activate_row(out_plane[oh], line, NO_BIAS, code, alpha, beta)
+        activate_row(out_plane[oh], run[oh * pitch : oh * pitch + ow_count], NO_BIAS, code, alpha, beta)
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -65,7 +95,8 @@ def depthwise(x, w, bias, out, geo, code, alpha, beta, bounds):
         # scratch per slice: the padded plane (its border stays zero) and the accumulator
         plane = np.zeros((padded_h, padded_w), np.float32)
         acc = np.empty(padded_h * padded_w, np.float32)
+        phases = np.empty(_phase_floats(geo, oh_count, ow_count), np.float32)
         for task in range(bounds[s], bounds[s + 1]):
             n, m = divmod(task, m_count)
             plane[ph : ph + height, pw : pw + width] = x[n, m // multiplier]
-            _depthwise_plane(plane, w[m], bias[m], out[n, m], acc, geo, code, alpha, beta)
+            _depthwise_plane(plane, w[m], bias[m], out[n, m], acc, phases, geo, code, alpha, beta)
