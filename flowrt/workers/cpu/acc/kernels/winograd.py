@@ -143,7 +143,7 @@ def _spread(floats):
     """``floats`` rounded up to 64 past a multiple of 1024: rows of that many float32 start
     256 bytes further along the cache's sets each, so that the sixteen rows a transform walks
     together do not evict each other (rows a multiple of 4 KiB apart share the same sets)."""
-    return floats + (64 - floats) % 1024
+    return floats if floats < 1024 else floats + (64 - floats) % 1024
 
 
 @njit(parallel=True, nogil=True, cache=True)
