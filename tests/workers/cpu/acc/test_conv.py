@@ -158,18 +158,21 @@ def test_few_output_channels_run_tap_by_tap(x_shape, w_shape, attrs, constant, w
         assert kernel.plan(x.shape, w.shape).taps is taps
 
 
-def _force_winograd(kernel):
-    kernel.winograd_rule = WinogradRule(min_channels=0, min_pixels=0, min_work=0)
+def _force_winograd(tile, small_blocks=False):
+    def tune(kernel):
+        kernel.winograd_rule = WinogradRule(
+            min_channels=0, min_pixels=0, min_work=0, f4_min_side=0 if tile == 4 else 10**9
+        )
+        if small_blocks:
+            kernel.winograd_block_tiles = 1  # one row of tiles per block
 
-
-def _force_winograd_in_small_blocks(kernel):
-    _force_winograd(kernel)
-    kernel.winograd_block_tiles = 1  # one row of tiles per block
+    return tune
 
 
 @pytest.mark.parametrize("workers", [1, 3])
 @pytest.mark.parametrize("constant", [True, False])
-@pytest.mark.parametrize("tune", [_force_winograd, _force_winograd_in_small_blocks])
+@pytest.mark.parametrize("tile", [2, 4])
+@pytest.mark.parametrize("small_blocks", [False, True])
 @pytest.mark.parametrize(
     "x_shape, w_shape, attrs",
     [
@@ -179,19 +182,21 @@ def _force_winograd_in_small_blocks(kernel):
         ((1, 3, 6, 6), (2, 3, 3, 3), dict(auto_pad="SAME_LOWER")),
         ((1, 2, 4, 4), (2, 2, 3, 3), dict(pads=(2, 2, 2, 2))),  # more padding than the kernel reach
         ((1, 3, 3, 3), (4, 3, 3, 3), {}),  # one output pixel
+        ((1, 6, 13, 18), (5, 6, 3, 3), dict(pads=(1, 1, 1, 1))),  # 4x4 tiles: several per row
     ],
 )
-def test_3x3_stride_1_convs_run_by_winograd(x_shape, w_shape, attrs, tune, constant, workers):
+def test_3x3_stride_1_convs_run_by_winograd(x_shape, w_shape, attrs, tile, small_blocks, constant, workers):
     rng = np.random.default_rng(4)
     x = rng.standard_normal(x_shape, dtype=np.float32)
     w = rng.standard_normal(w_shape, dtype=np.float32)
     b = rng.standard_normal(w_shape[0], dtype=np.float32)
     kernel, got, expected = conv_case(
         x, w, b, workers=workers, activation=FusedActivation("LeakyRelu", 0.1), constant=constant,
-        tune=tune, **attrs,
+        tune=_force_winograd(tile, small_blocks), **attrs,
     )  # fmt: skip
-    assert kernel.plan(x.shape, w.shape).winograd
-    close(got, expected)
+    assert kernel.plan(x.shape, w.shape).winograd == tile
+    # F(4x4, 3x3)'s transforms round to about 1e-5 of the output's magnitude.
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=2e-5 * np.abs(expected).max())
     # A second image reuses the plan and the transformed weights.
     (again,) = kernel.execute([x, w, b])
     np.testing.assert_array_equal(again, got)
@@ -200,14 +205,14 @@ def test_3x3_stride_1_convs_run_by_winograd(x_shape, w_shape, attrs, tune, const
 @pytest.mark.parametrize(
     "x_shape, w_shape, attrs, winograd",
     [
-        ((1, 64, 14, 14), (64, 64, 3, 3), dict(pads=(1, 1, 1, 1)), True),
-        ((1, 16, 28, 28), (32, 16, 3, 3), dict(pads=(1, 1, 1, 1)), True),
-        ((1, 256, 7, 7), (256, 256, 3, 3), dict(pads=(1, 1, 1, 1)), False),  # 16 tiles: too few
-        ((1, 8, 28, 28), (64, 8, 3, 3), dict(pads=(1, 1, 1, 1)), False),  # too few channels
-        ((1, 64, 28, 28), (64, 64, 3, 3), dict(strides=(2, 2), pads=(1, 1, 1, 1)), False),
-        ((1, 64, 28, 28), (64, 64, 3, 3), dict(dilations=(2, 2), pads=(2, 2, 2, 2)), False),
-        ((1, 64, 28, 28), (64, 32, 3, 3), dict(group=2, pads=(1, 1, 1, 1)), False),
-        ((1, 64, 28, 28), (64, 64, 5, 5), dict(pads=(2, 2, 2, 2)), False),
+        ((1, 64, 14, 14), (64, 64, 3, 3), dict(pads=(1, 1, 1, 1)), 2),
+        ((1, 16, 28, 28), (32, 16, 3, 3), dict(pads=(1, 1, 1, 1)), 4),
+        ((1, 256, 7, 7), (256, 256, 3, 3), dict(pads=(1, 1, 1, 1)), 0),  # 16 tiles: too few
+        ((1, 8, 28, 28), (64, 8, 3, 3), dict(pads=(1, 1, 1, 1)), 0),  # too few channels
+        ((1, 64, 28, 28), (64, 64, 3, 3), dict(strides=(2, 2), pads=(1, 1, 1, 1)), 0),
+        ((1, 64, 28, 28), (64, 64, 3, 3), dict(dilations=(2, 2), pads=(2, 2, 2, 2)), 0),
+        ((1, 64, 28, 28), (64, 32, 3, 3), dict(group=2, pads=(1, 1, 1, 1)), 0),
+        ((1, 64, 28, 28), (64, 64, 5, 5), dict(pads=(2, 2, 2, 2)), 0),
     ],
 )
 def test_winograd_is_chosen_for_large_3x3_stride_1_convs(x_shape, w_shape, attrs, winograd):
@@ -215,8 +220,8 @@ def test_winograd_is_chosen_for_large_3x3_stride_1_convs(x_shape, w_shape, attrs
     x = rng.standard_normal(x_shape, dtype=np.float32)
     w = rng.standard_normal(w_shape, dtype=np.float32) / np.float32(np.sqrt(np.prod(w_shape[1:])))
     kernel, got, expected = conv_case(x, w, None, workers=2, activation=FusedActivation("Relu"), **attrs)
-    assert kernel.plan(x.shape, w.shape).winograd is winograd
-    close(got, expected)
+    assert kernel.plan(x.shape, w.shape).winograd == winograd
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=2e-5 * np.abs(expected).max())
 
 
 def test_many_output_channels_or_strides_use_the_column_matrix():

@@ -38,6 +38,7 @@ from flowrt.workers.cpu.acc.kernels.winograd import (
     winograd_block,
     winograd_weights,
 )
+from flowrt.workers.cpu.acc.kernels.winograd4 import winograd4, winograd4_block, winograd4_weights
 
 pin_scipy_blas()
 
@@ -229,8 +230,8 @@ class _Plan(NamedTuple):
     padded_shape: np.ndarray  # tap by tap: the padded plane's rows and pitch
     block_rows: int  # tap by tap: output rows per block
     tap_row_bounds: np.ndarray  # tap by tap: output rows per slice
-    winograd: bool  # run by winograd()
-    tile_bounds: np.ndarray  # Winograd: rows of 2x2 output tiles per slice
+    winograd: int  # the Winograd output tile's side (2: winograd(), 4: winograd4()), or 0
+    tile_bounds: np.ndarray  # Winograd: rows of output tiles per slice
     tile_block: int  # Winograd: tile rows per block
 
 
@@ -269,7 +270,7 @@ class ConvKernel:
         self.winograd_rule = WinogradRule()
         self.winograd_block_tiles = BLOCK_TILES
         self._taps: np.ndarray | None = None
-        self._winograd: np.ndarray | None = None
+        self._winograd: dict[int, np.ndarray] = {}
         self._plans: dict[tuple[int, ...], _Plan] = {}
 
     def _pack(self, w: np.ndarray) -> np.ndarray:
@@ -288,13 +289,14 @@ class ConvKernel:
             self._taps = taps
         return taps
 
-    def _winograd_weights(self, w: np.ndarray, w_shape: tuple[int, ...]) -> np.ndarray:
-        """The filters' Winograd transforms (16, M, C); kept for constant weights."""
-        if self._winograd is not None and w is self.weights:
-            return self._winograd
-        u = winograd_weights(w.reshape(w_shape))
+    def _winograd_weights(self, w: np.ndarray, w_shape: tuple[int, ...], tile: int) -> np.ndarray:
+        """The filters' Winograd transforms for ``tile`` x ``tile`` outputs ((tile + 2)^2, M, C);
+        kept for constant weights."""
+        if w is self.weights and tile in self._winograd:
+            return self._winograd[tile]
+        u = (winograd_weights if tile == 2 else winograd4_weights)(w.reshape(w_shape))
         if w is self.weights:
-            self._winograd = u
+            self._winograd[tile] = u
         return u
 
     def plan(self, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> _Plan:
@@ -328,13 +330,8 @@ class ConvKernel:
         block_rows = max(
             1, min(int(tap_row_bounds[1]), self.taps_block_floats // (mg * int(padded_shape[1])))
         )
-        winograd = (
-            groups == 1
-            and kernel == (3, 3)
-            and g.strides == (1, 1)
-            and g.dilations == (1, 1)
-            and self.winograd_rule.fits(w_shape[1], mg, (oh, ow))
-        )
+        winograd_shaped = groups == 1 and kernel == (3, 3) and g.strides == (1, 1) and g.dilations == (1, 1)
+        winograd = self.winograd_rule.tile(w_shape[1], mg, (oh, ow)) if winograd_shaped else 0
         cached = self._plans[key] = _Plan(
             geo,
             (x_shape[0], w_shape[0], int(g.out[0]), int(g.out[1])),
@@ -348,8 +345,8 @@ class ConvKernel:
             block_rows,
             tap_row_bounds,
             winograd,
-            split_bounds((oh + 1) // 2, SplitHint(0, 1), self.workers),
-            winograd_block((oh, ow), self.winograd_block_tiles),
+            split_bounds(-(-oh // max(winograd, 1)), SplitHint(0, 1), self.workers),
+            (winograd4_block if winograd == 4 else winograd_block)((oh, ow), self.winograd_block_tiles),
         )
         return cached
 
@@ -367,9 +364,10 @@ class ConvKernel:
             depthwise(x, w.reshape(w_shape[0], *w_shape[2:]), bias, out, plan.geo, *args, plan.plane_bounds)
             return [out]
         if plan.winograd:
-            u = self._winograd_weights(w, w_shape)
+            u = self._winograd_weights(w, w_shape, plan.winograd)
             pads = plan.geo[6:8]
-            winograd(x, u, bias, out, pads[0], pads[1], plan.tile_bounds, plan.tile_block, *args)
+            run = winograd4 if plan.winograd == 4 else winograd
+            run(x, u, bias, out, pads[0], pads[1], plan.tile_bounds, plan.tile_block, *args)
             return [out]
         if plan.taps:
             w_taps = self._tap_weights(w, w_shape)

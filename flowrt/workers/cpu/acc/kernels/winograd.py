@@ -41,10 +41,15 @@ class WinogradRule:
     min_channels: int = 16
     min_pixels: int = 12 * 12
     min_work: int = 64 * 13 * 13  # output channels x output pixels
+    # Outputs at least this wide and high take 4x4 tiles (``winograd4.py``), others 2x2.
+    f4_min_side: int = 28
 
-    def fits(self, channels: int, outputs: int, out_hw: tuple[int, int]) -> bool:
+    def tile(self, channels: int, outputs: int, out_hw: tuple[int, int]) -> int:
+        """The output tile's side (2 or 4) for such a conv, or 0 where GEMM is faster."""
         pixels = out_hw[0] * out_hw[1]
-        return channels >= self.min_channels and pixels >= self.min_pixels and outputs * pixels >= self.min_work
+        if channels < self.min_channels or pixels < self.min_pixels or outputs * pixels < self.min_work:
+            return 0
+        return 4 if min(out_hw) >= self.f4_min_side else 2
 
 
 def winograd_weights(w: np.ndarray) -> np.ndarray:
@@ -61,22 +66,22 @@ def winograd_block(out_hw: tuple[int, int], block_tiles: int = BLOCK_TILES) -> i
 
 
 @njit(nogil=True, cache=True)
-def _fill_phases(x, phases, pad_h, pad_w, pitch):
-    """Copy one channel ``x`` (H, W), zero-padded by ``pad_h``/``pad_w`` before, into its four
-    phase planes ``phases[2 * row parity + column parity]`` (flattened rows of ``pitch``).
-    Pixels that no tile reads are left out; the rest of the planes stays zero."""
+def fill_phases(x, phases, pad_h, pad_w, pitch, step):
+    """Copy one channel ``x`` (H, W), zero-padded by ``pad_h``/``pad_w`` before, into its
+    ``step * step`` phase planes ``phases[step * (row % step) + column % step]`` (flattened rows
+    of ``pitch``). Pixels that no tile reads are left out; the rest of the planes stays zero."""
     rows = phases.shape[1] // pitch
     height, width = x.shape
     for ih in range(height):
         r = ih + pad_h
-        if r >= 2 * rows:
+        if r >= step * rows:
             break
         src = x[ih]
-        for parity in range(2):
-            start = (r // 2) * pitch
-            dst = phases[2 * (r % 2) + parity, start : start + pitch]
-            for iw in range((parity - pad_w) % 2, width, 2):
-                col = (iw + pad_w) // 2
+        start = (r // step) * pitch
+        for parity in range(step):
+            dst = phases[step * (r % step) + parity, start : start + pitch]
+            for iw in range((parity - pad_w) % step, width, step):
+                col = (iw + pad_w) // step
                 if col >= pitch:
                     break
                 dst[col] = src[iw]
@@ -89,10 +94,30 @@ def _transform_input(phases, start, pitch, v, at, n):
     Bt = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]."""
     # d[i][j] of the run of tiles: phase plane (i % 2, j % 2) from tile (i // 2, j // 2) on.
     a, b = start, start + pitch
-    e00, e01, e02, e03 = phases[0, a : a + n], phases[1, a : a + n], phases[0, a + 1 : a + 1 + n], phases[1, a + 1 : a + 1 + n]
-    e10, e11, e12, e13 = phases[2, a : a + n], phases[3, a : a + n], phases[2, a + 1 : a + 1 + n], phases[3, a + 1 : a + 1 + n]
-    e20, e21, e22, e23 = phases[0, b : b + n], phases[1, b : b + n], phases[0, b + 1 : b + 1 + n], phases[1, b + 1 : b + 1 + n]
-    e30, e31, e32, e33 = phases[2, b : b + n], phases[3, b : b + n], phases[2, b + 1 : b + 1 + n], phases[3, b + 1 : b + 1 + n]
+    e00, e01, e02, e03 = (
+        phases[0, a : a + n],
+        phases[1, a : a + n],
+        phases[0, a + 1 : a + 1 + n],
+        phases[1, a + 1 : a + 1 + n],
+    )
+    e10, e11, e12, e13 = (
+        phases[2, a : a + n],
+        phases[3, a : a + n],
+        phases[2, a + 1 : a + 1 + n],
+        phases[3, a + 1 : a + 1 + n],
+    )
+    e20, e21, e22, e23 = (
+        phases[0, b : b + n],
+        phases[1, b : b + n],
+        phases[0, b + 1 : b + 1 + n],
+        phases[1, b + 1 : b + 1 + n],
+    )
+    e30, e31, e32, e33 = (
+        phases[2, b : b + n],
+        phases[3, b : b + n],
+        phases[2, b + 1 : b + 1 + n],
+        phases[3, b + 1 : b + 1 + n],
+    )
     # Whole-array indexing keeps each view contiguous (to numba, and so to LLVM's vectorizer).
     b = at + n
     v0, v1, v2, v3 = v[0, at:b], v[1, at:b], v[2, at:b], v[3, at:b]
@@ -139,7 +164,7 @@ def _transform_output(m, at, y, n):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _spread(floats):
+def spread(floats):
     """``floats`` rounded up to 64 past a multiple of 1024: rows of that many float32 start
     256 bytes further along the cache's sets each, so that the sixteen rows a transform walks
     together do not evict each other (rows a multiple of 4 KiB apart share the same sets)."""
@@ -155,15 +180,15 @@ def winograd(x, u, bias, out, pad_h, pad_w, bounds, block, code, alpha, beta):
     tiles_h, tiles_w = (oh_count + 1) // 2, (ow_count + 1) // 2
     pitch = tiles_w + 1
     # A block reads one tile row and one column past its tiles: one spare row keeps it inside.
-    phases = np.zeros((channels, 4, _spread((tiles_h + 2) * pitch)), np.float32)
+    phases = np.zeros((channels, 4, spread((tiles_h + 2) * pitch)), np.float32)
     cols = block * pitch
     for n in range(x.shape[0]):
         for c in prange(channels):
-            _fill_phases(x[n, c], phases[c], pad_h, pad_w, pitch)
+            fill_phases(x[n, c], phases[c], pad_h, pad_w, pitch, 2)
         for s in prange(bounds.shape[0] - 1):
             # (16, channels x cols) and (16, outputs x cols), rows apart by a spread stride
-            v = np.empty((16, _spread(channels * cols)), np.float32)
-            mb = np.empty((16, _spread(m_count * cols)), np.float32)
+            v = np.empty((16, spread(channels * cols)), np.float32)
+            mb = np.empty((16, spread(m_count * cols)), np.float32)
             y = np.empty((4, cols), np.float32)
             for row0 in range(bounds[s], bounds[s + 1], block):
                 row1 = min(row0 + block, bounds[s + 1])
@@ -183,7 +208,9 @@ def winograd(x, u, bias, out, pad_h, pad_w, bounds, block, code, alpha, beta):
                         for a in range(2):
                             oh = 2 * th + a
                             if oh < oh_count:
-                                _interleave(out[n, k, oh], y[2 * a, q : q + tiles_w], y[2 * a + 1, q : q + tiles_w])
+                                _interleave(
+                                    out[n, k, oh], y[2 * a, q : q + tiles_w], y[2 * a + 1, q : q + tiles_w]
+                                )
 
 
 @njit(inline="always", nogil=True, cache=True)

@@ -1,0 +1,226 @@
+"""3x3 stride-1 Conv for CpuAcc by Winograd's F(4x4, 3x3): 36 multiplies per 4x4 output tile
+and input channel where F(2x2, 3x3) does 64 and im2col and GEMM 144.
+
+The same scheme as ``winograd.py`` with 6x6 input tiles overlapping by two: sixteen phase
+planes per channel, ``V = Bt d B`` per tile, thirty-six GEMMs, ``Y = At M A``. The transforms'
+larger coefficients cost accuracy: errors reach about 1e-5 of the output's magnitude (F(2x2,
+3x3): 1e-6), as in other engines' F(4x4, 3x3). It pays off where rows of tiles are long:
+:class:`~flowrt.workers.cpu.acc.kernels.conv.ConvKernel` uses it for outputs at least
+``WinogradRule.f4_min_side`` wide and high.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from flowrt.workers.cpu.acc.blas import sgemm
+from flowrt.workers.cpu.acc.kernels.epilogue import activate_row
+from flowrt.workers.cpu.acc.kernels.winograd import fill_phases, spread
+
+# F(4x4, 3x3): G (6x3) maps a 3-tap filter to its transform.
+_G = np.array(
+    [
+        [1 / 4, 0, 0],
+        [-1 / 6, -1 / 6, -1 / 6],
+        [-1 / 6, 1 / 6, -1 / 6],
+        [1 / 24, 1 / 12, 1 / 6],
+        [1 / 24, -1 / 12, 1 / 6],
+        [0, 0, 1],
+    ]
+)
+
+
+def winograd4_weights(w: np.ndarray) -> np.ndarray:
+    """Filters (M, C, 3, 3) as their transforms, one (M, C) matrix per tile element: (36, M, C),
+    computed in float64."""
+    u = np.einsum("ai,mcij,bj->abmc", _G, np.asarray(w, np.float64), _G)
+    return np.ascontiguousarray(u.reshape(36, w.shape[0], w.shape[1]), np.float32)
+
+
+def winograd4_block(out_hw: tuple[int, int], block_tiles: int) -> int:
+    """Tile rows per block for an output of ``out_hw`` pixels."""
+    tiles_h, pitch = (out_hw[0] + 3) // 4, (out_hw[1] + 3) // 4 + 1
+    return max(1, min(tiles_h, -(-block_tiles // pitch)))
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _bt(s0, s1, s2, s3, s4, s5, o0, o1, o2, o3, o4, o5, n):
+    """``o = Bt s`` elementwise over ``n`` tiles (``s``: six rows, ``o``: six rows), with
+    Bt = [[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0], [0, -2, -1, 2, 1, 0],
+    [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]]."""
+    for t in range(n):
+        d0, d1, d2, d3, d4, d5 = s0[t], s1[t], s2[t], s3[t], s4[t], s5[t]
+        a = d4 - 4 * d2
+        b = d3 - 4 * d1
+        c = d4 - d2
+        e = 2 * (d3 - d1)
+        o0[t] = 4 * d0 - 5 * d2 + d4
+        o1[t] = a + b
+        o2[t] = a - b
+        o3[t] = c + e
+        o4[t] = c - e
+        o5[t] = 4 * d1 - 5 * d3 + d5
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _at(s0, s1, s2, s3, s4, s5, o0, o1, o2, o3, n):
+    """``o = At s`` elementwise over ``n`` tiles, with
+    At = [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]]."""
+    for t in range(n):
+        m1, m2, m3, m4 = s1[t], s2[t], s3[t], s4[t]
+        a = m1 + m2
+        b = m1 - m2
+        c = m3 + m4
+        d = m3 - m4
+        o0[t] = s0[t] + a + c
+        o1[t] = b + 2 * d
+        o2[t] = a + 4 * c
+        o3[t] = b + 8 * d + s5[t]
+
+
+@njit(nogil=True, cache=True)
+def _transform_input(phases, start, pitch, tmp, v, at, n):
+    """``v[e, at + t] = (Bt d B)[e]`` for the ``n`` tiles from flat tile ``start`` on of one
+    channel's phase planes: Bt over each of the tile's columns into ``tmp``, then over its rows.
+    Tile element d[i][j] is phase plane (i % 4, j % 4) from tile (i // 4, j // 4) on."""
+    for j in range(6):
+        off = start + j // 4
+        pj = j % 4
+        p0 = phases[0 + pj, off : off + n]
+        p1 = phases[4 + pj, off : off + n]
+        p2 = phases[8 + pj, off : off + n]
+        p3 = phases[12 + pj, off : off + n]
+        q = off + pitch
+        p4 = phases[0 + pj, q : q + n]
+        p5 = phases[4 + pj, q : q + n]
+        _bt(
+            p0,
+            p1,
+            p2,
+            p3,
+            p4,
+            p5,
+            tmp[j, :n],
+            tmp[6 + j, :n],
+            tmp[12 + j, :n],
+            tmp[18 + j, :n],
+            tmp[24 + j, :n],
+            tmp[30 + j, :n],
+            n,
+        )
+    b = at + n
+    for i in range(6):
+        r = 6 * i
+        _bt(
+            tmp[r, :n],
+            tmp[r + 1, :n],
+            tmp[r + 2, :n],
+            tmp[r + 3, :n],
+            tmp[r + 4, :n],
+            tmp[r + 5, :n],
+            v[r, at:b],
+            v[r + 1, at:b],
+            v[r + 2, at:b],
+            v[r + 3, at:b],
+            v[r + 4, at:b],
+            v[r + 5, at:b],
+            n,
+        )
+
+
+@njit(nogil=True, cache=True)
+def _transform_output(mb, at, tmp, y, n):
+    """``y[4 * a + b, t] = (At m A)[a, b]`` from ``mb[e, at + t]`` (one output channel's ``n``
+    transformed tiles), through ``tmp``."""
+    b = at + n
+    for j in range(6):
+        _at(
+            mb[j, at:b],
+            mb[6 + j, at:b],
+            mb[12 + j, at:b],
+            mb[18 + j, at:b],
+            mb[24 + j, at:b],
+            mb[30 + j, at:b],
+            tmp[j, :n],
+            tmp[6 + j, :n],
+            tmp[12 + j, :n],
+            tmp[18 + j, :n],
+            n,
+        )
+    for a in range(4):
+        r = 6 * a
+        _at(
+            tmp[r, :n],
+            tmp[r + 1, :n],
+            tmp[r + 2, :n],
+            tmp[r + 3, :n],
+            tmp[r + 4, :n],
+            tmp[r + 5, :n],
+            y[4 * a, :n],
+            y[4 * a + 1, :n],
+            y[4 * a + 2, :n],
+            y[4 * a + 3, :n],
+            n,
+        )
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def winograd4(x, u, bias, out, pad_h, pad_w, bounds, block, code, alpha, beta):
+    """Every image; one task per slice of tile rows (``bounds``), ``block`` tile rows at a
+    time, as :func:`~flowrt.workers.cpu.acc.kernels.winograd.winograd` does with 2x2 tiles.
+    ``u``: :func:`winograd4_weights`; ``bias``: one per output channel."""
+    channels, m_count = x.shape[1], out.shape[1]
+    oh_count, ow_count = out.shape[2], out.shape[3]
+    tiles_h, tiles_w = (oh_count + 3) // 4, (ow_count + 3) // 4
+    pitch = tiles_w + 1
+    # A block reads one tile row and one column past its tiles: one spare row keeps it inside.
+    phases = np.zeros((channels, 16, spread((tiles_h + 2) * pitch)), np.float32)
+    cols = block * pitch
+    for n in range(x.shape[0]):
+        for c in prange(channels):
+            fill_phases(x[n, c], phases[c], pad_h, pad_w, pitch, 4)
+        for s in prange(bounds.shape[0] - 1):
+            # (36, channels x cols) and (36, outputs x cols), rows apart by a spread stride
+            v = np.empty((36, spread(channels * cols)), np.float32)
+            mb = np.empty((36, spread(m_count * cols)), np.float32)
+            tmp = np.empty((36, cols), np.float32)
+            y = np.empty((16, cols), np.float32)
+            for row0 in range(bounds[s], bounds[s + 1], block):
+                row1 = min(row0 + block, bounds[s + 1])
+                count = (row1 - row0) * pitch
+                for c in range(channels):
+                    _transform_input(phases[c], row0 * pitch, pitch, tmp, v, c * cols, count)
+                for e in range(36):
+                    ve = v[e, : channels * cols].reshape((channels, cols))
+                    me = mb[e, : m_count * cols].reshape((m_count, cols))
+                    sgemm(False, False, 1.0, u[e], ve[:, :count], 0.0, me[:, :count])
+                for k in range(m_count):
+                    _transform_output(mb, k * cols, tmp, y, count)
+                    for e in range(16):
+                        activate_row(y[e, :count], y[e, :count], bias[k], code, alpha, beta)
+                    for th in range(row0, row1):
+                        q = (th - row0) * pitch
+                        for a in range(4):
+                            oh = 4 * th + a
+                            if oh < oh_count:
+                                _interleave4(out[n, k, oh], y, 4 * a, q)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _interleave4(dst, y, row, q):
+    """``dst[4t + b] = y[row + b, q + t]`` as far as ``dst`` reaches."""
+    whole = dst.shape[0] // 4
+    y0, y1, y2, y3 = (
+        y[row, q : q + whole],
+        y[row + 1, q : q + whole],
+        y[row + 2, q : q + whole],
+        y[row + 3, q : q + whole],
+    )
+    for t in range(whole):
+        dst[4 * t] = y0[t]
+        dst[4 * t + 1] = y1[t]
+        dst[4 * t + 2] = y2[t]
+        dst[4 * t + 3] = y3[t]
+    for ow in range(4 * whole, dst.shape[0]):
+        dst[ow] = y[row + ow - 4 * whole, q + whole]
