@@ -24,46 +24,34 @@ def _phase_floats(geo, oh_count, ow_count):
 def _depthwise_plane(plane, wm, b, out_plane, acc, phases, geo, code, alpha, beta):
     """One output plane of a depthwise conv from its zero-padded input plane.
 
-    With unit strides every tap is one long unit-stride loop over the flattened plane: the
-    output is computed on the padded plane's row pitch (a few columns per row too many, then
-    dropped), which LLVM vectorizes. ``acc`` and ``phases`` are scratch of at least one padded
-    plane (and :func:`_phase_floats`)."""
+    Every tap is one long unit-stride loop over the flattened plane (or, strided, one of its
+    phase planes): the output is computed on that plane's row pitch (a few columns per row too
+    many, then dropped), which LLVM vectorizes. ``acc`` and ``phases`` are scratch of at least
+    one padded plane (and :func:`_phase_floats`)."""
     kh, kw, sh, sw, dh, dw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
     oh_count, ow_count = out_plane.shape
-    pitch = plane.shape[1]
     if sh == 1 and sw == 1:
         flat = plane.reshape(-1)
-        total = (oh_count - 1) * pitch + ow_count
-        run = acc[:total]
-        for i in range(total):
-            run[i] = b
-        for ki in range(kh):
-            for kj in range(kw):
-                wv = wm[ki, kj]
-                start = ki * dh * pitch + kj * dw
-                src = flat[start : start + total]
-                for i in range(total):
-                    run[i] += wv * src[i]
-        for oh in range(oh_count):
-            activate_row(out_plane[oh], run[oh * pitch : oh * pitch + ow_count], NO_BIAS, code, alpha, beta)
-        return
-    # Other strides: the padded plane is first split into its ``sh * sw`` phase planes (the
-    # pixels whose row and column are i and j modulo the strides), ``pitch`` wide; each tap then
-    # reads one phase plane from a fixed offset, as above.
-    rows = oh_count + (kh - 1) * dh // sh
-    pitch = ow_count + (kw - 1) * dw // sw
-    for i in range(sh):
-        for j in range(sw):
-            phase = phases[(i * sw + j) * rows * pitch : (i * sw + j + 1) * rows * pitch]
-            for r in range(rows):
-                dst = phase[r * pitch : (r + 1) * pitch]
-                if i + r * sh >= plane.shape[0]:
-                    dst[:] = 0
-                    continue
-                src = plane[i + r * sh]
-                for c in range(pitch):
-                    col = j + c * sw
-                    dst[c] = src[col] if col < src.shape[0] else 0
+        rows, pitch = plane.shape
+    else:
+        # The padded plane is first split into its ``sh * sw`` phase planes (the pixels whose
+        # row and column are i and j modulo the strides), ``pitch`` wide, so that each tap
+        # reads one phase plane from a fixed offset, as unit strides read the plane itself.
+        rows = oh_count + (kh - 1) * dh // sh
+        pitch = ow_count + (kw - 1) * dw // sw
+        for i in range(sh):
+            for j in range(sw):
+                phase = phases[(i * sw + j) * rows * pitch : (i * sw + j + 1) * rows * pitch]
+                for r in range(rows):
+                    dst = phase[r * pitch : (r + 1) * pitch]
+                    if i + r * sh >= plane.shape[0]:
+                        dst[:] = 0
+                        continue
+                    src = plane[i + r * sh]
+                    for c in range(pitch):
+                        col = j + c * sw
+                        dst[c] = src[col] if col < src.shape[0] else 0
+        flat = phases
     total = (oh_count - 1) * pitch + ow_count
     run = acc[:total]
     for i in range(total):
@@ -73,7 +61,7 @@ def _depthwise_plane(plane, wm, b, out_plane, acc, phases, geo, code, alpha, bet
             wv = wm[ki, kj]
             p = ((ki * dh) % sh) * sw + (kj * dw) % sw
             start = p * rows * pitch + (ki * dh // sh) * pitch + kj * dw // sw
-            src = phases[start : start + total]
+            src = flat[start : start + total]
             for i in range(total):
                 run[i] += wv * src[i]
     for oh in range(oh_count):

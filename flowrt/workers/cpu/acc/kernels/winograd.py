@@ -6,7 +6,7 @@ Each 4x4 input tile ``d`` (overlapping its neighbours by two) becomes ``V = Bt d
 3x3 filter ``g`` becomes ``U = G g Gt`` (once, at load), and the sixteen elements of the 4x4
 transformed tiles are sixteen independent GEMMs: ``Mx = Ux @ Vx`` over the channels. The
 output tile is ``Y = At M A``. :class:`~flowrt.workers.cpu.acc.kernels.conv.ConvKernel` calls
-it for the layers where it is faster (``winograd_fits``).
+it for the layers where it is faster (:class:`WinogradRule`).
 
 Layout. The input is first copied, zero-padded, into four *phase planes* per channel (the
 padded pixels whose row and column are even or odd, each plane ``tiles_w + 1`` wide), so that
