@@ -8,13 +8,20 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from flowrt.engine.scheduler.window import SplitHint
+from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
-from flowrt.workers.cpu.acc.kernels.pooling import plane_bounds
+
+# Below this many input reads per slice, a second thread costs more than it saves.
+MIN_WORK = 32768
 
 
-@njit(nogil=True, cache=True)
+def plane_bounds(planes: int, reads_per_plane: int, workers: int) -> np.ndarray:
+    """Slices of whole planes, each worth at least ``MIN_WORK`` reads."""
+    return split_bounds(planes, SplitHint(0, max(1, MIN_WORK // max(1, reads_per_plane))), workers)
+
+
+@njit(inline="always", nogil=True, cache=True)
 def _block_sum(a, first, n):
     """numpy's pairwise sum of a block of at most 128 values: eight lanes, then the rest."""
     if n < 8:
@@ -22,33 +29,37 @@ def _block_sum(a, first, n):
         for i in range(first, first + n):
             res += a[i]
         return res
-    lanes = a[first : first + 8].copy()
-    i = 8
-    while i < n - n % 8:
-        for j in range(8):
-            lanes[j] += a[first + i + j]
-        i += 8
-    res = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
-    for k in range(first + i, first + n):
+    l0, l1, l2, l3 = a[first], a[first + 1], a[first + 2], a[first + 3]
+    l4, l5, l6, l7 = a[first + 4], a[first + 5], a[first + 6], a[first + 7]
+    end = first + n - n % 8
+    for i in range(first + 8, end, 8):
+        l0 += a[i]
+        l1 += a[i + 1]
+        l2 += a[i + 2]
+        l3 += a[i + 3]
+        l4 += a[i + 4]
+        l5 += a[i + 5]
+        l6 += a[i + 6]
+        l7 += a[i + 7]
+    res = ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
+    for k in range(end, first + n):
         res += a[k]
     return res
 
 
 @njit(nogil=True, cache=True)
-def pairwise_sum(a, first, n):
+def pairwise_sum(a, first, n, nodes, sums):
     """The float32 sum of ``a[first : first + n]`` in numpy's pairwise order.
 
     Bit for bit what CpuRef's ``np.mean`` adds: a plane of near-equal values (a classifier's
     last pooling) must pool to equal values, or the softmax after it amplifies one ulp.
     numpy halves the range (on a multiple of 8) down to blocks of 128; the recursion runs
     here on an explicit stack, since numba cannot call a recursive function from a parallel
-    region.
+    region: ``nodes`` (128, 3) int64 and ``sums`` (128,) float32 are its scratch.
     """
     if n <= 128:
         return _block_sum(a, first, n)
     # Nodes (first, n, halved) still to visit, and the sums of the ranges done.
-    nodes = np.empty((128, 3), np.int64)
-    sums = np.empty(128, np.float32)
     nodes[0, 0], nodes[0, 1], nodes[0, 2] = first, n, 0
     top, done = 1, 0
     while top:
@@ -71,15 +82,17 @@ def pairwise_sum(a, first, n):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _global_average_pool(x, out, bounds):
+def global_average_pool(x, out, bounds):
     size = x.shape[1]
     for s in prange(bounds.shape[0] - 1):
+        nodes = np.empty((128, 3), np.int64)
+        sums = np.empty(128, np.float32)
         for p in range(bounds[s], bounds[s + 1]):
-            out[p] = pairwise_sum(x[p], 0, size) / np.float32(size)
+            out[p] = pairwise_sum(x[p], 0, size, nodes, sums) / np.float32(size)
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _global_max_pool(x, out, bounds):
+def global_max_pool(x, out, bounds):
     for s in prange(bounds.shape[0] - 1):
         for p in range(bounds[s], bounds[s + 1]):
             best = x[p, 0]
@@ -94,7 +107,7 @@ class _GlobalPool:
     """One value per (N, C) plane, any number of spatial dims, planes split across workers."""
 
     split_hint = SplitHint(axis=0, min_slice=1)
-    reduce = staticmethod(_global_average_pool)
+    reduce = staticmethod(global_average_pool)
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
@@ -126,11 +139,11 @@ class _GlobalPool:
 class GlobalAveragePoolKernel(_GlobalPool):
     """The mean of each (N, C) plane."""
 
-    reduce = staticmethod(_global_average_pool)
+    reduce = staticmethod(global_average_pool)
 
 
 @acc_kernel("GlobalMaxPool")
 class GlobalMaxPoolKernel(_GlobalPool):
     """The largest value of each (N, C) plane."""
 
-    reduce = staticmethod(_global_max_pool)
+    reduce = staticmethod(global_max_pool)
