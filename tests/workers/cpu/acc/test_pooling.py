@@ -116,6 +116,45 @@ def test_stride_one_pools_stack_padded_planes_and_match_cpuref(kind, workers):
     assert np.isnan(got[1, 7]).sum() == np.isnan(expected[1, 7]).sum() > 0
 
 
+@pytest.mark.parametrize("include_pad", [0, 1])
+@pytest.mark.parametrize(
+    "attributes",
+    [
+        {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)},
+        {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (0, 1, 1, 0), "ceil_mode": 1},
+        {"kernel_shape": (2, 2), "strides": (2, 2)},
+        {"kernel_shape": (3, 2), "strides": (2, 3), "dilations": (2, 1)},
+    ],
+)
+def test_strided_average_pools_stack_phase_planes_and_match_cpuref(attributes, include_pad):
+    # shufflenet's 3x3 stride-2 pools and densenet's 2x2 ones: planes split into phase planes.
+    x = np.random.default_rng(6).uniform(-10, 10, (2, 30, 13, 15)).astype(np.float32)
+    desc = flowrt.descriptors.AveragePool(count_include_pad=include_pad, **attributes)
+    info = WorkloadInfo("layer", "AveragePool", desc, (TensorInfo.of(x),), (TensorInfo(None, x.dtype),), (None,))
+    plan = acc_kernels()["AveragePool"](info, 2).plan(x.shape)
+    assert plan.flat and plan.group > 1 and not plan.whole
+    got, expected = _run_both("AveragePool", x, 2, count_include_pad=include_pad, **attributes)
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_pools_whose_window_is_the_whole_plane_run_as_global_pools(kind, workers):
+    # shufflenet's last AveragePool: a 7x7 kernel on 7x7 planes.
+    x = np.random.default_rng(7).uniform(-10, 10, (2, 50, 7, 7)).astype(np.float32)
+    x[1, 3, 2, 5] = np.nan
+    desc = getattr(flowrt.descriptors, kind)(kernel_shape=(7, 7))
+    info = WorkloadInfo("layer", kind, desc, (TensorInfo.of(x),), (TensorInfo(None, x.dtype),), (None,))
+    assert acc_kernels()[kind](info, workers).plan(x.shape).whole
+    padded = getattr(flowrt.descriptors, kind)(kernel_shape=(7, 7), pads=(1, 1, 1, 1))
+    info = WorkloadInfo("layer", kind, padded, (TensorInfo.of(x),), (TensorInfo(None, x.dtype),), (None,))
+    assert not acc_kernels()[kind](info, workers).plan(x.shape).whole
+    got, expected = _run_both(kind, x, workers, kernel_shape=(7, 7))
+    assert got.shape == (2, 50, 1, 1)
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    assert np.isnan(got[1, 3, 0, 0]) and np.isnan(got).sum() == 1
+
+
 @settings(max_examples=20, deadline=None)
 @given(
     kind=st.sampled_from(["GlobalAveragePool", "GlobalMaxPool"]),

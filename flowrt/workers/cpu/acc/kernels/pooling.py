@@ -5,10 +5,12 @@ windowed kinds, the geometry (pads, ceil mode, auto_pad) is resolved once per in
 into per-axis tables: where each output row/column's window starts and which of its kernel
 cells fall inside the input, so the jitted loop never tests a cell against the borders.
 
-A stride-1 pool whose outputs cover most of the plane (inception's 3x3 pools) instead copies
-a group of planes at a time into padded planes stacked in one buffer (pad cells 0, or -inf
-for max) and makes each kernel cell one long pass over all of them: row by row, the 7 to 28
-wide rows of those layers are too short for the vectorized loops to pay off.
+A pool whose outputs cover most of the plane (the 3x3 pools of the light models, stride 1
+or 2, and 2x2 stride-2 ones) instead copies a group of planes at a time into padded planes
+stacked in one buffer (pad cells 0, or -inf for max), split into phase planes when strided
+(the cells whose row and column are i and j modulo the strides), and makes each kernel cell
+one long pass over all of them: row by row, the 7 to 28 wide rows of those layers are too
+short for the vectorized loops to pay off, and strided reads do not vectorize.
 """
 
 from __future__ import annotations
@@ -18,17 +20,10 @@ import numpy as np
 from numba import njit, prange
 
 from flowrt.engine.graph.layers.pooling import pool_geometry
-from flowrt.engine.scheduler.window import SplitHint, split_bounds
+from flowrt.engine.scheduler.window import SplitHint
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
-
-# Below this many input reads per slice, a second thread costs more than it saves.
-MIN_WORK = 32768
-
-
-def plane_bounds(planes: int, reads_per_plane: int, workers: int) -> np.ndarray:
-    """Slices of whole planes, each worth at least ``MIN_WORK`` reads."""
-    return split_bounds(planes, SplitHint(0, max(1, MIN_WORK // max(1, reads_per_plane))), workers)
+from flowrt.workers.cpu.acc.kernels.global_pooling import global_average_pool, global_max_pool, plane_bounds
 
 
 @attrs.frozen(eq=False)
@@ -84,12 +79,14 @@ class PoolPlan:
     bounds: np.ndarray
     height: AxisTable
     width: AxisTable
-    # Stride 1 on planes mostly covered by outputs: run by _pool_flat, ``group`` padded planes
-    # of ``padded`` (rows, pitch) at a time; ``taps`` is (kh, kw, dh, dw, pad top, pad left).
+    # Planes mostly covered by outputs: run by _pool_flat, ``group`` planes at a time; ``taps``
+    # is (kh, kw, dh, dw, pad top, pad left, sh, sw, rows, pitch), the last two those of each
+    # phase plane.
     flat: bool = False
     taps: np.ndarray | None = None
-    padded: np.ndarray | None = None
     group: int = 1
+    # One window covering the whole unpadded plane: run as the global pool.
+    whole: bool = False
     # The axis tables _flat_group takes (for the exact MaxPool), and 1 / count per output cell.
     table: tuple = attrs.field(init=False)
 
@@ -237,7 +234,7 @@ def _average_pool(x, out, bounds, hs, hlo, hhi, hcount, dh, wfirst, wlast, wcoun
                     row[ow] = np.float64(row[ow]) / (hcount[oh] * wcount[ow])
 
 
-# The padded planes a stride-1 pool stacks into one buffer are kept near this many floats.
+# The (phase) planes a stacked pool copies its input planes into are kept near this many floats.
 FLAT_FLOATS = 8192
 
 
@@ -262,52 +259,80 @@ def _add_into(dst, src):
         dst[k] += src[k]
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _fill_phases(buf, x, g, group, rows, pitch, sh, sw, bh, bw):
+    """Input plane ``x`` into plane ``g`` of the stack ``buf``: phase plane (i, j) holds the
+    padded plane's cells whose row and column are i and j modulo the strides, and the phases
+    are stacked outermost (phase, plane, row, column). Only cells that come from ``x`` are
+    written: the pad cells are the same for every plane."""
+    height, width = x.shape
+    for i in range(sh):
+        r_lo = min(rows, max(0, -(-(bh - i) // sh)))
+        r_hi = min(rows, max(r_lo, -(-(height + bh - i) // sh)))
+        for j in range(sw):
+            base = (((i * sw + j) * group) + g) * rows * pitch
+            c_lo = min(pitch, max(0, -(-(bw - j) // sw)))
+            c_hi = min(pitch, max(c_lo, -(-(width + bw - j) // sw)))
+            first = j + c_lo * sw - bw
+            for r in range(r_lo, r_hi):
+                line = x[i + r * sh - bh, first:]
+                dst = buf[base + r * pitch + c_lo : base + r * pitch + c_hi]
+                if sw == 1:
+                    _copy(dst, line)
+                else:
+                    for c in range(dst.shape[0]):
+                        dst[np.uint64(c)] = line[np.uint64(c * sw)]
+
+
 @njit(nogil=True, cache=True)
-def _flat_group(x, out, p0, planes, buf, acc, column, taps, is_max, table):
-    """Planes ``p0 .. p0 + planes`` of a stride-1 pool on stacked padded planes ``buf`` (its
-    border cells hold the pad value: 0, or -inf for max)."""
+def _flat_group(x, out, p0, planes, group, buf, acc, column, taps, is_max, table):
+    """Planes ``p0 .. p0 + planes`` of a pool on stacked phase planes ``buf`` (``group`` planes
+    of ``rows`` x ``pitch`` per phase; their pad cells hold the pad value: 0, or -inf for max):
+    each kernel cell reads one phase from a fixed offset, so it is one pass over all planes."""
     kh, kw, dh, dw, bh, bw = taps[0], taps[1], taps[2], taps[3], taps[4], taps[5]
-    height, width = x.shape[1], x.shape[2]
+    sh, sw, rows, pitch = taps[6], taps[7], taps[8], taps[9]
     oh_count, ow_count = out.shape[1], out.shape[2]
-    pitch, rows = buf.shape[2], buf.shape[1]
     for g in range(planes):
-        for ih in range(height):
-            _copy(buf[g, bh + ih, bw : bw + width], x[p0 + g, ih])
-    flat = buf.reshape(-1)
+        _fill_phases(buf, x[p0 + g], g, group, rows, pitch, sh, sw, bh, bw)
     nan = False
     if is_max:
         # Counted over the whole buffer in one pass, which vectorizes (pad cells are -inf).
         count = 0
-        for f in range(planes * rows * pitch):
-            v = flat[np.uint64(f)]
+        for f in range(buf.shape[0]):
+            v = buf[np.uint64(f)]
             count += v != v
         nan = count > 0
-    span = planes * rows * pitch - (kh - 1) * dh * pitch - (kw - 1) * dw
+    stack = group * rows * pitch
+    span = stack - ((kh - 1) * dh // sh) * pitch - (kw - 1) * dw // sw
     res = acc[:span]
-    if is_max:
+    if is_max and sh == 1 and sw == 1:
         # Max is separable: over the kernel rows into the back half of ``acc``, then along
         # those into the front half.
         wide = span + (kw - 1) * dw
         col = acc[acc.shape[0] // 2 : acc.shape[0] // 2 + wide]
-        _copy(col, flat)
+        _copy(col, buf)
         for i in range(1, kh):
-            _max_into(col, flat[i * dh * pitch : i * dh * pitch + wide])
+            _max_into(col, buf[i * dh * pitch : i * dh * pitch + wide])
         _copy(res, col)
         for j in range(1, kw):
             _max_into(res, col[j * dw : j * dw + span])
     else:
         # Cell by cell in row-major kernel order, as CpuRef adds them; pad cells add 0.
-        for f in range(span):
-            res[np.uint64(f)] = 0
         for i in range(kh):
             for j in range(kw):
-                offset = i * dh * pitch + j * dw
-                _add_into(res, flat[offset : offset + span])
-    hs, hlo, hhi, hcount, wfirst, wlast, wcount, sw, pw, reciprocal = table
+                phase = ((i * dh) % sh) * sw + (j * dw) % sw
+                offset = phase * stack + (i * dh // sh) * pitch + j * dw // sw
+                if i == 0 and j == 0:
+                    _copy(res, buf[offset : offset + span])
+                elif is_max:
+                    _max_into(res, buf[offset : offset + span])
+                else:
+                    _add_into(res, buf[offset : offset + span])
+    hs, hlo, hhi, hcount, wfirst, wlast, wcount, sw_, pw, reciprocal = table
     for g in range(planes):
         p = p0 + g
         if is_max and nan:
-            _max_plane_exact(x[p], out[p], hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw, column)
+            _max_plane_exact(x[p], out[p], hs, hlo, hhi, dh, wfirst, wlast, sw_, dw, pw, column)
             continue
         for oh in range(oh_count):
             src = acc[(g * rows + oh) * pitch :]
@@ -325,24 +350,27 @@ def _flat_group(x, out, p0, planes, buf, acc, column, taps, is_max, table):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _pool_flat(x, out, bounds, taps, padded, group, is_max, table):
-    """A stride-1 MaxPool or AveragePool: each slice stacks ``group`` planes at a time into
-    zero- (or -inf-) padded planes, so that every pass is one long loop over all of them
-    instead of a short one per output row."""
+def _pool_flat(x, out, bounds, taps, group, is_max, table):
+    """A MaxPool or AveragePool whose outputs cover most of their (phase) planes: each slice
+    stacks ``group`` planes at a time into zero- (or -inf-) padded phase planes, so that every
+    pass is one long loop over all of them instead of a short one per output row."""
     fill = np.float32(-np.inf) if is_max else np.float32(0)
+    phases, rows, pitch = taps[6] * taps[7], taps[8], taps[9]
     for s in prange(bounds.shape[0] - 1):
-        buf = np.full((group, padded[0], padded[1]), fill, np.float32)
-        acc = np.empty(2 * group * padded[0] * padded[1], np.float32)
+        buf = np.full(phases * group * rows * pitch, fill, np.float32)
+        acc = np.empty(2 * group * rows * pitch, np.float32)
         column = np.empty(x.shape[2], np.float32)
         for p0 in range(bounds[s], bounds[s + 1], group):
             planes = min(group, bounds[s + 1] - p0)
-            _flat_group(x, out, p0, planes, buf, acc, column, taps, is_max, table)
+            _flat_group(x, out, p0, planes, group, buf, acc, column, taps, is_max, table)
 
 
 class _WindowedPool:
     """What MaxPool and AveragePool share: the support check and a plan per input shape."""
 
     split_hint = SplitHint(axis=0, min_slice=1)
+    # Whether strided pools take the stacked path too (else only stride 1 does).
+    strided_flat = True
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
@@ -363,19 +391,20 @@ class _WindowedPool:
             geometry = pool_geometry(desc, shape[2:])
             reads = int(np.prod(geometry.out)) * int(np.prod(desc.kernel_shape))
             (kh, kw), (dh, dw) = desc.kernel_shape, geometry.dilations
-            (oh, ow), (bh, bw) = geometry.out, geometry.pads_begin
-            padded = np.array(
-                [max(shape[2] + bh, oh + (kh - 1) * dh), max(shape[3] + bw, ow + (kw - 1) * dw)], np.int64
-            )
+            (oh, ow), (bh, bw), (sh, sw) = geometry.out, geometry.pads_begin, geometry.strides
+            rows, pitch = oh + (kh - 1) * dh // sh, ow + (kw - 1) * dw // sw
+            unpadded = not any(geometry.pads_begin) and not any(geometry.pads_end)
+            whole = unpadded and (oh, ow) == (1, 1) and (kh, kw) == shape[2:] and (dh, dw) == (1, 1)
+            strided = (sh, sw) != (1, 1)
             cached = self._plans[shape] = PoolPlan(
                 (*shape[:2], *geometry.out),
                 plane_bounds(shape[0] * shape[1], reads, self.workers),
                 axis_table(desc, shape[2], 0, geometry),
                 axis_table(desc, shape[3], 1, geometry),
-                flat=tuple(geometry.strides) == (1, 1) and 2 * oh * ow >= padded[0] * padded[1] > 0,
-                taps=np.array([kh, kw, dh, dw, bh, bw], np.int64),
-                padded=padded,
-                group=max(1, FLAT_FLOATS // max(1, int(padded[0] * padded[1]))),
+                flat=2 * oh * ow >= rows * pitch > 0 and (self.strided_flat or not strided),
+                taps=np.array([kh, kw, dh, dw, bh, bw, sh, sw, rows, pitch], np.int64),
+                group=max(1, FLAT_FLOATS // max(1, sh * sw * rows * pitch)),
+                whole=whole,
             )
         return cached
 
@@ -392,6 +421,9 @@ class _WindowedPool:
 class MaxPoolKernel(_WindowedPool):
     """The largest value of each window (padding never wins), planes split across workers."""
 
+    # A strided max runs faster row by row: the max over the kernel rows, then along them.
+    strided_flat = False
+
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
         if info.descriptor.num_outputs != 1:
@@ -400,13 +432,26 @@ class MaxPoolKernel(_WindowedPool):
 
     def execute(self, inputs, outputs=None):
         plan, x, out, y = self.planes(inputs, outputs)
-        if plan.flat:
-            _pool_flat(x, y, plan.bounds, plan.taps, plan.padded, plan.group, True, plan.table)
-            return [out]
-        h, w = plan.height, plan.width
-        _max_pool(
-            x, y, plan.bounds, h.start, h.lo, h.hi, h.dilation, w.first, w.last, w.stride, w.dilation, w.begin
-        )
+        if plan.whole:
+            global_max_pool(x.reshape(x.shape[0], -1), y.reshape(-1), plan.bounds)
+        elif plan.flat:
+            _pool_flat(x, y, plan.bounds, plan.taps, plan.group, True, plan.table)
+        else:
+            h, w = plan.height, plan.width
+            _max_pool(
+                x,
+                y,
+                plan.bounds,
+                h.start,
+                h.lo,
+                h.hi,
+                h.dilation,
+                w.first,
+                w.last,
+                w.stride,
+                w.dilation,
+                w.begin,
+            )
         return [out]
 
 
@@ -416,24 +461,24 @@ class AveragePoolKernel(_WindowedPool):
 
     def execute(self, inputs, outputs=None):
         plan, x, out, y = self.planes(inputs, outputs)
-        if plan.flat:
-            _pool_flat(x, y, plan.bounds, plan.taps, plan.padded, plan.group, False, plan.table)
-            return [out]
-        h, w = plan.height, plan.width
-        _average_pool(
-            x,
-            y,
-            plan.bounds,
-            h.start,
-            h.lo,
-            h.hi,
-            h.count,
-            h.dilation,
-            w.first,
-            w.last,
-            w.count,
-            w.stride,
-            w.dilation,
-            w.begin,
-        )
+        if plan.whole:
+            global_average_pool(x.reshape(x.shape[0], -1), y.reshape(-1), plan.bounds)
+        elif plan.flat:
+            _pool_flat(x, y, plan.bounds, plan.taps, plan.group, False, plan.table)
+        else:
+            h, w = plan.height, plan.width
+            args = (
+                h.start,
+                h.lo,
+                h.hi,
+                h.count,
+                h.dilation,
+                w.first,
+                w.last,
+                w.count,
+                w.stride,
+                w.dilation,
+                w.begin,
+            )
+            _average_pool(x, y, plan.bounds, *args)
         return [out]
