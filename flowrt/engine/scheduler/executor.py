@@ -198,10 +198,11 @@ async def execute(
 ) -> dict[str, np.ndarray]:
     """Run the dataflow once on checked feeds; return fresh output arrays by name.
 
-    ``run_sync(fn, *args, priority=...)`` runs a blocking function on a CPU worker
-    (``CpuWorkerPool.run_sync``); it must not return before ``fn`` has finished, even when
-    cancelled. ``devices`` maps each device segment's backend to its runner; ``priority`` is
-    passed to ``run_sync`` and to the runners' ``submit``.
+    ``run_sync(fn, *args, priority=..., on_cancel=...)`` runs a blocking function on a CPU
+    worker (``CpuWorkerPool.run_sync``); it must not return before ``fn`` has finished, even
+    when cancelled, and calls ``on_cancel`` when cancelled while ``fn`` runs. ``devices`` maps
+    each device segment's backend to its runner; ``priority`` is passed to ``run_sync`` and
+    to the runners' ``submit``.
 
     With a ``pool``, planned intermediate tensors live at their ``bindings`` in it; the pool
     must stay lent until this returns (it does not touch the pool afterwards). ``record``,
@@ -212,19 +213,22 @@ async def execute(
     state.record = record
     done = [trio.Event() for _ in dataflow.segments]
 
-    async def run(segment: Segment, cancel_scope: trio.CancelScope) -> None:
+    async def run(segment: Segment, cancel_scope: trio.CancelScope | None) -> None:
         for dep in segment.depends_on:
             await done[dep].wait()
         try:
             if segment.device:
                 await run_on_device(segment)
             else:
-                await run_sync(state.run_segment, segment, priority=priority)
+                # Cancelled from outside while the worker runs it, the segment stops at its
+                # next workload.
+                await run_sync(state.run_segment, segment, priority=priority, on_cancel=state.stop.set)
         except RunError as e:
             if state.error is None:
                 state.error = e
             state.stop.set()
-            cancel_scope.cancel()
+            if cancel_scope is not None:
+                cancel_scope.cancel()
             return
         done[segment.index].set()
 
@@ -235,20 +239,17 @@ async def execute(
         keep: list[Any] = []
         await runner.submit(priority, lambda queue: state.enqueue_segment(segment, runner, queue, keep))
 
-    async def stop_threads_on_cancel() -> None:
-        try:
-            await trio.sleep_forever()
-        finally:
-            state.stop.set()
-
-    async with trio.open_nursery() as outer:
-        outer.start_soon(stop_threads_on_cancel)
+    if len(dataflow.segments) == 1:
+        # An all-host network is one segment: no nursery to open (a run's fixed cost).
+        await run(dataflow.segments[0], None)
+    else:
         async with trio.open_nursery() as nursery:
             for segment in dataflow.segments:
                 nursery.start_soon(run, segment, nursery.cancel_scope)
-        outer.cancel_scope.cancel()
     if state.error is not None:
         raise state.error
+    # A run cancelled while a worker ran its segment got here without its outputs.
+    await trio.lowlevel.checkpoint_if_cancelled()
     # Downloads are new arrays already; everything else may be pool memory or a feed.
     fresh = dataflow.downloads
     return {

@@ -238,15 +238,21 @@ class CpuWorkerPool:
         low = self._renice and priority >= Priority.LOW and threads == 1
         return threads, LOW_PRIORITY_NICE if low else 0
 
-    async def run_sync(self, fn: Callable[..., Any], *args: Any, priority: int = Priority.MEDIUM) -> Any:
+    async def run_sync(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        priority: int = Priority.MEDIUM,
+        on_cancel: Callable[[], None] | None = None,
+    ) -> Any:
         """Run ``fn(*args)`` on an idle worker, in a copy of the caller's context (as
         ``trio.to_thread.run_sync`` does), and return its result (or raise its exception).
 
         While every worker is busy the call waits, by ``priority`` (see the module doc).
         Waiting can be cancelled, and a cancelled call never holds a worker; once ``fn`` has
-        started, the call waits for it to finish even when cancelled (``fn`` must notice a
-        stop flag of its own to end early), so nothing it uses is released while it still
-        runs.
+        started, the call waits for it to finish even when cancelled, so nothing it uses is
+        released while it still runs: ``on_cancel`` is called (in trio) when the call is
+        cancelled then, to tell ``fn`` to end early (setting a stop flag it checks).
         """
         if not self._started:
             raise FlowrtError(
@@ -271,8 +277,15 @@ class CpuWorkerPool:
             worker.inbox.put(
                 _Job(call, (fn, *args), threads, nice, trio.lowlevel.current_trio_token(), deliver)
             )
-            with trio.CancelScope(shield=True):
+            try:
                 await done.wait()
+            except trio.Cancelled:
+                # The result is returned all the same (as the job's outcome was, shielded):
+                # the cancellation reaches the caller at its next checkpoint.
+                if on_cancel is not None:
+                    on_cancel()
+                with trio.CancelScope(shield=True):
+                    await done.wait()
         finally:
             if reserve:
                 self._idle_reserve.append(worker)

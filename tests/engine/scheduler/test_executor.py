@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import trio
-from fakes import PartialBackend
+from fakes import PartialBackend, SleepyBackend
 from netbuild import branchy_expected, branchy_network
 
 import flowrt
@@ -74,6 +74,29 @@ async def test_runtime_usable_after_a_cancelled_run():
         assert scope.cancelled_caught
         out = await model.run({"x": x})
     np.testing.assert_allclose(out["y"], branchy_expected(x), rtol=1e-6)
+
+
+async def test_a_run_cancelled_while_a_worker_runs_it_stops_at_the_next_workload():
+    # One segment, two workloads: the first sleeps 0.3 s; the run is cancelled during it.
+    registry = BackendRegistry()
+    registry.register("CpuRef", RefBackend)
+    registry.register("Sleepy", SleepyBackend)
+    recorder = PartialBackend("Recorder", {"Tanh"})
+    registry.register("Recorder", lambda: recorder)
+    net = flowrt.Network()
+    x = net.add_input("x", flowrt.TensorInfo((1,)))
+    net.add_output("y", net.add_layer("Tanh", inputs=[net.add_layer("Relu", inputs=[x])], name="second"))
+    opt = flowrt.optimize(net, backends=["Sleepy", "Recorder", "CpuRef"], registry=registry)
+    async with flowrt.Runtime(registry) as rt:
+        model = await rt.load(opt)
+        assert len(model.dataflow.segments) == 1
+        with trio.move_on_after(0.05) as scope:
+            await model.run({"x": np.array([0.3], np.float32)})
+        assert scope.cancelled_caught
+        assert recorder.calls == []  # the worker stopped before the second workload
+        out = await model.run({"x": np.array([0.0], np.float32)})
+    assert recorder.calls == ["second"]
+    np.testing.assert_array_equal(out["y"], [0.0])
 
 
 async def test_concurrent_runs_of_one_model_keep_their_own_tensors():
