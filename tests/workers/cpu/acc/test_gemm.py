@@ -9,6 +9,7 @@ import flowrt
 from flowrt.errors import ShapeError
 from flowrt.registry import FusedActivation, WorkloadInfo
 from flowrt.types import TensorInfo
+from flowrt.workers.cpu.acc.blas import SMALL_GEMM, sgemm
 from flowrt.workers.cpu.acc.kernels import load_all as acc_kernels
 from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
 
@@ -145,3 +146,25 @@ def test_non_float32_products_are_declined_with_a_reason(kind):
         kind, desc, [TensorInfo((2, 3), "float64"), TensorInfo((3, 4), "float64")], [None]
     )
     assert not answer.supported and answer.reason == f"CpuAcc {kind} takes float32 only"
+
+
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize(("m", "k", "n"), [(16, 64, 3025), (3, 5, 200_000), (64, 147, 300), (250, 250, 17)])
+def test_sgemm_in_blocks_of_columns_matches_numpy(m, k, n, trans_a, trans_b):
+    # Small m * k: run in blocks of columns (each within SMALL_GEMM), on views of larger arrays.
+    assert m * k * n > SMALL_GEMM
+    rng = np.random.default_rng(m + n)
+    a_full = rng.standard_normal((k + 2, m + 3) if trans_a else (m + 2, k + 3)).astype(np.float32)
+    b_full = rng.standard_normal((n + 2, k + 3) if trans_b else (k + 2, n + 3)).astype(np.float32)
+    a = a_full[1 : k + 1, 2 : m + 2] if trans_a else a_full[1 : m + 1, 2 : k + 2]
+    b = b_full[1 : n + 1, 2 : k + 2] if trans_b else b_full[1 : k + 1, 2 : n + 2]
+    c_full = rng.standard_normal((m + 2, n + 4)).astype(np.float32)
+    c = c_full[1 : m + 1, 1 : n + 1]
+    expected = 0.5 * ((a.T if trans_a else a) @ (b.T if trans_b else b)) + 2.0 * c
+    untouched = c_full.copy()
+    sgemm(trans_a, trans_b, 0.5, a, b, 2.0, c)
+    np.testing.assert_allclose(c, expected, rtol=2e-4, atol=2e-4 * np.abs(expected).max())
+    # nothing outside the view was written
+    np.testing.assert_array_equal(c_full[0], untouched[0])
+    np.testing.assert_array_equal(c_full[:, n + 1 :], untouched[:, n + 1 :])
