@@ -40,6 +40,8 @@ class MemoryPool:
         self._zeroers = {b: getattr(allocators.get(b), "zero", HostAllocator.zero) for b in self.arenas}
         # Views are made once per pool: every run that borrows it binds the same tensors.
         self._views: dict[tuple, Any] = {}
+        # The executor's record of each workload's output views in this pool (by layer).
+        self.placements: dict[str, Any] = {}
 
     def view(self, backend: str, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         """The tensor of ``shape``/``dtype`` stored at ``offset`` of ``backend``'s arena (made

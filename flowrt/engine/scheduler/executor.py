@@ -73,6 +73,10 @@ class _RunState:
     ) -> None:
         self.pool = pool
         self.bindings = bindings if pool is not None else {}
+        # Each workload's output views, worked out on the first run that borrows the pool.
+        self.placements: dict[str, tuple[list[Any] | None, tuple[Any, ...]]] = (
+            pool.placements if pool is not None else {}
+        )
         self.values: dict[int, np.ndarray] = dict(dataflow.constants)
         for name, tid in dataflow.inputs.items():
             self.values[tid] = feeds[name]
@@ -92,15 +96,15 @@ class _RunState:
             args = [self.values[tid] if tid is not None else None for tid in node.inputs]
             start = time.perf_counter_ns()
             try:
-                targets = self._targets(node)
+                targets, views = self._placement(node)
                 results = node.workload.execute(args, targets) if targets else node.workload.execute(args)
                 if len(results) < sum(1 for t in node.outputs if t is not None):
                     raise FlowrtError(
                         f"workload returned {len(results)} outputs, expected {len(node.outputs)}"
                     )
-                for tid, value in zip(node.outputs, results):
+                for tid, value, view in zip(node.outputs, results, views):
                     if tid is not None:
-                        self.values[tid] = self._bind(tid, value)
+                        self.values[tid] = value if value is view else self._bind(value, view)
             except Exception as e:
                 raise RunError(node.layer, node.backend, e) from e
             if self.record is not None:
@@ -148,30 +152,36 @@ class _RunState:
             if tid is not None:
                 values[tid] = value
 
-    def _targets(self, node: WorkloadNode) -> list[np.ndarray] | None:
-        """The planned pool views of ``node``'s outputs, when it writes in place and all are planned."""
-        if not getattr(node.workload, "writes_in_place", False) or not self.bindings:
-            return None
-        targets = []
-        for tid in node.outputs:
-            binding = self.bindings.get(tid) if tid is not None else None
-            if binding is None:
-                return None
-            targets.append(self.pool.view(binding.backend, binding.offset, binding.shape, binding.dtype))  # type: ignore[union-attr]
-        return targets
+    def _placement(self, node: WorkloadNode) -> tuple[list[Any] | None, tuple[Any, ...]]:
+        """``node``'s output targets (its outputs' planned views, when it writes in place and
+        all are planned; else None) and each output's planned view (None: unplanned)."""
+        placement = self.placements.get(node.layer)
+        if placement is None:
+            views = tuple(self._view(tid) for tid in node.outputs)
+            in_place = getattr(node.workload, "writes_in_place", False) and all(v is not None for v in views)
+            placement = self.placements[node.layer] = (list(views) if in_place and views else None, views)
+        return placement
 
-    def _bind(self, tid: int, value: np.ndarray) -> np.ndarray:
-        """Move a result into its planned place in the run's pool (unplanned ones stay as they are)."""
-        binding = self.bindings.get(tid)
+    def _targets(self, node: WorkloadNode) -> list[Any] | None:
+        """The planned pool views of ``node``'s outputs, when it writes in place and all are planned."""
+        return self._placement(node)[0]
+
+    def _view(self, tid: int | None) -> Any:
+        binding = self.bindings.get(tid) if tid is not None else None
         if binding is None:
+            return None
+        return self.pool.view(binding.backend, binding.offset, binding.shape, binding.dtype)  # type: ignore[union-attr]
+
+    def _bind(self, value: np.ndarray, target: np.ndarray | None) -> np.ndarray:
+        """Move a result into its planned place ``target`` in the run's pool (unplanned ones,
+        ``target`` None, stay as they are)."""
+        if target is None:
             return value
-        if value.shape != binding.shape or value.dtype != binding.dtype:
+        if value.shape != target.shape or value.dtype != target.dtype:
             raise FlowrtError(
-                f"workload produced {value.dtype}{value.shape}, expected {binding.dtype}{binding.shape}"
+                f"workload produced {value.dtype}{value.shape}, expected {target.dtype}{target.shape}"
             )
-        target = self.pool.view(binding.backend, binding.offset, binding.shape, binding.dtype)  # type: ignore[union-attr]
-        if value is not target:
-            np.copyto(target, value)
+        np.copyto(target, value)
         return target
 
     def _release(self, tensor_ids) -> None:
