@@ -1,0 +1,173 @@
+"""MaxPool and AveragePool on stacked planes, and the exact MaxPool of one plane.
+
+A pool whose outputs cover most of the plane (the 3x3 pools of the light models, stride 1
+or 2, and 2x2 stride-2 ones) copies a group of planes at a time into padded planes stacked in
+one buffer (pad cells 0, or -inf for max), split into phase planes when strided (the cells
+whose row and column are i and j modulo the strides), and makes each kernel cell one long
+pass over all of them: row by row, the 7 to 28 wide rows of those layers are too short for
+the vectorized loops to pay off, and strided reads do not vectorize.
+``flowrt.workers.cpu.acc.kernels.pooling`` plans which pools run here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+# Indices are cast to uint64 in the hot loops: numba wraps negative signed indices around,
+# and that check keeps LLVM from vectorizing.
+
+
+@njit(nogil=True, cache=True)
+def max_plane_exact(x, out, hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw, column):
+    """One plane of MaxPool with np.maximum, which lets NaN win as CpuRef's does (slower:
+    its NaN test keeps LLVM from vectorizing). Max is separable: first over the kernel rows,
+    then along the row."""
+    lowest = np.float32(-np.inf)
+    for oh in range(out.shape[0]):
+        row = out[oh]
+        row[:] = lowest
+        if hhi[oh] == hlo[oh]:
+            continue
+        column[:] = x[hs[oh] + hlo[oh] * dh]
+        for kh in range(hlo[oh] + 1, hhi[oh]):
+            line = x[hs[oh] + kh * dh]
+            for i in range(column.shape[0]):
+                iw = np.uint64(i)
+                column[iw] = np.maximum(column[iw], line[iw])
+        for kw in range(wfirst.shape[0]):
+            offset = kw * dw - pw
+            for ow in range(wfirst[kw], wlast[kw]):
+                o = np.uint64(ow)
+                row[o] = np.maximum(row[o], column[np.uint64(ow * sw + offset)])
+
+
+# The (phase) planes a stacked pool copies its input planes into are kept near this many floats.
+FLAT_FLOATS = 8192
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _copy(dst, src):
+    for f in range(dst.shape[0]):
+        k = np.uint64(f)
+        dst[k] = src[k]
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _max_into(dst, src):
+    for f in range(dst.shape[0]):
+        k = np.uint64(f)
+        dst[k] = max(dst[k], src[k])
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _add_into(dst, src):
+    for f in range(dst.shape[0]):
+        k = np.uint64(f)
+        dst[k] += src[k]
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _fill_phases(buf, x, g, group, rows, pitch, sh, sw, bh, bw):
+    """Input plane ``x`` into plane ``g`` of the stack ``buf``: phase plane (i, j) holds the
+    padded plane's cells whose row and column are i and j modulo the strides, and the phases
+    are stacked outermost (phase, plane, row, column). Only cells that come from ``x`` are
+    written: the pad cells are the same for every plane."""
+    height, width = x.shape
+    for i in range(sh):
+        r_lo = min(rows, max(0, -(-(bh - i) // sh)))
+        r_hi = min(rows, max(r_lo, -(-(height + bh - i) // sh)))
+        for j in range(sw):
+            base = (((i * sw + j) * group) + g) * rows * pitch
+            c_lo = min(pitch, max(0, -(-(bw - j) // sw)))
+            c_hi = min(pitch, max(c_lo, -(-(width + bw - j) // sw)))
+            first = j + c_lo * sw - bw
+            for r in range(r_lo, r_hi):
+                line = x[i + r * sh - bh, first:]
+                dst = buf[base + r * pitch + c_lo : base + r * pitch + c_hi]
+                if sw == 1:
+                    _copy(dst, line)
+                else:
+                    for c in range(dst.shape[0]):
+                        dst[np.uint64(c)] = line[np.uint64(c * sw)]
+
+
+@njit(nogil=True, cache=True)
+def _flat_group(x, out, p0, planes, group, buf, acc, column, taps, is_max, table):
+    """Planes ``p0 .. p0 + planes`` of a pool on stacked phase planes ``buf`` (``group`` planes
+    of ``rows`` x ``pitch`` per phase; their pad cells hold the pad value: 0, or -inf for max):
+    each kernel cell reads one phase from a fixed offset, so it is one pass over all planes."""
+    kh, kw, dh, dw, bh, bw = taps[0], taps[1], taps[2], taps[3], taps[4], taps[5]
+    sh, sw, rows, pitch = taps[6], taps[7], taps[8], taps[9]
+    oh_count, ow_count = out.shape[1], out.shape[2]
+    for g in range(planes):
+        _fill_phases(buf, x[p0 + g], g, group, rows, pitch, sh, sw, bh, bw)
+    nan = False
+    if is_max:
+        # Counted over the whole buffer in one pass, which vectorizes (pad cells are -inf).
+        count = 0
+        for f in range(buf.shape[0]):
+            v = buf[np.uint64(f)]
+            count += v != v
+        nan = count > 0
+    stack = group * rows * pitch
+    span = stack - ((kh - 1) * dh // sh) * pitch - (kw - 1) * dw // sw
+    res = acc[:span]
+    if is_max and sh == 1 and sw == 1:
+        # Max is separable: over the kernel rows into the back half of ``acc``, then along
+        # those into the front half.
+        wide = span + (kw - 1) * dw
+        col = acc[acc.shape[0] // 2 : acc.shape[0] // 2 + wide]
+        _copy(col, buf)
+        for i in range(1, kh):
+            _max_into(col, buf[i * dh * pitch : i * dh * pitch + wide])
+        _copy(res, col)
+        for j in range(1, kw):
+            _max_into(res, col[j * dw : j * dw + span])
+    else:
+        # Cell by cell in row-major kernel order, as CpuRef adds them; pad cells add 0.
+        for i in range(kh):
+            for j in range(kw):
+                phase = ((i * dh) % sh) * sw + (j * dw) % sw
+                offset = phase * stack + (i * dh // sh) * pitch + j * dw // sw
+                if i == 0 and j == 0:
+                    _copy(res, buf[offset : offset + span])
+                elif is_max:
+                    _max_into(res, buf[offset : offset + span])
+                else:
+                    _add_into(res, buf[offset : offset + span])
+    hs, hlo, hhi, hcount, wfirst, wlast, wcount, sw_, pw, reciprocal = table
+    for g in range(planes):
+        p = p0 + g
+        if is_max and nan:
+            max_plane_exact(x[p], out[p], hs, hlo, hhi, dh, wfirst, wlast, sw_, dw, pw, column)
+            continue
+        for oh in range(oh_count):
+            src = acc[(g * rows + oh) * pitch :]
+            row = out[p, oh]
+            if is_max:
+                for ow in range(ow_count):
+                    k = np.uint64(ow)
+                    row[k] = src[k]
+            else:
+                # 1 / count in float64 rounds to float32 as CpuRef's division by the count does.
+                divisors = reciprocal[oh]
+                for ow in range(ow_count):
+                    k = np.uint64(ow)
+                    row[k] = np.float64(src[k]) * divisors[k]
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def pool_flat(x, out, bounds, taps, group, is_max, table):
+    """A MaxPool or AveragePool whose outputs cover most of their (phase) planes: each slice
+    stacks ``group`` planes at a time into zero- (or -inf-) padded phase planes, so that every
+    pass is one long loop over all of them instead of a short one per output row."""
+    fill = np.float32(-np.inf) if is_max else np.float32(0)
+    phases, rows, pitch = taps[6] * taps[7], taps[8], taps[9]
+    for s in prange(bounds.shape[0] - 1):
+        buf = np.full(phases * group * rows * pitch, fill, np.float32)
+        acc = np.empty(2 * group * rows * pitch, np.float32)
+        column = np.empty(x.shape[2], np.float32)
+        for p0 in range(bounds[s], bounds[s + 1], group):
+            planes = min(group, bounds[s + 1] - p0)
+            _flat_group(x, out, p0, planes, group, buf, acc, column, taps, is_max, table)
