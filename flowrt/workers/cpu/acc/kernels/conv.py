@@ -28,7 +28,7 @@ from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
 from flowrt.workers.cpu.acc.blas import pin_scipy_blas, sgemm
 from flowrt.workers.cpu.acc.kernels import acc_kernel
-from flowrt.workers.cpu.acc.kernels.depthwise import depthwise
+from flowrt.workers.cpu.acc.kernels.depthwise import depthwise, depthwise_same3
 from flowrt.workers.cpu.acc.kernels.epilogue import NONE, activate_row, activation_args
 from flowrt.workers.cpu.acc.kernels.taps import conv_by_taps
 from flowrt.workers.cpu.acc.kernels.winograd import (
@@ -226,6 +226,7 @@ class _Plan(NamedTuple):
     row_bounds: np.ndarray
     chunk: int
     plane_bounds: np.ndarray  # depthwise: (image, channel) planes per slice
+    same3: bool  # depthwise 3x3, unit stride, one pad cell per side, planes >= 2x2
     taps: bool  # run by _conv_by_taps
     padded_shape: np.ndarray  # tap by tap: the padded plane's rows and pitch
     block_rows: int  # tap by tap: output rows per block
@@ -340,6 +341,10 @@ class ConvKernel:
             row_bounds,
             chunk,
             split_bounds(x_shape[0] * w_shape[0], SplitHint(0, 1), self.workers),
+            kernel == (3, 3)
+            and g.strides == g.dilations == (1, 1)
+            and g.pads_begin == g.pads_end == (1, 1)
+            and min(x_shape[2:]) >= 2,
             taps,
             padded_shape,
             block_rows,
@@ -361,6 +366,9 @@ class ConvKernel:
         bias = np.zeros(w_shape[0], np.float32) if b is None else np.ascontiguousarray(b, np.float32)
         args = (self.code, self.alpha, self.beta)
         if self.desc.group == x.shape[1] > 1:
+            if plan.same3 and out.flags.c_contiguous:
+                depthwise_same3(x, w.reshape(w_shape[0], 3, 3), bias, out, *args, plan.plane_bounds)
+                return [out]
             depthwise(x, w.reshape(w_shape[0], *w_shape[2:]), bias, out, plan.geo, *args, plan.plane_bounds)
             return [out]
         if plan.winograd:

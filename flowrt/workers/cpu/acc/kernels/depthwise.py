@@ -103,3 +103,119 @@ def depthwise(x, w, bias, out, geo, code, alpha, beta, bounds):
             _depthwise_plane(
                 src, x[n, m // multiplier], w[m], bias[m], out[n, m], acc, geo, rows, pitch, code, alpha, beta
             )
+
+
+@njit(nogil=True, cache=True)
+def _same3_rows(o, x, lo, hi, up, down, b, wm, width):
+    """``o[lo:hi]`` of a 3x3 unit-stride depthwise plane on the flattened planes: the bias and
+    the taps of the middle kernel row, of the one above when ``up``, below when ``down``.
+    Each kernel row reads three neighbours of one slice of ``x``, so the loop vectorizes."""
+    w0, w1, w2, w3, w4, w5, w6, w7, w8 = (
+        wm[0, 0],
+        wm[0, 1],
+        wm[0, 2],
+        wm[1, 0],
+        wm[1, 1],
+        wm[1, 2],
+        wm[2, 0],
+        wm[2, 1],
+        wm[2, 2],
+    )
+    dst = o[lo:hi]
+    mid = x[lo - 1 : hi + 1]
+    if up and down:
+        a = x[lo - width - 1 : hi - width + 1]
+        d = x[lo + width - 1 : hi + width + 1]
+        for i in range(hi - lo):
+            dst[i] = (
+                b
+                + w0 * a[i]
+                + w1 * a[i + 1]
+                + w2 * a[i + 2]
+                + w3 * mid[i]
+                + w4 * mid[i + 1]
+                + w5 * mid[i + 2]
+                + w6 * d[i]
+                + w7 * d[i + 1]
+                + w8 * d[i + 2]
+            )
+    elif down:
+        d = x[lo + width - 1 : hi + width + 1]
+        for i in range(hi - lo):
+            dst[i] = (
+                b
+                + w3 * mid[i]
+                + w4 * mid[i + 1]
+                + w5 * mid[i + 2]
+                + w6 * d[i]
+                + w7 * d[i + 1]
+                + w8 * d[i + 2]
+            )
+    else:
+        a = x[lo - width - 1 : hi - width + 1]
+        for i in range(hi - lo):
+            dst[i] = (
+                b
+                + w0 * a[i]
+                + w1 * a[i + 1]
+                + w2 * a[i + 2]
+                + w3 * mid[i]
+                + w4 * mid[i + 1]
+                + w5 * mid[i + 2]
+            )
+
+
+@njit(nogil=True, cache=True)
+def _same3_plane(x, wm, b, o, height, width, code, alpha, beta):
+    """One output plane of a 3x3 depthwise conv with unit strides and one pad cell on every
+    side, in place on the flattened input and output planes (both at least 2x2): no padded
+    copy in and no copy out.
+
+    The first row, the rows between and the last row each run as one loop over the flattened
+    plane (:func:`_same3_rows`). On the first and last column a tap of that loop wraps to the
+    neighbouring row: those two columns are then written again, pixel by pixel."""
+    total = height * width
+    _same3_rows(o, x, 1, width - 1, False, True, b, wm, width)
+    _same3_rows(o, x, width + 1, total - width - 1, True, True, b, wm, width)
+    _same3_rows(o, x, total - width + 1, total - 1, True, False, b, wm, width)
+    last = width - 1
+    for r in range(height):
+        i = r * width
+        first_sum = b
+        last_sum = b
+        if r > 0:
+            first_sum += wm[0, 1] * x[i - width] + wm[0, 2] * x[i - width + 1]
+            last_sum += wm[0, 0] * x[i - 2] + wm[0, 1] * x[i - 1]
+        first_sum += wm[1, 1] * x[i] + wm[1, 2] * x[i + 1]
+        last_sum += wm[1, 0] * x[i + last - 1] + wm[1, 1] * x[i + last]
+        if r < height - 1:
+            first_sum += wm[2, 1] * x[i + width] + wm[2, 2] * x[i + width + 1]
+            last_sum += wm[2, 0] * x[i + width + last - 1] + wm[2, 1] * x[i + width + last]
+        o[i] = first_sum
+        o[i + last] = last_sum
+    activate_row(o, o, NO_BIAS, code, alpha, beta)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def depthwise_same3(x, w, bias, out, code, alpha, beta, bounds):
+    """:func:`depthwise` for a 3x3 kernel, unit strides and dilations and one pad cell on each
+    side (the output planes have the input's shape), on C-contiguous ``x`` and ``out`` with
+    planes of at least 2x2: each plane by :func:`_same3_plane`."""
+    channels, height, width = x.shape[1], x.shape[2], x.shape[3]
+    m_count = out.shape[1]
+    multiplier = m_count // channels
+    pixels = height * width
+    for s in prange(bounds.shape[0] - 1):
+        for task in range(bounds[s], bounds[s + 1]):
+            n, m = divmod(task, m_count)
+            _same3_plane(
+                x[n, m // multiplier].reshape(pixels),
+                w[m],
+                bias[m],
+                out[n, m].reshape(pixels),
+                height,
+                width,
+                code,
+                alpha,
+                beta,
+            )
