@@ -99,6 +99,23 @@ def test_max_pool_lets_nan_win():
     assert np.isnan(got[0, 0, 0, 0]) and np.isnan(got[0, 0, 1, 1]) and not np.isnan(got[0, 0, 2, 2])
 
 
+@pytest.mark.parametrize("kernel", [(1, 3), (2, 2), (3, 3), (5, 3)])
+def test_strided_max_pools_run_row_by_row_and_let_nan_win(kernel):
+    # The row path takes up to three kernel rows in one pass, then one at a time: a NaN on
+    # any kernel row of a window reaches its output.
+    x = np.random.default_rng(8).uniform(-10, 10, (1, 12, 13, 11)).astype(np.float32)
+    for plane in range(12):
+        x[0, plane, plane, (3 * plane) % 11] = np.nan
+    x[0, 5, :, :] = -np.inf
+    attributes = {"kernel_shape": kernel, "strides": (2, 2), "pads": (1, 0, 0, 1)}
+    desc = flowrt.descriptors.MaxPool(**attributes)
+    info = WorkloadInfo("layer", "MaxPool", desc, (TensorInfo.of(x),), (TensorInfo(None, x.dtype),), (None,))
+    assert not acc_kernels()["MaxPool"](info, 2).plan(x.shape).flat
+    got, expected = _run_both("MaxPool", x, 2, **attributes)
+    np.testing.assert_array_equal(got, expected)
+    assert np.isnan(got).sum() > 0
+
+
 @pytest.mark.parametrize("kind", ["MaxPool", "AveragePool"])
 @pytest.mark.parametrize("workers", [1, 3])
 def test_stride_one_pools_stack_padded_planes_and_match_cpuref(kind, workers):

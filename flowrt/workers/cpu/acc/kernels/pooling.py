@@ -20,7 +20,7 @@ from flowrt.engine.scheduler.window import SplitHint
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels.global_pooling import global_average_pool, global_max_pool, plane_bounds
-from flowrt.workers.cpu.acc.kernels.stacked_pooling import FLAT_FLOATS, max_plane_exact, pool_flat
+from flowrt.workers.cpu.acc.kernels.stacked_pooling import FLAT_FLOATS, larger, max_plane_exact, pool_flat
 
 
 @attrs.frozen(eq=False)
@@ -105,37 +105,60 @@ def _max_along(row, column, kw_count, sw, dw):
         for k in range(1, kw_count):
             shifted = column[k * dw : k * dw + count]
             for o in range(count):
-                row[o] = max(row[o], shifted[o])
+                row[o] = larger(row[o], shifted[o])
     elif sw == 2 and kw_count == 3 and dw == 1:  # the classic 3x3 stride-2 pool, in one pass
         for o in range(count):
-            row[o] = max(max(column[2 * o], column[2 * o + 1]), column[2 * o + 2])
+            row[o] = larger(larger(column[2 * o], column[2 * o + 1]), column[2 * o + 2])
     elif sw == 2 and kw_count == 2 and dw == 1:
         for o in range(count):
-            row[o] = max(column[2 * o], column[2 * o + 1])
+            row[o] = larger(column[2 * o], column[2 * o + 1])
     elif sw == 2:
         for o in range(count):
             row[o] = column[2 * o]
         for k in range(1, kw_count):
             shifted = column[k * dw :]
             for o in range(count):
-                row[o] = max(row[o], shifted[2 * o])
+                row[o] = larger(row[o], shifted[2 * o])
     else:
         for o in range(count):
             row[o] = column[o * sw]
         for k in range(1, kw_count):
             shifted = column[k * dw :]
             for o in range(count):
-                row[o] = max(row[o], shifted[o * sw])
+                row[o] = larger(row[o], shifted[o * sw])
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _rows_max(column, a, b, c, count):
+    """``column`` = the max of the first ``count`` (1 to 3) of rows ``a``, ``b``, ``c`` (one
+    pass); whether they hold a NaN, which :func:`larger` may have let lose."""
+    nan = False
+    if count == 3:
+        for i in range(column.shape[0]):
+            va, vb, vc = a[i], b[i], c[i]
+            column[i] = larger(larger(va, vb), vc)
+            nan |= (va != va) | (vb != vb) | (vc != vc)
+    elif count == 2:
+        for i in range(column.shape[0]):
+            va, vb = a[i], b[i]
+            column[i] = larger(va, vb)
+            nan |= (va != va) | (vb != vb)
+    else:
+        for i in range(column.shape[0]):
+            va = a[i]
+            column[i] = va
+            nan |= va != va
+    return nan
 
 
 @njit(parallel=True, nogil=True, cache=True)
 def _max_pool(x, out, bounds, hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw):
-    """Each plane with plain ``max`` (vectorized; it lets NaN lose), noting NaN in the input
+    """Each plane by :func:`larger` (vectorized; it lets NaN lose), noting NaN in the rows
     it reads: a plane that has one is computed again by :func:`max_plane_exact`.
 
     The kernel rows' max goes into a column buffer with ``pw`` cells of -inf before the
     row and enough after it for every window: padding never wins, and no window needs a
-    bounds test."""
+    bounds test. Up to three kernel rows at a time are one pass over the columns."""
     width, kw_count = x.shape[2], wfirst.shape[0]
     lowest = np.float32(-np.inf)
     span = max(pw + width, (out.shape[2] - 1) * sw + (kw_count - 1) * dw + 1)
@@ -150,16 +173,17 @@ def _max_pool(x, out, bounds, hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw):
                 if hhi[oh] == hlo[oh]:
                     row[:] = lowest
                     continue
-                line = x[p, hs[oh] + hlo[oh] * dh]
-                for i in range(width):
-                    v = line[i]
-                    column[i] = v
-                    nan |= v != v
-                for kh in range(hlo[oh] + 1, hhi[oh]):
+                first = hs[oh] + hlo[oh] * dh
+                count = min(3, hhi[oh] - hlo[oh])
+                a = x[p, first]
+                b = x[p, first + dh] if count > 1 else a
+                c = x[p, first + 2 * dh] if count > 2 else a
+                nan |= _rows_max(column, a, b, c, count)
+                for kh in range(hlo[oh] + 3, hhi[oh]):
                     line = x[p, hs[oh] + kh * dh]
                     for i in range(width):
                         v = line[i]
-                        column[i] = max(column[i], v)
+                        column[i] = larger(column[i], v)
                         nan |= v != v
                 _max_along(row, padded, kw_count, sw, dw)
             if nan:
