@@ -74,7 +74,7 @@ class _RunState:
         self.pool = pool
         self.bindings = bindings if pool is not None else {}
         # Each workload's output views, worked out on the first run that borrows the pool.
-        self.placements: dict[str, tuple[list[Any] | None, tuple[Any, ...]]] = (
+        self.placements: dict[str, tuple[list[Any] | None, tuple[Any, ...], int]] = (
             pool.placements if pool is not None else {}
         )
         self.values: dict[int, np.ndarray] = dict(dataflow.constants)
@@ -90,25 +90,28 @@ class _RunState:
 
     def run_segment(self, segment: Segment) -> None:
         """Run a segment's workloads in order (in a worker thread)."""
+        # The loop is a small model's cost per layer beside its kernels: attributes are read
+        # once, and the clock only when the run is profiled.
+        values, stop, record = self.values, self.stop, self.record
+        start = 0
         for node in segment.nodes:
-            if self.stop.is_set():
+            if stop.is_set():
                 return
-            args = [self.values[tid] if tid is not None else None for tid in node.inputs]
-            start = time.perf_counter_ns()
+            args = [values[tid] if tid is not None else None for tid in node.inputs]
+            if record is not None:
+                start = time.perf_counter_ns()
             try:
-                targets, views = self._placement(node)
+                targets, views, produced = self._placement(node)
                 results = node.workload.execute(args, targets) if targets else node.workload.execute(args)
-                if len(results) < sum(1 for t in node.outputs if t is not None):
-                    raise FlowrtError(
-                        f"workload returned {len(results)} outputs, expected {len(node.outputs)}"
-                    )
+                if len(results) < produced:
+                    raise FlowrtError(f"workload returned {len(results)} outputs, expected {produced}")
                 for tid, value, view in zip(node.outputs, results, views):
                     if tid is not None:
-                        self.values[tid] = value if value is view else self._bind(value, view)
+                        values[tid] = value if value is view else self._bind(value, view)
             except Exception as e:
                 raise RunError(node.layer, node.backend, e) from e
-            if self.record is not None:
-                self.record(node, threading.current_thread().name, start, time.perf_counter_ns())
+            if record is not None:
+                record(node, threading.current_thread().name, start, time.perf_counter_ns())
             self._release(node.inputs)
 
     def enqueue_segment(self, segment: Segment, runner: DeviceRunner, queue: Any, keep: list[Any]) -> None:
@@ -152,14 +155,20 @@ class _RunState:
             if tid is not None:
                 values[tid] = value
 
-    def _placement(self, node: WorkloadNode) -> tuple[list[Any] | None, tuple[Any, ...]]:
+    def _placement(self, node: WorkloadNode) -> tuple[list[Any] | None, tuple[Any, ...], int]:
         """``node``'s output targets (its outputs' planned views, when it writes in place and
-        all are planned; else None) and each output's planned view (None: unplanned)."""
+        all are planned; else None), each output's planned view (None: unplanned), and how
+        many outputs it must return."""
         placement = self.placements.get(node.layer)
         if placement is None:
             views = tuple(self._view(tid) for tid in node.outputs)
             in_place = getattr(node.workload, "writes_in_place", False) and all(v is not None for v in views)
-            placement = self.placements[node.layer] = (list(views) if in_place and views else None, views)
+            produced = sum(1 for tid in node.outputs if tid is not None)
+            placement = self.placements[node.layer] = (
+                list(views) if in_place and views else None,
+                views,
+                produced,
+            )
         return placement
 
     def _targets(self, node: WorkloadNode) -> list[Any] | None:
