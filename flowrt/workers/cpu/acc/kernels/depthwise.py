@@ -105,11 +105,19 @@ def depthwise(x, w, bias, out, geo, code, alpha, beta, bounds):
             )
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _three(w0, w1, w2, row, i):
+    """One kernel row's weights on ``row[i : i + 3]``."""
+    return w0 * row[i] + w1 * row[i + 1] + w2 * row[i + 2]
+
+
 @njit(nogil=True, cache=True)
 def _same3_rows(o, x, lo, hi, up, down, b, wm, width):
     """``o[lo:hi]`` of a 3x3 unit-stride depthwise plane on the flattened planes: the bias and
     the taps of the middle kernel row, of the one above when ``up``, below when ``down``.
-    Each kernel row reads three neighbours of one slice of ``x``, so the loop vectorizes."""
+    Each kernel row reads three neighbours of one slice of ``x``, and each case is a loop of
+    its own with no branch inside, so the loops vectorize."""
+    # The weights as scalars: LLVM keeps them in registers across the loop.
     w0, w1, w2, w3, w4, w5, w6, w7, w8 = (
         wm[0, 0],
         wm[0, 1],
@@ -123,46 +131,17 @@ def _same3_rows(o, x, lo, hi, up, down, b, wm, width):
     )
     dst = o[lo:hi]
     mid = x[lo - 1 : hi + 1]
+    a = x[max(0, lo - width - 1) : max(0, hi - width + 1)]
+    d = x[lo + width - 1 : hi + width + 1]
     if up and down:
-        a = x[lo - width - 1 : hi - width + 1]
-        d = x[lo + width - 1 : hi + width + 1]
         for i in range(hi - lo):
-            dst[i] = (
-                b
-                + w0 * a[i]
-                + w1 * a[i + 1]
-                + w2 * a[i + 2]
-                + w3 * mid[i]
-                + w4 * mid[i + 1]
-                + w5 * mid[i + 2]
-                + w6 * d[i]
-                + w7 * d[i + 1]
-                + w8 * d[i + 2]
-            )
+            dst[i] = b + _three(w0, w1, w2, a, i) + _three(w3, w4, w5, mid, i) + _three(w6, w7, w8, d, i)
     elif down:
-        d = x[lo + width - 1 : hi + width + 1]
         for i in range(hi - lo):
-            dst[i] = (
-                b
-                + w3 * mid[i]
-                + w4 * mid[i + 1]
-                + w5 * mid[i + 2]
-                + w6 * d[i]
-                + w7 * d[i + 1]
-                + w8 * d[i + 2]
-            )
+            dst[i] = b + _three(w3, w4, w5, mid, i) + _three(w6, w7, w8, d, i)
     else:
-        a = x[lo - width - 1 : hi - width + 1]
         for i in range(hi - lo):
-            dst[i] = (
-                b
-                + w0 * a[i]
-                + w1 * a[i + 1]
-                + w2 * a[i + 2]
-                + w3 * mid[i]
-                + w4 * mid[i + 1]
-                + w5 * mid[i + 2]
-            )
+            dst[i] = b + _three(w0, w1, w2, a, i) + _three(w3, w4, w5, mid, i)
 
 
 @njit(nogil=True, cache=True)
