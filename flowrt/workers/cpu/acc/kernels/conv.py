@@ -366,10 +366,11 @@ class ConvKernel:
         bias = np.zeros(w_shape[0], np.float32) if b is None else np.ascontiguousarray(b, np.float32)
         args = (self.code, self.alpha, self.beta)
         if self.desc.group == x.shape[1] > 1:
+            filters = w.reshape(w_shape[0], *w_shape[2:])
             if plan.same3 and out.flags.c_contiguous:
-                depthwise_same3(x, w.reshape(w_shape[0], 3, 3), bias, out, *args, plan.plane_bounds)
-                return [out]
-            depthwise(x, w.reshape(w_shape[0], *w_shape[2:]), bias, out, plan.geo, *args, plan.plane_bounds)
+                depthwise_same3(x, filters, bias, out, *args, plan.plane_bounds)
+            else:
+                depthwise(x, filters, bias, out, plan.geo, *args, plan.plane_bounds)
             return [out]
         if plan.winograd:
             u = self._winograd_weights(w, w_shape, plan.winograd)
