@@ -36,7 +36,9 @@ def source_coordinates(desc: ResizeDescriptor, out_len: int, in_len: int, scale:
     # tf_crop_and_resize: positions spread over the region of interest.
     start, end = roi
     if out_real == 1:
-        return np.full(out_len, (end - start) * (in_len - 1) / 2 + start * (in_len - 1))
+        # The centre goes to float64 before the start is added, as in onnx's reference.
+        centre = np.full(out_len, (end - start) * (in_len - 1) / 2, dtype=np.float64)
+        return centre + start * (in_len - 1)
     return y * (end - start) * (in_len - 1) / (out_real - 1) + start * (in_len - 1)
 
 
