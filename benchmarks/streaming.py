@@ -61,12 +61,14 @@ class StreamSettings:
         )
 
 
-# The best of those tried on a 2-core machine, alternated in one process: pools 1-2,
-# max_in_flight 1-32, max_batch 1-16, max_delay 2-20 ms. Two requests of batch 1 running at
-# once, a core each, beat batches of 8 on every light model but bvlc_alexnet and zfnet512
-# (whose large fully connected layers gain from a batch): a batch's activations leave the
-# L2 cache that one image's stay in, and the per-image cost of a run hardly falls with it.
-BEST = StreamSettings(pools=2, max_in_flight=4)
+# The best of those tried on a 2-core machine, alternated in one process: pools 1-3,
+# max_in_flight 4-16, max_batch 1-8, max_delay 0-10 ms. Batches of 4 (two running at once, a
+# core each) beat two requests of batch 1 by 5-20% on the small models (a run's fixed costs
+# and each layer's dispatch are paid once per batch) and by 25-40% on bvlc_alexnet and
+# zfnet512 (their fully connected weights are read once per batch), and tie on densenet121
+# and resnet50; batches of 8 lose on squeezenet and densenet121, whose activations then
+# leave the cache. 2 ms is about a small model's run: enough for a batch to fill.
+BEST = StreamSettings(pools=2, max_in_flight=16, max_batch=4, max_delay=0.002)
 
 
 def _split(requests: int, rounds: int) -> list[int]:
