@@ -30,6 +30,7 @@ from flowrt.workers.cpu.acc.blas import pin_scipy_blas, sgemm
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 from flowrt.workers.cpu.acc.kernels.depthwise import depthwise, depthwise_same3
 from flowrt.workers.cpu.acc.kernels.epilogue import NONE, activate_row, activation_args
+from flowrt.workers.cpu.acc.kernels.im2col import fill_columns
 from flowrt.workers.cpu.acc.kernels.taps import conv_by_taps
 from flowrt.workers.cpu.acc.kernels.winograd import (
     BLOCK_TILES,
@@ -52,101 +53,6 @@ CHUNK_FLOATS = 512 * 1024
 TAPS_MAX_ROWS = 32
 # The output block a tap-by-tap slice accumulates into is kept near this many floats.
 TAPS_BLOCK_FLOATS = 16 * 1024
-
-
-@njit(inline="always", nogil=True, cache=True)
-def _zero(dst):
-    # Loops from 0 over views, so that LLVM sees non-negative indices and vectorizes.
-    for t in range(dst.shape[0]):
-        dst[t] = 0
-
-
-@njit(inline="always", nogil=True, cache=True)
-def _copy(dst, src):
-    for t in range(dst.shape[0]):
-        dst[t] = src[t]
-
-
-@njit(nogil=True, cache=True)
-def _im2col(x, c0, geo, r0, q0, dst):
-    """Fill ``dst`` (rows x q) with the inputs that output pixels ``q0 .. q0+q`` see, for the
-    kernel cells ``r0 ..`` of the channels from ``c0`` on (row r: channel c0 + r // (kh*kw)).
-    One copy per output row of each kernel cell; :func:`_im2col_flat` is the faster special case."""
-    kh, kw, sh, sw, dh, dw, ph, pw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7]
-    ow_count = geo[9]
-    height, width = x.shape[1], x.shape[2]
-    q = dst.shape[1]
-    for r in range(r0, r0 + dst.shape[0]):
-        ki = (r // kw) % kh
-        kj = r % kw
-        channel = x[c0 + r // (kh * kw)]
-        row = dst[r - r0]
-        # Output columns whose input column lies inside the image: [lo, hi).
-        shift = kj * dw - pw
-        lo = min(ow_count, max(0, (-shift + sw - 1) // sw))
-        hi = max(lo, min(ow_count, (width - 1 - shift) // sw + 1))
-        oh, ow = divmod(q0, ow_count)
-        j = 0
-        while j < q:
-            run = min(q - j, ow_count - ow)
-            ih = oh * sh + ki * dh - ph
-            if ih < 0 or ih >= height:
-                _zero(row[j : j + run])
-            else:
-                first = min(max(ow, lo), ow + run)
-                last = max(first, min(hi, ow + run))
-                _zero(row[j : j + first - ow])
-                if last > first:
-                    src = channel[ih, first * sw + shift : (last - 1) * sw + shift + 1 : sw]
-                    _copy(row[j + first - ow : j + last - ow], src)
-                _zero(row[j + last - ow : j + run])
-            j += run
-            ow = 0
-            oh += 1
-
-
-@njit(nogil=True, cache=True)
-def _im2col_flat(x_flat, c0, geo, width, r0, q0, dst):
-    """:func:`_im2col` for stride 1 and an output as wide as the input: each kernel cell's row
-    is then the flat input shifted by one offset, copied at once; the cells that fall in the
-    padding (left and right of each output row, rows above and below) are zeroed after."""
-    kh, kw, dh, dw, ph, pw = geo[0], geo[1], geo[4], geo[5], geo[6], geo[7]
-    plane = x_flat.shape[1]
-    end = q0 + dst.shape[1]
-    for r in range(r0, r0 + dst.shape[0]):
-        ki = (r // kw) % kh
-        kj = r % kw
-        src = x_flat[c0 + r // (kh * kw)]
-        row = dst[r - r0]
-        shift = (ki * dh - ph) * width + kj * dw - pw
-        # Pixels whose input row is inside the image: [p_lo, p_hi); of those, readable: [c_lo, c_hi).
-        p_lo = min(end, max(q0, (ph - ki * dh) * width))
-        p_hi = max(p_lo, min(end, plane + (ph - ki * dh) * width))
-        c_lo = min(p_hi, max(p_lo, -shift))
-        c_hi = max(c_lo, min(p_hi, plane - shift))
-        _zero(row[: c_lo - q0])
-        if c_hi > c_lo:
-            _copy(row[c_lo - q0 : c_hi - q0], src[c_lo + shift : c_hi + shift])
-        _zero(row[c_hi - q0 :])
-        lo = max(0, pw - kj * dw)
-        hi = min(width, width + pw - kj * dw)
-        if lo == 0 and hi == width:
-            continue
-        for oh in range(p_lo // width, (p_hi + width - 1) // width):
-            base = oh * width
-            a = max(base, p_lo)
-            _zero(row[a - q0 : max(a, min(base + lo, p_hi)) - q0])
-            a = max(base + hi, p_lo)
-            _zero(row[a - q0 : max(a, min(base + width, p_hi)) - q0])
-
-
-@njit(inline="always", nogil=True, cache=True)
-def _fill_columns(x, x_flat, c0, geo, r0, q0, dst):
-    """The im2col rows ``r0 ..`` (as many as ``dst`` has) for pixels ``q0 ..`` of one image."""
-    if geo[2] == 1 and geo[3] == 1 and geo[9] == x.shape[2]:
-        _im2col_flat(x_flat, c0, geo, x.shape[2], r0, q0, dst)
-    else:
-        _im2col(x, c0, geo, r0, q0, dst)
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -177,7 +83,7 @@ def _conv_by_columns(x, x_flat, w, bias, out, geo, direct, bounds, chunk, finish
                 else:
                     # a C-contiguous (kg, q1 - q0) matrix, so that im2col's row copies vectorize
                     cols = buffer[: kg * (q1 - q0)].reshape((kg, q1 - q0))
-                    _fill_columns(x[n], x_flat[n], g * cg, geo, 0, q0, cols)
+                    fill_columns(x[n], x_flat[n], g * cg, geo, 0, q0, cols)
                 block = out[n, g * mg : (g + 1) * mg, q0:q1]
                 sgemm(False, False, 1.0, w[g], cols, 0.0, block)
                 if finish:
@@ -197,7 +103,7 @@ def _conv_by_rows(x, x_flat, w, bias, out, geo, direct, row_bounds, finish, code
         if not direct:
             for r in prange(groups * kg):
                 g, rg = divmod(np.int64(r), kg)
-                _fill_columns(x[n], x_flat[n], g * cg, geo, rg, 0, columns[r : r + 1])
+                fill_columns(x[n], x_flat[n], g * cg, geo, rg, 0, columns[r : r + 1])
         for task in prange(groups * slices):
             g, s = divmod(np.int64(task), slices)
             r0, r1 = g * mg + row_bounds[s], g * mg + row_bounds[s + 1]
@@ -378,6 +284,8 @@ class ConvKernel:
             run = winograd4 if plan.winograd == 4 else winograd
             run(x, u, bias, out, pads[0], pads[1], plan.tile_bounds, plan.tile_block, *args)
             return [out]
+        x_flat = x.reshape(*x.shape[:2], -1)
+        out_flat = out.reshape(*out.shape[:2], -1)
         if plan.taps:
             w_taps = self._tap_weights(w, w_shape)
             conv_by_taps(
@@ -393,8 +301,6 @@ class ConvKernel:
                 *args,
             )
             return [out]
-        x_flat = x.reshape(*x.shape[:2], -1)
-        out_flat = out.reshape(*out.shape[:2], -1)
         if plan.column_bounds is not None:
             _conv_by_columns(
                 x,
