@@ -91,12 +91,14 @@ def _many_slices(kernel):
     constant=st.booleans(),
     given_out=st.booleans(),
     tiny_slices=st.booleans(),
+    merged=st.booleans(),
 )
-def test_conv_matches_cpuref(case, workers, activation, constant, given_out, tiny_slices):
+def test_conv_matches_cpuref(case, workers, activation, constant, given_out, tiny_slices, merged):
     x, w, b, attrs = case
+    tunes = [t for t, on in ((_many_slices, tiny_slices), (_merge_any_batch, merged)) if on]
     _, got, expected = conv_case(
         x, w, b, workers=workers, activation=activation, constant=constant, given_out=given_out,
-        tune=_many_slices if tiny_slices else None, **attrs,
+        tune=lambda k: [t(k) for t in tunes], **attrs,
     )  # fmt: skip
     close(got, expected)
 
@@ -123,6 +125,54 @@ def test_large_layers_split_across_workers(x_shape, w_shape, attrs, split):
     assert (plan.column_bounds is not None) == (split == "columns")
     bounds = plan.column_bounds if split == "columns" else plan.row_bounds
     assert len(bounds) == 3
+
+
+def _merge_any_batch(kernel):
+    kernel.merge_pixels, kernel.merge_weights = 10**9, 0
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize(
+    "x_shape, w_shape, attrs",
+    [
+        ((3, 40, 7, 7), (48, 40, 1, 1), {}),  # 1x1: the images themselves side by side
+        ((2, 36, 7, 7), (40, 36, 3, 3), dict(pads=(1, 1, 1, 1))),  # flat im2col
+        ((4, 16, 15, 13), (40, 16, 3, 3), dict(strides=(2, 2), pads=(1, 0, 0, 1))),
+        ((2, 12, 9, 9), (63, 4, 3, 3), dict(group=3, dilations=(2, 1))),
+        ((3, 8, 6, 6), (34, 8, 1, 1), dict(strides=(2, 1), pads=(0, 1, 1, 0))),
+    ],
+)
+def test_a_batch_of_small_images_runs_as_one_gemm(x_shape, w_shape, attrs, workers):
+    """Each image's column matrix side by side in one GEMM (per group), the product copied back
+    per image with bias and activation: the same result as CpuRef's."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(x_shape, dtype=np.float32)
+    w = rng.standard_normal(w_shape, dtype=np.float32)
+    b = rng.standard_normal(w_shape[0], dtype=np.float32)
+    for tune in (_merge_any_batch, lambda k: (_merge_any_batch(k), _many_slices(k))):
+        kernel, got, expected = conv_case(
+            x, w, b, workers=workers, activation=FusedActivation("LeakyRelu", 0.1), tune=tune, **attrs
+        )
+        close(got, expected)
+    # with one column per slice allowed, the batch splits over the workers as evenly as any split
+    assert kernel.plan(x.shape, w.shape).batched_bounds is not None
+    # one image, or weights small enough to stay in cache: image by image
+    kernel, got, expected = conv_case(x[:1], w, b, workers=workers, tune=_merge_any_batch, **attrs)
+    close(got, expected)
+    assert kernel.plan(x[:1].shape, w.shape).batched_bounds is None
+    assert conv_case(x, w, b, **attrs)[0].plan(x.shape, w.shape).batched_bounds is None
+
+
+def test_large_weights_on_few_pixels_merge_the_batch_by_default():
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((4, 512, 7, 7), dtype=np.float32)
+    w = rng.standard_normal((512, 512, 1, 1), dtype=np.float32) * np.float32(0.05)
+    kernel, got, expected = conv_case(x, w, workers=2)
+    close(got, expected)
+    assert len(kernel.plan(x.shape, w.shape).batched_bounds) == 3  # 196 pixels: one slice per worker
+    # 98 pixels are one slice: two workers split the output channels of each image instead
+    assert kernel.plan((2, 512, 7, 7), w.shape).batched_bounds is None
+    assert kernel.plan((4, 512, 17, 17), w.shape).batched_bounds is None  # 289 pixels each
 
 
 @pytest.mark.parametrize("workers", [1, 3])
@@ -323,3 +373,21 @@ def test_squeezenet_runs_every_conv_on_cpuacc():
 def test_resnet50_runs_every_conv_on_cpuacc_and_matches_expected_output():
     path, y = _run_light_model("resnet50")
     np.testing.assert_allclose(y, expected_outputs(path)[0], **expected_tolerance(path))
+
+
+async def test_a_batch_of_resnet50_images_matches_each_image_alone():
+    """At batch 3 the 7x7 and 14x14 stages run each conv's images as one GEMM; every image's
+    output is the one it gets alone."""
+    path = light_model("resnet50")
+    opt = flowrt.optimize(flowrt.onnx.load(path), backends=["CpuAcc", "CpuRef"])
+    async with flowrt.Runtime(cpu_workers=2) as rt:
+        model = await rt.load(opt)
+        ((name, info),) = model.inputs.items()
+        image = pattern_input(info)
+        images = np.concatenate([image, image[:, :, ::-1], np.flip(image, axis=3)])
+        alone = [(await model.run({name: images[i : i + 1]})) for i in range(3)]
+        together = await (await model.batched(3)).run({name: images})
+    (out,) = together
+    for i, single in enumerate(alone):
+        np.testing.assert_allclose(together[out][i : i + 1], single[out], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(together[out][:1], expected_outputs(path)[0], **expected_tolerance(path))

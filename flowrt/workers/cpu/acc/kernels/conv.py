@@ -8,7 +8,8 @@ column matrix itself. When there are too few pixels to give every worker a slice
 channels (GEMM rows) are split instead, over one shared column matrix.
 
 A stride-1 conv with few output channels skips the column matrix and runs one GEMM per kernel
-tap (``taps.py``).
+tap (``taps.py``). A batch of small images through large weights runs as one GEMM over all
+the images' column matrices (``conv_batched.py``).
 
 Depthwise conv (one input channel per group) is a direct loop, one slice per channel
 (``depthwise.py``); a 3x3 stride-1 conv with enough channels and pixels runs by Winograd's
@@ -28,6 +29,7 @@ from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
 from flowrt.workers.cpu.acc.blas import pin_scipy_blas, sgemm
 from flowrt.workers.cpu.acc.kernels import acc_kernel
+from flowrt.workers.cpu.acc.kernels.conv_batched import MERGE_PIXELS, MERGE_WEIGHTS, conv_batched
 from flowrt.workers.cpu.acc.kernels.depthwise import depthwise, depthwise_same3
 from flowrt.workers.cpu.acc.kernels.epilogue import NONE, activate_row, activation_args
 from flowrt.workers.cpu.acc.kernels.im2col import fill_columns
@@ -129,6 +131,7 @@ class _Plan(NamedTuple):
     out_shape: tuple[int, ...]
     direct: bool  # 1x1, stride 1, no padding: the input is the column matrix
     column_bounds: np.ndarray | None  # split over pixels, or None to split over channels
+    batched_bounds: np.ndarray | None  # a batch as one GEMM: split over all images' pixels
     row_bounds: np.ndarray
     chunk: int
     plane_bounds: np.ndarray  # depthwise: (image, channel) planes per slice
@@ -172,6 +175,8 @@ class ConvKernel:
         # The split, chunking and path knobs, per instance so that tests can force each case.
         self.row_hint = SplitHint(axis=1, min_slice=MIN_ROWS)
         self.chunk_floats = CHUNK_FLOATS
+        self.merge_pixels = MERGE_PIXELS
+        self.merge_weights = MERGE_WEIGHTS
         self.taps_max_rows = TAPS_MAX_ROWS
         self.taps_block_floats = TAPS_BLOCK_FLOATS
         self.winograd_rule = WinogradRule()
@@ -223,6 +228,15 @@ class ConvKernel:
         by_columns = _balance(groups * (len(column_bounds) - 1), self.workers) >= _balance(
             groups * (len(row_bounds) - 1), self.workers
         )
+        # A batch of small images runs as one GEMM if that splits over the workers as evenly.
+        batched_bounds = split_bounds(x_shape[0] * pixels, self.split_hint, self.workers)
+        batched = (
+            x_shape[0] > 1
+            and pixels <= self.merge_pixels
+            and mg * rows >= self.merge_weights
+            and _balance(groups * (len(batched_bounds) - 1), self.workers)
+            >= max(_balance(groups * (len(b) - 1), self.workers) for b in (column_bounds, row_bounds))
+        )
         chunk = max(min(MIN_COLUMNS, self.chunk_floats), self.chunk_floats // max(rows, mg))
         oh, ow = int(g.out[0]), int(g.out[1])
         taps = groups == 1 and g.strides == (1, 1) and not direct and mg <= self.taps_max_rows
@@ -244,6 +258,7 @@ class ConvKernel:
             (x_shape[0], w_shape[0], int(g.out[0]), int(g.out[1])),
             direct,
             column_bounds if by_columns else None,
+            batched_bounds if batched else None,
             row_bounds,
             chunk,
             split_bounds(x_shape[0] * w_shape[0], SplitHint(0, 1), self.workers),
@@ -300,6 +315,9 @@ class ConvKernel:
                 finish,
                 *args,
             )
+            return [out]
+        if plan.batched_bounds is not None:
+            conv_batched(x, x_flat, w, bias, out_flat, plan.geo, plan.direct, plan.batched_bounds, *args)
             return [out]
         if plan.column_bounds is not None:
             _conv_by_columns(
