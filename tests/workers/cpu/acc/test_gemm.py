@@ -150,9 +150,12 @@ def test_non_float32_products_are_declined_with_a_reason(kind):
 
 @pytest.mark.parametrize("trans_a", [False, True])
 @pytest.mark.parametrize("trans_b", [False, True])
-@pytest.mark.parametrize(("m", "k", "n"), [(16, 64, 3025), (3, 5, 200_000), (64, 147, 300), (250, 250, 17)])
+@pytest.mark.parametrize(
+    ("m", "k", "n"), [(16, 64, 3025), (3, 5, 200_000), (64, 147, 300), (250, 250, 17), (4, 20_000, 40)]
+)
 def test_sgemm_in_blocks_of_columns_matches_numpy(m, k, n, trans_a, trans_b):
-    # Small m * k: run in blocks of columns (each within SMALL_GEMM), on views of larger arrays.
+    # Small m * k: run in blocks of columns (each within SMALL_GEMM), on views of larger arrays;
+    # m=4, k=20000: blocks of 12 columns when b is transposed (a fully connected layer).
     assert m * k * n > SMALL_GEMM
     rng = np.random.default_rng(m + n)
     a_full = rng.standard_normal((k + 2, m + 3) if trans_a else (m + 2, k + 3)).astype(np.float32)
