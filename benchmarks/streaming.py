@@ -66,8 +66,10 @@ class StreamSettings:
 # core each) beat two requests of batch 1 by 5-20% on the small models (a run's fixed costs
 # and each layer's dispatch are paid once per batch) and by 25-40% on bvlc_alexnet and
 # zfnet512 (their fully connected weights are read once per batch), and tie on densenet121
-# and resnet50; batches of 8 lose on squeezenet and densenet121, whose activations then
-# leave the cache. 2 ms is about a small model's run: enough for a batch to fill.
+# and resnet50; batches of 8 (max_in_flight=32) gain another 10-20% on bvlc_alexnet, zfnet512
+# and vgg19 but lose on squeezenet, shufflenet and densenet121, whose activations then leave
+# the cache (geometric mean 1.13 against 1.16 for batches of 4, in one session). 2 ms is
+# about a small model's run: enough for a batch to fill.
 BEST = StreamSettings(pools=2, max_in_flight=16, max_batch=4, max_delay=0.002)
 
 
