@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit, prange
 
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, activate_row
+from flowrt.workers.cpu.acc.kernels.phases import fill_phase_planes
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -27,32 +28,6 @@ def _source_shape(geo, height, width, oh_count, ow_count):
     return oh_count + (kh - 1) * dh // sh, ow_count + (kw - 1) * dw // sw
 
 
-@njit(inline="always", nogil=True, cache=True)
-def _fill_source(src, x, rows, pitch, sh, sw, ph, pw):
-    """The input plane ``x`` into ``src`` as its zero-padded plane or phase planes, writing
-    only the cells that come from ``x``: the pad cells are the same for every plane."""
-    height, width = x.shape
-    for i in range(sh):
-        for j in range(sw):
-            base = (i * sw + j) * rows * pitch
-            # Column c of the phase plane reads input column j + c * sw - pw: in [0, width)
-            # for c in [c_lo, c_hi).
-            c_lo = min(pitch, max(0, -(-(pw - j) // sw)))
-            c_hi = min(pitch, max(c_lo, -(-(width + pw - j) // sw)))
-            first = j + c_lo * sw - pw
-            r_lo = min(rows, max(0, -(-(ph - i) // sh)))
-            r_hi = min(rows, max(r_lo, -(-(height + ph - i) // sh)))
-            for r in range(r_lo, r_hi):
-                line = x[i + r * sh - ph, first:]
-                dst = src[base + r * pitch + c_lo : base + r * pitch + c_hi]
-                if sw == 1:
-                    for c in range(dst.shape[0]):
-                        dst[c] = line[c]
-                else:
-                    for c in range(dst.shape[0]):
-                        dst[c] = line[c * sw]
-
-
 @njit(nogil=True, cache=True)
 def _depthwise_plane(src, x, wm, b, out_plane, acc, geo, rows, pitch, code, alpha, beta):
     """One output plane of a depthwise conv from its input plane ``x``.
@@ -63,7 +38,7 @@ def _depthwise_plane(src, x, wm, b, out_plane, acc, geo, rows, pitch, code, alph
     the padded or phase planes, ``acc`` of the output run."""
     kh, kw, sh, sw, dh, dw, ph, pw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7]
     oh_count, ow_count = out_plane.shape
-    _fill_source(src, x, rows, pitch, sh, sw, ph, pw)
+    fill_phase_planes(src, x, rows, pitch, rows * pitch, sh, sw, ph, pw)
     total = (oh_count - 1) * pitch + ow_count
     run = acc[:total]
     for i in range(total):

@@ -8,7 +8,10 @@ by one shifted copy of the flat input per row.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
+
+from flowrt.workers.cpu.acc.kernels.phases import as_words, copy_every_other, copy_run
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -16,12 +19,6 @@ def _zero(dst):
     # Loops from 0 over views, so that LLVM sees non-negative indices and vectorizes.
     for t in range(dst.shape[0]):
         dst[t] = 0
-
-
-@njit(inline="always", nogil=True, cache=True)
-def _copy(dst, src):
-    for t in range(dst.shape[0]):
-        dst[t] = src[t]
 
 
 @njit(nogil=True, cache=True)
@@ -38,6 +35,9 @@ def _im2col(x, c0, geo, r0, q0, dst):
         kj = r % kw
         channel = x[c0 + r // (kh * kw)]
         row = dst[r - r0]
+        if sw == 2:
+            bits, even, odd = as_words(channel.reshape(-1))
+            out = row.view(np.uint32)
         # Output columns whose input column lies inside the image: [lo, hi).
         shift = kj * dw - pw
         lo = min(ow_count, max(0, (-shift + sw - 1) // sw))
@@ -54,8 +54,12 @@ def _im2col(x, c0, geo, r0, q0, dst):
                 last = max(first, min(hi, ow + run))
                 _zero(row[j : j + first - ow])
                 if last > first:
-                    src = channel[ih, first * sw + shift : (last - 1) * sw + shift + 1 : sw]
-                    _copy(row[j + first - ow : j + last - ow], src)
+                    if sw == 2:
+                        source = ih * width + first * sw + shift
+                        copy_every_other(out, j + first - ow, bits, even, odd, source, last - first)
+                    else:
+                        src = channel[ih, first * sw + shift : (last - 1) * sw + shift + 1 : sw]
+                        copy_run(row[j + first - ow : j + last - ow], src)
                 _zero(row[j + last - ow : j + run])
             j += run
             ow = 0
@@ -83,7 +87,7 @@ def _im2col_flat(x_flat, c0, geo, width, r0, q0, dst):
         c_hi = max(c_lo, min(p_hi, plane - shift))
         _zero(row[: c_lo - q0])
         if c_hi > c_lo:
-            _copy(row[c_lo - q0 : c_hi - q0], src[c_lo + shift : c_hi + shift])
+            copy_run(row[c_lo - q0 : c_hi - q0], src[c_lo + shift : c_hi + shift])
         _zero(row[c_hi - q0 :])
         lo = max(0, pw - kj * dw)
         hi = min(width, width + pw - kj * dw)

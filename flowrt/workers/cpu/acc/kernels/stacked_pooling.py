@@ -5,7 +5,7 @@ or 2, and 2x2 stride-2 ones) copies a group of planes at a time into padded plan
 one buffer (pad cells 0, or -inf for max), split into phase planes when strided (the cells
 whose row and column are i and j modulo the strides), and makes each kernel cell one long
 pass over all of them: row by row, the 7 to 28 wide rows of those layers are too short for
-the vectorized loops to pay off, and strided reads do not vectorize.
+the vectorized loops to pay off.
 ``flowrt.workers.cpu.acc.kernels.pooling`` plans which pools run here.
 """
 
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
+
+from flowrt.workers.cpu.acc.kernels.phases import copy_run, fill_phase_planes
 
 # Indices are cast to uint64 in the hot loops: numba wraps negative signed indices around,
 # and that check keeps LLVM from vectorizing.
@@ -47,13 +49,6 @@ FLAT_FLOATS = 8192
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _copy(dst, src):
-    for f in range(dst.shape[0]):
-        k = np.uint64(f)
-        dst[k] = src[k]
-
-
-@njit(inline="always", nogil=True, cache=True)
 def larger(a, b):
     """``a`` if it is larger than ``b``, else ``b``: one compare and select, which LLVM
     vectorizes into a plain max (numba's builtin ``max`` runs about half as fast). NaN loses
@@ -75,31 +70,6 @@ def _add_into(dst, src):
         dst[k] += src[k]
 
 
-@njit(inline="always", nogil=True, cache=True)
-def _fill_phases(buf, x, g, group, rows, pitch, sh, sw, bh, bw):
-    """Input plane ``x`` into plane ``g`` of the stack ``buf``: phase plane (i, j) holds the
-    padded plane's cells whose row and column are i and j modulo the strides, and the phases
-    are stacked outermost (phase, plane, row, column). Only cells that come from ``x`` are
-    written: the pad cells are the same for every plane."""
-    height, width = x.shape
-    for i in range(sh):
-        r_lo = min(rows, max(0, -(-(bh - i) // sh)))
-        r_hi = min(rows, max(r_lo, -(-(height + bh - i) // sh)))
-        for j in range(sw):
-            base = (((i * sw + j) * group) + g) * rows * pitch
-            c_lo = min(pitch, max(0, -(-(bw - j) // sw)))
-            c_hi = min(pitch, max(c_lo, -(-(width + bw - j) // sw)))
-            first = j + c_lo * sw - bw
-            for r in range(r_lo, r_hi):
-                line = x[i + r * sh - bh, first:]
-                dst = buf[base + r * pitch + c_lo : base + r * pitch + c_hi]
-                if sw == 1:
-                    _copy(dst, line)
-                else:
-                    for c in range(dst.shape[0]):
-                        dst[np.uint64(c)] = line[np.uint64(c * sw)]
-
-
 @njit(nogil=True, cache=True)
 def _flat_group(x, out, p0, planes, group, buf, acc, column, taps, is_max, table):
     """Planes ``p0 .. p0 + planes`` of a pool on stacked phase planes ``buf`` (``group`` planes
@@ -109,7 +79,9 @@ def _flat_group(x, out, p0, planes, group, buf, acc, column, taps, is_max, table
     sh, sw, rows, pitch = taps[6], taps[7], taps[8], taps[9]
     oh_count, ow_count = out.shape[1], out.shape[2]
     for g in range(planes):
-        _fill_phases(buf, x[p0 + g], g, group, rows, pitch, sh, sw, bh, bw)
+        fill_phase_planes(
+            buf[g * rows * pitch :], x[p0 + g], rows, pitch, group * rows * pitch, sh, sw, bh, bw
+        )
     nan = False
     if is_max:
         # Counted over the whole buffer in one pass, which vectorizes (pad cells are -inf).
@@ -126,10 +98,10 @@ def _flat_group(x, out, p0, planes, group, buf, acc, column, taps, is_max, table
         # those into the front half.
         wide = span + (kw - 1) * dw
         col = acc[acc.shape[0] // 2 : acc.shape[0] // 2 + wide]
-        _copy(col, buf)
+        copy_run(col, buf)
         for i in range(1, kh):
             _max_into(col, buf[i * dh * pitch : i * dh * pitch + wide])
-        _copy(res, col)
+        copy_run(res, col)
         for j in range(1, kw):
             _max_into(res, col[j * dw : j * dw + span])
     else:
@@ -139,7 +111,7 @@ def _flat_group(x, out, p0, planes, group, buf, acc, column, taps, is_max, table
                 phase = ((i * dh) % sh) * sw + (j * dw) % sw
                 offset = phase * stack + (i * dh // sh) * pitch + j * dw // sw
                 if i == 0 and j == 0:
-                    _copy(res, buf[offset : offset + span])
+                    copy_run(res, buf[offset : offset + span])
                 elif is_max:
                     _max_into(res, buf[offset : offset + span])
                 else:
