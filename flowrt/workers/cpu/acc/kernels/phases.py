@@ -59,6 +59,16 @@ def copy_every_other(out, at, bits, even, odd, start, n):
 
 
 @njit(inline="always", nogil=True, cache=True)
+def split_pairs(words, low, high, n):
+    """The first ``n`` words, each a pair of floats, into ``low`` (first floats) and ``high``
+    (second floats): uint32 views, one vectorized pass."""
+    for k in range(n):
+        v = words[k]
+        low[k] = np.uint32(v & _LOW)
+        high[k] = np.uint32(v >> np.uint64(32))
+
+
+@njit(inline="always", nogil=True, cache=True)
 def fill_phase_planes(dst, x, rows, pitch, phase_stride, sh, sw, ph, pw):
     """Input plane ``x`` (zero-padded by ``ph`` rows and ``pw`` columns in front) into its
     ``sh * sw`` phase planes: phase (i, j), at ``dst[(i * sw + j) * phase_stride:]``, holds the

@@ -20,6 +20,7 @@ from flowrt.engine.scheduler.window import SplitHint
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels.global_pooling import global_average_pool, global_max_pool, plane_bounds
+from flowrt.workers.cpu.acc.kernels.phases import split_pairs
 from flowrt.workers.cpu.acc.kernels.stacked_pooling import FLAT_FLOATS, larger, max_plane_exact, pool_flat
 
 
@@ -95,58 +96,79 @@ class PoolPlan:
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _max_along(row, column, kw_count, sw, dw):
-    """``row[o]`` = the max of ``column[o * sw + k * dw]`` over the kernel cells ``k``: one pass
-    per cell, the common strides spelled out so that LLVM vectorizes them."""
-    count = row.shape[0]
+def _max_along(of, at, count, column, kw_count, sw, dw, halves):
+    """``of[at + o]`` = the max of ``column[o * sw + k * dw]`` over the kernel cells ``k``, for
+    ``o < count``: one pass per cell. At stride 2 the column is first split into its even and
+    odd cells (``halves``, from :func:`_halves`), so that every pass reads one of them at unit
+    stride, which LLVM vectorizes."""
+    base = np.uint64(at)
     if sw == 1:
         for o in range(count):
-            row[o] = column[o]
+            of[base + np.uint64(o)] = column[np.uint64(o)]
         for k in range(1, kw_count):
-            shifted = column[k * dw : k * dw + count]
+            shift = np.uint64(k * dw)
             for o in range(count):
-                row[o] = larger(row[o], shifted[o])
-    elif sw == 2 and kw_count == 3 and dw == 1:  # the classic 3x3 stride-2 pool, in one pass
-        for o in range(count):
-            row[o] = larger(larger(column[2 * o], column[2 * o + 1]), column[2 * o + 2])
-    elif sw == 2 and kw_count == 2 and dw == 1:
-        for o in range(count):
-            row[o] = larger(column[2 * o], column[2 * o + 1])
+                q = np.uint64(o)
+                of[base + q] = larger(of[base + q], column[shift + q])
     elif sw == 2:
-        for o in range(count):
-            row[o] = column[2 * o]
-        for k in range(1, kw_count):
-            shifted = column[k * dw :]
+        even, odd, even_bits, odd_bits, words = halves
+        split_pairs(words, even_bits, odd_bits, ((count - 1) * 2 + (kw_count - 1) * dw) // 2 + 1)
+        if kw_count == 3 and dw == 1:  # the classic 3x3 stride-2 pool, in one pass
             for o in range(count):
-                row[o] = larger(row[o], shifted[2 * o])
+                q = np.uint64(o)
+                of[base + q] = larger(larger(even[q], odd[q]), even[q + np.uint64(1)])
+            return
+        for o in range(count):
+            of[base + np.uint64(o)] = even[np.uint64(o)]
+        for k in range(1, kw_count):
+            shift = np.uint64(k * dw // 2)
+            cells = even if k * dw % 2 == 0 else odd
+            for o in range(count):
+                q = np.uint64(o)
+                of[base + q] = larger(of[base + q], cells[shift + q])
     else:
         for o in range(count):
-            row[o] = column[o * sw]
+            of[base + np.uint64(o)] = column[np.uint64(o * sw)]
         for k in range(1, kw_count):
-            shifted = column[k * dw :]
             for o in range(count):
-                row[o] = larger(row[o], shifted[o * sw])
+                q = np.uint64(o)
+                of[base + q] = larger(of[base + q], column[np.uint64(o * sw + k * dw)])
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _rows_max(column, a, b, c, count):
-    """``column`` = the max of the first ``count`` (1 to 3) of rows ``a``, ``b``, ``c`` (one
-    pass); whether they hold a NaN, which :func:`larger` may have let lose."""
+def _halves(column):
+    """Buffers for the even and odd cells of ``column`` (of even size), their uint32 views,
+    and the column as uint64 words (pairs of cells)."""
+    even = np.empty(column.shape[0] // 2, np.float32)
+    odd = np.empty(column.shape[0] // 2, np.float32)
+    return even, odd, even.view(np.uint32), odd.view(np.uint32), column.view(np.uint64)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _rows_max(column, at, xf, first, step, count, width):
+    """``column[at + i]`` = the max over the first ``count`` (1 to 3) of the rows of ``width``
+    at ``xf[first]``, ``xf[first + step]``, ``xf[first + 2 * step]`` (one pass); whether they
+    hold a NaN, which :func:`larger` may have let lose."""
     nan = False
+    c0, a0 = np.uint64(at), np.uint64(first)
+    b0, d0 = a0 + np.uint64(step), a0 + np.uint64(2 * step)
     if count == 3:
-        for i in range(column.shape[0]):
-            va, vb, vc = a[i], b[i], c[i]
-            column[i] = larger(larger(va, vb), vc)
+        for i in range(width):
+            q = np.uint64(i)
+            va, vb, vc = xf[a0 + q], xf[b0 + q], xf[d0 + q]
+            column[c0 + q] = larger(larger(va, vb), vc)
             nan |= (va != va) | (vb != vb) | (vc != vc)
     elif count == 2:
-        for i in range(column.shape[0]):
-            va, vb = a[i], b[i]
-            column[i] = larger(va, vb)
+        for i in range(width):
+            q = np.uint64(i)
+            va, vb = xf[a0 + q], xf[b0 + q]
+            column[c0 + q] = larger(va, vb)
             nan |= (va != va) | (vb != vb)
     else:
-        for i in range(column.shape[0]):
-            va = a[i]
-            column[i] = va
+        for i in range(width):
+            q = np.uint64(i)
+            va = xf[a0 + q]
+            column[c0 + q] = va
             nan |= va != va
     return nan
 
@@ -158,34 +180,38 @@ def _max_pool(x, out, bounds, hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw):
 
     The kernel rows' max goes into a column buffer with ``pw`` cells of -inf before the
     row and enough after it for every window: padding never wins, and no window needs a
-    bounds test. Up to three kernel rows at a time are one pass over the columns."""
-    width, kw_count = x.shape[2], wfirst.shape[0]
+    bounds test. Up to three kernel rows at a time are one pass over the columns. The loops
+    index flat views with unsigned offsets: a slice per row costs reference counting that
+    took as long as the row's max."""
+    height, width, kw_count = x.shape[1], x.shape[2], wfirst.shape[0]
+    oh_count, ow_count = out.shape[1], out.shape[2]
+    xf, of = x.reshape(-1), out.reshape(-1)
     lowest = np.float32(-np.inf)
-    span = max(pw + width, (out.shape[2] - 1) * sw + (kw_count - 1) * dw + 1)
+    span = max(pw + width, (ow_count - 1) * sw + (kw_count - 1) * dw + 1)
+    span += span % 2  # whole pairs, for the split at stride 2
     for s in prange(bounds.shape[0] - 1):
         padded = np.full(span, lowest, np.float32)
-        column = padded[pw : pw + width]
+        halves = _halves(padded)
         exact = np.empty(width, np.float32)
         for p in range(bounds[s], bounds[s + 1]):
             nan = False
-            for oh in range(out.shape[1]):
-                row = out[p, oh]
+            for oh in range(oh_count):
+                at = (p * oh_count + oh) * ow_count
                 if hhi[oh] == hlo[oh]:
-                    row[:] = lowest
+                    for o in range(ow_count):
+                        of[np.uint64(at + o)] = lowest
                     continue
-                first = hs[oh] + hlo[oh] * dh
+                first = (p * height + hs[oh] + hlo[oh] * dh) * width
                 count = min(3, hhi[oh] - hlo[oh])
-                a = x[p, first]
-                b = x[p, first + dh] if count > 1 else a
-                c = x[p, first + 2 * dh] if count > 2 else a
-                nan |= _rows_max(column, a, b, c, count)
+                nan |= _rows_max(padded, pw, xf, first, dh * width, count, width)
                 for kh in range(hlo[oh] + 3, hhi[oh]):
-                    line = x[p, hs[oh] + kh * dh]
+                    line = np.uint64((p * height + hs[oh] + kh * dh) * width)
                     for i in range(width):
-                        v = line[i]
-                        column[i] = larger(column[i], v)
+                        q = np.uint64(i)
+                        v = xf[line + q]
+                        padded[np.uint64(pw) + q] = larger(padded[np.uint64(pw) + q], v)
                         nan |= v != v
-                _max_along(row, padded, kw_count, sw, dw)
+                _max_along(of, at, ow_count, padded, kw_count, sw, dw, halves)
             if nan:
                 max_plane_exact(x[p], out[p], hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw, exact)
 
