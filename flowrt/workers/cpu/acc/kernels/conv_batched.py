@@ -17,6 +17,7 @@ from numba import njit, prange
 from flowrt.workers.cpu.acc.blas import sgemm
 from flowrt.workers.cpu.acc.kernels.epilogue import activate_row
 from flowrt.workers.cpu.acc.kernels.im2col import fill_columns
+from flowrt.workers.cpu.acc.kernels.phases import copy_run
 
 # A batch runs as one GEMM when each image has at most MERGE_PIXELS output pixels and the
 # layer's weights (per group) are at least MERGE_WEIGHTS floats: with fewer, they stay in L2
@@ -39,10 +40,7 @@ def conv_batched(x, x_flat, w, bias, out, geo, direct, bounds, code, alpha, beta
     for task in prange(batch * groups * kg):
         n, r = divmod(np.int64(task), groups * kg)
         if direct:
-            src = x_flat[n, r]
-            dst = columns[r, n]
-            for t in range(pixels):
-                dst[t] = src[t]
+            copy_run(columns[r, n], x_flat[n, r])
         else:
             g, rg = divmod(r, kg)
             fill_columns(x[n], x_flat[n], g * cg, geo, rg, 0, columns[r, n : n + 1])
