@@ -1,26 +1,11 @@
-"""The strided row copies that depthwise Conv, stacked pools and im2col share, against numpy
-slicing: every parity of start and destination, odd and even plane widths, every stride."""
+"""The phase-plane fill that depthwise Conv and stacked pools share, against numpy slicing:
+every parity of start and destination, odd and even plane widths, every stride."""
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowrt.workers.cpu.acc.kernels.phases import as_words, copy_every_other, fill_phase_planes
-
-
-@pytest.mark.parametrize("size", [1, 2, 7, 8, 57, 112])
-def test_copy_every_other_reads_every_second_float_from_any_start(size):
-    flat = np.arange(size, dtype=np.float32) * 1.5 - 3.0
-    bits, even, odd = as_words(flat)
-    for start in range(size):
-        for at in (0, 1, 3):
-            n = (size - start + 1) // 2
-            out = np.full(at + n + 2, -7.0, np.float32)
-            copy_every_other(out.view(np.uint32), at, bits, even, odd, start, n)
-            np.testing.assert_array_equal(out[at : at + n], flat[start::2])
-            # Nothing outside the n cells is written.
-            assert (out[:at] == -7.0).all() and (out[at + n :] == -7.0).all()
+from flowrt.workers.cpu.acc.kernels.phases import fill_phase_planes
 
 
 def _phase_planes(x, rows, pitch, sh, sw, ph, pw):

@@ -1,8 +1,8 @@
 """Strided reads of float32 rows, shared by the kernels that split a plane by its strides
-(depthwise Conv, pools on stacked planes) or gather a strided conv's columns (im2col).
+(depthwise Conv, pools on stacked planes).
 
 ``dst[c] = line[c * step]`` as a plain loop is a gather that LLVM leaves scalar: about 2
-Gfloat/s. For the common step of 2, :func:`copy_every_other` reads the row as 64-bit words,
+Gfloat/s. For the common step of 2, :func:`fill_phase_planes` reads the row as 64-bit words,
 each one pair of floats, and keeps the low (first) half of each: loads, a truncation and
 stores, which vectorize (8-14 Gfloat/s on rows of 28-112). Little-endian machines only, as
 numba's targets are.
@@ -42,23 +42,6 @@ def as_words(flat):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def copy_every_other(out, at, bits, even, odd, start, n):
-    """``out[at + c] = bits[start + 2 * c]`` for ``c < n``, with ``bits, even, odd`` from
-    :func:`as_words` and ``out`` a uint32 view."""
-    # The word holding (bits[start + 2c], bits[start + 2c + 1]): its low half is the first.
-    # Unsigned indices and no slices: numba wraps negative indices around, which keeps LLVM
-    # from vectorizing, and a slice costs a reference count update, as much as a short row.
-    # One loop over the chosen view: a loop per parity ran 3x slower.
-    words = even if start % 2 == 0 else odd
-    k = np.uint64(start // 2)
-    o = np.uint64(at)
-    for c in range(n - 1):
-        out[o + np.uint64(c)] = np.uint32(words[k + np.uint64(c)] & _LOW)
-    if n > 0:
-        out[o + np.uint64(n - 1)] = bits[np.uint64(start + 2 * (n - 1))]
-
-
-@njit(inline="always", nogil=True, cache=True)
 def split_pairs(words, low, high, n):
     """The first ``n`` words, each a pair of floats, into ``low`` (first floats) and ``high``
     (second floats): uint32 views, one vectorized pass."""
@@ -93,7 +76,10 @@ def fill_phase_planes(dst, x, rows, pitch, phase_stride, sh, sw, ph, pw):
                 start = base + r * pitch + c_lo
                 source = (i + r * sh - ph) * width + first
                 if sw == 2:
-                    # copy_every_other written out: called, this loop ran 3x slower
+                    # The word holding (bits[source + 2c], bits[source + 2c + 1]): its low half
+                    # is the first. Unsigned indices and no slices: numba wraps negative
+                    # indices around, which keeps LLVM from vectorizing, and a slice costs a
+                    # reference count update, as much as a short row.
                     n = c_hi - c_lo
                     words = even if source % 2 == 0 else odd
                     k = np.uint64(source // 2)
