@@ -299,8 +299,6 @@ class ConvKernel:
             run = winograd4 if plan.winograd == 4 else winograd
             run(x, u, bias, out, pads[0], pads[1], plan.tile_bounds, plan.tile_block, *args)
             return [out]
-        x_flat = x.reshape(*x.shape[:2], -1)
-        out_flat = out.reshape(*out.shape[:2], -1)
         if plan.taps:
             w_taps = self._tap_weights(w, w_shape)
             conv_by_taps(
@@ -316,6 +314,8 @@ class ConvKernel:
                 *args,
             )
             return [out]
+        x_flat = x.reshape(*x.shape[:2], -1)
+        out_flat = out.reshape(*out.shape[:2], -1)
         if plan.batched_bounds is not None:
             conv_batched(x, x_flat, w, bias, out_flat, plan.geo, plan.direct, plan.batched_bounds, *args)
             return [out]

@@ -11,18 +11,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from flowrt.workers.cpu.acc.kernels.phases import copy_run
+
 
 @njit(inline="always", nogil=True, cache=True)
 def _zero(dst):
     # Loops from 0 over views, so that LLVM sees non-negative indices and vectorizes.
     for t in range(dst.shape[0]):
         dst[t] = 0
-
-
-@njit(inline="always", nogil=True, cache=True)
-def _copy(dst, src):
-    for t in range(dst.shape[0]):
-        dst[t] = src[t]
 
 
 @njit(nogil=True, cache=True)
@@ -41,6 +37,8 @@ def _im2col(x_flat, c0, geo, height, width, r0, q0, dst):
     out = dst.reshape(-1)
     plane = height * width
     step = np.uint64(sw)
+    # The output row and column of pixel q0, where every kernel cell's row starts.
+    oh0, ow0 = divmod(q0, ow_count)
     for r in range(r0, r0 + dst.shape[0]):
         ki = (r // kw) % kh
         kj = r % kw
@@ -48,7 +46,7 @@ def _im2col(x_flat, c0, geo, height, width, r0, q0, dst):
         shift = kj * dw - pw
         lo = min(ow_count, max(0, (-shift + sw - 1) // sw))
         hi = max(lo, min(ow_count, (width - 1 - shift) // sw + 1))
-        oh, ow = divmod(q0, ow_count)
+        oh, ow = oh0, ow0
         j = (r - r0) * q
         end = j + q
         while j < end:
@@ -93,7 +91,7 @@ def _im2col_flat(x_flat, c0, geo, width, r0, q0, dst):
         c_hi = max(c_lo, min(p_hi, plane - shift))
         _zero(row[: c_lo - q0])
         if c_hi > c_lo:
-            _copy(row[c_lo - q0 : c_hi - q0], src[c_lo + shift : c_hi + shift])
+            copy_run(row[c_lo - q0 : c_hi - q0], src[c_lo + shift : c_hi + shift])
         _zero(row[c_hi - q0 :])
         lo = max(0, pw - kj * dw)
         hi = min(width, width + pw - kj * dw)
