@@ -36,7 +36,7 @@ from flowrt.registry.contexts import call_hooks, check_allocators
 from flowrt.registry.dynamic import BackendPaths, load_dynamic_backends, unload_dynamic_backends
 from flowrt.stream import BatchingStream, Stream
 from flowrt.types import Priority, TensorInfo
-from flowrt.workers.cpu.workers import CpuWorkerPool, default_cpu_workers
+from flowrt.workers.cpu.workers import CpuWorkerPool, default_cpu_workers, share_cores
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +149,7 @@ class LoadedNetwork:
                     record,
                     devices=self._devices,
                     priority=int(priority),
+                    between_workloads=share_cores,
                 )
         finally:
             self._in_flight -= 1

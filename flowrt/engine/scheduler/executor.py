@@ -87,16 +87,19 @@ class _RunState:
         self.stop = threading.Event()
         self.error: RunError | None = None
         self.record: Callable[..., None] | None = None
+        self.between: Callable[[], None] | None = None
 
     def run_segment(self, segment: Segment) -> None:
         """Run a segment's workloads in order (in a worker thread)."""
         # The loop is a small model's cost per layer beside its kernels: attributes are read
         # once, and the clock only when the run is profiled.
-        values, stop, record = self.values, self.stop, self.record
+        values, stop, record, between = self.values, self.stop, self.record, self.between
         start = 0
         for node in segment.nodes:
             if stop.is_set():
                 return
+            if between is not None:
+                between()
             args = [values[tid] if tid is not None else None for tid in node.inputs]
             if record is not None:
                 start = time.perf_counter_ns()
@@ -214,6 +217,7 @@ async def execute(
     *,
     devices: Mapping[str, DeviceRunner] | None = None,
     priority: int = 1,
+    between_workloads: Callable[[], None] | None = None,
 ) -> dict[str, np.ndarray]:
     """Run the dataflow once on checked feeds; return fresh output arrays by name.
 
@@ -226,10 +230,12 @@ async def execute(
     With a ``pool``, planned intermediate tensors live at their ``bindings`` in it; the pool
     must stay lent until this returns (it does not touch the pool afterwards). ``record``,
     when given, is called from the worker after each workload with
-    ``(node, worker name, start_ns, end_ns)``.
+    ``(node, worker name, start_ns, end_ns)``. ``between_workloads``, when given, is called
+    in the worker before each workload of a host segment (the pool's ``share_cores``).
     """
     state = _RunState(dataflow, feeds, pool, bindings or {})
     state.record = record
+    state.between = between_workloads
     done = [trio.Event() for _ in dataflow.segments]
 
     async def run(segment: Segment, cancel_scope: trio.CancelScope | None) -> None:

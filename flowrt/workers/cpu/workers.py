@@ -23,8 +23,12 @@ Intra-op threads adapt to the load: a job's numba parallel regions use ``threads
 threads (at least one), ``busy`` counting the workers running a job, this one included. A
 lone run spreads over every core; runs in flight together take a core each instead of
 oversubscribing them (two runs of two threads each on two cores wait at each other's
-barriers: one thread each streams small models about 15% faster). Reserve jobs use every
-thread, the LOW jobs around them having stepped back.
+barriers: one thread each streams small models about 15% faster). The share is taken when a
+job starts and again before each of its workloads (``share_cores``, called by the executor):
+a run that started alone steps down to its core as soon as another starts beside it, rather
+than keeping the cores of both for the rest of the run; it does not step back up within the
+job (its helper threads would wake for one layer and then spin beside the other run). Reserve
+jobs use every thread, the LOW jobs around them having stepped back.
 
 OpenMP (numba's threading layer, libgomp) threads, in two rules:
 
@@ -115,26 +119,52 @@ class _Job:
     deliver: Callable[[outcome.Outcome], None]
 
 
-class _Worker:
-    """One thread serving its inbox until it receives ``None``."""
+# The job a worker thread runs now, for ``share_cores``.
+_current = threading.local()
 
-    def __init__(self, name: str, threads: int) -> None:
+
+def share_cores() -> None:
+    """Between two workloads of a job on a CPU worker: use no more threads than the job's share
+    of the cores now (see the module doc). Elsewhere, and for reserve jobs, it does nothing."""
+    worker = getattr(_current, "worker", None)
+    if worker is not None:
+        worker.share_cores()
+
+
+class _Worker:
+    """One thread serving its inbox until it receives ``None``. ``busy()`` counts the
+    workers running a job now (read from this thread: the pool changes it in trio's)."""
+
+    def __init__(self, name: str, threads: int, busy: Callable[[], int] | None = None) -> None:
         self.inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self.threads = threads
+        self.busy = busy
         self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self.ready = threading.Event()
+        self._job_threads = threads  # the threads of the job running now
 
     def _serve(self) -> None:
         # numba's thread count is per calling thread: kernels split their windows into
         # slices, and this caps how many threads run a worker's slices at once.
         numba.set_num_threads(self.threads)
+        if self.busy is not None:
+            _current.worker = self
         self.ready.set()
         current = self.threads
         while (job := self.inbox.get()) is not None:
             if job.threads != current:
                 numba.set_num_threads(job.threads)
-                current = job.threads
-            job.token.run_sync_soon(job.deliver, self._run(job))
+            self._job_threads = job.threads
+            outcome_ = self._run(job)
+            current = self._job_threads
+            job.token.run_sync_soon(job.deliver, outcome_)
+
+    def share_cores(self) -> None:
+        """Step the running job down to its share of the cores, when others started beside it."""
+        share = max(1, self.threads // max(1, self.busy()))  # type: ignore[misc]
+        if share < self._job_threads:
+            numba.set_num_threads(share)
+            self._job_threads = share
 
     @staticmethod
     def _run(job: _Job) -> outcome.Outcome:
@@ -169,13 +199,16 @@ class CpuWorkerPool:
         self.count = count
         # A job's parallel regions never use more threads than numba has.
         self.threads = min(count, numba.config.NUMBA_NUM_THREADS)
-        self._workers = [_Worker(f"flowrt-cpu-{i}", self.threads) for i in range(count)]
+        self._workers = [_Worker(f"flowrt-cpu-{i}", self.threads, self._busy) for i in range(count)]
         self._reserve = [_Worker(f"flowrt-cpu-high-{i}", self.threads) for i in range(count)]
         self._idle: PriorityLender[_Worker] = PriorityLender(aging_interval=aging_interval)
         self._idle_reserve: list[_Worker] = []
         self._running: dict[_Worker, int] = {}  # busy (not reserve) worker -> its job's priority
         self._renice = False
         self._started = False
+
+    def _busy(self) -> int:
+        return len(self._running)
 
     @property
     def idle_count(self) -> int:

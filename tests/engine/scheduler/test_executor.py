@@ -1,5 +1,7 @@
 """The trio executor: concurrency, failure as RunError, cancellation."""
 
+import threading
+
 import numpy as np
 import pytest
 import trio
@@ -28,6 +30,22 @@ async def test_a_run_is_one_segment_by_default():
     (segment,) = model.dataflow.segments
     assert [node.layer for node in segment.nodes] == [node.layer for node in model.dataflow.order]
     assert segment.depends_on == frozenset()
+
+
+async def test_the_workers_share_the_cores_again_before_every_workload(monkeypatch):
+    """A run takes its share of the cores before each workload (``share_cores``), so one that
+    started alone gives a core up when another run starts beside it."""
+    import flowrt.runtime
+
+    calls: list[str] = []
+    monkeypatch.setattr(flowrt.runtime, "share_cores", lambda: calls.append(threading.current_thread().name))
+    opt = flowrt.optimize(branchy_network(), backends=["CpuRef"])
+    x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        model = await rt.load(opt)
+        calls.clear()
+        await model.run({"x": x})
+    assert calls == ["flowrt-cpu-0"] * len(model.dataflow.order)
 
 
 async def test_parallel_branches_are_separate_segments():

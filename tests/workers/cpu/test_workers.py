@@ -19,7 +19,7 @@ from netbuild import branchy_network
 import flowrt
 from flowrt.errors import FlowrtError
 from flowrt.types import Priority
-from flowrt.workers.cpu.workers import LOW_PRIORITY_NICE, CpuWorkerPool, nice_is_reversible
+from flowrt.workers.cpu.workers import LOW_PRIORITY_NICE, CpuWorkerPool, nice_is_reversible, share_cores
 
 
 class GatedJobs:
@@ -270,6 +270,38 @@ async def test_runs_in_flight_together_share_the_cores_instead_of_oversubscribin
         return threads, low_nice if threads == 1 else base
 
     assert seen == {"alone": expected(pool.threads), "beside": expected(max(1, pool.threads // 2))}
+
+
+async def test_a_job_that_started_alone_steps_down_when_another_starts_beside_it(autojump_clock):
+    """Between its workloads (``share_cores``) a job takes its share of the cores now: the
+    cores of both while alone, one once a second job runs, and not both again in that job."""
+    async with CpuWorkerPool(2) as pool:
+        jobs = GatedJobs()
+        seen: list[int] = []
+
+        def long_run() -> None:
+            for name in ("alone", "beside", "after"):
+                share_cores()
+                seen.append(numba.get_num_threads())
+                jobs.job(name)()  # one workload's worth, until the test releases it
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pool.run_sync, long_run)
+            await jobs.wait_started(1)
+            nursery.start_soon(jobs.run, pool, "other")
+            await jobs.wait_started(2)
+            jobs.release("alone")
+            await jobs.wait_started(3)
+            jobs.release("other")
+            while pool.idle_count == 0:  # until "other" has given its worker back
+                await trio.sleep(0.001)
+            jobs.release("beside")
+            await jobs.wait_started(4)
+            jobs.release("after")
+        share_cores()  # outside a worker: nothing to share
+        assert await pool.run_sync(numba.get_num_threads) == pool.threads
+    half = max(1, pool.threads // 2)
+    assert seen == [pool.threads, half, half]
 
 
 async def test_a_job_runs_in_the_callers_context():
