@@ -236,9 +236,12 @@ def _own_copy(error: Exception) -> Exception:
 class BatchingStream(OrderedStream):
     """A stream that stacks requests and runs them as one; use via ``model.stream(max_batch=...)``.
 
-    A collector actor takes the first waiting request, then more until ``max_batch`` are
-    taken or ``max_delay`` seconds have passed since that first one was sent (at once once
-    the stream is closed), and starts the batch. Results come back per request, in
+    A collector actor takes the first waiting request, waits until a run can start (fewer
+    batches running than the model has memory pools: a batch formed before then would only
+    wait for a pool, while the requests behind it could have joined it), then takes more
+    until ``max_batch`` are taken or ``max_delay`` seconds have passed since that first one
+    was sent (at once once the stream is closed), and starts the batch: as Triton's dynamic
+    batcher forms a batch when a model instance is free. Results come back per request, in
     submission order; ``max_in_flight`` bounds the requests held, as for any stream. A
     request whose feeds do not match the model fails alone, when sent; an error in a batched
     run reaches every request of that batch.
@@ -269,6 +272,7 @@ class BatchingStream(OrderedStream):
         rebatch(model.unbatched.graph.copy(), self._rows * max_batch)
         self._sizes = batch_sizes(max_batch)
         self._models: dict[int, LoadedNetwork] = {}
+        self._runs = trio.Semaphore(model.pools.count)  # batches that may run at once
         self._queue_in, self._queue_out = trio.open_memory_channel[tuple[float, Request]](math.inf)
 
     async def __aenter__(self):
@@ -307,6 +311,7 @@ class BatchingStream(OrderedStream):
         """The actor that forms batches, one at a time, and starts each as it is formed."""
         async for sent_at, first in self._queue_out:
             batch = [first]
+            await self._runs.acquire()  # released by _run_batch
             await self._fill(batch, sent_at + self.max_delay)
             assert self._nursery is not None  # this task runs in it
             self._nursery.start_soon(self._run_batch, batch)
@@ -340,6 +345,7 @@ class BatchingStream(OrderedStream):
             for request in batch:
                 request.error = _own_copy(e)
         finally:
+            self._runs.release()
             self._finish(batch)
 
     @staticmethod

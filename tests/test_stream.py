@@ -1,5 +1,7 @@
 """Streams: ordered results, backpressure, errors per request, cancellation."""
 
+import threading
+
 import numpy as np
 import pytest
 import trio
@@ -190,6 +192,30 @@ async def test_a_full_batch_runs_without_waiting_for_max_delay(autojump_clock):
             assert trio.current_time() - start < 60.0
     assert results == {0: 0, 1: 1}
     assert [seen[0].shape for seen in backend.inputs_seen] == [(2, 2)]
+
+
+async def test_requests_that_wait_for_a_free_run_join_one_batch():
+    """As Triton's dynamic batcher: a batch is formed when a run can start. While the model's
+    one run in flight waits for the only worker, the requests behind it queue, and they leave
+    together when it ends, though ``max_delay`` is long past; not each in a batch of its own."""
+    backend = PartialBackend("B", {"Relu"})
+    registry, opt = _batchable_parts(backend)
+    async with flowrt.Runtime(registry, cpu_workers=1) as rt:
+        model = await rt.load(opt, max_in_flight=1)
+        async with model.stream(max_batch=4, max_delay=0.0) as s, trio.open_nursery() as nursery:
+            gate = threading.Event()  # another model's job holds the worker until it is set
+            nursery.start_soon(rt._workers.run_sync, gate.wait, 30)  # type: ignore[union-attr]
+            await s.send(_row(0))
+            await trio.testing.wait_all_tasks_blocked()  # 0 left alone: its run waits
+            for tag in range(1, 4):
+                await s.send(_row(tag))
+            await trio.testing.wait_all_tasks_blocked()
+            assert backend.inputs_seen == []
+            gate.set()
+            s.close()
+            received = [int(o["y"][0, 1]) async for o in s]
+    assert [seen[0][:, 1].tolist() for seen in backend.inputs_seen] == [[0], [1, 2, 3, 3]]
+    assert received == [0, 1, 2, 3]
 
 
 async def test_a_failing_batch_fails_each_of_its_requests_and_a_bad_feed_fails_alone():
