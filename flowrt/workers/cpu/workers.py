@@ -141,7 +141,7 @@ class _Worker:
         self.busy = busy
         self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self.ready = threading.Event()
-        self._job_threads = threads  # the threads of the job running now
+        self._threads_now = threads  # numba's thread count on this thread
 
     def _serve(self) -> None:
         # numba's thread count is per calling thread: kernels split their windows into
@@ -150,21 +150,20 @@ class _Worker:
         if self.busy is not None:
             _current.worker = self
         self.ready.set()
-        current = self.threads
         while (job := self.inbox.get()) is not None:
-            if job.threads != current:
-                numba.set_num_threads(job.threads)
-            self._job_threads = job.threads
-            outcome_ = self._run(job)
-            current = self._job_threads
-            job.token.run_sync_soon(job.deliver, outcome_)
+            self._set_threads(job.threads)
+            job.token.run_sync_soon(job.deliver, self._run(job))
+
+    def _set_threads(self, threads: int) -> None:
+        if threads != self._threads_now:
+            numba.set_num_threads(threads)
+            self._threads_now = threads
 
     def share_cores(self) -> None:
         """Step the running job down to its share of the cores, when others started beside it."""
         share = max(1, self.threads // max(1, self.busy()))  # type: ignore[misc]
-        if share < self._job_threads:
-            numba.set_num_threads(share)
-            self._job_threads = share
+        if share < self._threads_now:
+            self._set_threads(share)
 
     @staticmethod
     def _run(job: _Job) -> outcome.Outcome:
