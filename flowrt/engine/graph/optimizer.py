@@ -58,9 +58,10 @@ class OptimizerOptions:
     ``fold_constants`` evaluates constant subgraphs once (needs CpuRef registered);
     ``fast_math`` lets backends trade exactness for speed (passed to their kernels);
     ``fold_scale_shift`` turns Mul and Add by per-channel constants into BatchNormalization
-    (folded into a Conv before it by ``fold_batch_norm``); ``fuse_activations`` folds an
-    activation into the layer before it where that layer's backend can apply one (through
-    its ``optimize_subgraph``, or capability ``fused_activation``). ``fold_transposes``
+    (folded into a Conv or BatchNormalization before it by ``fold_batch_norm``);
+    ``fuse_activations`` folds an activation into the layer before it where that layer's
+    backend can apply one (through its ``optimize_subgraph``, or capability
+    ``fused_activation``). ``fold_transposes``
     composes and cancels chains of Transpose; ``collapse_reshapes`` makes a chain of
     reshapes one Reshape. ``reduce_fp32_to_fp16`` runs float32 layers in float16 on the
     backends that declare capability ``fp16`` (casts at their borders; ignored, and

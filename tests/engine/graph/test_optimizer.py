@@ -122,6 +122,42 @@ def test_batch_norm_folded_into_conv_keeps_results(with_bias):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+def _bn_bn_network(first_read_twice: bool) -> flowrt.Network:
+    """x -> BatchNormalization -> per-channel Mul and Add -> Relu (Caffe2's SpatialBN as
+    exported in the light densenet121), the first normalization also an output if asked."""
+    rng = np.random.default_rng(3)
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((2, 4, 5, 5)))
+    params = [rng.uniform(0.5, 2, 4), rng.standard_normal(4), rng.standard_normal(4), rng.uniform(0.5, 2, 4)]
+    bn = net.add_layer("BatchNormalization", inputs=[x, *[p.astype(np.float32) for p in params]], name="bn")
+    scale, shift = (rng.standard_normal((1, 4, 1, 1)).astype(np.float32) for _ in range(2))
+    mul = net.add_layer("Mul", inputs=[bn, scale], name="mul")
+    add = net.add_layer("Add", inputs=[mul, shift], name="add")
+    net.add_output("y", net.add_layer("Relu", inputs=[add], name="relu"))
+    if first_read_twice:
+        net.add_output("z", bn)
+    return net
+
+
+@pytest.mark.parametrize("first_read_twice", [False, True])
+def test_batch_norm_after_batch_norm_becomes_one(first_read_twice):
+    net = _bn_bn_network(first_read_twice)
+    folded = flowrt.optimize(net)
+    unfolded = flowrt.optimize(net, options=flowrt.OptimizerOptions(fold_batch_norm=False))
+    norms = [name for name in folded.assignments() if folded.graph.layers[name].kind == "BatchNormalization"]
+    if first_read_twice:
+        # the first one's output is read as it is: folding the second into it would change it
+        assert len(norms) == 2
+    else:
+        assert norms == ["bn"]
+        assert "folded BatchNormalization 'mul/scale_shift' into BatchNormalization 'bn'" in folded.passes
+    x = np.random.default_rng(4).standard_normal((2, 4, 5, 5)).astype(np.float32)
+    a = flowrt.InferenceSession(folded).run(None, {"x": x})
+    b = flowrt.InferenceSession(unfolded).run(None, {"x": x})
+    for got, expected in zip(a, b, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_optimize_leaves_the_network_unchanged():
     net = _conv_bn_network(True)
     before = sorted(net.graph.layers)

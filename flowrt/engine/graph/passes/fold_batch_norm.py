@@ -1,11 +1,18 @@
-"""Fold an inference BatchNormalization into the convolution that feeds it.
+"""Fold an inference BatchNormalization into the Conv or the BatchNormalization that feeds it.
 
-y = scale * (conv(x, W) + b - mean) / sqrt(var + eps) + B
-  = conv(x, W * f) + (b - mean) * f + B,   with f = scale / sqrt(var + eps) per output channel.
+An inference BatchNormalization is per channel ``y = f * x + o``, with
+``f = scale / sqrt(var + eps)`` and ``o = B - mean * f``. After a Conv:
+
+    y = f * (conv(x, W) + b) + o = conv(x, W * f) + (b * f + o)
+
+After another BatchNormalization ``f1 * x + o1`` (as in models that keep a framework's batch
+norm and its scale-and-shift as two layers), the pair is one BatchNormalization with scale
+``f * f1``, shift ``f * o1 + o``, mean 0, var 1 and epsilon 0.
 """
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 
 from flowrt.engine.graph.graph import Graph, Layer, OutputSlot, constant_value
@@ -13,24 +20,39 @@ from flowrt.engine.graph.layers.io import ConstantDescriptor
 from flowrt.types import TensorInfo
 
 
-def _foldable(bn: Layer) -> tuple[Layer, list[np.ndarray]] | None:
-    source = bn.inputs[0].source
-    if source is None or source.layer.kind != "Conv" or len(source.connections) != 1:
-        return None
-    if any(out.connections for out in bn.outputs[1:]):
-        return None
+def _affine(bn: Layer) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(f, o)`` in float64 when ``bn`` is an inference, per-channel BatchNormalization with
+    constant parameters, no fused activation and no extra output read; else None."""
     desc = bn.descriptor
-    if getattr(desc, "spatial", 1) != 1 or getattr(desc, "training_mode", 0):
+    if getattr(desc, "spatial", 1) != 1 or getattr(desc, "training_mode", 0) or bn.activation is not None:
+        return None
+    if any(out.connections for out in bn.outputs[1:]) or len(bn.inputs) < 5:
         return None
     params = [constant_value(slot.source) for slot in bn.inputs[1:5]]
-    conv = source.layer
+    if any(p is None or p.ndim != 1 or p.dtype.kind != "f" for p in params):
+        return None
+    scale, shift, mean, var = (p.astype(np.float64) for p in params)  # type: ignore[union-attr]
+    factor = scale / np.sqrt(var + float(getattr(desc, "epsilon", 1e-5)))
+    return factor, shift - mean * factor
+
+
+def _only_source(bn: Layer, kind: str) -> Layer | None:
+    """The layer of ``kind`` whose first output feeds ``bn`` and nothing else."""
+    source = bn.inputs[0].source
+    if source is None or source.layer.kind != kind or source.index != 0 or len(source.connections) != 1:
+        return None
+    return source.layer
+
+
+def _constant_conv(conv: Layer) -> np.ndarray | None:
+    """The Conv's float weights when they and its bias (if any) are constants."""
     weights = constant_value(conv.inputs[1].source)
     bias_slot = conv.inputs[2].source if len(conv.inputs) > 2 else None
-    if any(p is None for p in params) or weights is None or weights.dtype.kind != "f":
+    if weights is None or weights.dtype.kind != "f":
         return None
     if bias_slot is not None and constant_value(bias_slot) is None:
         return None
-    return conv, [weights, *params]  # type: ignore[list-item]
+    return weights
 
 
 def constant_slot(graph: Graph, name: str, value: np.ndarray) -> OutputSlot:
@@ -40,30 +62,64 @@ def constant_slot(graph: Graph, name: str, value: np.ndarray) -> OutputSlot:
     return layer.outputs[0]
 
 
+def _replace_input(graph: Graph, layer: Layer, index: int, name: str, value: np.ndarray) -> None:
+    layer.ensure_inputs(index + 1)
+    old = layer.inputs[index].source
+    if old is not None:
+        old.disconnect(layer.inputs[index])
+    constant_slot(graph, name, value).connect(layer.inputs[index])
+
+
+def _into_conv(
+    graph: Graph, conv: Layer, weights: np.ndarray, factor: np.ndarray, offset: np.ndarray
+) -> None:
+    old_bias = (
+        constant_value(conv.inputs[2].source) if len(conv.inputs) > 2 and conv.inputs[2].source else None
+    )
+    bias = np.zeros(weights.shape[0]) if old_bias is None else old_bias.astype(np.float64)
+    new_w = (weights * factor.reshape(-1, *[1] * (weights.ndim - 1))).astype(weights.dtype)
+    _replace_input(graph, conv, 1, f"{conv.name}/weights_bn", new_w)
+    _replace_input(graph, conv, 2, f"{conv.name}/bias_bn", (bias * factor + offset).astype(weights.dtype))
+
+
+def _into_batch_norm(graph: Graph, first: Layer, factor: np.ndarray, offset: np.ndarray) -> None:
+    f1, o1 = _affine(first)  # type: ignore[misc]
+    dtype = constant_value(first.inputs[1].source).dtype  # type: ignore[union-attr]
+    channels = factor.shape[0]
+    for index, (suffix, value) in enumerate(
+        [
+            ("scale", factor * f1),
+            ("shift", factor * o1 + offset),
+            ("mean", np.zeros(channels)),
+            ("var", np.ones(channels)),
+        ],
+        start=1,
+    ):
+        _replace_input(graph, first, index, f"{first.name}/{suffix}_bn", value.astype(dtype))
+    first.descriptor = attrs.evolve(first.descriptor, epsilon=0.0)
+
+
 def fold_batch_norm(graph: Graph) -> list[str]:
-    """Fold each BatchNormalization that directly follows a constant-weight Conv; return the changes."""
+    """Fold each inference BatchNormalization that directly follows a constant-weight Conv or
+    another inference BatchNormalization; return the changes."""
     changes = []
     for bn in graph.of_kind("BatchNormalization"):
-        match = _foldable(bn)
-        if match is None:
+        affine = _affine(bn)
+        if affine is None:
             continue
-        conv, (weights, scale, shift, mean, var) = match
-        eps = float(getattr(bn.descriptor, "epsilon", 1e-5))
-        factor = scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + eps)
-        old_bias = (
-            constant_value(conv.inputs[2].source) if len(conv.inputs) > 2 and conv.inputs[2].source else None
-        )
-        bias = np.zeros(weights.shape[0]) if old_bias is None else old_bias.astype(np.float64)
-        new_w = (weights * factor.reshape(-1, *[1] * (weights.ndim - 1))).astype(weights.dtype)
-        new_b = ((bias - mean) * factor + shift).astype(weights.dtype)
-        conv.inputs[1].source.disconnect(conv.inputs[1])  # type: ignore[union-attr]
-        constant_slot(graph, f"{conv.name}/weights_bn", new_w).connect(conv.inputs[1])
-        conv.ensure_inputs(3)
-        if conv.inputs[2].source is not None:
-            conv.inputs[2].source.disconnect(conv.inputs[2])
-        constant_slot(graph, f"{conv.name}/bias_bn", new_b).connect(conv.inputs[2])
-        graph.reroute(bn.outputs[0], conv.outputs[0])
+        conv = _only_source(bn, "Conv")
+        weights = _constant_conv(conv) if conv is not None else None
+        first = _only_source(bn, "BatchNormalization")
+        if conv is not None and weights is not None:
+            _into_conv(graph, conv, weights, *affine)
+            target = conv
+        elif first is not None and _affine(first) is not None and first.outputs[0].info == bn.outputs[0].info:
+            _into_batch_norm(graph, first, *affine)
+            target = first
+        else:
+            continue
+        graph.reroute(bn.outputs[0], target.outputs[0])
         graph.remove_layer(bn)
-        changes.append(f"folded BatchNormalization {bn.name!r} into Conv {conv.name!r}")
+        changes.append(f"folded BatchNormalization {bn.name!r} into {target.kind} {target.name!r}")
     graph.remove_unread_constants()
     return changes
