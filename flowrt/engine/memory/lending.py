@@ -11,12 +11,16 @@ waited longest, is then served first: low priority is never starved.
 
 Cancelling a waiter is safe: it leaves the queue, and one handed an item just as it was
 cancelled passes it on, so a cancelled waiter never holds anything.
+
+A waiter may ask for the item to be put to use the moment it is lent (``on_lent``, called in
+``take`` or in the ``give_back`` that lends it): the CPU workers start a job so, in the same
+step of trio as the job before it ends, rather than when the waiting task next runs.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 import trio
@@ -33,12 +37,16 @@ def aged_priority(priority: int, waited: float, aging_interval: float) -> int:
 class _Waiter(Generic[T]):
     """A task waiting to be lent an item."""
 
-    def __init__(self, priority: int, sequence: int, since: float) -> None:
+    def __init__(
+        self, priority: int, sequence: int, since: float, on_lent: Callable[[T], None] | None
+    ) -> None:
         self.priority = priority
         self.sequence = sequence
         self.since = since
+        self.on_lent = on_lent
         self.event = trio.Event()
         self.item: T | None = None
+        self.used = False  # on_lent was called
 
 
 class PriorityLender(Generic[T]):
@@ -63,23 +71,31 @@ class PriorityLender(Generic[T]):
         """Tasks waiting for an item now."""
         return len(self._waiting)
 
-    async def take(self, priority: int = 1) -> T:
-        """Borrow an item, waiting while none is free (or others wait before this one).
+    async def take(self, priority: int = 1, on_lent: Callable[[T], None] | None = None) -> T:
+        """Borrow an item, waiting while none is free (or others wait before this one);
+        ``on_lent(item)``, when given, is called as soon as the item is lent, before this
+        returns (see the module doc).
 
-        Always a checkpoint: a caller cancelled before it is served never takes an item.
+        Always a checkpoint: a caller cancelled before it is served never takes an item, nor
+        is ``on_lent`` called for it. One cancelled just as it was served passes the item on,
+        unless ``on_lent`` had put it to use: then it keeps it, and the cancellation is
+        raised all the same.
         """
         await trio.sleep(0)
         if self._free and not self._waiting:
-            return self._free.pop()
-        waiter: _Waiter[T] = _Waiter(priority, next(self._sequence), trio.current_time())
+            item = self._free.pop()
+            if on_lent is not None:
+                on_lent(item)
+            return item
+        waiter: _Waiter[T] = _Waiter(priority, next(self._sequence), trio.current_time(), on_lent)
         self._waiting.append(waiter)
         try:
             await waiter.event.wait()
         except BaseException:
-            if waiter.item is not None:  # handed an item just as we were cancelled: pass it on
-                self.give_back(waiter.item)
-            else:
+            if waiter.item is None:
                 self._waiting.remove(waiter)
+            elif not waiter.used:  # handed an item just as we were cancelled: pass it on
+                self.give_back(waiter.item)
             raise
         return waiter.item  # type: ignore[return-value]
 
@@ -95,4 +111,9 @@ class PriorityLender(Generic[T]):
         )
         self._waiting.remove(waiter)
         waiter.item = item
+        # Not for a waiter cancelled in this step of trio, before its task ran again: that
+        # one no longer waits on its event, and passes the item on.
+        if waiter.on_lent is not None and waiter.event.statistics().tasks_waiting:
+            waiter.on_lent(item)
+            waiter.used = True
         waiter.event.set()

@@ -2,7 +2,9 @@
 
 A worker is a thread with an inbox. ``await pool.run_sync(fn, *args, priority=...)`` waits
 for an idle worker, hands it ``fn`` and waits for the result without blocking trio; the
-worker reports back once, through the trio token. Crossing threads costs about 200 µs on
+worker reports back once, through the trio token, and is lent again right there: the job of
+the call waiting next starts before any task runs (and trio's thread lets it have the GIL),
+so that a busy stream keeps its workers busy. Crossing threads costs about 200 µs on
 small machines, so callers hand over a whole segment of workloads at a time; the parallelism
 inside a kernel comes from its window split (numba parallel regions), not from more
 crossings. Models loaded in one runtime share these workers: this is where their runs meet.
@@ -53,6 +55,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -248,8 +251,9 @@ class CpuWorkerPool:
         for worker in self._workers + self._reserve:
             worker.thread.join()
 
-    async def _borrow(self, priority: int) -> tuple[_Worker, bool]:
-        """An idle worker for a call of ``priority``, and whether it is a reserve one."""
+    async def _borrow(self, priority: int, start: Callable[..., None]) -> None:
+        """Wait for an idle worker for a call of ``priority`` and ``start(worker, reserve)`` the
+        job on it as it is lent (a reserve worker for HIGH, see the module doc)."""
         if priority <= Priority.HIGH and self._idle_reserve:
             await trio.sleep(0)  # a checkpoint, as taking a worker is: a cancelled call takes none
             if (
@@ -257,8 +261,9 @@ class CpuWorkerPool:
                 and self._idle_reserve
                 and any(running > priority for running in self._running.values())
             ):
-                return self._idle_reserve.pop(), True
-        return await self._idle.take(priority), False
+                start(self._idle_reserve.pop(), True)
+                return
+        await self._idle.take(priority, start)
 
     def _job_settings(self, priority: int, reserve: bool) -> tuple[int, int]:
         """The threads and the nice increment of a job that starts now."""
@@ -293,35 +298,44 @@ class CpuWorkerPool:
             )
         done = trio.Event()
         box: list[outcome.Outcome] = []
-
-        def deliver(result: outcome.Outcome) -> None:
-            box.append(result)
-            done.set()
-
+        lent: list[tuple[_Worker, bool]] = []
         priority = int(priority)
-        worker, reserve = await self._borrow(priority)
-        try:
+        # In the caller's context, as trio.to_thread runs it: context variables carry over.
+        call = contextvars.copy_context().run
+        token = trio.lowlevel.current_trio_token()
+
+        def start(worker: _Worker, reserve: bool = False) -> None:
+            lent.append((worker, reserve))
             if not reserve:
                 self._running[worker] = priority
             threads, nice = self._job_settings(priority, reserve)
-            # In the caller's context, as trio.to_thread runs it: context variables carry over.
-            call = contextvars.copy_context().run
-            worker.inbox.put(
-                _Job(call, (fn, *args), threads, nice, trio.lowlevel.current_trio_token(), deliver)
-            )
-            try:
-                await done.wait()
-            except trio.Cancelled:
-                # The result is returned all the same (as the job's outcome was, shielded):
-                # the cancellation reaches the caller at its next checkpoint.
-                if on_cancel is not None:
-                    on_cancel()
-                with trio.CancelScope(shield=True):
-                    await done.wait()
-        finally:
+            worker.inbox.put(_Job(call, (fn, *args), threads, nice, token, deliver))
+            # The worker wakes needing the GIL, which trio's thread keeps while it goes on
+            # (0.5 ms on a stream's busy loop): hand it over now, so that the job starts.
+            time.sleep(0)
+
+        def deliver(result: outcome.Outcome) -> None:
+            # In trio, as the job ends: the worker is given back, and the next waiting job
+            # started on it, before this call's task runs again.
+            worker, reserve = lent[0]
             if reserve:
                 self._idle_reserve.append(worker)
             else:
                 self._running.pop(worker, None)
                 self._idle.give_back(worker)
+            box.append(result)
+            done.set()
+
+        try:
+            await self._borrow(priority, start)
+            await done.wait()
+        except trio.Cancelled:
+            if not lent:
+                raise  # cancelled while waiting for a worker: it holds none
+            # The result is returned all the same (as the job's outcome was, shielded): the
+            # cancellation reaches the caller at its next checkpoint.
+            if on_cancel is not None:
+                on_cancel()
+            with trio.CancelScope(shield=True):
+                await done.wait()
         return box[0].unwrap()

@@ -6,6 +6,7 @@ import trio
 import trio.testing
 
 from flowrt.engine.memory.allocator import HostAllocator
+from flowrt.engine.memory.lending import PriorityLender
 from flowrt.engine.memory.pool import PoolManager
 
 
@@ -122,3 +123,40 @@ def test_priority_normal_is_medium():
     from flowrt.types import Priority
 
     assert Priority.NORMAL is Priority.MEDIUM
+
+
+async def test_on_lent_puts_an_item_to_use_as_it_is_lent():
+    lender: PriorityLender[str] = PriorityLender(["free"])
+    used: list[str] = []
+    assert await lender.take(on_lent=used.append) == "free"
+    assert used == ["free"]  # lent at once: called before take returns
+    taken: list[str] = []
+
+    async def wait_for_one() -> None:
+        taken.append(await lender.take(on_lent=used.append))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait_for_one)
+        await trio.testing.wait_all_tasks_blocked()
+        lender.give_back("returned")
+        # called inside give_back, before the waiting task has run again
+        assert (used, taken) == (["free", "returned"], [])
+    assert taken == ["returned"]
+
+
+async def test_a_waiter_cancelled_before_it_runs_again_is_not_put_to_use():
+    lender: PriorityLender[str] = PriorityLender()
+    used: list[str] = []
+    async with trio.open_nursery() as nursery:
+        scope = trio.CancelScope()
+
+        async def wait_for_one() -> None:
+            with scope:
+                await lender.take(on_lent=used.append)
+
+        nursery.start_soon(wait_for_one)
+        await trio.testing.wait_all_tasks_blocked()
+        scope.cancel()
+        lender.give_back("returned")  # in the same step: the waiter has not run since
+    assert used == []
+    assert (lender.free_count, lender.waiting_count) == (1, 0)

@@ -179,6 +179,28 @@ async def test_a_waiting_low_priority_call_ages_and_is_not_starved(autojump_cloc
     assert dict(jobs.started)["low"] == pytest.approx(1.0)
 
 
+async def test_the_next_waiting_job_is_on_the_worker_before_the_finished_call_returns():
+    # A stream's next batch must not wait for trio to run its task before its job reaches
+    # the worker: the worker is lent, and the job started, as the previous job is delivered.
+    async with CpuWorkerPool(1) as pool:
+        started = threading.Event()
+        gate = threading.Event()
+        async with trio.open_nursery() as nursery:
+
+            async def first() -> None:
+                await pool.run_sync(gate.wait, 30)
+                # No checkpoint since the call returned: the waiting task has not run again.
+                assert started.wait(timeout=5)
+
+            nursery.start_soon(first)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(pool.run_sync, started.set)
+            await trio.testing.wait_all_tasks_blocked()
+            assert pool.waiting_count == 1
+            gate.set()
+        assert pool.idle_count == 1
+
+
 async def test_a_cancelled_waiter_never_holds_a_worker(autojump_clock):
     async with CpuWorkerPool(1) as pool:
         jobs = GatedJobs()
