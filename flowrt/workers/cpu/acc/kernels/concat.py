@@ -8,6 +8,8 @@ of a single image (``outer`` = 1) still spreads across workers.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit, prange
 
@@ -61,6 +63,7 @@ class ConcatKernel:
         self.info = info
         self.workers = workers
         self._bounds: dict[int, np.ndarray] = {}
+        self._layouts: dict[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], int, list[int]]] = {}
 
     def bounds(self, size: int) -> np.ndarray:
         """Slice boundaries over ``size`` elements (computed once per size)."""
@@ -71,21 +74,31 @@ class ConcatKernel:
             )
         return cached
 
+    def layout(self, shapes: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], int, list[int]]:
+        """The output shape, ``outer`` and each input's ``width`` for these input shapes
+        (worked out once per shapes: a run's cost per Concat is mostly this glue)."""
+        cached = self._layouts.get(shapes)
+        if cached is None:
+            axis = normalize_axis(self.info.descriptor.concat_axis, len(shapes[0]), "Concat")
+            shape = list(shapes[0])
+            shape[axis] = sum(s[axis] for s in shapes)
+            outer = math.prod(shape[:axis])
+            widths = [math.prod(s[axis:]) for s in shapes]
+            cached = self._layouts[shapes] = (tuple(shape), outer, widths)
+        return cached
+
     def execute(self, inputs, outputs=None):
         arrays = [np.asarray(x, order="C") for x in inputs]
         first = arrays[0]
-        axis = normalize_axis(self.info.descriptor.concat_axis, first.ndim, "Concat")
-        shape = list(first.shape)
-        shape[axis] = sum(x.shape[axis] for x in arrays)
+        shape, outer, widths = self.layout(tuple(x.shape for x in arrays))
         out = np.empty(shape, first.dtype) if outputs is None else outputs[0]
-        outer = int(np.prod(shape[:axis], dtype=np.int64))
         if out.size == 0:
             return [out]
         total = out.size // outer
         flat_out, column = as_words(out), 0
-        for x in arrays:
-            width = x.size // outer if outer else 0
-            if outer == 1 and x.ctypes.data == out.ctypes.data + column * out.itemsize:
+        start = out.ctypes.data if outer == 1 else 0
+        for x, width in zip(arrays, widths):
+            if outer == 1 and x.ctypes.data == start + column * out.itemsize:
                 pass  # written in place by its producer (a sub-tensor of the output)
             elif width:
                 _concat_part(as_words(x), flat_out, width, total, column, self.bounds(x.size))
