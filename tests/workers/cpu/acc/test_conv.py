@@ -12,6 +12,8 @@ from flowrt.registry import FusedActivation, WorkloadInfo
 from flowrt.types import TensorInfo
 from flowrt.workers.cpu.acc.kernels import load_all as acc_kernels
 from flowrt.workers.cpu.acc.kernels.winograd import WinogradRule
+from flowrt.workers.cpu.acc.tiles import AVAILABLE as TILES_AVAILABLE
+from flowrt.workers.cpu.acc.tiles import TILE_ROWS
 from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
 
 ACTIVATIONS = {
@@ -83,6 +85,10 @@ def _many_slices(kernel):
     kernel.taps_block_floats = 1  # tap by tap: one output row per block
 
 
+def _by_blas(kernel):
+    kernel.tiles_max_weights = -1  # the column path multiplies by BLAS, not register tiles
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     case=convolutions(),
@@ -92,10 +98,11 @@ def _many_slices(kernel):
     given_out=st.booleans(),
     tiny_slices=st.booleans(),
     merged=st.booleans(),
+    blas=st.booleans(),
 )
-def test_conv_matches_cpuref(case, workers, activation, constant, given_out, tiny_slices, merged):
+def test_conv_matches_cpuref(case, workers, activation, constant, given_out, tiny_slices, merged, blas):
     x, w, b, attrs = case
-    tunes = [t for t, on in ((_many_slices, tiny_slices), (_merge_any_batch, merged)) if on]
+    tunes = [t for t, on in ((_many_slices, tiny_slices), (_merge_any_batch, merged), (_by_blas, blas)) if on]
     _, got, expected = conv_case(
         x, w, b, workers=workers, activation=activation, constant=constant, given_out=given_out,
         tune=lambda k: [t(k) for t in tunes], **attrs,
@@ -272,6 +279,35 @@ def test_winograd_is_chosen_for_large_3x3_stride_1_convs(x_shape, w_shape, attrs
     kernel, got, expected = conv_case(x, w, None, workers=2, activation=FusedActivation("Relu"), **attrs)
     assert kernel.plan(x.shape, w.shape).winograd == winograd
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=2e-5 * np.abs(expected).max())
+
+
+@pytest.mark.skipif(not TILES_AVAILABLE, reason="no register tiles on this CPU")
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_column_path_multiplies_by_register_tiles_packed_once(bias):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 20, 9, 11), dtype=np.float32)
+    w = rng.standard_normal((13, 20, 1, 1), dtype=np.float32)  # 13 rows: a partial panel
+    b = rng.standard_normal(13, dtype=np.float32) if bias else None
+    kernel, got, expected = conv_case(x, w, b, workers=1, activation=FusedActivation("Relu"))
+    close(got, expected)
+    panels = kernel._panels
+    assert panels is not None and panels[0].shape[:2] == (1, -(-13 // TILE_ROWS))
+    (again,) = kernel.execute([x, w] if b is None else [x, w, b])
+    assert kernel._panels is panels  # constant weights and bias: packed at the first run only
+    close(again, expected)
+
+
+def test_weights_past_the_tile_limit_multiply_by_blas():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 16, 8, 8), dtype=np.float32)
+    w = rng.standard_normal((24, 16, 3, 3), dtype=np.float32)
+
+    def limit(kernel):
+        kernel.tiles_max_weights = 24 * 16 * 9 - 1
+
+    kernel, got, expected = conv_case(x, w, pads=(1, 1, 1, 1), strides=(2, 2), tune=limit)
+    close(got, expected)
+    assert kernel._panels is None
 
 
 def test_many_output_channels_or_strides_use_the_column_matrix():

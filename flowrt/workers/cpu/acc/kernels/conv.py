@@ -1,10 +1,11 @@
 """Conv (2-D, NCHW) as im2col and GEMM, with bias and the fused activation applied in cache.
 
 The window is the output's pixels (columns of the GEMM). Each slice walks its columns in
-chunks: it copies the chunk's input windows into a column buffer of its own (im2col), lets BLAS
-multiply the packed weights by it straight into the output block, and adds bias and activation
-while that block is still in cache. A 1x1 stride-1 unpadded conv reads its input as the
-column matrix itself. When there are too few pixels to give every worker a slice, the output
+chunks: it copies the chunk's input windows into a column buffer of its own (im2col) and
+multiplies the weights by it straight into the output block, with bias and activation applied as
+the block is stored: by register tiles over weights packed at load (``tiles.py``), or by BLAS
+for weights past ``TILES_MAX_WEIGHTS`` and on CPUs without AVX2. A 1x1 stride-1 unpadded conv
+reads its input as the column matrix itself. When there are too few pixels to give every worker a slice, the output
 channels (GEMM rows) are split instead, over one shared column matrix.
 
 A stride-1 conv with few output channels skips the column matrix and runs one GEMM per kernel
@@ -42,6 +43,8 @@ from flowrt.workers.cpu.acc.kernels.winograd import (
     winograd_weights,
 )
 from flowrt.workers.cpu.acc.kernels.winograd4 import winograd4, winograd4_block, winograd4_weights
+from flowrt.workers.cpu.acc.tiles import AVAILABLE as TILES_AVAILABLE
+from flowrt.workers.cpu.acc.tiles import TILE_COLUMNS, gemm_panels, pack_panels, pad_rows
 
 pin_scipy_blas()
 
@@ -55,6 +58,13 @@ CHUNK_FLOATS = 512 * 1024
 TAPS_MAX_ROWS = 32
 # The output block a tap-by-tap slice accumulates into is kept near this many floats.
 TAPS_BLOCK_FLOATS = 16 * 1024
+# Most weights (floats per group) for which the column path multiplies by register tiles
+# (``tiles.py``) instead of BLAS: each block of columns reads every panel of weights again,
+# and past a few megabytes they come from L3 (512x4608, VGG's last convs: 0.93x BLAS).
+TILES_MAX_WEIGHTS = 1 << 20
+# What _conv_by_columns is passed for its panels when it multiplies by BLAS.
+_NO_PANELS = np.empty((0, 0, 0, 0), np.float32)
+_NO_BIAS = np.empty((0, 0), np.float32)
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -68,8 +78,14 @@ def _finish(out, r0, r1, q0, q1, bias, code, alpha, beta):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _conv_by_columns(x, x_flat, w, bias, out, geo, direct, bounds, chunk, finish, code, alpha, beta):
-    """Every image; one task per (group, column slice), walking its columns in chunks."""
+def _conv_by_columns(
+    x, x_flat, w, bias, out, geo, direct, bounds, chunk, finish, code, alpha, beta, panels, panel_bias
+):
+    """Every image; one task per (group, column slice), walking its columns in chunks. With
+    ``panels`` (per group, :func:`~flowrt.workers.cpu.acc.tiles.pack_panels`; empty for BLAS)
+    each chunk is multiplied by :func:`~flowrt.workers.cpu.acc.tiles.gemm_panels`, bias and
+    activation included."""
+    tiles = panels.shape[0] > 0
     groups, mg, kg = w.shape
     cg = x.shape[1] // groups
     slices = bounds.shape[0] - 1
@@ -87,6 +103,9 @@ def _conv_by_columns(x, x_flat, w, bias, out, geo, direct, bounds, chunk, finish
                     cols = buffer[: kg * (q1 - q0)].reshape((kg, q1 - q0))
                     fill_columns(x[n], x_flat[n], g * cg, geo, 0, q0, cols)
                 block = out[n, g * mg : (g + 1) * mg, q0:q1]
+                if tiles:
+                    gemm_panels(panels[g], panel_bias[g], cols, block, code, alpha, beta)
+                    continue
                 sgemm(False, False, 1.0, w[g], cols, 0.0, block)
                 if finish:
                     _finish(out[n], g * mg, (g + 1) * mg, q0, q1, bias, code, alpha, beta)
@@ -134,6 +153,7 @@ class _Plan(NamedTuple):
     batched_bounds: np.ndarray | None  # a batch as one GEMM: split over all images' pixels
     row_bounds: np.ndarray
     chunk: int
+    tile_chunk: int  # chunk when multiplying by register tiles: whole tiles of columns
     plane_bounds: np.ndarray  # depthwise: (image, channel) planes per slice
     same3: bool  # depthwise 3x3, unit stride, one pad cell per side, planes >= 2x2
     taps: bool  # run by _conv_by_taps
@@ -180,6 +200,8 @@ class ConvKernel:
         self.taps_max_rows = TAPS_MAX_ROWS
         self.taps_block_floats = TAPS_BLOCK_FLOATS
         self.winograd_rule = WinogradRule()
+        self.tiles_max_weights = TILES_MAX_WEIGHTS if TILES_AVAILABLE else -1
+        self._panels: tuple[np.ndarray, np.ndarray] | None = None
         self.winograd_block_tiles = BLOCK_TILES
         self._taps: np.ndarray | None = None
         self._winograd: dict[int, np.ndarray] = {}
@@ -210,6 +232,18 @@ class ConvKernel:
         if w is self.weights:
             self._winograd[tile] = u
         return u
+
+    def _tile_panels(self, w: np.ndarray, bias: np.ndarray, constant: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Packed weights ``w`` as register-tile panels per group, and the bias padded to
+        match (``tiles.py``); kept when both are ``constant``."""
+        if constant and self._panels is not None:
+            return self._panels
+        groups, mg = w.shape[0], w.shape[1]
+        panels = np.stack([pack_panels(w[g]) for g in range(groups)])
+        padded = np.stack([pad_rows(bias[g * mg : (g + 1) * mg]) for g in range(groups)])
+        if constant:
+            self._panels = (panels, padded)
+        return panels, padded
 
     def plan(self, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> _Plan:
         """The geometry and split for one input shape (computed once per shape)."""
@@ -261,6 +295,7 @@ class ConvKernel:
             batched_bounds if batched else None,
             row_bounds,
             chunk,
+            max(TILE_COLUMNS, chunk - chunk % TILE_COLUMNS),
             split_bounds(x_shape[0] * w_shape[0], SplitHint(0, 1), self.workers),
             kernel == (3, 3)
             and g.strides == g.dilations == (1, 1)
@@ -320,6 +355,9 @@ class ConvKernel:
             conv_batched(x, x_flat, w, bias, out_flat, plan.geo, plan.direct, plan.batched_bounds, *args)
             return [out]
         if plan.column_bounds is not None:
+            tiles = w.shape[1] * w.shape[2] <= self.tiles_max_weights
+            constant = w is self.weights and (self.bias is not None or b is None)
+            panels, panel_bias = self._tile_panels(w, bias, constant) if tiles else (_NO_PANELS, _NO_BIAS)
             _conv_by_columns(
                 x,
                 x_flat,
@@ -329,9 +367,11 @@ class ConvKernel:
                 plan.geo,
                 plan.direct,
                 plan.column_bounds,
-                plan.chunk,
+                plan.tile_chunk if tiles else plan.chunk,
                 finish,
                 *args,
+                panels,
+                panel_bias,
             )
         else:
             _conv_by_rows(x, x_flat, w, bias, out_flat, plan.geo, plan.direct, plan.row_bounds, finish, *args)

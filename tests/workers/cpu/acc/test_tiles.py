@@ -1,0 +1,110 @@
+"""The register-tile GEMM (``tiles.py``) against numpy: every tail of rows and columns, strided
+operands, each activation; the AVX2 tile shape in a process of its own."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flowrt.errors import BackendError
+from flowrt.workers.cpu.acc import tiles
+from flowrt.workers.cpu.acc.kernels.epilogue import CLIP, LEAKY_RELU, NONE, RELU, SIGMOID
+
+pytestmark = pytest.mark.skipif(not tiles.AVAILABLE, reason="no register tiles on this CPU (BLAS is used)")
+
+EXPECTED = {
+    NONE: lambda y: y,
+    RELU: lambda y: np.maximum(y, 0),
+    LEAKY_RELU: lambda y: np.where(y >= 0, y, y * 0.1),
+    CLIP: lambda y: np.clip(y, -0.5, 0.5),
+    SIGMOID: lambda y: 1 / (1 + np.exp(-y)),
+}
+ALPHA = {LEAKY_RELU: 0.1, CLIP: -0.5}
+
+
+def run_tiles(w, bias, b, c, code):
+    beta = 0.5 if code == CLIP else 0.0
+    tiles.gemm_panels(
+        tiles.pack_panels(w),
+        tiles.pad_rows(bias),
+        b,
+        c,
+        code,
+        np.float32(ALPHA.get(code, 0)),
+        np.float32(beta),
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    m=st.integers(1, 3 * tiles.TILE_ROWS + 1),
+    k=st.integers(1, 70),
+    n=st.integers(1, 3 * tiles.TILE_COLUMNS + 3),
+    code=st.sampled_from(list(EXPECTED)),
+    b_pad=st.integers(0, 5),
+    c_pad=st.integers(0, 5),
+    seed=st.integers(0, 2**16),
+)
+def test_gemm_panels_matches_numpy_on_strided_views(m, k, n, code, b_pad, c_pad, seed):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((m, k), dtype=np.float32)
+    bias = rng.standard_normal(m, dtype=np.float32)
+    b = rng.standard_normal((k, n + 2 * b_pad), dtype=np.float32)[:, b_pad : b_pad + n]
+    canvas = np.full((m, n + 2 * c_pad), 7.0, np.float32)
+    run_tiles(w, bias, b, canvas[:, c_pad : c_pad + n], code)
+    expected = EXPECTED[code](w.astype(np.float64) @ b + bias[:, None])
+    np.testing.assert_allclose(canvas[:, c_pad : c_pad + n], expected, rtol=1e-4, atol=1e-4)
+    # the columns either side of c's view are untouched
+    assert (canvas[:, :c_pad] == 7).all() and (canvas[:, c_pad + n :] == 7).all()
+
+
+def test_relu_keeps_nan_and_clears_negative_zero_as_activate_does():
+    w = np.ones((tiles.TILE_ROWS, 1), np.float32)
+    b = np.full((1, tiles.TILE_COLUMNS + 3), -0.0, np.float32)
+    b[0, 1] = np.nan
+    b[0, -1] = np.nan  # in the masked tail
+    c = np.empty((tiles.TILE_ROWS, b.shape[1]), np.float32)
+    run_tiles(w, np.full(tiles.TILE_ROWS, -0.0, np.float32), b, c, RELU)
+    assert np.isnan(c[:, 1]).all() and np.isnan(c[:, -1]).all()
+    rest = np.delete(c, [1, b.shape[1] - 1], axis=1)
+    assert (rest == 0).all() and not np.signbit(rest).any()
+
+
+def test_an_empty_product_writes_only_the_bias():
+    c = np.empty((3, 40), np.float32)
+    run_tiles(
+        np.zeros((3, 0), np.float32), np.array([1, 2, 3], np.float32), np.zeros((0, 40), np.float32), c, NONE
+    )
+    np.testing.assert_array_equal(c, np.repeat([[1], [2], [3]], 40, axis=1))
+
+
+def test_an_unknown_tile_choice_is_refused_with_the_choices():
+    with pytest.raises(BackendError, match=r"FLOWRT_TILES must be one of .*'avx2'.*got 'avx3'"):
+        tiles._tile_shape("avx3")
+
+
+def test_the_avx2_tile_shape_computes_the_same(tmp_path):
+    script = textwrap.dedent(
+        """
+        import numpy as np
+        from flowrt.workers.cpu.acc import tiles
+        rng = np.random.default_rng(1)
+        for m, k, n in [(1, 1, 1), (7, 13, 17), (13, 64, 100)]:
+            w, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+            bias, c = rng.standard_normal(m, dtype=np.float32), np.empty((m, n), np.float32)
+            tiles.gemm_panels(tiles.pack_panels(w), tiles.pad_rows(bias), b, c, 1, np.float32(0), np.float32(0))
+            np.testing.assert_allclose(c, np.maximum(w.astype(np.float64) @ b + bias[:, None], 0), rtol=1e-4, atol=1e-4)
+        print(tiles.TILE_ROWS, tiles.TILE_COLUMNS)
+        """
+    )
+    env = dict(os.environ, FLOWRT_TILES="avx2", NUMBA_CACHE_DIR=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["6", "16"]
