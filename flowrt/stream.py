@@ -311,8 +311,17 @@ class BatchingStream(OrderedStream):
         """The actor that forms batches, one at a time, and starts each as it is formed."""
         async for sent_at, first in self._queue_out:
             batch = [first]
-            await self._runs.acquire()  # released by _run_batch
-            await self._fill(batch, sent_at + self.max_delay)
+            try:
+                await self._runs.acquire()  # released by _run_batch
+                try:
+                    await self._fill(batch, sent_at + self.max_delay)
+                except BaseException:
+                    self._runs.release()
+                    raise
+            except BaseException:
+                # left the stream while forming it: these requests are in no queue any more
+                self._finish(batch)
+                raise
             assert self._nursery is not None  # this task runs in it
             self._nursery.start_soon(self._run_batch, batch)
 

@@ -248,6 +248,36 @@ async def test_a_model_that_cannot_be_rebatched_refuses_a_batching_stream():
         assert isinstance(model.stream(max_batch=1), flowrt.stream.Stream)
 
 
+async def test_leaving_a_batching_stream_fails_the_request_held_while_a_batch_waits_for_a_pool():
+    registry, opt = _sleepy_model_parts()
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, 2)))
+    net.add_output("y", net.add_layer("Relu", inputs=[x], name="sleep"))
+    opt = flowrt.optimize(net, backends=["Sleepy"], registry=registry)
+    async with flowrt.Runtime(registry, cpu_workers=2) as rt:
+        model = await rt.load(opt, max_in_flight=1)
+        outcomes = {}
+        with trio.fail_after(5):  # the held request's caller would wait here for ever
+            async with trio.open_nursery() as outer:
+                with trio.move_on_after(0.05):
+                    async with model.stream(max_batch=2, max_delay=0) as s:
+
+                        async def ask(tag, delay):
+                            try:
+                                outcomes[tag] = await s.submit({"x": np.array([[delay, tag]], np.float32)})
+                            except FlowrtError as e:
+                                outcomes[tag] = e
+
+                        outer.start_soon(ask, 0, 0.5)  # runs alone, holding the only pool
+                        await trio.sleep(0.01)
+                        outer.start_soon(ask, 1, 0.0)  # its batch is formed, then waits for the pool
+                        await trio.sleep(0.01)
+        assert sorted(outcomes) == [0, 1]
+        assert isinstance(outcomes[1], FlowrtError)
+        assert "closed before this request finished" in str(outcomes[1])
+        assert model.pools.free_count == 1
+
+
 @pytest.mark.parametrize("attempt", range(20))
 async def test_leaving_a_batching_stream_early_returns_every_pool_and_fails_waiters(attempt):
     registry, opt = _sleepy_model_parts()
