@@ -14,11 +14,13 @@ from flowrt.registry import BackendRegistry
 from flowrt.types import TensorInfo
 
 
-def _sleepy_model_parts():
+def _sleepy_model_parts(shape=(2,)):
+    """A one-layer model that sleeps as many seconds as its first input element; ``(1, 2)``:
+    batchable."""
     registry = BackendRegistry()
     registry.register("Sleepy", SleepyBackend)
     net = flowrt.Network()
-    x = net.add_input("x", TensorInfo((2,)))
+    x = net.add_input("x", TensorInfo(shape))
     net.add_output("y", net.add_layer("Relu", inputs=[x], name="sleep"))
     return registry, flowrt.optimize(net, backends=["Sleepy"], registry=registry)
 
@@ -249,11 +251,7 @@ async def test_a_model_that_cannot_be_rebatched_refuses_a_batching_stream():
 
 
 async def test_leaving_a_batching_stream_fails_the_request_held_while_a_batch_waits_for_a_pool():
-    registry, opt = _sleepy_model_parts()
-    net = flowrt.Network()
-    x = net.add_input("x", TensorInfo((1, 2)))
-    net.add_output("y", net.add_layer("Relu", inputs=[x], name="sleep"))
-    opt = flowrt.optimize(net, backends=["Sleepy"], registry=registry)
+    registry, opt = _sleepy_model_parts((1, 2))
     async with flowrt.Runtime(registry, cpu_workers=2) as rt:
         model = await rt.load(opt, max_in_flight=1)
         outcomes = {}
@@ -280,11 +278,7 @@ async def test_leaving_a_batching_stream_fails_the_request_held_while_a_batch_wa
 
 @pytest.mark.parametrize("attempt", range(20))
 async def test_leaving_a_batching_stream_early_returns_every_pool_and_fails_waiters(attempt):
-    registry, opt = _sleepy_model_parts()
-    net = flowrt.Network()
-    x = net.add_input("x", TensorInfo((1, 2)))
-    net.add_output("y", net.add_layer("Relu", inputs=[x], name="sleep"))
-    opt = flowrt.optimize(net, backends=["Sleepy"], registry=registry)
+    registry, opt = _sleepy_model_parts((1, 2))
     async with flowrt.Runtime(registry, cpu_workers=2) as rt:
         model = await rt.load(opt, max_in_flight=1)
         outcomes, started = [], 0
