@@ -310,16 +310,15 @@ class BatchingStream(OrderedStream):
     async def _collect(self) -> None:
         """The actor that forms batches, one at a time, and starts each as it is formed."""
         async for sent_at, first in self._queue_out:
-            batch = [first]
+            batch, acquired = [first], False
             try:
                 await self._runs.acquire()  # released by _run_batch
-                try:
-                    await self._fill(batch, sent_at + self.max_delay)
-                except BaseException:
-                    self._runs.release()
-                    raise
+                acquired = True
+                await self._fill(batch, sent_at + self.max_delay)
             except BaseException:
                 # left the stream while forming it: these requests are in no queue any more
+                if acquired:
+                    self._runs.release()
                 self._finish(batch)
                 raise
             assert self._nursery is not None  # this task runs in it

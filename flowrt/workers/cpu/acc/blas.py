@@ -75,7 +75,7 @@ FEW_ROWS_COLUMNS = 4
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _leading(x):
+def leading_dimension(x):
     """The row stride (in elements) of a row-major 2-D view whose rows are contiguous."""
     rows, cols = x.shape
     ld = x.strides[0] // 4 if rows > 1 else cols
@@ -106,7 +106,7 @@ def sgemm(trans_a, trans_b, alpha, a, b, beta, c):
             n if trans_b else k,
             scalars[0:].ctypes,
             b.ctypes,
-            _leading(b),
+            leading_dimension(b),
             a.ctypes,
             scalars[1:].ctypes,
             c.ctypes,
@@ -116,7 +116,7 @@ def sgemm(trans_a, trans_b, alpha, a, b, beta, c):
     columns = FEW_ROWS_COLUMNS if m <= FEW_ROWS and trans_b else SMALL_GEMM_COLUMNS
     if m * n * k > SMALL_GEMM and m * k * columns <= SMALL_GEMM:
         step = SMALL_GEMM // (m * k)
-    ldb, ldc = _leading(b), _leading(c)
+    ldb, ldc = leading_dimension(b), leading_dimension(c)
     for j0 in range(0, n, step):
         j1 = min(j0 + step, n)
         # Row-major C = op(A) op(B) is column-major C' = op(B)' op(A)': the operands swap
@@ -132,7 +132,7 @@ def sgemm(trans_a, trans_b, alpha, a, b, beta, c):
             (b[j0:j1] if trans_b else b[:, j0:j1]).ctypes,
             ldb,
             a.ctypes,
-            _leading(a),
+            leading_dimension(a),
             scalars[1:].ctypes,
             c[:, j0:j1].ctypes,
             ldc,

@@ -31,6 +31,7 @@ from numba import njit, types
 from numba.core.extending import intrinsic
 
 from flowrt.errors import BackendError
+from flowrt.workers.cpu.acc.blas import leading_dimension
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, NONE, RELU, activate_row
 
 
@@ -200,9 +201,13 @@ def pad_rows(bias: np.ndarray) -> np.ndarray:
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _ld(x):
-    """Row stride in elements of a 2-D float32 view with unit column stride."""
-    return x.strides[0] // 4 if x.shape[0] > 1 else x.shape[1]
+def _block(panels, p, b, q, ldb, c, c_at, ldc, k, bias, relu, columns):
+    """Panel ``p`` times columns ``q .. q + columns`` of ``b`` into ``c`` from ``c_at`` on:
+    a whole tile, or a masked one for the last columns."""
+    if columns == TILE_COLUMNS:
+        _tile(panels, p * k * TILE_ROWS, b, q, ldb, c, c_at, ldc, k, bias, p * TILE_ROWS, relu)
+    else:
+        _tile_part(panels, p * k * TILE_ROWS, b, q, ldb, c, c_at, ldc, k, bias, p * TILE_ROWS, relu, columns)
 
 
 @njit(nogil=True, cache=True)
@@ -216,75 +221,18 @@ def gemm_panels(panels, bias, b, c, code, alpha, beta):
         return
     relu = 1 if code == RELU else 0
     other = code != NONE and code != RELU
-    ldb, ldc = _ld(b), _ld(c)
+    ldb, ldc = leading_dimension(b), leading_dimension(c)
     full_rows = m // TILE_ROWS
     scratch = np.empty((TILE_ROWS, TILE_COLUMNS), np.float32)
-    whole = n - n % TILE_COLUMNS
-    for q in range(0, whole, TILE_COLUMNS):
+    for q in range(0, n, TILE_COLUMNS):
+        columns = min(TILE_COLUMNS, n - q)
         for p in range(full_rows):
-            _tile(
-                panels,
-                p * k * TILE_ROWS,
-                b,
-                q,
-                ldb,
-                c,
-                p * TILE_ROWS * ldc + q,
-                ldc,
-                k,
-                bias,
-                p * TILE_ROWS,
-                relu,
-            )
-        if full_rows * TILE_ROWS < m:
-            p = full_rows
-            _tile(
-                panels, p * k * TILE_ROWS, b, q, ldb, scratch, 0, TILE_COLUMNS, k, bias, p * TILE_ROWS, relu
-            )
-            for i in range(m - p * TILE_ROWS):
-                c[p * TILE_ROWS + i, q : q + TILE_COLUMNS] = scratch[i]
+            _block(panels, p, b, q, ldb, c, p * TILE_ROWS * ldc + q, ldc, k, bias, relu, columns)
+        if full_rows * TILE_ROWS < m:  # the last panel's padding rows go to scratch
+            _block(panels, full_rows, b, q, ldb, scratch, 0, TILE_COLUMNS, k, bias, relu, columns)
+            for i in range(m - full_rows * TILE_ROWS):
+                c[full_rows * TILE_ROWS + i, q : q + columns] = scratch[i, :columns]
         if other:
             for i in range(m):
-                row = c[i, q : q + TILE_COLUMNS]
-                activate_row(row, row, NO_BIAS, code, alpha, beta)
-    if whole < n:
-        rest = n - whole
-        for p in range(full_rows):
-            _tile_part(
-                panels,
-                p * k * TILE_ROWS,
-                b,
-                whole,
-                ldb,
-                c,
-                p * TILE_ROWS * ldc + whole,
-                ldc,
-                k,
-                bias,
-                p * TILE_ROWS,
-                relu,
-                rest,
-            )
-        if full_rows * TILE_ROWS < m:
-            p = full_rows
-            _tile_part(
-                panels,
-                p * k * TILE_ROWS,
-                b,
-                whole,
-                ldb,
-                scratch,
-                0,
-                TILE_COLUMNS,
-                k,
-                bias,
-                p * TILE_ROWS,
-                relu,
-                rest,
-            )
-            for i in range(m - p * TILE_ROWS):
-                c[p * TILE_ROWS + i, whole:] = scratch[i, :rest]
-        if other:
-            for i in range(m):
-                row = c[i, whole:]
+                row = c[i, q : q + columns]
                 activate_row(row, row, NO_BIAS, code, alpha, beta)
