@@ -108,18 +108,26 @@ def _conv_bn_network(with_bias: bool):
     return net
 
 
+def _with_and_without_batch_norm_folding(net: flowrt.Network):
+    return flowrt.optimize(net), flowrt.optimize(net, options=flowrt.OptimizerOptions(fold_batch_norm=False))
+
+
+def _same_outputs(folded, unfolded, x_shape, *, seed: int, rtol: float) -> None:
+    """Both optimized networks give the same outputs for one random input ``x``."""
+    x = np.random.default_rng(seed).standard_normal(x_shape).astype(np.float32)
+    a = flowrt.InferenceSession(folded).run(None, {"x": x})
+    b = flowrt.InferenceSession(unfolded).run(None, {"x": x})
+    for got, expected in zip(a, b, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=rtol, atol=1e-5)
+
+
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_batch_norm_folded_into_conv_keeps_results(with_bias):
-    net = _conv_bn_network(with_bias)
-    folded = flowrt.optimize(net)
-    unfolded = flowrt.optimize(net, options=flowrt.OptimizerOptions(fold_batch_norm=False))
+    folded, unfolded = _with_and_without_batch_norm_folding(_conv_bn_network(with_bias))
     assert list(folded.assignments()) == ["conv", "relu"]
     assert "folded BatchNormalization 'bn' into Conv 'conv'" in folded.passes
     assert "bn" in unfolded.assignments()
-    x = np.random.default_rng(2).standard_normal((1, 3, 8, 8)).astype(np.float32)
-    (a,) = flowrt.InferenceSession(folded).run(None, {"x": x})
-    (b,) = flowrt.InferenceSession(unfolded).run(None, {"x": x})
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    _same_outputs(folded, unfolded, (1, 3, 8, 8), seed=2, rtol=1e-4)
 
 
 def _bn_bn_network(first_read_twice: bool) -> flowrt.Network:
@@ -141,9 +149,7 @@ def _bn_bn_network(first_read_twice: bool) -> flowrt.Network:
 
 @pytest.mark.parametrize("first_read_twice", [False, True])
 def test_batch_norm_after_batch_norm_becomes_one(first_read_twice):
-    net = _bn_bn_network(first_read_twice)
-    folded = flowrt.optimize(net)
-    unfolded = flowrt.optimize(net, options=flowrt.OptimizerOptions(fold_batch_norm=False))
+    folded, unfolded = _with_and_without_batch_norm_folding(_bn_bn_network(first_read_twice))
     norms = [name for name in folded.assignments() if folded.graph.layers[name].kind == "BatchNormalization"]
     if first_read_twice:
         # the first one's output is read as it is: folding the second into it would change it
@@ -151,11 +157,7 @@ def test_batch_norm_after_batch_norm_becomes_one(first_read_twice):
     else:
         assert norms == ["bn"]
         assert "folded BatchNormalization 'mul/scale_shift' into BatchNormalization 'bn'" in folded.passes
-    x = np.random.default_rng(4).standard_normal((2, 4, 5, 5)).astype(np.float32)
-    a = flowrt.InferenceSession(folded).run(None, {"x": x})
-    b = flowrt.InferenceSession(unfolded).run(None, {"x": x})
-    for got, expected in zip(a, b, strict=True):
-        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    _same_outputs(folded, unfolded, (2, 4, 5, 5), seed=4, rtol=1e-5)
 
 
 def test_optimize_leaves_the_network_unchanged():
