@@ -297,6 +297,36 @@ def test_the_column_path_multiplies_by_register_tiles_packed_once(bias):
     close(again, expected)
 
 
+@pytest.mark.skipif(not TILES_AVAILABLE, reason="no register tiles on this CPU")
+@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize("tiny_slices", [False, True])
+@pytest.mark.parametrize(
+    "x_shape, group",
+    [
+        ((4, 24, 7, 7), 1),  # 49 pixels: tiles across two images
+        ((5, 24, 3, 3), 2),  # 9 pixels: one tile across four images, per group
+        ((3, 24, 14, 14), 3),
+        ((1, 24, 5, 41), 1),  # one image: whole tiles and a masked last one
+    ],
+)
+def test_1x1_convs_multiply_all_images_pixels_side_by_side(x_shape, group, tiny_slices, workers):
+    """A 1x1 conv by register tiles reads the batch's pixels as one row of columns, a tile
+    holding the end of one image and the start of the next included."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal(x_shape, dtype=np.float32)
+    w = rng.standard_normal((13 * group, 24 // group, 1, 1), dtype=np.float32)  # partial panels
+    b = rng.standard_normal(13 * group, dtype=np.float32)
+    for activation in (FusedActivation("Relu"), FusedActivation("Clip", -1.0, 2.0)):
+        kernel, got, expected = conv_case(
+            x, w, b, workers=workers, group=group, activation=activation,
+            tune=_many_slices if tiny_slices else None,
+        )  # fmt: skip
+        close(got, expected)
+        bounds = kernel.plan(x.shape, w.shape).packed_bounds
+        assert bounds is not None and bounds[-1] == x_shape[0] * x_shape[2] * x_shape[3]
+        assert kernel._panels is not None
+
+
 def test_weights_past_the_tile_limit_multiply_by_blas():
     rng = np.random.default_rng(4)
     x = rng.standard_normal((1, 16, 8, 8), dtype=np.float32)

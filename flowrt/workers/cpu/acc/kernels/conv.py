@@ -31,6 +31,7 @@ from flowrt.types import DataType
 from flowrt.workers.cpu.acc.blas import pin_scipy_blas, sgemm
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 from flowrt.workers.cpu.acc.kernels.conv_batched import MERGE_PIXELS, MERGE_WEIGHTS, conv_batched
+from flowrt.workers.cpu.acc.kernels.conv_packed import conv_packed
 from flowrt.workers.cpu.acc.kernels.depthwise import depthwise, depthwise_same3
 from flowrt.workers.cpu.acc.kernels.epilogue import NONE, activate_row, activation_args
 from flowrt.workers.cpu.acc.kernels.im2col import fill_columns
@@ -151,6 +152,7 @@ class _Plan(NamedTuple):
     direct: bool  # 1x1, stride 1, no padding: the input is the column matrix
     column_bounds: np.ndarray | None  # split over pixels, or None to split over channels
     batched_bounds: np.ndarray | None  # a batch as one GEMM: split over all images' pixels
+    packed_bounds: np.ndarray | None  # 1x1 by tiles, all images' pixels side by side
     row_bounds: np.ndarray
     chunk: int
     tile_chunk: int  # chunk when multiplying by register tiles: whole tiles of columns
@@ -271,6 +273,11 @@ class ConvKernel:
             and _balance(groups * (len(batched_bounds) - 1), self.workers)
             >= max(_balance(groups * (len(b) - 1), self.workers) for b in (column_bounds, row_bounds))
         )
+        # A 1x1 conv by register tiles reads all the images' pixels as one row of columns,
+        # split over them as long as that keeps the workers as busy as a split over channels.
+        packed = direct and _balance(groups * (len(batched_bounds) - 1), self.workers) >= _balance(
+            groups * (len(row_bounds) - 1), self.workers
+        )
         chunk = max(min(MIN_COLUMNS, self.chunk_floats), self.chunk_floats // max(rows, mg))
         oh, ow = int(g.out[0]), int(g.out[1])
         taps = groups == 1 and g.strides == (1, 1) and not direct and mg <= self.taps_max_rows
@@ -293,6 +300,7 @@ class ConvKernel:
             direct,
             column_bounds if by_columns else None,
             batched_bounds if batched else None,
+            batched_bounds if packed else None,
             row_bounds,
             chunk,
             max(TILE_COLUMNS, chunk - chunk % TILE_COLUMNS),
@@ -354,10 +362,15 @@ class ConvKernel:
         if plan.batched_bounds is not None:
             conv_batched(x, x_flat, w, bias, out_flat, plan.geo, plan.direct, plan.batched_bounds, *args)
             return [out]
-        if plan.column_bounds is not None:
-            tiles = w.shape[1] * w.shape[2] <= self.tiles_max_weights
+        tiles = w.shape[1] * w.shape[2] <= self.tiles_max_weights
+        if tiles and (plan.packed_bounds is not None or plan.column_bounds is not None):
             constant = w is self.weights and (self.bias is not None or b is None)
-            panels, panel_bias = self._tile_panels(w, bias, constant) if tiles else (_NO_PANELS, _NO_BIAS)
+            panels, panel_bias = self._tile_panels(w, bias, constant)
+        else:
+            panels, panel_bias = _NO_PANELS, _NO_BIAS
+        if tiles and plan.packed_bounds is not None:
+            conv_packed(x_flat, panels, panel_bias, out_flat, plan.packed_bounds, *args)
+        elif plan.column_bounds is not None:
             _conv_by_columns(
                 x,
                 x_flat,
