@@ -80,11 +80,13 @@ def fill_phases(x, phases, pad_h, pad_w, pitch, step):
         start = (r // step) * pitch
         for parity in range(step):
             dst = phases[step * (r % step) + parity, start : start + pitch]
-            for iw in range((parity - pad_w) % step, width, step):
-                col = (iw + pad_w) // step
-                if col >= pitch:
-                    break
-                dst[col] = src[iw]
+            # columns whose pixel step * col + parity - pad_w lies inside the row: one plain
+            # strided loop, which the compiler vectorizes (a test and a break in it would not)
+            first = max(0, -(-(pad_w - parity) // step))
+            end = min(pitch, (width - 1 - parity + pad_w) // step + 1)
+            shift = parity - pad_w
+            for col in range(first, end):
+                dst[col] = src[step * col + shift]
 
 
 @njit(nogil=True, cache=True)
