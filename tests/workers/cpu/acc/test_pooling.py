@@ -139,19 +139,41 @@ def test_stride_one_pools_stack_padded_planes_and_match_cpuref(kind, workers):
     [
         {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)},
         {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (0, 1, 1, 0), "ceil_mode": 1},
-        {"kernel_shape": (2, 2), "strides": (2, 2)},
+        {"kernel_shape": (2, 2), "strides": (2, 2), "ceil_mode": 1},
         {"kernel_shape": (3, 2), "strides": (2, 3), "dilations": (2, 1)},
     ],
 )
 def test_strided_average_pools_stack_phase_planes_and_match_cpuref(attributes, include_pad):
-    # shufflenet's 3x3 stride-2 pools and densenet's 2x2 ones: planes split into phase planes.
+    # shufflenet's 3x3 stride-2 pools, and 2x2 ones whose last window (ceil mode, odd planes)
+    # is cut short: planes split into phase planes.
     x = np.random.default_rng(6).uniform(-10, 10, (2, 30, 13, 15)).astype(np.float32)
     desc = flowrt.descriptors.AveragePool(count_include_pad=include_pad, **attributes)
-    info = WorkloadInfo("layer", "AveragePool", desc, (TensorInfo.of(x),), (TensorInfo(None, x.dtype),), (None,))
+    info = WorkloadInfo(
+        "layer", "AveragePool", desc, (TensorInfo.of(x),), (TensorInfo(None, x.dtype),), (None,)
+    )
     plan = acc_kernels()["AveragePool"](info, 2).plan(x.shape)
     assert plan.flat and plan.group > 1 and not plan.whole
     got, expected = _run_both("AveragePool", x, 2, count_include_pad=include_pad, **attributes)
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize(("height", "width", "ceil_mode"), [(14, 14, 0), (13, 15, 0), (2, 10, 1), (8, 6, 1)])
+def test_2x2_stride_2_average_pools_halve_the_planes_in_cpurefs_order(workers, height, width, ceil_mode):
+    # DenseNet's transitions; odd planes in floor mode leave their last row or column out.
+    x = np.random.default_rng(height * width).uniform(-1e4, 1e4, (2, 17, height, width)).astype(np.float32)
+    x[1, 3, 0, 1] = np.nan
+    x[0, 5, 1, 0] = np.inf
+    attributes = {"kernel_shape": (2, 2), "strides": (2, 2), "ceil_mode": ceil_mode}
+    desc = flowrt.descriptors.AveragePool(**attributes)
+    info = WorkloadInfo(
+        "layer", "AveragePool", desc, (TensorInfo.of(x),), (TensorInfo(None, x.dtype),), (None,)
+    )
+    assert acc_kernels()["AveragePool"](info, workers).plan(x.shape).halving
+    got, expected = _run_both("AveragePool", x, workers, given_outputs=True, **attributes)
+    assert got.shape == (2, 17, height // 2, width // 2)
+    np.testing.assert_array_equal(got, expected)
+    assert np.isnan(got[1, 3, 0, 0]) and got[0, 5, 0, 0] == np.inf
 
 
 @pytest.mark.parametrize("kind", ["MaxPool", "AveragePool"])
