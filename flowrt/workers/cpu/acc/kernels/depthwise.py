@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit, prange
 
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, activate_row
-from flowrt.workers.cpu.acc.kernels.phases import fill_phase_planes
+from flowrt.workers.cpu.acc.kernels.phases import copy_run, fill_phase_planes
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -81,85 +81,65 @@ def depthwise(x, w, bias, out, geo, code, alpha, beta, bounds):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _three(w0, w1, w2, row, i):
-    """One kernel row's weights on ``row[i : i + 3]``."""
-    return w0 * row[i] + w1 * row[i + 1] + w2 * row[i + 2]
+def _bordered(x, width, middle, left, right):
+    """A flattened plane ``x`` into the scratches' middles (each has ``width + 1`` zeros
+    before and after it): as it is, with its last column zeroed (what a left tap reads: the
+    cell before column 0 is the row above's last) and with its first column zeroed (what a
+    right tap reads). Three plain copies, then a store per row."""
+    n = x.shape[0]
+    at = width + 1
+    copy_run(middle[at : at + n], x)
+    copy_run(left[at : at + n], x)
+    copy_run(right[at : at + n], x)
+    zero = np.float32(0)
+    for r in range(n // width):
+        left[at + r * width + width - 1] = zero
+        right[at + r * width] = zero
 
 
-@njit(nogil=True, cache=True)
-def _same3_rows(o, x, lo, hi, up, down, b, wm, width):
-    """``o[lo:hi]`` of a 3x3 unit-stride depthwise plane on the flattened planes: the bias and
-    the taps of the middle kernel row, of the one above when ``up``, below when ``down``.
-    Each kernel row reads three neighbours of one slice of ``x``, and each case is a loop of
-    its own with no branch inside, so the loops vectorize."""
-    # The weights as scalars: LLVM keeps them in registers across the loop.
-    w0, w1, w2, w3, w4, w5, w6, w7, w8 = (
-        wm[0, 0],
-        wm[0, 1],
-        wm[0, 2],
-        wm[1, 0],
-        wm[1, 1],
-        wm[1, 2],
-        wm[2, 0],
-        wm[2, 1],
-        wm[2, 2],
-    )
-    dst = o[lo:hi]
-    mid = x[lo - 1 : hi + 1]
-    a = x[max(0, lo - width - 1) : max(0, hi - width + 1)]
-    d = x[lo + width - 1 : hi + width + 1]
-    if up and down:
-        for i in range(hi - lo):
-            dst[i] = b + _three(w0, w1, w2, a, i) + _three(w3, w4, w5, mid, i) + _three(w6, w7, w8, d, i)
-    elif down:
-        for i in range(hi - lo):
-            dst[i] = b + _three(w3, w4, w5, mid, i) + _three(w6, w7, w8, d, i)
+@njit(inline="always", nogil=True, cache=True)
+def _row_taps(dst, first, w0, w1, w2, left, middle, right, n):
+    """``dst[i] = first + taps`` (``first`` a float: the bias) or ``dst[i] += taps`` (None),
+    the taps being one kernel row's ``w0 * left[i] + w1 * middle[i] + w2 * right[i]``: a loop
+    of four arrays, which LLVM vectorizes (with all nine taps in one loop it stays scalar)."""
+    if first is None:
+        for i in range(n):
+            dst[i] += w0 * left[i] + w1 * middle[i] + w2 * right[i]
     else:
-        for i in range(hi - lo):
-            dst[i] = b + _three(w0, w1, w2, a, i) + _three(w3, w4, w5, mid, i)
+        for i in range(n):
+            dst[i] = first + (w0 * left[i] + w1 * middle[i] + w2 * right[i])
 
 
 @njit(nogil=True, cache=True)
-def _same3_plane(x, wm, b, o, height, width, code, alpha, beta):
-    """One output plane of a 3x3 depthwise conv with unit strides and one pad cell on every
-    side, in place on the flattened input and output planes (both at least 2x2): no padded
-    copy in and no copy out.
-
-    The first row, the rows between and the last row each run as one loop over the flattened
-    plane (:func:`_same3_rows`). On the first and last column a tap of that loop wraps to the
-    neighbouring row: those two columns are then written again, pixel by pixel."""
-    total = height * width
-    _same3_rows(o, x, 1, width - 1, False, True, b, wm, width)
-    _same3_rows(o, x, width + 1, total - width - 1, True, True, b, wm, width)
-    _same3_rows(o, x, total - width + 1, total - 1, True, False, b, wm, width)
-    last = width - 1
-    for r in range(height):
-        i = r * width
-        first_sum = b
-        last_sum = b
-        if r > 0:
-            first_sum += wm[0, 1] * x[i - width] + wm[0, 2] * x[i - width + 1]
-            last_sum += wm[0, 0] * x[i - 2] + wm[0, 1] * x[i - 1]
-        first_sum += wm[1, 1] * x[i] + wm[1, 2] * x[i + 1]
-        last_sum += wm[1, 0] * x[i + last - 1] + wm[1, 1] * x[i + last]
-        if r < height - 1:
-            first_sum += wm[2, 1] * x[i + width] + wm[2, 2] * x[i + width + 1]
-            last_sum += wm[2, 0] * x[i + width + last - 1] + wm[2, 1] * x[i + width + last]
-        o[i] = first_sum
-        o[i + last] = last_sum
+def _same3_plane(x, wm, b, o, width, middle, left, right, code, alpha, beta):
+    """One output plane ``o`` of a 3x3 depthwise conv with unit strides and one pad cell on
+    every side, both planes flattened. Output ``i`` reads the scratches at ``width + 1 + i``
+    plus a row and column offset: every tap is one loop over the whole plane, and the zeros
+    around and the zeroed columns stand for the pad cells (no per-row or border cases)."""
+    n = x.shape[0]
+    _bordered(x, width, middle, left, right)
+    down = 2 * width
+    _row_taps(o, b, wm[0, 0], wm[0, 1], wm[0, 2], left, middle[1:], right[2:], n)
+    _row_taps(o, None, wm[1, 0], wm[1, 1], wm[1, 2], left[width:], middle[width + 1 :], right[width + 2 :], n)
+    _row_taps(o, None, wm[2, 0], wm[2, 1], wm[2, 2], left[down:], middle[down + 1 :], right[down + 2 :], n)
     activate_row(o, o, NO_BIAS, code, alpha, beta)
 
 
 @njit(parallel=True, nogil=True, cache=True)
 def depthwise_same3(x, w, bias, out, code, alpha, beta, bounds):
     """:func:`depthwise` for a 3x3 kernel, unit strides and dilations and one pad cell on each
-    side (the output planes have the input's shape), on C-contiguous ``x`` and ``out`` with
-    planes of at least 2x2: each plane by :func:`_same3_plane`."""
+    side (the output planes have the input's shape), on C-contiguous ``x`` and ``out``: each
+    plane by :func:`_same3_plane`, on scratches of the slice."""
     channels, height, width = x.shape[1], x.shape[2], x.shape[3]
     m_count = out.shape[1]
     multiplier = m_count // channels
     pixels = height * width
     for s in prange(bounds.shape[0] - 1):
+        # zero borders of width + 1 cells on both sides, which the planes leave untouched
+        size = pixels + 2 * (width + 1)
+        middle = np.zeros(size, np.float32)
+        left = np.zeros(size, np.float32)
+        right = np.zeros(size, np.float32)
         for task in range(bounds[s], bounds[s + 1]):
             n, m = divmod(task, m_count)
             _same3_plane(
@@ -167,8 +147,10 @@ def depthwise_same3(x, w, bias, out, code, alpha, beta, bounds):
                 w[m],
                 bias[m],
                 out[n, m].reshape(pixels),
-                height,
                 width,
+                middle,
+                left,
+                right,
                 code,
                 alpha,
                 beta,
