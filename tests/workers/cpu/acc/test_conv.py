@@ -2,54 +2,18 @@
 
 import numpy as np
 import pytest
+from convcases import ACTIVATIONS, close, conv_case
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flowrt
 from flowrt.engine.scheduler.window import SplitHint
 from flowrt.models import expected_outputs, expected_tolerance, light_model, pattern_input
-from flowrt.registry import FusedActivation, WorkloadInfo
+from flowrt.registry import FusedActivation
 from flowrt.types import TensorInfo
-from flowrt.workers.cpu.acc.kernels import load_all as acc_kernels
 from flowrt.workers.cpu.acc.kernels.winograd import WinogradRule
 from flowrt.workers.cpu.acc.tiles import AVAILABLE as TILES_AVAILABLE
 from flowrt.workers.cpu.acc.tiles import TILE_ROWS
-from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
-
-ACTIVATIONS = {
-    None: lambda y: y,
-    FusedActivation("Relu"): lambda y: np.maximum(y, 0),
-    FusedActivation("LeakyRelu", 0.1): lambda y: np.where(y >= 0, y, y * np.float32(0.1)),
-    FusedActivation("Clip", -1.0, 2.0): lambda y: np.clip(y, -1, 2),
-    FusedActivation("Sigmoid"): lambda y: 1 / (1 + np.exp(-y)),
-}
-
-
-def conv_case(
-    x, w, b=None, *, workers=2, activation=None, constant=True, given_out=False, tune=None, **attrs
-):
-    """CpuAcc's and CpuRef's results (CpuRef's followed by the activation) for one conv."""
-    desc = flowrt.descriptors.Conv(**attrs)
-    inputs = [x, w] if b is None else [x, w, b]
-    expected = ACTIVATIONS[activation](np.asarray(ref_kernels()["Conv"](desc, *inputs)))
-    constants = (None, w, b) if constant else (None, None, None)
-    info = WorkloadInfo(
-        "conv", "Conv", desc, tuple(TensorInfo.of(a) for a in inputs), (TensorInfo.of(expected),), constants,
-        activation,
-    )  # fmt: skip
-    kernel = acc_kernels()["Conv"](info, workers)
-    if tune:
-        tune(kernel)
-    outputs = [np.full(expected.shape, np.nan, np.float32)] if given_out else None
-    (got,) = kernel.execute(inputs, outputs)
-    if given_out:
-        assert got is outputs[0]
-    assert got.dtype == np.float32 and got.shape == expected.shape
-    return kernel, got, expected
-
-
-def close(got, expected):
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
 @st.composite
@@ -350,38 +314,6 @@ def test_many_output_channels_or_strides_use_the_column_matrix():
         np.ones((1, 4, 9, 9), np.float32), np.ones((8, 4, 3, 3), np.float32), strides=(2, 2)
     )
     assert not kernel.plan((1, 4, 9, 9), (8, 4, 3, 3)).taps
-
-
-def test_depthwise_with_channel_multiplier_and_stride():
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal((2, 6, 17, 15), dtype=np.float32)
-    w = rng.standard_normal((12, 1, 3, 3), dtype=np.float32)
-    _, got, expected = conv_case(x, w, None, group=6, strides=(2, 2), auto_pad="SAME_UPPER")
-    close(got, expected)
-
-
-@pytest.mark.parametrize("spatial", [(2, 2), (2, 5), (5, 2), (7, 7), (14, 9), (28, 28)])
-@pytest.mark.parametrize("activation", [None, FusedActivation("Relu")])
-def test_depthwise_3x3_same_runs_in_place_on_the_planes(spatial, activation):
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((2, 5, *spatial), dtype=np.float32)
-    # a huge value on the last column: a tap that wrapped into the next row would show it
-    x[:, :, :, -1] = 1e30
-    w = rng.standard_normal((10, 1, 3, 3), dtype=np.float32)
-    b = rng.standard_normal(10, dtype=np.float32)
-    kernel, got, expected = conv_case(x, w, b, activation=activation, group=5, pads=(1, 1, 1, 1))
-    assert kernel.plan(x.shape, w.shape).same3
-    close(got, expected)
-
-
-def test_depthwise_3x3_same_falls_back_on_single_rows_and_other_pads():
-    rng = np.random.default_rng(4)
-    for shape, attrs in [((1, 4, 1, 6), dict(pads=(1, 1, 1, 1))), ((1, 4, 6, 6), dict(pads=(1, 1, 0, 2)))]:
-        x = rng.standard_normal(shape, dtype=np.float32)
-        w = rng.standard_normal((4, 1, 3, 3), dtype=np.float32)
-        kernel, got, expected = conv_case(x, w, None, group=4, **attrs)
-        assert not kernel.plan(x.shape, w.shape).same3
-        close(got, expected)
 
 
 def test_kernel_can_run_from_two_threads_at_once():

@@ -1,0 +1,40 @@
+"""CpuAcc depthwise Conv (one input channel per group) against CpuRef: strides, channel
+multipliers, and the 3x3 same path on bordered planes."""
+
+import numpy as np
+import pytest
+from convcases import close, conv_case
+
+from flowrt.registry import FusedActivation
+
+
+def test_depthwise_with_channel_multiplier_and_stride():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 6, 17, 15), dtype=np.float32)
+    w = rng.standard_normal((12, 1, 3, 3), dtype=np.float32)
+    _, got, expected = conv_case(x, w, None, group=6, strides=(2, 2), auto_pad="SAME_UPPER")
+    close(got, expected)
+
+
+@pytest.mark.parametrize("spatial", [(2, 2), (2, 5), (5, 2), (7, 7), (14, 9), (28, 28)])
+@pytest.mark.parametrize("activation", [None, FusedActivation("Relu")])
+def test_depthwise_3x3_same_runs_on_bordered_copies_of_the_planes(spatial, activation):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 5, *spatial), dtype=np.float32)
+    # a huge value on the last column: a tap that wrapped into the next row would show it
+    x[:, :, :, -1] = 1e30
+    w = rng.standard_normal((10, 1, 3, 3), dtype=np.float32)
+    b = rng.standard_normal(10, dtype=np.float32)
+    kernel, got, expected = conv_case(x, w, b, activation=activation, group=5, pads=(1, 1, 1, 1))
+    assert kernel.plan(x.shape, w.shape).same3
+    close(got, expected)
+
+
+def test_depthwise_3x3_same_falls_back_on_single_rows_and_other_pads():
+    rng = np.random.default_rng(4)
+    for shape, attrs in [((1, 4, 1, 6), dict(pads=(1, 1, 1, 1))), ((1, 4, 6, 6), dict(pads=(1, 1, 0, 2)))]:
+        x = rng.standard_normal(shape, dtype=np.float32)
+        w = rng.standard_normal((4, 1, 3, 3), dtype=np.float32)
+        kernel, got, expected = conv_case(x, w, None, group=4, **attrs)
+        assert not kernel.plan(x.shape, w.shape).same3
+        close(got, expected)
