@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
-from convcases import ACTIVATIONS, close, conv_case
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernelcases import ACTIVATIONS, close, conv_case
 
 import flowrt
 from flowrt.engine.scheduler.window import SplitHint

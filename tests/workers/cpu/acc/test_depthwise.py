@@ -3,7 +3,7 @@ multipliers, and the 3x3 same path on bordered planes."""
 
 import numpy as np
 import pytest
-from convcases import close, conv_case
+from kernelcases import close, conv_case
 
 from flowrt.registry import FusedActivation
 

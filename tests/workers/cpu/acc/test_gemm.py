@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernelcases import close, run_on_acc
 
 import flowrt
 from flowrt.errors import ShapeError
-from flowrt.registry import FusedActivation, WorkloadInfo
+from flowrt.registry import FusedActivation
 from flowrt.types import TensorInfo
 from flowrt.workers.cpu.acc.blas import SMALL_GEMM, sgemm
-from flowrt.workers.cpu.acc.kernels import load_all as acc_kernels
 from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
 
 RELU = FusedActivation("Relu")
@@ -22,21 +22,10 @@ def run_both(kind, desc, inputs, *, workers=2, activation=None, constant=False, 
     if activation is not None:
         expected = np.maximum(expected, 0)
     constants = tuple(inputs) if constant else (None,) * len(inputs)
-    info = WorkloadInfo(
-        "layer", kind, desc, tuple(TensorInfo.of(a) for a in inputs), (TensorInfo.of(expected),), constants,
-        activation,
-    )  # fmt: skip
-    kernel = acc_kernels()[kind](info, workers)
-    outputs = [np.full(expected.shape, np.nan, np.float32)] if given_out else None
-    (got,) = kernel.execute(list(inputs), outputs)
-    if given_out:
-        assert got is outputs[0]
-    assert got.dtype == np.float32 and got.shape == expected.shape
+    kernel, got = run_on_acc(
+        kind, desc, inputs, expected, constants, activation, workers=workers, given_out=given_out
+    )
     return kernel, got, expected
-
-
-def close(got, expected):
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
 def _array(rng, shape):
