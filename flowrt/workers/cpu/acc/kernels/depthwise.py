@@ -28,29 +28,62 @@ def _source_shape(geo, height, width, oh_count, ow_count):
     return oh_count + (kh - 1) * dh // sh, ow_count + (kw - 1) * dw // sw
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _tap_start(geo, rows, pitch, ki, kj):
+    """Where kernel tap (ki, kj) starts reading the phase planes (the padded plane itself at
+    unit strides): its phase plane's offset plus its row and column within that plane."""
+    sh, sw, dh, dw = geo[2], geo[3], geo[4], geo[5]
+    phase = ((ki * dh) % sh) * sw + (kj * dw) % sw
+    return phase * rows * pitch + (ki * dh // sh) * pitch + kj * dw // sw
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _row_taps(dst, first, w0, w1, w2, left, middle, right, n):
+    """``dst[i] = first + taps`` (``first`` a float: the bias) or ``dst[i] += taps`` (None),
+    the taps being one kernel row's ``w0 * left[i] + w1 * middle[i] + w2 * right[i]``: a loop
+    of four arrays, which LLVM vectorizes (with all nine taps in one loop it stays scalar)."""
+    if first is None:
+        for i in range(n):
+            dst[i] += w0 * left[i] + w1 * middle[i] + w2 * right[i]
+    else:
+        for i in range(n):
+            dst[i] = first + (w0 * left[i] + w1 * middle[i] + w2 * right[i])
+
+
 @njit(nogil=True, cache=True)
 def _depthwise_plane(src, x, wm, b, out_plane, acc, geo, rows, pitch, code, alpha, beta):
     """One output plane of a depthwise conv from its input plane ``x``.
 
     Every tap is one long unit-stride loop over the flattened padded plane (or one of its
-    phase planes) from a fixed offset: the output is computed on that plane's row pitch (a few
-    columns per row too many, then dropped), which LLVM vectorizes. ``src`` is the scratch of
+    phase planes) from a fixed offset, and a 3-wide kernel row's taps share one loop: the
+    output is computed on that plane's row pitch (a few columns per row too many, then
+    dropped), which LLVM vectorizes. ``src`` is the scratch of
     the padded or phase planes, ``acc`` of the output run."""
-    kh, kw, sh, sw, dh, dw, ph, pw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7]
+    kh, kw, sh, sw, ph, pw = geo[0], geo[1], geo[2], geo[3], geo[6], geo[7]
     oh_count, ow_count = out_plane.shape
     fill_phase_planes(src, x, rows, pitch, rows * pitch, sh, sw, ph, pw)
     total = (oh_count - 1) * pitch + ow_count
     run = acc[:total]
-    for i in range(total):
-        run[i] = b
-    for ki in range(kh):
-        for kj in range(kw):
-            wv = wm[ki, kj]
-            p = ((ki * dh) % sh) * sw + (kj * dw) % sw
-            start = p * rows * pitch + (ki * dh // sh) * pitch + kj * dw // sw
-            tap = src[start : start + total]
-            for i in range(total):
-                run[i] += wv * tap[i]
+    if kw == 3:  # a kernel row's three taps in one loop (_row_taps), the bias with the first
+        for ki in range(kh):
+            s0 = _tap_start(geo, rows, pitch, ki, 0)
+            s1 = _tap_start(geo, rows, pitch, ki, 1)
+            s2 = _tap_start(geo, rows, pitch, ki, 2)
+            w0, w1, w2 = wm[ki, 0], wm[ki, 1], wm[ki, 2]
+            if ki == 0:
+                _row_taps(run, b, w0, w1, w2, src[s0:], src[s1:], src[s2:], total)
+            else:
+                _row_taps(run, None, w0, w1, w2, src[s0:], src[s1:], src[s2:], total)
+    else:
+        for i in range(total):
+            run[i] = b
+        for ki in range(kh):
+            for kj in range(kw):
+                wv = wm[ki, kj]
+                start = _tap_start(geo, rows, pitch, ki, kj)
+                tap = src[start : start + total]
+                for i in range(total):
+                    run[i] += wv * tap[i]
     activate_row(run, run, NO_BIAS, code, alpha, beta)
     for oh in range(oh_count):
         row = out_plane[oh]
@@ -95,19 +128,6 @@ def _bordered(x, width, middle, left, right):
     for r in range(n // width):
         left[at + r * width + width - 1] = zero
         right[at + r * width] = zero
-
-
-@njit(inline="always", nogil=True, cache=True)
-def _row_taps(dst, first, w0, w1, w2, left, middle, right, n):
-    """``dst[i] = first + taps`` (``first`` a float: the bias) or ``dst[i] += taps`` (None),
-    the taps being one kernel row's ``w0 * left[i] + w1 * middle[i] + w2 * right[i]``: a loop
-    of four arrays, which LLVM vectorizes (with all nine taps in one loop it stays scalar)."""
-    if first is None:
-        for i in range(n):
-            dst[i] += w0 * left[i] + w1 * middle[i] + w2 * right[i]
-    else:
-        for i in range(n):
-            dst[i] = first + (w0 * left[i] + w1 * middle[i] + w2 * right[i])
 
 
 @njit(nogil=True, cache=True)
