@@ -17,7 +17,7 @@ def test_depthwise_with_channel_multiplier_and_stride():
 
 
 @pytest.mark.parametrize("spatial", [(2, 2), (2, 5), (5, 2), (7, 7), (14, 9), (28, 28)])
-@pytest.mark.parametrize("activation", [None, FusedActivation("Relu")])
+@pytest.mark.parametrize("activation", [None, FusedActivation("Relu"), FusedActivation("Clip", -1.0, 2.0)])
 def test_depthwise_3x3_same_runs_on_bordered_copies_of_the_planes(spatial, activation):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 5, *spatial), dtype=np.float32)
@@ -38,3 +38,20 @@ def test_depthwise_3x3_same_falls_back_on_single_rows_and_other_pads():
         kernel, got, expected = conv_case(x, w, None, group=4, **attrs)
         assert not kernel.plan(x.shape, w.shape).same3
         close(got, expected)
+
+
+@pytest.mark.parametrize("kernel_shape", [(1, 3), (3, 3), (5, 3), (3, 5), (2, 2)])
+@pytest.mark.parametrize("strides, dilations", [((2, 2), (1, 1)), ((1, 2), (2, 1)), ((1, 1), (2, 2))])
+@pytest.mark.parametrize("activation", [None, FusedActivation("Relu"), FusedActivation("Clip", -1.0, 2.0)])
+def test_depthwise_on_phase_planes_with_each_activation(kernel_shape, strides, dilations, activation):
+    """The general path: a 3-wide kernel row's taps in one loop, Relu applied with the last
+    row's, other activations after; other widths tap by tap."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 3, 13, 12), dtype=np.float32)
+    w = rng.standard_normal((6, 1, *kernel_shape), dtype=np.float32)
+    b = rng.standard_normal(6, dtype=np.float32)
+    kernel, got, expected = conv_case(
+        x, w, b, activation=activation, group=3, strides=strides, dilations=dilations, pads=(1, 2, 2, 1)
+    )
+    assert not kernel.plan(x.shape, w.shape).same3
+    close(got, expected)
