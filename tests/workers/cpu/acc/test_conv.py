@@ -316,6 +316,29 @@ def test_many_output_channels_or_strides_use_the_column_matrix():
     assert not kernel.plan((1, 4, 9, 9), (8, 4, 3, 3)).taps
 
 
+@pytest.mark.parametrize(
+    "x_shape, w_shape, attrs",
+    [
+        ((2, 3, 31, 30), (16, 3, 7, 7), dict(strides=(2, 2), pads=(3, 3, 3, 3))),  # a stem
+        ((2, 3, 23, 24), (8, 3, 3, 3), dict(strides=(2, 2), pads=(1, 1, 1, 1))),
+        ((1, 6, 17, 19), (9, 2, 3, 2), dict(group=3, strides=(3, 2), dilations=(1, 2), pads=(2, 0, 1, 1))),
+        ((2, 4, 12, 9), (5, 4, 2, 3), dict(strides=(1, 2), pads=(0, 1, 0, 2))),
+    ],
+)
+@pytest.mark.parametrize("tune", [None, _many_slices])
+def test_strided_convs_read_their_columns_from_phase_planes(x_shape, w_shape, attrs, tune):
+    """Each image's padded channels split by the strides once; im2col copies unit-stride
+    runs of them (pad cells are the planes' zeros, which later images leave untouched)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(x_shape, dtype=np.float32)
+    w = rng.standard_normal(w_shape, dtype=np.float32)
+    b = rng.standard_normal(w_shape[0], dtype=np.float32)
+    kernel, got, expected = conv_case(x, w, b, activation=FusedActivation("Relu"), tune=tune, **attrs)
+    plan = kernel.plan(x.shape, w.shape)
+    assert plan.column_bounds is not None and plan.phase_shape.all()
+    close(got, expected)
+
+
 def test_kernel_can_run_from_two_threads_at_once():
     from concurrent.futures import ThreadPoolExecutor
 

@@ -5,8 +5,10 @@ chunks: it copies the chunk's input windows into a column buffer of its own (im2
 multiplies the weights by it straight into the output block, with bias and activation applied as
 the block is stored: by register tiles over weights packed at load (``tiles.py``), or by BLAS
 for weights past ``TILES_MAX_WEIGHTS`` and on CPUs without AVX2. A 1x1 stride-1 unpadded conv
-reads its input as the column matrix itself. When there are too few pixels to give every worker a slice, the output
-channels (GEMM rows) are split instead, over one shared column matrix.
+reads its input as the column matrix itself, and a strided conv copies its columns from the
+phase planes of each image, split once (``im2col.im2col_phases``). When there are too few
+pixels to give every worker a slice, the output channels (GEMM rows) are split instead, over
+one shared column matrix.
 
 A stride-1 conv with few output channels skips the column matrix and runs one GEMM per kernel
 tap (``taps.py``). A batch of small images through large weights runs as one GEMM over all
@@ -34,7 +36,8 @@ from flowrt.workers.cpu.acc.kernels.conv_batched import MERGE_PIXELS, MERGE_WEIG
 from flowrt.workers.cpu.acc.kernels.conv_packed import conv_packed
 from flowrt.workers.cpu.acc.kernels.depthwise import depthwise, depthwise_same3
 from flowrt.workers.cpu.acc.kernels.epilogue import NONE, activate_row, activation_args
-from flowrt.workers.cpu.acc.kernels.im2col import fill_columns
+from flowrt.workers.cpu.acc.kernels.im2col import fill_columns, im2col_phases
+from flowrt.workers.cpu.acc.kernels.phases import fill_phase_planes
 from flowrt.workers.cpu.acc.kernels.taps import conv_by_taps
 from flowrt.workers.cpu.acc.kernels.winograd import (
     BLOCK_TILES,
@@ -78,19 +81,52 @@ def _finish(out, r0, r1, q0, q1, bias, code, alpha, beta):
         activate_row(row, row, bias[r], code, alpha, beta)
 
 
+@njit(nogil=True, cache=True)
+def _split_channel(phases, c, planes, x_plane, rows, pitch, sh, sw, ph, pw):
+    """Channel ``c``'s padded plane into its phase planes, at ``phases[c * planes:]``."""
+    fill_phase_planes(
+        phases[c * planes : (c + 1) * planes], x_plane, rows, pitch, rows * pitch, sh, sw, ph, pw
+    )
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def _conv_by_columns(
-    x, x_flat, w, bias, out, geo, direct, bounds, chunk, finish, code, alpha, beta, panels, panel_bias
+    x,
+    x_flat,
+    w,
+    bias,
+    out,
+    geo,
+    direct,
+    bounds,
+    chunk,
+    finish,
+    code,
+    alpha,
+    beta,
+    panels,
+    panel_bias,
+    phase_shape,
 ):
     """Every image; one task per (group, column slice), walking its columns in chunks. With
     ``panels`` (per group, :func:`~flowrt.workers.cpu.acc.tiles.pack_panels`; empty for BLAS)
     each chunk is multiplied by :func:`~flowrt.workers.cpu.acc.tiles.gemm_panels`, bias and
-    activation included."""
+    activation included. A strided conv (``phase_shape`` the rows and pitch of its phase
+    planes, else zeros) first splits each image's padded channels into phase planes, which
+    its chunks' im2col then reads by unit-stride runs (:func:`im2col_phases`)."""
     tiles = panels.shape[0] > 0
     groups, mg, kg = w.shape
-    cg = x.shape[1] // groups
+    channels = x.shape[1]
+    cg = channels // groups
     slices = bounds.shape[0] - 1
+    sh, sw, ph, pw = geo[2], geo[3], geo[6], geo[7]
+    rows, pitch = phase_shape[0], phase_shape[1]
+    planes = sh * sw * rows * pitch  # per channel
+    phases = np.zeros(channels * planes, np.float32)  # pad cells stay zero
     for n in range(x.shape[0]):
+        if planes:
+            for c in prange(channels):
+                _split_channel(phases, c, planes, x[n, c], rows, pitch, sh, sw, ph, pw)
         for task in prange(groups * slices):
             g, s = divmod(np.int64(task), slices)
             start, stop = bounds[s], bounds[s + 1]
@@ -102,7 +138,10 @@ def _conv_by_columns(
                 else:
                     # a C-contiguous (kg, q1 - q0) matrix, so that im2col's row copies vectorize
                     cols = buffer[: kg * (q1 - q0)].reshape((kg, q1 - q0))
-                    fill_columns(x[n], x_flat[n], g * cg, geo, 0, q0, cols)
+                    if planes:
+                        im2col_phases(phases, g * cg, geo, rows, pitch, 0, q0, cols)
+                    else:
+                        fill_columns(x[n], x_flat[n], g * cg, geo, 0, q0, cols)
                 block = out[n, g * mg : (g + 1) * mg, q0:q1]
                 if tiles:
                     gemm_panels(panels[g], panel_bias[g], cols, block, code, alpha, beta)
@@ -165,6 +204,7 @@ class _Plan(NamedTuple):
     winograd: int  # the Winograd output tile's side (2: winograd(), 4: winograd4()), or 0
     tile_bounds: np.ndarray  # Winograd: rows of output tiles per slice
     tile_block: int  # Winograd: tile rows per block
+    phase_shape: np.ndarray  # strided, by columns: rows and pitch of the phase planes (else zeros)
 
 
 @acc_kernel("Conv")
@@ -292,6 +332,9 @@ class ConvKernel:
         block_rows = max(
             1, min(int(tap_row_bounds[1]), self.taps_block_floats // (mg * int(padded_shape[1])))
         )
+        # A strided conv whose kernel spans at least its stride on both axes reads its columns
+        # from phase planes (a 1x1 stride-2 conv would split four planes to read one).
+        phased = g.strides != (1, 1) and all(k * d >= st for k, d, st in zip(kernel, g.dilations, g.strides))
         winograd_shaped = groups == 1 and kernel == (3, 3) and g.strides == (1, 1) and g.dilations == (1, 1)
         winograd = self.winograd_rule.tile(w_shape[1], mg, (oh, ow)) if winograd_shaped else 0
         cached = self._plans[key] = _Plan(
@@ -316,6 +359,15 @@ class ConvKernel:
             winograd,
             split_bounds(-(-oh // max(winograd, 1)), SplitHint(0, 1), self.workers),
             (winograd4_block if winograd == 4 else winograd_block)((oh, ow), self.winograd_block_tiles),
+            np.array(
+                [
+                    oh + (kernel[0] - 1) * g.dilations[0] // g.strides[0],
+                    ow + (kernel[1] - 1) * g.dilations[1] // g.strides[1],
+                ]
+                if phased
+                else [0, 0],
+                np.int64,
+            ),
         )
         return cached
 
@@ -385,6 +437,7 @@ class ConvKernel:
                 *args,
                 panels,
                 panel_bias,
+                plan.phase_shape,
             )
         else:
             _conv_by_rows(x, x_flat, w, bias, out_flat, plan.geo, plan.direct, plan.row_bounds, finish, *args)

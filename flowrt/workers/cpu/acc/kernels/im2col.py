@@ -3,7 +3,8 @@
 Row ``r`` of the matrix is kernel cell ``r % (kh * kw)`` of input channel ``r // (kh * kw)``;
 column ``q`` is output pixel ``q``. :func:`fill_columns` fills some rows for some pixels of
 one image, by the general copy or, for a stride-1 conv whose output is as wide as its input,
-by one shifted copy of the flat input per row.
+by one shifted copy of the flat input per row. :func:`im2col_phases` fills them for a
+strided conv from the input's phase planes.
 """
 
 from __future__ import annotations
@@ -103,6 +104,39 @@ def _im2col_flat(x_flat, c0, geo, width, r0, q0, dst):
             _zero(row[a - q0 : max(a, min(base + lo, p_hi)) - q0])
             a = max(base + hi, p_lo)
             _zero(row[a - q0 : max(a, min(base + width, p_hi)) - q0])
+
+
+@njit(nogil=True, cache=True)
+def im2col_phases(phases, c0, geo, rows, pitch, r0, q0, dst):
+    """:func:`_im2col` for a strided conv from the phase planes of one image's padded input
+    (``phases``: per channel, the ``sh * sw`` planes of ``rows`` x ``pitch`` cells that
+    ``phases.fill_phase_planes`` makes, pad cells zero): every kernel cell then reads one
+    unit-stride run per output row, with no padding cases. A strided read is a gather that
+    LLVM leaves scalar; here the gather is the phase split, once per image and channel."""
+    kh, kw, sh, sw, dh, dw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
+    ow_count = geo[9]
+    q = dst.shape[1]
+    out = dst.reshape(-1)
+    phase_size = rows * pitch
+    oh0, ow0 = divmod(q0, ow_count)
+    for r in range(r0, r0 + dst.shape[0]):
+        ki = (r // kw) % kh
+        kj = r % kw
+        phase = ((ki * dh) % sh) * sw + (kj * dw) % sw
+        channel = (c0 + r // (kh * kw)) * sh * sw * phase_size
+        base = channel + phase * phase_size + (ki * dh // sh) * pitch + kj * dw // sw
+        oh, ow = oh0, ow0
+        j = (r - r0) * q
+        end = j + q
+        while j < end:
+            run = min(end - j, ow_count - ow)
+            o = np.uint64(j)
+            at = np.uint64(base + oh * pitch + ow)
+            for t in range(np.uint64(run)):
+                out[o + t] = phases[at + t]
+            j += run
+            ow = 0
+            oh += 1
 
 
 @njit(inline="always", nogil=True, cache=True)
