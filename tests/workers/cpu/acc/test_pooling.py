@@ -157,6 +157,23 @@ def test_strided_average_pools_stack_phase_planes_and_match_cpuref(attributes, i
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("kernel", [(3, 3), (2, 3), (3, 4)])
+def test_strided_max_pools_on_phase_planes_when_asked(kernel):
+    # MaxPool keeps strided pools on its row path; forced onto the stacked phase planes, a
+    # 3-wide kernel row is one pass (max in any order is exact) and other widths cell by cell.
+    x = np.random.default_rng(9).uniform(-10, 10, (2, 30, 13, 15)).astype(np.float32)
+    x[0, 4, :, :] = -np.inf
+    attributes = {"kernel_shape": kernel, "strides": (2, 2), "pads": (1, 0, 1, 1)}
+    desc = flowrt.descriptors.MaxPool(**attributes)
+    expected = np.asarray(ref_kernels()["MaxPool"](desc, x))
+    info = WorkloadInfo("layer", "MaxPool", desc, (TensorInfo.of(x),), (TensorInfo.of(expected),), (None,))
+    kernel_ = acc_kernels()["MaxPool"](info, 2)
+    kernel_.strided_flat = True
+    assert kernel_.plan(x.shape).flat
+    (got,) = kernel_.execute([x])
+    np.testing.assert_array_equal(got, expected)
+
+
 @pytest.mark.parametrize("workers", [1, 3])
 @pytest.mark.parametrize(("height", "width", "ceil_mode"), [(14, 14, 0), (13, 15, 0), (2, 10, 1), (8, 6, 1)])
 def test_2x2_stride_2_average_pools_halve_the_planes_in_cpurefs_order(workers, height, width, ceil_mode):
