@@ -30,6 +30,20 @@ def test_depthwise_3x3_same_runs_on_bordered_copies_of_the_planes(spatial, activ
     close(got, expected)
 
 
+def test_depthwise_3x3_same_never_reads_across_a_row_end():
+    # +inf at the end of one row and the start of another: the outputs it does not reach
+    # (the next row's first column, the row above's last) stay finite, where a tap that
+    # wrapped around and was multiplied by zero would make them NaN.
+    x = np.ones((1, 2, 5, 6), np.float32)
+    x[0, 0, 2, -1] = np.inf
+    x[0, 1, 3, 0] = np.inf
+    w = np.ones((2, 1, 3, 3), np.float32)
+    _, got, expected = conv_case(x, w, None, group=2, pads=(1, 1, 1, 1))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
+    assert np.isfinite(got[0, 0, 1:4, 0]).all() and np.isfinite(got[0, 1, 2:5, -1]).all()
+    close(got[np.isfinite(expected)], expected[np.isfinite(expected)])
+
+
 def test_depthwise_3x3_same_falls_back_on_single_rows_and_other_pads():
     rng = np.random.default_rng(4)
     for shape, attrs in [((1, 4, 1, 6), dict(pads=(1, 1, 1, 1))), ((1, 4, 6, 6), dict(pads=(1, 1, 0, 2)))]:
