@@ -43,25 +43,25 @@ def _tap_start(geo, rows, pitch, ki, kj):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _row_taps(dst, at, first, relu, w0, w1, w2, left, l0, middle, m0, right, r0, n):
-    """``dst[at + i] = first + taps`` (``first`` a float: the bias) or ``dst[at + i] += taps``
-    (None; through Relu too when ``relu``) for ``i < n``, the taps being one kernel row's
-    ``w0 * left[l0 + i] + w1 * middle[m0 + i] + w2 * right[r0 + i]``: a loop of four arrays,
-    which LLVM vectorizes (nine taps from three arrays in one loop stay scalar). The offsets are
-    unsigned and the arrays whole: a slice costs two reference count updates, about as much
-    as a 7x7 plane's taps, and a signed index a wraparound test per element."""
-    at, l0, m0, r0 = np.uint64(at), np.uint64(l0), np.uint64(m0), np.uint64(r0)
+def _row_taps(dst, first, relu, w0, w1, w2, src, s0, s1, s2, n):
+    """``dst[i] = first + taps`` (``first`` a float: the bias) or ``dst[i] += taps`` (None;
+    through Relu too when ``relu``) for ``i < n``, the taps being one kernel row's
+    ``w0 * src[s0 + i] + w1 * src[s1 + i] + w2 * src[s2 + i]``: one loop, which LLVM
+    vectorizes. The offsets are unsigned and the arrays whole: a slice costs two reference
+    count updates, about as much as a 7x7 plane's taps, and a signed index a wraparound
+    test per element."""
+    s0, s1, s2 = np.uint64(s0), np.uint64(s1), np.uint64(s2)
     if first is not None:
         for i in range(np.uint64(n)):
-            dst[at + i] = first + (w0 * left[l0 + i] + w1 * middle[m0 + i] + w2 * right[r0 + i])
+            dst[i] = first + (w0 * src[s0 + i] + w1 * src[s1 + i] + w2 * src[s2 + i])
     elif relu:
         zero = np.float32(0)
         for i in range(np.uint64(n)):
-            v = dst[at + i] + (w0 * left[l0 + i] + w1 * middle[m0 + i] + w2 * right[r0 + i])
-            dst[at + i] = activate(v, RELU, zero, zero)
+            v = dst[i] + (w0 * src[s0 + i] + w1 * src[s1 + i] + w2 * src[s2 + i])
+            dst[i] = activate(v, RELU, zero, zero)
     else:
         for i in range(np.uint64(n)):
-            dst[at + i] += w0 * left[l0 + i] + w1 * middle[m0 + i] + w2 * right[r0 + i]
+            dst[i] += w0 * src[s0 + i] + w1 * src[s1 + i] + w2 * src[s2 + i]
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -85,9 +85,9 @@ def _depthwise_plane(src, x, wm, b, out, n, m, acc, geo, rows, pitch, code, alph
             s2 = _tap_start(geo, rows, pitch, ki, 2)
             w0, w1, w2 = wm[ki, 0], wm[ki, 1], wm[ki, 2]
             if ki == 0:
-                _row_taps(acc, 0, b, False, w0, w1, w2, src, s0, src, s1, src, s2, total)
+                _row_taps(acc, b, False, w0, w1, w2, src, s0, s1, s2, total)
             else:
-                _row_taps(acc, 0, None, relu and ki == kh - 1, w0, w1, w2, src, s0, src, s1, src, s2, total)
+                _row_taps(acc, None, relu and ki == kh - 1, w0, w1, w2, src, s0, s1, s2, total)
         if kh == 1 or not relu:
             activate_row(acc[:total], acc[:total], NO_BIAS, code, alpha, beta)
     else:
