@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, RELU, activate, activate_row
-from flowrt.workers.cpu.acc.kernels.phases import fill_phase_planes
+from flowrt.workers.cpu.acc.kernels.phases import cell_offset, fill_phase_planes
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -36,10 +36,8 @@ def _source_shape(geo, height, width, oh_count, ow_count):
 @njit(inline="always", nogil=True, cache=True)
 def _tap_start(geo, rows, pitch, ki, kj):
     """Where kernel tap (ki, kj) starts reading the phase planes (the padded plane itself at
-    unit strides): its phase plane's offset plus its row and column within that plane."""
-    sh, sw, dh, dw = geo[2], geo[3], geo[4], geo[5]
-    phase = ((ki * dh) % sh) * sw + (kj * dw) % sw
-    return phase * rows * pitch + (ki * dh // sh) * pitch + kj * dw // sw
+    unit strides)."""
+    return cell_offset(ki, kj, geo[2], geo[3], geo[4], geo[5], rows * pitch, pitch)
 
 
 @njit(inline="always", nogil=True, cache=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from flowrt.workers.cpu.acc.kernels.phases import copy_run
+from flowrt.workers.cpu.acc.kernels.phases import cell_offset, copy_run
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -122,9 +122,8 @@ def im2col_phases(phases, c0, geo, rows, pitch, r0, q0, dst):
     for r in range(r0, r0 + dst.shape[0]):
         ki = (r // kw) % kh
         kj = r % kw
-        phase = ((ki * dh) % sh) * sw + (kj * dw) % sw
         channel = (c0 + r // (kh * kw)) * sh * sw * phase_size
-        base = channel + phase * phase_size + (ki * dh // sh) * pitch + kj * dw // sw
+        base = channel + cell_offset(ki, kj, sh, sw, dh, dw, phase_size, pitch)
         oh, ow = oh0, ow0
         j = (r - r0) * q
         end = j + q

@@ -52,6 +52,15 @@ def split_pairs(words, low, high, n):
 
 
 @njit(inline="always", nogil=True, cache=True)
+def cell_offset(ki, kj, sh, sw, dh, dw, phase_stride, pitch):
+    """Where kernel cell (ki, kj) starts reading the phase planes that
+    :func:`fill_phase_planes` makes (``phase_stride`` apart, rows of ``pitch``): its phase
+    plane, then its row and column within it."""
+    phase = ((ki * dh) % sh) * sw + (kj * dw) % sw
+    return phase * phase_stride + (ki * dh // sh) * pitch + kj * dw // sw
+
+
+@njit(inline="always", nogil=True, cache=True)
 def fill_phase_planes(dst, x, rows, pitch, phase_stride, sh, sw, ph, pw):
     """Input plane ``x`` (zero-padded by ``ph`` rows and ``pw`` columns in front) into its
     ``sh * sw`` phase planes: phase (i, j), at ``dst[(i * sw + j) * phase_stride:]``, holds the

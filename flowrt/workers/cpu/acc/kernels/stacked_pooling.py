@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from flowrt.workers.cpu.acc.kernels.phases import copy_run, fill_phase_planes
+from flowrt.workers.cpu.acc.kernels.phases import cell_offset, copy_run, fill_phase_planes
 
 # Indices are cast to uint64 in the hot loops: numba wraps negative signed indices around,
 # and that check keeps LLVM from vectorizing.
@@ -73,9 +73,7 @@ def _add_into(dst, src):
 @njit(inline="always", nogil=True, cache=True)
 def _cell_offset(taps, stack, i, j):
     """Where kernel cell (i, j) starts reading the stacked phase planes."""
-    dh, dw, sh, sw, pitch = taps[2], taps[3], taps[6], taps[7], taps[9]
-    phase = ((i * dh) % sh) * sw + (j * dw) % sw
-    return phase * stack + (i * dh // sh) * pitch + j * dw // sw
+    return cell_offset(i, j, taps[6], taps[7], taps[2], taps[3], stack, taps[9])
 
 
 @njit(inline="always", nogil=True, cache=True)
