@@ -49,24 +49,27 @@ def _bt(s0, s1, s2, s3, s4, s5, o0, o1, o2, o3, o4, o5, n):
     """``o = Bt s`` elementwise over ``n`` tiles (``s``: six rows, ``o``: six rows), with
     Bt = [[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0], [0, -2, -1, 2, 1, 0],
     [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]]."""
+    # float32 constants: an integer one would promote the arithmetic to float64
+    two, four, five = np.float32(2), np.float32(4), np.float32(5)
     for t in range(n):
         d0, d1, d2, d3, d4, d5 = s0[t], s1[t], s2[t], s3[t], s4[t], s5[t]
-        a = d4 - 4 * d2
-        b = d3 - 4 * d1
+        a = d4 - four * d2
+        b = d3 - four * d1
         c = d4 - d2
-        e = 2 * (d3 - d1)
-        o0[t] = 4 * d0 - 5 * d2 + d4
+        e = two * (d3 - d1)
+        o0[t] = four * d0 - five * d2 + d4
         o1[t] = a + b
         o2[t] = a - b
         o3[t] = c + e
         o4[t] = c - e
-        o5[t] = 4 * d1 - 5 * d3 + d5
+        o5[t] = four * d1 - five * d3 + d5
 
 
 @njit(inline="always", nogil=True, cache=True)
 def _at(s0, s1, s2, s3, s4, s5, o0, o1, o2, o3, n):
     """``o = At s`` elementwise over ``n`` tiles, with
     At = [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]]."""
+    two, four, eight = np.float32(2), np.float32(4), np.float32(8)
     for t in range(n):
         m1, m2, m3, m4 = s1[t], s2[t], s3[t], s4[t]
         a = m1 + m2
@@ -74,9 +77,9 @@ def _at(s0, s1, s2, s3, s4, s5, o0, o1, o2, o3, n):
         c = m3 + m4
         d = m3 - m4
         o0[t] = s0[t] + a + c
-        o1[t] = b + 2 * d
-        o2[t] = a + 4 * c
-        o3[t] = b + 8 * d + s5[t]
+        o1[t] = b + two * d
+        o2[t] = a + four * c
+        o3[t] = b + eight * d + s5[t]
 
 
 @njit(nogil=True, cache=True)
