@@ -41,12 +41,13 @@ from flowrt.workers.cpu.acc.kernels.phases import fill_phase_planes
 from flowrt.workers.cpu.acc.kernels.taps import conv_by_taps
 from flowrt.workers.cpu.acc.kernels.winograd import (
     BLOCK_TILES,
+    GROUP_TILES,
     WinogradRule,
     winograd,
-    winograd_block,
+    winograd_blocks,
     winograd_weights,
 )
-from flowrt.workers.cpu.acc.kernels.winograd4 import winograd4, winograd4_block, winograd4_weights
+from flowrt.workers.cpu.acc.kernels.winograd4 import winograd4, winograd4_weights
 from flowrt.workers.cpu.acc.tiles import AVAILABLE as TILES_AVAILABLE
 from flowrt.workers.cpu.acc.tiles import TILE_COLUMNS, gemm_panels, pack_panels, pad_rows
 
@@ -202,8 +203,9 @@ class _Plan(NamedTuple):
     block_rows: int  # tap by tap: output rows per block
     tap_row_bounds: np.ndarray  # tap by tap: output rows per slice
     winograd: int  # the Winograd output tile's side (2: winograd(), 4: winograd4()), or 0
-    tile_bounds: np.ndarray  # Winograd: rows of output tiles per slice
+    tile_bounds: np.ndarray  # Winograd: rows of output tiles per slice (a group's images' rows)
     tile_block: int  # Winograd: tile rows per block
+    tile_group: int  # Winograd: images transformed together
     phase_shape: np.ndarray  # strided, by columns: rows and pitch of the phase planes (else zeros)
 
 
@@ -245,6 +247,7 @@ class ConvKernel:
         self.tiles_max_weights = TILES_MAX_WEIGHTS if TILES_AVAILABLE else -1
         self._panels: tuple[np.ndarray, np.ndarray] | None = None
         self.winograd_block_tiles = BLOCK_TILES
+        self.winograd_group_tiles = GROUP_TILES
         self._taps: np.ndarray | None = None
         self._winograd: dict[int, np.ndarray] = {}
         self._plans: dict[tuple[int, ...], _Plan] = {}
@@ -336,7 +339,10 @@ class ConvKernel:
         # from phase planes (a 1x1 stride-2 conv would split four planes to read one).
         phased = g.strides != (1, 1) and all(k * d >= st for k, d, st in zip(kernel, g.dilations, g.strides))
         winograd_shaped = groups == 1 and kernel == (3, 3) and g.strides == (1, 1) and g.dilations == (1, 1)
-        winograd = self.winograd_rule.tile(w_shape[1], mg, (oh, ow)) if winograd_shaped else 0
+        blocks = (x_shape[0], self.winograd_block_tiles, self.winograd_group_tiles)
+        group = winograd_blocks((oh, ow), 2, *blocks)[1]  # images per group with 2x2 tiles
+        winograd = self.winograd_rule.tile(w_shape[1], mg, (oh, ow), group) if winograd_shaped else 0
+        tile_block, tile_group = winograd_blocks((oh, ow), max(winograd, 1), *blocks)
         cached = self._plans[key] = _Plan(
             geo,
             (x_shape[0], w_shape[0], int(g.out[0]), int(g.out[1])),
@@ -357,8 +363,9 @@ class ConvKernel:
             block_rows,
             tap_row_bounds,
             winograd,
-            split_bounds(-(-oh // max(winograd, 1)), SplitHint(0, 1), self.workers),
-            (winograd4_block if winograd == 4 else winograd_block)((oh, ow), self.winograd_block_tiles),
+            split_bounds(tile_group * -(-oh // max(winograd, 1)), SplitHint(0, 1), self.workers),
+            tile_block,
+            tile_group,
             np.array(
                 [
                     oh + (kernel[0] - 1) * g.dilations[0] // g.strides[0],
@@ -392,7 +399,7 @@ class ConvKernel:
             u = self._winograd_weights(w, w_shape, plan.winograd)
             pads = plan.geo[6:8]
             run = winograd4 if plan.winograd == 4 else winograd
-            run(x, u, bias, out, pads[0], pads[1], plan.tile_bounds, plan.tile_block, *args)
+            run(x, u, bias, out, pads[0], pads[1], plan.tile_bounds, plan.tile_block, plan.tile_group, *args)
             return [out]
         if plan.taps:
             w_taps = self._tap_weights(w, w_shape)

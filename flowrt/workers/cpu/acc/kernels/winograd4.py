@@ -38,12 +38,6 @@ def winograd4_weights(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(u.reshape(36, w.shape[0], w.shape[1]), np.float32)
 
 
-def winograd4_block(out_hw: tuple[int, int], block_tiles: int) -> int:
-    """Tile rows per block for an output of ``out_hw`` pixels."""
-    tiles_h, pitch = (out_hw[0] + 3) // 4, (out_hw[1] + 3) // 4 + 1
-    return max(1, min(tiles_h, -(-block_tiles // pitch)))
-
-
 @njit(inline="always", nogil=True, cache=True)
 def _bt(s0, s1, s2, s3, s4, s5, o0, o1, o2, o3, o4, o5, n):
     """``o = Bt s`` elementwise over ``n`` tiles (``s``: six rows, ``o``: six rows), with
@@ -169,31 +163,44 @@ def _transform_output(mb, at, tmp, y, n):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def winograd4(x, u, bias, out, pad_h, pad_w, bounds, block, code, alpha, beta):
-    """Every image; one task per slice of tile rows (``bounds``), ``block`` tile rows at a
-    time, as :func:`~flowrt.workers.cpu.acc.kernels.winograd.winograd` does with 2x2 tiles.
+def winograd4(x, u, bias, out, pad_h, pad_w, bounds, block, group, code, alpha, beta):
+    """Every image, ``group`` at a time; one task per slice of the group's rows of tiles
+    (``bounds``), ``block`` tile rows at a time, as
+    :func:`~flowrt.workers.cpu.acc.kernels.winograd.winograd` does with 2x2 tiles.
     ``u``: :func:`winograd4_weights`; ``bias``: one per output channel."""
     channels, m_count = x.shape[1], out.shape[1]
     oh_count, ow_count = out.shape[2], out.shape[3]
     tiles_h, tiles_w = (oh_count + 3) // 4, (ow_count + 3) // 4
     pitch = tiles_w + 1
     # A block reads one tile row and one column past its tiles: one spare row keeps it inside.
-    phases = np.zeros((channels, 16, spread((tiles_h + 2) * pitch)), np.float32)
+    phases = np.zeros((group, channels, 16, spread((tiles_h + 2) * pitch)), np.float32)
     cols = block * pitch
-    for n in range(x.shape[0]):
-        for c in prange(channels):
-            fill_phases(x[n, c], phases[c], pad_h, pad_w, pitch, 4)
+    for n0 in range(0, x.shape[0], group):
+        images = min(group, x.shape[0] - n0)
+        rows = images * tiles_h
+        for task in prange(images * channels):
+            i, c = task // channels, task % channels
+            fill_phases(x[n0 + i, c], phases[i, c], pad_h, pad_w, pitch, 4)
         for s in prange(bounds.shape[0] - 1):
             # (36, channels x cols) and (36, outputs x cols), rows apart by a spread stride
             v = np.empty((36, spread(channels * cols)), np.float32)
             mb = np.empty((36, spread(m_count * cols)), np.float32)
             tmp = np.empty((36, cols), np.float32)
             y = np.empty((16, cols), np.float32)
-            for row0 in range(bounds[s], bounds[s + 1], block):
-                row1 = min(row0 + block, bounds[s + 1])
+            for row0 in range(bounds[s], min(bounds[s + 1], rows), block):
+                row1 = min(row0 + block, bounds[s + 1], rows)
                 count = (row1 - row0) * pitch
                 for c in range(channels):
-                    _transform_input(phases[c], row0 * pitch, pitch, tmp, v, c * cols, count)
+                    # the block's rows of tiles, one image's run of them at a time
+                    th = row0
+                    while th < row1:
+                        i = th // tiles_h
+                        end = min(row1, (i + 1) * tiles_h)
+                        at = c * cols + (th - row0) * pitch
+                        _transform_input(
+                            phases[i, c], (th - i * tiles_h) * pitch, pitch, tmp, v, at, (end - th) * pitch
+                        )
+                        th = end
                 for e in range(36):
                     ve = v[e, : channels * cols].reshape((channels, cols))
                     me = mb[e, : m_count * cols].reshape((m_count, cols))
@@ -205,9 +212,9 @@ def winograd4(x, u, bias, out, pad_h, pad_w, bounds, block, code, alpha, beta):
                     for th in range(row0, row1):
                         q = (th - row0) * pitch
                         for a in range(4):
-                            oh = 4 * th + a
+                            oh = 4 * (th % tiles_h) + a
                             if oh < oh_count:
-                                _interleave4(out[n, k, oh], y, 4 * a, q)
+                                _interleave4(out[n0 + th // tiles_h, k, oh], y, 4 * a, q)
 
 
 @njit(inline="always", nogil=True, cache=True)
