@@ -30,7 +30,9 @@ job starts and again before each of its workloads (``share_cores``, called by th
 a run that started alone steps down to its core as soon as another starts beside it, rather
 than keeping the cores of both for the rest of the run; it does not step back up within the
 job (its helper threads would wake for one layer and then spin beside the other run). Reserve
-jobs use every thread, the LOW jobs around them having stepped back.
+jobs use every thread, the LOW jobs around them having stepped back. Kernels that plan their
+split per call ask ``job_threads()`` for the share: a run stepped down to one thread runs a
+conv as one slice, with GEMMs twice as wide as two slices' run one after the other.
 
 OpenMP (numba's threading layer, libgomp) threads, in two rules:
 
@@ -134,6 +136,13 @@ def share_cores() -> None:
         worker.share_cores()
 
 
+def job_threads() -> int | None:
+    """The threads that the job running on this CPU worker has now (its share of the cores),
+    so that a kernel can split its window into as many slices; None outside a worker's job."""
+    worker = getattr(_current, "worker", None)
+    return None if worker is None or not worker.running else worker.threads_now
+
+
 class _Worker:
     """One thread serving its inbox until it receives ``None``. ``busy()`` counts the
     workers running a job now (read from this thread: the pool changes it in trio's)."""
@@ -144,7 +153,8 @@ class _Worker:
         self.busy = busy
         self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self.ready = threading.Event()
-        self._threads_now = threads  # numba's thread count on this thread
+        self.threads_now = threads  # numba's thread count on this thread
+        self.running = False  # whether a job runs now
 
     def _serve(self) -> None:
         # numba's thread count is per calling thread: kernels split their windows into
@@ -155,17 +165,20 @@ class _Worker:
         self.ready.set()
         while (job := self.inbox.get()) is not None:
             self._set_threads(job.threads)
-            job.token.run_sync_soon(job.deliver, self._run(job))
+            self.running = True
+            result = self._run(job)
+            self.running = False
+            job.token.run_sync_soon(job.deliver, result)
 
     def _set_threads(self, threads: int) -> None:
-        if threads != self._threads_now:
+        if threads != self.threads_now:
             numba.set_num_threads(threads)
-            self._threads_now = threads
+            self.threads_now = threads
 
     def share_cores(self) -> None:
         """Step the running job down to its share of the cores, when others started beside it."""
         share = max(1, self.threads // max(1, self.busy()))  # type: ignore[misc]
-        if share < self._threads_now:
+        if share < self.threads_now:
             self._set_threads(share)
 
     @staticmethod

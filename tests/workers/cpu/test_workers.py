@@ -19,7 +19,13 @@ from netbuild import branchy_network
 import flowrt
 from flowrt.errors import FlowrtError
 from flowrt.types import Priority
-from flowrt.workers.cpu.workers import LOW_PRIORITY_NICE, CpuWorkerPool, nice_is_reversible, share_cores
+from flowrt.workers.cpu.workers import (
+    LOW_PRIORITY_NICE,
+    CpuWorkerPool,
+    job_threads,
+    nice_is_reversible,
+    share_cores,
+)
 
 
 class GatedJobs:
@@ -300,11 +306,13 @@ async def test_a_job_that_started_alone_steps_down_when_another_starts_beside_it
     async with CpuWorkerPool(2) as pool:
         jobs = GatedJobs()
         seen: list[int] = []
+        shares: list[int | None] = []
 
         def long_run() -> None:
             for name in ("alone", "beside", "after"):
                 share_cores()
                 seen.append(numba.get_num_threads())
+                shares.append(job_threads())  # what kernels split their windows by
                 jobs.job(name)()  # one workload's worth, until the test releases it
 
         async with trio.open_nursery() as nursery:
@@ -321,9 +329,11 @@ async def test_a_job_that_started_alone_steps_down_when_another_starts_beside_it
             await jobs.wait_started(4)
             jobs.release("after")
         share_cores()  # outside a worker: nothing to share
+        assert job_threads() is None
         assert await pool.run_sync(numba.get_num_threads) == pool.threads
+        assert await pool.run_sync(job_threads) == pool.threads
     half = max(1, pool.threads // 2)
-    assert seen == [pool.threads, half, half]
+    assert seen == shares == [pool.threads, half, half]
 
 
 async def test_a_job_runs_in_the_callers_context():

@@ -11,6 +11,7 @@ from flowrt.engine.scheduler.window import SplitHint
 from flowrt.models import expected_outputs, expected_tolerance, light_model, pattern_input
 from flowrt.registry import FusedActivation
 from flowrt.types import TensorInfo
+from flowrt.workers.cpu.acc.kernels import conv as conv_module
 from flowrt.workers.cpu.acc.kernels.winograd import WinogradRule, winograd_blocks
 from flowrt.workers.cpu.acc.tiles import AVAILABLE as TILES_AVAILABLE
 from flowrt.workers.cpu.acc.tiles import TILE_ROWS
@@ -248,6 +249,20 @@ def test_winograd_transforms_a_batch_of_small_images_in_groups(x_shape, block_ti
     plan = kernel.plan(x.shape, w.shape)
     assert (plan.winograd, plan.tile_group) == (tile, group)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=2e-5 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("threads", [1, 2, None])
+def test_a_conv_splits_its_window_by_the_threads_its_job_has_now(monkeypatch, threads):
+    # A run that shares the cores with others has one thread: one slice, not two in a row.
+    monkeypatch.setattr(conv_module, "job_threads", lambda: threads)
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 16, 14, 14), dtype=np.float32)
+    w = rng.standard_normal((32, 16, 3, 3), dtype=np.float32)
+    kernel, got, expected = conv_case(x, w, None, workers=3, pads=(1, 1, 1, 1))
+    close(got, expected)
+    used = {key[-1] for key in kernel._plans}
+    assert used == {3 if threads is None else threads}
+    assert len(kernel.plan(x.shape, w.shape, used.pop()).tap_row_bounds) - 1 == min(3, threads or 3)
 
 
 @pytest.mark.parametrize(

@@ -50,6 +50,7 @@ from flowrt.workers.cpu.acc.kernels.winograd import (
 from flowrt.workers.cpu.acc.kernels.winograd4 import winograd4, winograd4_weights
 from flowrt.workers.cpu.acc.tiles import AVAILABLE as TILES_AVAILABLE
 from flowrt.workers.cpu.acc.tiles import TILE_COLUMNS, gemm_panels, pack_panels, pad_rows
+from flowrt.workers.cpu.workers import job_threads
 
 pin_scipy_blas()
 
@@ -290,9 +291,11 @@ class ConvKernel:
             self._panels = (panels, padded)
         return panels, padded
 
-    def plan(self, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> _Plan:
-        """The geometry and split for one input shape (computed once per shape)."""
-        key = x_shape + w_shape
+    def plan(self, x_shape: tuple[int, ...], w_shape: tuple[int, ...], workers: int | None = None) -> _Plan:
+        """The geometry and split for one input shape over ``workers`` (default: the kernel's),
+        computed once per shape and worker count."""
+        workers = self.workers if workers is None else workers
+        key = (*x_shape, *w_shape, workers)
         cached = self._plans.get(key)
         if cached is not None:
             return cached
@@ -302,24 +305,24 @@ class ConvKernel:
         direct = kernel == (1, 1) and g.strides == (1, 1) and not any(g.pads_begin + g.pads_end)
         groups, mg = self.desc.group, w_shape[0] // self.desc.group
         pixels, rows = int(g.out[0]) * int(g.out[1]), w_shape[1] * kernel[0] * kernel[1]
-        column_bounds = split_bounds(pixels, self.split_hint, self.workers)
-        row_bounds = split_bounds(mg, self.row_hint, self.workers)
-        by_columns = _balance(groups * (len(column_bounds) - 1), self.workers) >= _balance(
-            groups * (len(row_bounds) - 1), self.workers
+        column_bounds = split_bounds(pixels, self.split_hint, workers)
+        row_bounds = split_bounds(mg, self.row_hint, workers)
+        by_columns = _balance(groups * (len(column_bounds) - 1), workers) >= _balance(
+            groups * (len(row_bounds) - 1), workers
         )
         # A batch of small images runs as one GEMM if that splits over the workers as evenly.
-        batched_bounds = split_bounds(x_shape[0] * pixels, self.split_hint, self.workers)
+        batched_bounds = split_bounds(x_shape[0] * pixels, self.split_hint, workers)
         batched = (
             x_shape[0] > 1
             and pixels <= self.merge_pixels
             and mg * rows >= self.merge_weights
-            and _balance(groups * (len(batched_bounds) - 1), self.workers)
-            >= max(_balance(groups * (len(b) - 1), self.workers) for b in (column_bounds, row_bounds))
+            and _balance(groups * (len(batched_bounds) - 1), workers)
+            >= max(_balance(groups * (len(b) - 1), workers) for b in (column_bounds, row_bounds))
         )
         # A 1x1 conv by register tiles reads all the images' pixels as one row of columns,
         # split over them as long as that keeps the workers as busy as a split over channels.
-        packed = direct and _balance(groups * (len(batched_bounds) - 1), self.workers) >= _balance(
-            groups * (len(row_bounds) - 1), self.workers
+        packed = direct and _balance(groups * (len(batched_bounds) - 1), workers) >= _balance(
+            groups * (len(row_bounds) - 1), workers
         )
         chunk = max(min(MIN_COLUMNS, self.chunk_floats), self.chunk_floats // max(rows, mg))
         oh, ow = int(g.out[0]), int(g.out[1])
@@ -331,7 +334,7 @@ class ConvKernel:
             ],
             np.int64,
         )
-        tap_row_bounds = split_bounds(oh, SplitHint(0, 1), self.workers)
+        tap_row_bounds = split_bounds(oh, SplitHint(0, 1), workers)
         block_rows = max(
             1, min(int(tap_row_bounds[1]), self.taps_block_floats // (mg * int(padded_shape[1])))
         )
@@ -353,7 +356,7 @@ class ConvKernel:
             row_bounds,
             chunk,
             max(TILE_COLUMNS, chunk - chunk % TILE_COLUMNS),
-            split_bounds(x_shape[0] * w_shape[0], SplitHint(0, 1), self.workers),
+            split_bounds(x_shape[0] * w_shape[0], SplitHint(0, 1), workers),
             kernel == (3, 3)
             and g.strides == g.dilations == (1, 1)
             and g.pads_begin == g.pads_end == (1, 1)
@@ -363,7 +366,7 @@ class ConvKernel:
             block_rows,
             tap_row_bounds,
             winograd,
-            split_bounds(tile_group * -(-oh // max(winograd, 1)), SplitHint(0, 1), self.workers),
+            split_bounds(tile_group * -(-oh // max(winograd, 1)), SplitHint(0, 1), workers),
             tile_block,
             tile_group,
             np.array(
@@ -382,7 +385,10 @@ class ConvKernel:
         x = np.ascontiguousarray(inputs[0], np.float32)
         w = self.weights if self.weights is not None else self._pack(inputs[1])
         w_shape = self.weights_shape if self.weights is not None else tuple(inputs[1].shape)
-        plan = self.plan(x.shape, w_shape)
+        # as many slices as the job has threads now: a run sharing the cores with others
+        # steps down to one, and one slice runs wider GEMMs than two run one after the other
+        threads = job_threads()
+        plan = self.plan(x.shape, w_shape, None if threads is None else min(self.workers, threads))
         out = np.empty(plan.out_shape, np.float32) if outputs is None else outputs[0]
         b = self.bias if self.bias is not None else inputs[2] if len(inputs) > 2 else None
         finish = b is not None or self.code != NONE
