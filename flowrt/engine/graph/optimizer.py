@@ -24,6 +24,7 @@ from flowrt.engine.graph.passes.fold_constants import fold_constants
 from flowrt.engine.graph.passes.fold_scale_shift import fold_scale_shift
 from flowrt.engine.graph.passes.fold_transpose import fold_transposes
 from flowrt.engine.graph.passes.fuse_activation import fuse_activations
+from flowrt.engine.graph.passes.pool_before_conv import pool_before_conv
 from flowrt.engine.graph.passes.reduce_fp16 import reduce_fp32_to_fp16
 from flowrt.engine.graph.passes.remove_identity import remove_pass_through
 from flowrt.engine.graph.passes.substitute import SubstitutionRecord, check_coverage, substitute
@@ -63,7 +64,9 @@ class OptimizerOptions:
     backend can apply one (through its ``optimize_subgraph``, or capability
     ``fused_activation``). ``fold_transposes``
     composes and cancels chains of Transpose; ``collapse_reshapes`` makes a chain of
-    reshapes one Reshape. ``reduce_fp32_to_fp16`` runs float32 layers in float16 on the
+    reshapes one Reshape. ``pool_before_conv`` moves an AveragePool before the 1x1 conv it
+    reads (the two commute), so that the conv multiplies fewer pixels (DenseNet's
+    transitions); results change by rounding only. ``reduce_fp32_to_fp16`` runs float32 layers in float16 on the
     backends that declare capability ``fp16`` (casts at their borders; ignored, and
     reported, where none does). ``layer_backend_hints`` (``{layer name: backend id}``)
     puts a layer on a backend of the preference list whatever the order says; an
@@ -77,6 +80,7 @@ class OptimizerOptions:
     fuse_activations: bool = True
     fold_transposes: bool = attrs.field(default=True, validator=_flag)
     collapse_reshapes: bool = attrs.field(default=True, validator=_flag)
+    pool_before_conv: bool = attrs.field(default=True, validator=_flag)
     reduce_fp32_to_fp16: bool = attrs.field(default=False, validator=_flag)
     layer_backend_hints: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_hint_pairs)
 
@@ -298,6 +302,8 @@ def _graph_passes(graph: Graph, options: OptimizerOptions, registry: BackendRegi
         passes += fold_transposes(graph)
     if options.collapse_reshapes:
         passes += collapse_reshapes(graph)
+    if options.pool_before_conv:
+        passes += pool_before_conv(graph)
     graph.infer_shapes()
     return passes
 
