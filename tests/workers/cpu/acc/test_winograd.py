@@ -1,0 +1,118 @@
+"""CpuAcc's Winograd 3x3 convs against CpuRef: both tile sizes, blocks, groups of small
+images, and the rule that picks them."""
+
+import numpy as np
+import pytest
+from kernelcases import conv_case
+
+from flowrt.registry import FusedActivation
+from flowrt.workers.cpu.acc.kernels.winograd import WinogradRule, winograd_blocks
+
+
+def _force_winograd(tile, small_blocks=False):
+    def tune(kernel):
+        kernel.winograd_rule = WinogradRule(
+            min_channels=0, min_pixels=0, min_work=0, f4_min_side=0 if tile == 4 else 10**9
+        )
+        if small_blocks:
+            kernel.winograd_block_tiles = 1  # one row of tiles per block
+
+    return tune
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("constant", [True, False])
+@pytest.mark.parametrize("tile", [2, 4])
+@pytest.mark.parametrize("small_blocks", [False, True])
+@pytest.mark.parametrize(
+    "x_shape, w_shape, attrs",
+    [
+        ((2, 5, 9, 7), (3, 5, 3, 3), dict(pads=(1, 1, 1, 1))),  # odd sizes: partial tiles
+        ((1, 4, 10, 11), (6, 4, 3, 3), dict(pads=(0, 2, 1, 0))),  # uneven pads
+        ((1, 3, 6, 5), (2, 3, 3, 3), dict(auto_pad="VALID")),
+        ((1, 3, 6, 6), (2, 3, 3, 3), dict(auto_pad="SAME_LOWER")),
+        ((1, 2, 4, 4), (2, 2, 3, 3), dict(pads=(2, 2, 2, 2))),  # more padding than the kernel reach
+        ((1, 3, 3, 3), (4, 3, 3, 3), {}),  # one output pixel
+        ((1, 6, 13, 18), (5, 6, 3, 3), dict(pads=(1, 1, 1, 1))),  # 4x4 tiles: several per row
+    ],
+)
+def test_3x3_stride_1_convs_run_by_winograd(x_shape, w_shape, attrs, tile, small_blocks, constant, workers):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(x_shape, dtype=np.float32)
+    w = rng.standard_normal(w_shape, dtype=np.float32)
+    b = rng.standard_normal(w_shape[0], dtype=np.float32)
+    kernel, got, expected = conv_case(
+        x, w, b, workers=workers, activation=FusedActivation("LeakyRelu", 0.1), constant=constant,
+        tune=_force_winograd(tile, small_blocks), **attrs,
+    )  # fmt: skip
+    assert kernel.plan(x.shape, w.shape).winograd == tile
+    # F(4x4, 3x3)'s transforms round to about 1e-5 of the output's magnitude.
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=2e-5 * np.abs(expected).max())
+    # A second image reuses the plan and the transformed weights.
+    (again,) = kernel.execute([x, w, b])
+    np.testing.assert_array_equal(again, got)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("tile", [2, 4])
+@pytest.mark.parametrize("block_tiles, group", [(1, 1), ("two", 2), (256, 5)])
+@pytest.mark.parametrize("x_shape", [(5, 4, 7, 7), (5, 3, 5, 6)])
+def test_winograd_transforms_a_batch_of_small_images_in_groups(x_shape, block_tiles, group, tile, workers):
+    # Where one image has fewer tiles than a block aims at, the block takes the rows of tiles
+    # of several images, one image after another; 5 images in groups of 2 leave one alone.
+    tiles_h, pitch = -(-x_shape[2] // tile), -(-x_shape[3] // tile) + 1
+    if block_tiles == "two":
+        block_tiles = 2 * tiles_h * pitch
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(x_shape, dtype=np.float32)
+    w = rng.standard_normal((6, x_shape[1], 3, 3), dtype=np.float32)
+    b = rng.standard_normal(6, dtype=np.float32)
+
+    def tune(kernel):
+        _force_winograd(tile)(kernel)
+        kernel.winograd_block_tiles, kernel.winograd_group_tiles = block_tiles, 10**6
+
+    kernel, got, expected = conv_case(
+        x, w, b, workers=workers, activation=FusedActivation("Relu"), tune=tune, pads=(1, 1, 1, 1)
+    )
+    plan = kernel.plan(x.shape, w.shape)
+    assert (plan.winograd, plan.tile_group) == (tile, group)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=2e-5 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize(
+    "out_hw, side, images, blocks",
+    [
+        ((7, 7), 2, 4, (16, 4)),  # 20 tiles an image: four make 80
+        ((7, 7), 2, 1, (4, 1)),
+        ((14, 14), 2, 4, (14, 2)),  # 56 tiles: two
+        ((14, 14), 4, 4, (8, 2)),  # 4x4 tiles group to 32: 20 tiles, two images
+        ((28, 28), 4, 4, (7, 1)),  # 56 tiles of 4x4: one at a time
+        ((56, 56), 4, 4, (14, 1)),
+    ],
+)
+def test_winograd_groups_small_images_up_to_a_block(out_hw, side, images, blocks):
+    assert winograd_blocks(out_hw, side, images, block_tiles=256, group_tiles=64) == blocks
+
+
+@pytest.mark.parametrize(
+    "x_shape, w_shape, attrs, winograd",
+    [
+        ((1, 64, 14, 14), (64, 64, 3, 3), dict(pads=(1, 1, 1, 1)), 2),
+        ((1, 16, 28, 28), (32, 16, 3, 3), dict(pads=(1, 1, 1, 1)), 4),
+        ((1, 256, 7, 7), (256, 256, 3, 3), dict(pads=(1, 1, 1, 1)), 0),  # 16 tiles: too few
+        ((4, 256, 7, 7), (256, 256, 3, 3), dict(pads=(1, 1, 1, 1)), 2),  # 4 images together: enough
+        ((1, 8, 28, 28), (64, 8, 3, 3), dict(pads=(1, 1, 1, 1)), 0),  # too few channels
+        ((1, 64, 28, 28), (64, 64, 3, 3), dict(strides=(2, 2), pads=(1, 1, 1, 1)), 0),
+        ((1, 64, 28, 28), (64, 64, 3, 3), dict(dilations=(2, 2), pads=(2, 2, 2, 2)), 0),
+        ((1, 64, 28, 28), (64, 32, 3, 3), dict(group=2, pads=(1, 1, 1, 1)), 0),
+        ((1, 64, 28, 28), (64, 64, 5, 5), dict(pads=(2, 2, 2, 2)), 0),
+    ],
+)
+def test_winograd_is_chosen_for_large_3x3_stride_1_convs(x_shape, w_shape, attrs, winograd):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(x_shape, dtype=np.float32)
+    w = rng.standard_normal(w_shape, dtype=np.float32) / np.float32(np.sqrt(np.prod(w_shape[1:])))
+    kernel, got, expected = conv_case(x, w, None, workers=2, activation=FusedActivation("Relu"), **attrs)
+    assert kernel.plan(x.shape, w.shape).winograd == winograd
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=2e-5 * np.abs(expected).max())
