@@ -138,9 +138,10 @@ def share_cores() -> None:
 
 def job_threads() -> int | None:
     """The threads that the job running on this CPU worker has now (its share of the cores),
-    so that a kernel can split its window into as many slices; None outside a worker's job."""
+    so that a kernel can split its window into as many slices; None off the workers (a worker
+    thread runs nothing but its jobs)."""
     worker = getattr(_current, "worker", None)
-    return None if worker is None or not worker.running else worker.threads_now
+    return None if worker is None else worker.threads_now
 
 
 class _Worker:
@@ -154,7 +155,6 @@ class _Worker:
         self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self.ready = threading.Event()
         self.threads_now = threads  # numba's thread count on this thread
-        self.running = False  # whether a job runs now
 
     def _serve(self) -> None:
         # numba's thread count is per calling thread: kernels split their windows into
@@ -165,10 +165,7 @@ class _Worker:
         self.ready.set()
         while (job := self.inbox.get()) is not None:
             self._set_threads(job.threads)
-            self.running = True
-            result = self._run(job)
-            self.running = False
-            job.token.run_sync_soon(job.deliver, result)
+            job.token.run_sync_soon(job.deliver, self._run(job))
 
     def _set_threads(self, threads: int) -> None:
         if threads != self.threads_now:

@@ -21,7 +21,6 @@ import math
 import attrs
 
 from flowrt.engine.graph.graph import Graph, Layer
-from flowrt.types import TensorInfo
 
 
 def _pointwise(conv: Layer) -> bool:
@@ -83,7 +82,7 @@ def pool_before_conv(graph: Graph) -> list[str]:
         pool.outputs[0].connect(conv.inputs[0])
         channels = x_info.shape[1]  # type: ignore[union-attr]
         pool.outputs[0].info = attrs.evolve(pooled, shape=(pooled.shape[0], channels, *pooled.shape[2:]))  # type: ignore[union-attr,misc]
-        conv.outputs[0].info = TensorInfo(pooled.shape, pooled.dtype)  # type: ignore[union-attr]
+        conv.outputs[0].info = pooled  # what the pool gave before, the conv gives now
         changes.append(
             f"moved AveragePool {pool.name!r} before Conv {conv.name!r}: a 1x1 conv commutes with an "
             "average, and pooled first it multiplies fewer pixels"
