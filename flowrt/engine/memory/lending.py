@@ -71,6 +71,14 @@ class PriorityLender(Generic[T]):
         """Tasks waiting for an item now."""
         return len(self._waiting)
 
+    def take_nowait(self) -> T | None:
+        """Borrow a free item at once (when none is free, or others wait for one: None),
+        without a checkpoint, so that the caller decides in the same step of trio what to do
+        when there is none."""
+        if self._free and not self._waiting:
+            return self._free.pop()
+        return None
+
     async def take(self, priority: int = 1, on_lent: Callable[[T], None] | None = None) -> T:
         """Borrow an item, waiting while none is free (or others wait before this one);
         ``on_lent(item)``, when given, is called as soon as the item is lent, before this

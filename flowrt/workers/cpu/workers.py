@@ -264,13 +264,15 @@ class CpuWorkerPool:
     async def _borrow(self, priority: int, start: Callable[..., None]) -> None:
         """Wait for an idle worker for a call of ``priority`` and ``start(worker, reserve)`` the
         job on it as it is lent (a reserve worker for HIGH, see the module doc)."""
-        if priority <= Priority.HIGH and self._idle_reserve:
+        if priority <= Priority.HIGH:
             await trio.sleep(0)  # a checkpoint, as taking a worker is: a cancelled call takes none
-            if (
-                self._idle.free_count == 0
-                and self._idle_reserve
-                and any(running > priority for running in self._running.values())
-            ):
+            # Decided in one step of trio: a lower-priority call must not take the idle worker
+            # between this one's look and its take, leaving it to wait for a lower job's end.
+            worker = self._idle.take_nowait()
+            if worker is not None:
+                start(worker, False)
+                return
+            if self._idle_reserve and any(running > priority for running in self._running.values()):
                 start(self._idle_reserve.pop(), True)
                 return
         await self._idle.take(priority, start)

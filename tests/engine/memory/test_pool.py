@@ -160,3 +160,16 @@ async def test_a_waiter_cancelled_before_it_runs_again_is_not_put_to_use():
         lender.give_back("returned")  # in the same step: the waiter has not run since
     assert used == []
     assert (lender.free_count, lender.waiting_count) == (1, 0)
+
+
+async def test_take_nowait_lends_a_free_item_only_when_nobody_waits():
+    lender: PriorityLender[str] = PriorityLender(["only"])
+    assert lender.take_nowait() == "only"
+    assert lender.take_nowait() is None  # none free
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lender.take)
+        await trio.testing.wait_all_tasks_blocked()
+        lender.give_back("only")  # to the waiter, not to the free items
+        assert (lender.take_nowait(), lender.free_count) == (None, 0)
+    lender.give_back("only")
+    assert (lender.take_nowait(), lender.free_count) == ("only", 0)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
+from gatedjobs import GatedJobs
 from netbuild import branchy_network
 
 import flowrt
@@ -26,52 +27,6 @@ from flowrt.workers.cpu.workers import (
     nice_is_reversible,
     share_cores,
 )
-
-
-class GatedJobs:
-    """Fake jobs: each one holds its worker until the test releases it, and tells trio (in
-    trio time) when it starts, so the test decides how long every job takes."""
-
-    def __init__(self) -> None:
-        self.started: list[tuple[str, float]] = []
-        self._gates: dict[str, threading.Event] = {}
-        self._token = trio.lowlevel.current_trio_token()
-        self._changed = trio.Event()
-
-    @property
-    def order(self) -> list[str]:
-        return [name for name, _ in self.started]
-
-    def job(self, name: str) -> Callable[[], str]:
-        gate = self._gates[name] = threading.Event()
-
-        def run() -> str:
-            self._token.run_sync_soon(self._on_start, name)
-            if not gate.wait(timeout=30):
-                raise TimeoutError(f"job {name!r} was never released")
-            return name
-
-        return run
-
-    def _on_start(self, name: str) -> None:
-        self.started.append((name, trio.current_time()))
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def run(self, pool: CpuWorkerPool, name: str, priority: Priority = Priority.MEDIUM) -> str:
-        return await pool.run_sync(self.job(name), priority=priority)
-
-    async def wait_started(self, count: int) -> None:
-        """Until ``count`` jobs have started."""
-        while len(self.started) < count:
-            await self._changed.wait()
-
-    def release(self, name: str) -> None:
-        self._gates[name].set()
-
-    def release_all(self) -> None:
-        for gate in self._gates.values():
-            gate.set()
 
 
 async def test_run_sync_returns_the_result_or_raises_the_error_and_gives_the_worker_back():
@@ -148,6 +103,24 @@ async def test_high_runs_at_once_on_a_reserve_worker_beside_lower_priority_work(
             assert jobs.order[2] == "high-2"
             jobs.release_all()
     assert jobs.order == ["low", "high-1", "high-2", "normal"]
+
+
+async def test_a_high_call_never_waits_for_a_low_job_that_took_the_last_idle_worker_beside_it(autojump_clock):
+    # A HIGH and a LOW call arrive in one step of trio, with one worker idle: whichever takes
+    # it, the HIGH call starts at once (on the reserve if LOW won). trio runs the tasks of a
+    # step in an order of its own choosing: the case is tried several times.
+    async with CpuWorkerPool(2) as pool:
+        for attempt in range(12):
+            jobs = GatedJobs()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(jobs.run, pool, "low-running", Priority.LOW)
+                await jobs.wait_started(1)
+                nursery.start_soon(jobs.run, pool, "high", Priority.HIGH)
+                nursery.start_soon(jobs.run, pool, "low-new", Priority.LOW)
+                await trio.testing.wait_all_tasks_blocked()
+                await trio.sleep(0.5)
+                assert "high" in jobs.order, attempt
+                jobs.release_all()
 
 
 async def test_high_waits_in_line_when_only_high_work_runs(autojump_clock):
