@@ -245,7 +245,9 @@ class Runtime:
     run of the networks it loads record per-workload timings (see ``LoadedNetwork.profile``).
     Runs waiting for a memory pool or a CPU worker are served by priority, first come first
     served within one; a waiting run gains one priority level every ``priority_aging``
-    seconds, so LOW is never starved.
+    seconds, so LOW is never starved. While HIGH work runs on the CPU workers, lower-priority
+    runs pause at their next layer, for at most ``priority_aging`` seconds per level in all
+    (waiting for a worker included).
 
     Dynamic backends (see ``flowrt.registry.dynamic``) are loaded when the runtime is created,
     as Arm NN does: from the directories of ``backend_paths`` (which overrides the

@@ -9,7 +9,7 @@ small machines, so callers hand over a whole segment of workloads at a time; the
 inside a kernel comes from its window split (numba parallel regions), not from more
 crossings. Models loaded in one runtime share these workers: this is where their runs meet.
 
-Priorities, as three rules:
+Priorities, as four rules:
 
 - Waiting: idle workers are lent as memory pools are (``flowrt.engine.memory.lending``):
   the waiting call of the highest priority first, first come first served within one, and a
@@ -17,20 +17,27 @@ Priorities, as three rules:
 - HIGH never queues behind running work of lower priority: a HIGH call that finds every
   worker busy, some with lower-priority jobs, runs at once on one of ``count`` reserve
   workers kept for that (as GpuAcc gives HIGH a queue of its own).
+- HIGH has the cores: while a HIGH job runs (on any worker), jobs of lower priority pause at
+  their next workload boundary, and HIGH jobs share the cores among themselves only. Kernels
+  are not pre-empted, so a HIGH run waits at most for the lower jobs' current workloads;
+  without the pause it would share the cores (and their OpenMP barriers) with them for its
+  whole run. The aging rule bounds the pause: a job waits for a worker and then pauses for at
+  most ``aging_interval`` seconds per level below HIGH in all, so a steady flow of HIGH work
+  slows LOW work but never stops it.
 - LOW yields the cores: where the OS lets a thread lower its nice value again (Linux, with
   CAP_SYS_NICE or a permissive RLIMIT_NICE), a LOW job that runs on one thread does so at
   nice +``LOW_PRIORITY_NICE``, so that the OS gives the cores to the others first.
 
 Intra-op threads adapt to the load: a job's numba parallel regions use ``threads // busy``
-threads (at least one), ``busy`` counting the workers running a job, this one included. A
-lone run spreads over every core; runs in flight together take a core each instead of
-oversubscribing them (two runs of two threads each on two cores wait at each other's
+threads (at least one), ``busy`` counting the workers running a job, this one included (for a
+HIGH job, the HIGH jobs only: the others pause). A lone run spreads over every core; runs in
+flight together take a core each instead of oversubscribing them (two runs of two threads each on two cores wait at each other's
 barriers: one thread each streams small models about 15% faster). The share is taken when a
 job starts and again before each of its workloads (``share_cores``, called by the executor):
 a run that started alone steps down to its core as soon as another starts beside it, rather
 than keeping the cores of both for the rest of the run; it does not step back up within the
 job (its helper threads would wake for one layer and then spin beside the other run). Reserve
-jobs use every thread, the LOW jobs around them having stepped back. Kernels that plan their
+jobs use every thread, the jobs around them having paused. Kernels that plan their
 split per call ask ``job_threads()`` for the share: a run stepped down to one thread runs a
 conv as one slice, with GEMMs twice as wide as two slices' run one after the other.
 
@@ -118,6 +125,8 @@ class _Job:
 
     fn: Callable[..., Any]
     args: tuple[Any, ...]
+    priority: int
+    may_pause: float  # seconds it may pause for HIGH work
     threads: int
     nice: int
     token: trio.lowlevel.TrioToken
@@ -129,8 +138,9 @@ _current = threading.local()
 
 
 def share_cores() -> None:
-    """Between two workloads of a job on a CPU worker: use no more threads than the job's share
-    of the cores now (see the module doc). Elsewhere, and for reserve jobs, it does nothing."""
+    """Between two workloads of a job on a CPU worker: pause while HIGH jobs run, if this one
+    is of lower priority, then use no more threads than the job's share of the cores now (see
+    the module doc). Elsewhere, and for reserve jobs, it does nothing."""
     worker = getattr(_current, "worker", None)
     if worker is not None:
         worker.share_cores()
@@ -145,26 +155,31 @@ def job_threads() -> int | None:
 
 
 class _Worker:
-    """One thread serving its inbox until it receives ``None``. ``busy()`` counts the
-    workers running a job now (read from this thread: the pool changes it in trio's)."""
+    """One thread serving its inbox until it receives ``None``. A regular worker has its
+    pool: ``pool.busy(priority)`` counts the jobs a job of that priority shares the cores
+    with, and ``pool.no_high`` is set while no HIGH job runs (both read from this thread: the
+    pool changes them in trio's). Reserve workers have none."""
 
-    def __init__(self, name: str, threads: int, busy: Callable[[], int] | None = None) -> None:
+    def __init__(self, name: str, threads: int, pool: CpuWorkerPool | None = None) -> None:
         self.inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self.threads = threads
-        self.busy = busy
+        self.pool = pool
         self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self.ready = threading.Event()
         self.threads_now = threads  # numba's thread count on this thread
+        self.priority = int(Priority.MEDIUM)  # the running job's
+        self.pause_left = 0.0  # seconds the running job may still pause for HIGH work
 
     def _serve(self) -> None:
         # numba's thread count is per calling thread: kernels split their windows into
         # slices, and this caps how many threads run a worker's slices at once.
         numba.set_num_threads(self.threads)
-        if self.busy is not None:
+        if self.pool is not None:
             _current.worker = self
         self.ready.set()
         while (job := self.inbox.get()) is not None:
             self._set_threads(job.threads)
+            self.priority, self.pause_left = job.priority, job.may_pause
             job.token.run_sync_soon(job.deliver, self._run(job))
 
     def _set_threads(self, threads: int) -> None:
@@ -173,8 +188,15 @@ class _Worker:
             self.threads_now = threads
 
     def share_cores(self) -> None:
-        """Step the running job down to its share of the cores, when others started beside it."""
-        share = max(1, self.threads // max(1, self.busy()))  # type: ignore[misc]
+        """Pause while HIGH jobs run (if this job's priority is lower and it may still pause),
+        then step down to the job's share of the cores, when others started beside it."""
+        pool = self.pool
+        assert pool is not None
+        if self.pause_left > 0 and not pool.no_high.is_set():
+            began = time.monotonic()
+            pool.no_high.wait(self.pause_left)
+            self.pause_left -= time.monotonic() - began
+        share = max(1, self.threads // max(1, pool.busy(self.priority)))
         if share < self.threads_now:
             self._set_threads(share)
 
@@ -202,25 +224,32 @@ class CpuWorkerPool:
     """``count`` worker actors (and ``count`` reserve ones for HIGH); ``run_sync`` runs a
     blocking function on an idle one (see the module doc for the priority rules).
 
-    ``aging_interval``: seconds of waiting that raise a call's priority one level.
+    ``aging_interval``: seconds of waiting that raise a call's priority one level (and that
+    a job may spend waiting for a worker and pausing for HIGH work, per level below HIGH).
     """
 
     def __init__(self, count: int, *, aging_interval: float = 1.0) -> None:
         if count < 1:
             raise ValueError(f"a worker pool needs at least one worker, got {count}")
         self.count = count
+        self.aging_interval = aging_interval
         # A job's parallel regions never use more threads than numba has.
         self.threads = min(count, numba.config.NUMBA_NUM_THREADS)
-        self._workers = [_Worker(f"flowrt-cpu-{i}", self.threads, self._busy) for i in range(count)]
+        self._workers = [_Worker(f"flowrt-cpu-{i}", self.threads, self) for i in range(count)]
         self._reserve = [_Worker(f"flowrt-cpu-high-{i}", self.threads) for i in range(count)]
         self._idle: PriorityLender[_Worker] = PriorityLender(aging_interval=aging_interval)
         self._idle_reserve: list[_Worker] = []
         self._running: dict[_Worker, int] = {}  # busy (not reserve) worker -> its job's priority
+        self._high_jobs = 0  # HIGH jobs running, on regular and reserve workers
+        self.no_high = threading.Event()  # set while _high_jobs is 0
+        self.no_high.set()
         self._renice = False
         self._started = False
 
-    def _busy(self) -> int:
-        return len(self._running)
+    def busy(self, priority: int) -> int:
+        """The running jobs that a job of ``priority`` shares the cores with, itself included:
+        the HIGH jobs (reserve ones too) for HIGH, every regular worker's job for the others."""
+        return self._high_jobs if priority <= Priority.HIGH else len(self._running)
 
     @property
     def idle_count(self) -> int:
@@ -281,7 +310,7 @@ class CpuWorkerPool:
         """The threads and the nice increment of a job that starts now."""
         if reserve:
             return self.threads, 0
-        threads = max(1, self.threads // len(self._running))
+        threads = max(1, self.threads // max(1, self.busy(priority)))
         # One thread: the job runs on the worker's own thread. The helper threads of a
         # parallel region are made once per worker and would keep a nice value given then.
         low = self._renice and priority >= Priority.LOW and threads == 1
@@ -320,8 +349,13 @@ class CpuWorkerPool:
             lent.append((worker, reserve))
             if not reserve:
                 self._running[worker] = priority
+            if priority <= Priority.HIGH:
+                self._high_jobs += 1
+                self.no_high.clear()
             threads, nice = self._job_settings(priority, reserve)
-            worker.inbox.put(_Job(call, (fn, *args), threads, nice, token, deliver))
+            waited = time.monotonic() - asked
+            may_pause = max(0.0, (priority - Priority.HIGH) * self.aging_interval - waited)
+            worker.inbox.put(_Job(call, (fn, *args), priority, may_pause, threads, nice, token, deliver))
             # The worker wakes needing the GIL, which trio's thread keeps while it goes on
             # (0.5 ms on a stream's busy loop): hand it over now, so that the job starts.
             time.sleep(0)
@@ -330,6 +364,10 @@ class CpuWorkerPool:
             # In trio, as the job ends: the worker is given back, and the next waiting job
             # started on it, before this call's task runs again.
             worker, reserve = lent[0]
+            if priority <= Priority.HIGH:
+                self._high_jobs -= 1
+                if self._high_jobs == 0:
+                    self.no_high.set()
             if reserve:
                 self._idle_reserve.append(worker)
             else:
@@ -338,6 +376,7 @@ class CpuWorkerPool:
             box.append(result)
             done.set()
 
+        asked = time.monotonic()
         try:
             await self._borrow(priority, start)
             await done.wait()
