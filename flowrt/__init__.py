@@ -13,9 +13,10 @@ from flowrt import descriptors, errors, onnx, profiling
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.optimizer import OptimizedNetwork, OptimizerOptions, optimize
 from flowrt.engine.graph.passes.batch import set_batch
+from flowrt.loaded_network import LoadedNetwork
 from flowrt.pipeline import Pipeline
 from flowrt.registry import BackendId, BackendRegistry, backend_registry
-from flowrt.runtime import LoadedNetwork, Runtime
+from flowrt.runtime import Runtime
 from flowrt.serialize import load, save
 from flowrt.session import InferenceSession
 from flowrt.types import DataType, Priority, TensorInfo

@@ -32,7 +32,7 @@ import attrs
 import trio
 
 from flowrt.errors import FlowrtError, RunError
-from flowrt.runtime import LoadedNetwork
+from flowrt.loaded_network import LoadedNetwork
 from flowrt.stream import OrderedStream, Request
 from flowrt.types import Priority
 

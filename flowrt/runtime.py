@@ -1,4 +1,4 @@
-"""Runtime and LoadedNetwork: load an optimized network, then ``await model.run(feeds)``.
+"""Runtime: load an optimized network, then ``await model.run(feeds)`` (``LoadedNetwork``).
 
 ::
 
@@ -17,26 +17,22 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-import numpy as np
 import trio
 
 from flowrt.engine.graph.graph import Layer
 from flowrt.engine.graph.optimizer import OptimizedNetwork
 from flowrt.engine.graph.passes.batch import set_batch
 from flowrt.engine.memory.manager import MemoryManager
-from flowrt.engine.memory.planner import MemoryLayout, PlannedNode, plan_memory
+from flowrt.engine.memory.planner import PlannedNode, plan_memory
 from flowrt.engine.memory.pool import PoolManager
-from flowrt.engine.scheduler.dataflow import Dataflow, build_dataflow
-from flowrt.engine.scheduler.executor import Binding, DeviceRunner, execute
-from flowrt.engine.scheduler.feeds import check_feeds, check_output_buffers
+from flowrt.engine.scheduler.dataflow import build_dataflow
+from flowrt.engine.scheduler.executor import DeviceRunner
 from flowrt.errors import BackendError, FlowrtError
-from flowrt.profiling import ProfileRecord
+from flowrt.loaded_network import LoadedNetwork
 from flowrt.registry import Backend, BackendRegistry, WorkloadInfo, backend_registry
 from flowrt.registry.contexts import call_hooks, check_allocators
 from flowrt.registry.dynamic import BackendPaths, load_dynamic_backends, unload_dynamic_backends
-from flowrt.stream import BatchingStream, Stream
-from flowrt.types import Priority, TensorInfo
-from flowrt.workers.cpu.workers import CpuWorkerPool, default_cpu_workers, share_cores
+from flowrt.workers.cpu.workers import CpuWorkerPool, default_cpu_workers
 
 logger = logging.getLogger(__name__)
 
@@ -51,185 +47,6 @@ class RuntimeOptions:
     opencl_device: str | None = None
     tuning_file: str | None = None
     tuning_mode: str = "none"
-
-
-def _bindings(dataflow: Dataflow, layout: MemoryLayout) -> dict[int, Binding]:
-    bindings = {}
-    for backend, plan in layout.plans.items():
-        for tid, placement in plan.placements.items():
-            info = dataflow.tensor_infos[tid]
-            bindings[tid] = Binding(backend, placement.offset, tuple(info.shape), info.dtype.numpy)  # type: ignore[arg-type]
-    return bindings
-
-
-class LoadedNetwork:
-    """A network ready to run: workloads built and prepared, dataflow compiled, memory planned.
-
-    ``run`` may be awaited from any trio run. Up to ``max_in_flight`` runs execute at once,
-    each in a pool of its own; further runs wait for a pool.
-    """
-
-    def __init__(
-        self,
-        optimized: OptimizedNetwork,
-        dataflow: Dataflow,
-        workers: CpuWorkerPool,
-        layout: MemoryLayout,
-        pools: PoolManager,
-        profiling: bool = False,
-        devices: Mapping[str, DeviceRunner] | None = None,
-    ) -> None:
-        self.optimized = optimized
-        self.dataflow = dataflow
-        self.layout = layout
-        self.pools = pools
-        self._workers = workers
-        self._devices = dict(devices or {})
-        self._bindings = _bindings(dataflow, layout)
-        self.profiling = profiling
-        self._records: list[ProfileRecord] = []
-        self._runs = itertools.count()
-        # Set by Runtime.load: the batch asked for (None: as exported), the network before
-        # re-batching (what other batch sizes are made from), and the runtime that loads them.
-        self.batch: int | None = None
-        self.unbatched = optimized
-        self._runtime: Runtime | None = None
-        self._batched: dict[int, LoadedNetwork] = {}
-        # Set by Runtime.load; unload() makes runs raise, waits for those in flight, frees pools.
-        self.network_id: int | None = None
-        self.unloaded = False
-        self._in_flight = 0
-        self._drained: trio.Event | None = None
-
-    @property
-    def inputs(self) -> dict[str, TensorInfo]:
-        """Input name -> expected info, in the network's order."""
-        return dict(self.dataflow.input_infos)
-
-    @property
-    def outputs(self) -> dict[str, TensorInfo | None]:
-        """Output name -> inferred info, in the network's order."""
-        return dict(self.dataflow.output_infos)
-
-    async def run(
-        self,
-        feeds: Mapping[str, Any],
-        *,
-        priority: Priority = Priority.MEDIUM,
-        outputs: Mapping[str, np.ndarray] | None = None,
-        profile: bool | None = None,
-    ) -> dict[str, np.ndarray]:
-        """Run once; returns ``{output name: array}`` — arrays the caller owns, never pool memory.
-
-        Feeds are checked first (InputError, DataTypeError, ShapeError) and read in place.
-        ``outputs`` binds caller arrays (ONNX Runtime's IOBinding): those outputs are written
-        into them, and they are what is returned. A failing workload raises RunError.
-        Cancelling the calling scope stops the run at the next workload. The run's memory
-        pool is awaited by ``priority`` (first come, first served within one) and given
-        back however the run ends. ``profile`` (default: the runtime's ``profiling``) records
-        each workload's timing; :meth:`profile` returns the records. On a device backend
-        (GpuAcc) ``priority`` also picks the queue the run's GPU segments are enqueued on.
-        """
-        if self.unloaded:
-            raise FlowrtError(f"network {self.network_id} was unloaded; load it again to run it")
-        arrays = check_feeds(self.dataflow.input_infos, feeds)
-        bound = check_output_buffers(self.dataflow.output_infos, outputs)
-        record = (
-            self._recorder(next(self._runs)) if (self.profiling if profile is None else profile) else None
-        )
-        self._in_flight += 1
-        try:
-            async with self.pools.acquire(int(priority)) as pool:
-                results = await execute(
-                    self.dataflow,
-                    arrays,
-                    self._workers.run_sync,
-                    pool,
-                    self._bindings,
-                    record,
-                    devices=self._devices,
-                    priority=int(priority),
-                    between_workloads=share_cores,
-                )
-        finally:
-            self._in_flight -= 1
-            if self._in_flight == 0 and self._drained is not None:
-                self._drained.set()
-        for name, target in bound.items():
-            np.copyto(target, results[name])
-            results[name] = target
-        return results
-
-    def _recorder(self, run: int):
-        def record(node, worker: str, start_ns: int, end_ns: int) -> None:
-            self._records.append(
-                ProfileRecord(run, node.layer, node.kind, node.backend, worker, start_ns, end_ns)
-            )
-
-        return record
-
-    def profile(self, *, clear: bool = False) -> list[ProfileRecord]:
-        """The workload records of every profiled run so far (``clear``: and forget them)."""
-        records = list(self._records)
-        if clear:
-            self._records.clear()
-        return records
-
-    def stream(
-        self,
-        *,
-        max_in_flight: int | None = None,
-        priority: Priority = Priority.MEDIUM,
-        max_batch: int = 1,
-        max_delay: float = 0.0,
-    ) -> Stream | BatchingStream:
-        """A bounded stream of requests, results in submission order (see ``flowrt.stream``).
-
-        ``max_in_flight`` defaults to the number of memory pools the model was loaded with
-        (times ``max_batch``). With ``max_batch`` > 1, requests that arrive within
-        ``max_delay`` seconds of the first waiting one are stacked along the batch dimension
-        and run as one (see ``BatchingStream``); ShapeError at once when this network cannot
-        be re-batched.
-        """
-        if max_batch == 1:
-            return Stream(self, self.pools.count if max_in_flight is None else max_in_flight, priority)
-        if max_in_flight is None and isinstance(max_batch, int):
-            max_in_flight = self.pools.count * max_batch
-        return BatchingStream(self, max_in_flight, priority, max_batch, max_delay)  # type: ignore[arg-type]
-
-    async def batched(self, batch: int) -> LoadedNetwork:
-        """This network re-shaped to run ``batch`` samples per run (``flowrt.set_batch``), loaded
-        by the same runtime with as many pools; built on first use, then kept. Raises ShapeError
-        when the network cannot be re-batched."""
-        if batch == self.batch:
-            return self
-        if batch not in self._batched:
-            if self._runtime is None:
-                raise FlowrtError("re-batching needs the network to be loaded by Runtime.load")
-            self._batched[batch] = await self._runtime.load(
-                self.unbatched, max_in_flight=self.pools.count, batch=batch
-            )
-        return self._batched[batch]
-
-    async def unload(self) -> None:
-        """Unload this network from the runtime that loaded it (see ``Runtime.unload``)."""
-        if self._runtime is None:
-            raise FlowrtError("unload needs a network loaded by Runtime.load")
-        await self._runtime.unload(self)
-
-    async def _release(self) -> None:
-        """Refuse new runs, wait for the runs in flight, then let go of the memory pools."""
-        self.unloaded = True
-        if self._in_flight:
-            self._drained = trio.Event()
-            await self._drained.wait()
-        self.pools = PoolManager(0, {}, {})
-
-    def memory_report(self) -> dict[str, dict[str, int]]:
-        """Per backend: ``arena_bytes`` (one pool), ``no_reuse_bytes`` (all intermediate
-        tensors summed), ``lower_bound_bytes`` (largest total live at one step of the
-        schedule) and ``tensors`` (how many were planned)."""
-        return {b: attrs.asdict(m) for b, m in self.layout.report.items()}
 
 
 class Runtime:

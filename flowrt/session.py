@@ -23,7 +23,8 @@ from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.optimizer import OptimizedNetwork, OptimizerOptions, optimize
 from flowrt.errors import FlowrtError, InputError
 from flowrt.frontends.onnx import load as load_onnx
-from flowrt.runtime import LoadedNetwork, Runtime
+from flowrt.loaded_network import LoadedNetwork
+from flowrt.runtime import Runtime
 from flowrt.trio_thread import TrioThread
 
 logger = logging.getLogger(__name__)

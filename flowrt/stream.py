@@ -40,7 +40,7 @@ from flowrt.errors import FlowrtError, ResourceError, ShapeError
 from flowrt.types import Priority, TensorInfo
 
 if TYPE_CHECKING:
-    from flowrt.runtime import LoadedNetwork
+    from flowrt.loaded_network import LoadedNetwork
 
 
 @attrs.define(eq=False)
