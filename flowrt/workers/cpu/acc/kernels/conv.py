@@ -8,7 +8,8 @@ for weights past ``TILES_MAX_WEIGHTS`` and on CPUs without AVX2. A 1x1 stride-1 
 reads its input as the column matrix itself, and a strided conv copies its columns from the
 phase planes of each image, split once (``im2col.im2col_phases``). When there are too few
 pixels to give every worker a slice, the output channels (GEMM rows) are split instead, over
-one shared column matrix.
+one shared column matrix. Those two kernels are in ``conv_columns.py``; this file plans which
+path a shape takes and how it is split.
 
 A stride-1 conv with few output channels skips the column matrix and runs one GEMM per kernel
 tap (``taps.py``). A batch of small images through large weights runs as one GEMM over all
@@ -24,20 +25,18 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
 
 from flowrt.engine.graph.layers.conv import window_geometry
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
-from flowrt.workers.cpu.acc.blas import pin_scipy_blas, sgemm
+from flowrt.workers.cpu.acc.blas import pin_scipy_blas
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 from flowrt.workers.cpu.acc.kernels.conv_batched import MERGE_PIXELS, MERGE_WEIGHTS, conv_batched
+from flowrt.workers.cpu.acc.kernels.conv_columns import conv_by_columns, conv_by_rows
 from flowrt.workers.cpu.acc.kernels.conv_packed import conv_packed
 from flowrt.workers.cpu.acc.kernels.depthwise import depthwise, depthwise_same3
-from flowrt.workers.cpu.acc.kernels.epilogue import NONE, activate_row, activation_args
-from flowrt.workers.cpu.acc.kernels.im2col import fill_columns, im2col_phases
-from flowrt.workers.cpu.acc.kernels.phases import fill_phase_planes
+from flowrt.workers.cpu.acc.kernels.epilogue import NONE, activation_args
 from flowrt.workers.cpu.acc.kernels.taps import conv_by_taps
 from flowrt.workers.cpu.acc.kernels.winograd import (
     BLOCK_TILES,
@@ -49,7 +48,7 @@ from flowrt.workers.cpu.acc.kernels.winograd import (
 )
 from flowrt.workers.cpu.acc.kernels.winograd4 import winograd4, winograd4_weights
 from flowrt.workers.cpu.acc.tiles import AVAILABLE as TILES_AVAILABLE
-from flowrt.workers.cpu.acc.tiles import TILE_COLUMNS, gemm_panels, pack_panels, pad_rows
+from flowrt.workers.cpu.acc.tiles import TILE_COLUMNS, pack_panels, pad_rows
 from flowrt.workers.cpu.workers import job_threads
 
 pin_scipy_blas()
@@ -68,116 +67,9 @@ TAPS_BLOCK_FLOATS = 16 * 1024
 # (``tiles.py``) instead of BLAS: each block of columns reads every panel of weights again,
 # and past a few megabytes they come from L3 (512x4608, VGG's last convs: 0.93x BLAS).
 TILES_MAX_WEIGHTS = 1 << 20
-# What _conv_by_columns is passed for its panels when it multiplies by BLAS.
+# What conv_by_columns is passed for its panels when it multiplies by BLAS.
 _NO_PANELS = np.empty((0, 0, 0, 0), np.float32)
 _NO_BIAS = np.empty((0, 0), np.float32)
-
-
-@njit(inline="always", nogil=True, cache=True)
-def _finish(out, r0, r1, q0, q1, bias, code, alpha, beta):
-    """Bias (one per row) and the activation, in place, on rows ``r0 .. r1`` and columns
-    ``q0 .. q1`` of one image's C-contiguous (channels, pixels) output. Rows are taken from
-    that array itself: numba types a row of a 2-D slice as strided, and does not vectorize it."""
-    for r in range(r0, r1):
-        row = out[r, q0:q1]
-        activate_row(row, row, bias[r], code, alpha, beta)
-
-
-@njit(nogil=True, cache=True)
-def _split_channel(phases, c, planes, x_plane, rows, pitch, sh, sw, ph, pw):
-    """Channel ``c``'s padded plane into its phase planes, at ``phases[c * planes:]``."""
-    fill_phase_planes(
-        phases[c * planes : (c + 1) * planes], x_plane, rows, pitch, rows * pitch, sh, sw, ph, pw
-    )
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def _conv_by_columns(
-    x,
-    x_flat,
-    w,
-    bias,
-    out,
-    geo,
-    direct,
-    bounds,
-    chunk,
-    finish,
-    code,
-    alpha,
-    beta,
-    panels,
-    panel_bias,
-    phase_shape,
-):
-    """Every image; one task per (group, column slice), walking its columns in chunks. With
-    ``panels`` (per group, :func:`~flowrt.workers.cpu.acc.tiles.pack_panels`; empty for BLAS)
-    each chunk is multiplied by :func:`~flowrt.workers.cpu.acc.tiles.gemm_panels`, bias and
-    activation included. A strided conv (``phase_shape`` the rows and pitch of its phase
-    planes, else zeros) first splits each image's padded channels into phase planes, which
-    its chunks' im2col then reads by unit-stride runs (:func:`im2col_phases`)."""
-    tiles = panels.shape[0] > 0
-    groups, mg, kg = w.shape
-    channels = x.shape[1]
-    cg = channels // groups
-    slices = bounds.shape[0] - 1
-    sh, sw, ph, pw = geo[2], geo[3], geo[6], geo[7]
-    rows, pitch = phase_shape[0], phase_shape[1]
-    planes = sh * sw * rows * pitch  # per channel
-    phases = np.zeros(channels * planes, np.float32)  # pad cells stay zero
-    for n in range(x.shape[0]):
-        if planes:
-            for c in prange(channels):
-                _split_channel(phases, c, planes, x[n, c], rows, pitch, sh, sw, ph, pw)
-        for task in prange(groups * slices):
-            g, s = divmod(np.int64(task), slices)
-            start, stop = bounds[s], bounds[s + 1]
-            buffer = np.empty(0 if direct else kg * min(chunk, stop - start), np.float32)
-            for q0 in range(start, stop, chunk):
-                q1 = min(q0 + chunk, stop)
-                if direct:
-                    cols = x_flat[n, g * cg : (g + 1) * cg, q0:q1]
-                else:
-                    # a C-contiguous (kg, q1 - q0) matrix, so that im2col's row copies vectorize
-                    cols = buffer[: kg * (q1 - q0)].reshape((kg, q1 - q0))
-                    if planes:
-                        im2col_phases(phases, g * cg, geo, rows, pitch, 0, q0, cols)
-                    else:
-                        fill_columns(x[n], x_flat[n], g * cg, geo, 0, q0, cols)
-                block = out[n, g * mg : (g + 1) * mg, q0:q1]
-                if tiles:
-                    gemm_panels(panels[g], panel_bias[g], cols, block, code, alpha, beta)
-                    continue
-                sgemm(False, False, 1.0, w[g], cols, 0.0, block)
-                if finish:
-                    _finish(out[n], g * mg, (g + 1) * mg, q0, q1, bias, code, alpha, beta)
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def _conv_by_rows(x, x_flat, w, bias, out, geo, direct, row_bounds, finish, code, alpha, beta):
-    """Every image; its whole column matrix first (split over its rows), then one task per
-    (group, output-channel slice)."""
-    groups, mg, kg = w.shape
-    cg = x.shape[1] // groups
-    pixels = out.shape[2]
-    slices = row_bounds.shape[0] - 1
-    columns = np.empty((0 if direct else groups * kg, pixels), np.float32)
-    for n in range(x.shape[0]):
-        if not direct:
-            for r in prange(groups * kg):
-                g, rg = divmod(np.int64(r), kg)
-                fill_columns(x[n], x_flat[n], g * cg, geo, rg, 0, columns[r : r + 1])
-        for task in prange(groups * slices):
-            g, s = divmod(np.int64(task), slices)
-            r0, r1 = g * mg + row_bounds[s], g * mg + row_bounds[s + 1]
-            if direct:
-                cols = x_flat[n, g * cg : (g + 1) * cg]
-            else:
-                cols = columns[g * kg : (g + 1) * kg]
-            block = out[n, r0:r1]
-            sgemm(False, False, 1.0, w[g, row_bounds[s] : row_bounds[s + 1]], cols, 0.0, block)
-            if finish:
-                _finish(out[n], r0, r1, 0, pixels, bias, code, alpha, beta)
 
 
 def _balance(tasks: int, workers: int) -> float:
@@ -199,7 +91,7 @@ class _Plan(NamedTuple):
     tile_chunk: int  # chunk when multiplying by register tiles: whole tiles of columns
     plane_bounds: np.ndarray  # depthwise: (image, channel) planes per slice
     same3: bool  # depthwise 3x3, unit stride, one pad cell per side, planes >= 2x2
-    taps: bool  # run by _conv_by_taps
+    taps: bool  # run by conv_by_taps (taps.py)
     padded_shape: np.ndarray  # tap by tap: the padded plane's rows and pitch
     block_rows: int  # tap by tap: output rows per block
     tap_row_bounds: np.ndarray  # tap by tap: output rows per slice
@@ -436,7 +328,7 @@ class ConvKernel:
         if tiles and plan.packed_bounds is not None:
             conv_packed(x_flat, panels, panel_bias, out_flat, plan.packed_bounds, *args)
         elif plan.column_bounds is not None:
-            _conv_by_columns(
+            conv_by_columns(
                 x,
                 x_flat,
                 w,
@@ -453,5 +345,5 @@ class ConvKernel:
                 plan.phase_shape,
             )
         else:
-            _conv_by_rows(x, x_flat, w, bias, out_flat, plan.geo, plan.direct, plan.row_bounds, finish, *args)
+            conv_by_rows(x, x_flat, w, bias, out_flat, plan.geo, plan.direct, plan.row_bounds, finish, *args)
         return [out]
