@@ -42,11 +42,11 @@ from flowrt.workers.cpu.acc.kernels.winograd import (
     BLOCK_TILES,
     GROUP_TILES,
     WinogradRule,
-    winograd,
     winograd_blocks,
     winograd_weights,
 )
-from flowrt.workers.cpu.acc.kernels.winograd4 import winograd4, winograd4_weights
+from flowrt.workers.cpu.acc.kernels.winograd4 import winograd4_weights
+from flowrt.workers.cpu.acc.kernels.winograd_conv import winograd_conv
 from flowrt.workers.cpu.acc.tiles import AVAILABLE as TILES_AVAILABLE
 from flowrt.workers.cpu.acc.tiles import TILE_COLUMNS, pack_panels, pad_rows
 from flowrt.workers.cpu.workers import job_threads
@@ -95,7 +95,7 @@ class _Plan(NamedTuple):
     padded_shape: np.ndarray  # tap by tap: the padded plane's rows and pitch
     block_rows: int  # tap by tap: output rows per block
     tap_row_bounds: np.ndarray  # tap by tap: output rows per slice
-    winograd: int  # the Winograd output tile's side (2: winograd(), 4: winograd4()), or 0
+    winograd: int  # the Winograd output tile's side (2: F(2x2, 3x3), 4: F(4x4, 3x3)), or 0
     tile_bounds: np.ndarray  # Winograd: rows of output tiles per slice (a group's images' rows)
     tile_block: int  # Winograd: tile rows per block
     tile_group: int  # Winograd: images transformed together
@@ -296,8 +296,8 @@ class ConvKernel:
         if plan.winograd:
             u = self._winograd_weights(w, w_shape, plan.winograd)
             pads = plan.geo[6:8]
-            run = winograd4 if plan.winograd == 4 else winograd
-            run(x, u, bias, out, pads[0], pads[1], plan.tile_bounds, plan.tile_block, plan.tile_group, *args)
+            blocks = (plan.tile_bounds, plan.tile_block, plan.tile_group)
+            winograd_conv(x, u, bias, out, pads[0], pads[1], *blocks, *args, plan.winograd)
             return [out]
         if plan.taps:
             w_taps = self._tap_weights(w, w_shape)

@@ -15,17 +15,16 @@ phase plane. The window is rows of tiles: a slice transforms ``block`` tile rows
 (enough tiles to keep the GEMMs wide, few enough for the transformed tiles to stay near the
 cache), runs the sixteen GEMMs, and transforms back with bias and activation. Small images of
 a batch are transformed a few at a time, their rows of tiles one image after another, so that
-a block has as many tiles as a larger image's (:func:`winograd_blocks`).
+a block has as many tiles as a larger image's (:func:`winograd_blocks`). This file holds
+F(2x2, 3x3)'s transforms and the layout; the loop nest, shared with F(4x4, 3x3)
+(``winograd4.py``), is ``winograd_conv.py``.
 """
 
 from __future__ import annotations
 
 import attrs
 import numpy as np
-from numba import njit, prange
-
-from flowrt.workers.cpu.acc.blas import sgemm
-from flowrt.workers.cpu.acc.kernels.epilogue import activate_row
+from numba import njit
 
 # Winograd F(2x2, 3x3): G (4x3) maps a 3-tap filter to its transform.
 _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
@@ -167,7 +166,7 @@ def _fill_by_column_phases(x, phases, pad_h, pad_w, pitch, step):
 
 
 @njit(nogil=True, cache=True)
-def _transform_input(phases, start, pitch, v, at, n):
+def input_transform2(phases, start, pitch, tmp, v, at, n):
     """``v[e, at + t] = (Bt d B)[e]`` for the ``n`` tiles from flat tile ``start`` on (tile rows
     of ``pitch``) of one channel's phase planes, with
     Bt = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]."""
@@ -217,7 +216,7 @@ def _transform_input(phases, start, pitch, v, at, n):
 
 
 @njit(nogil=True, cache=True)
-def _transform_output(m, at, y, n):
+def output_transform2(m, at, tmp, y, n):
     """``y[2 * a + b, t] = (At m A)[a, b]`` from ``m[e, at + t]`` (one output channel's ``n``
     transformed tiles), with At = [[1, 1, 1, 0], [0, 1, -1, -1]]."""
     b = at + n
@@ -250,67 +249,11 @@ def spread(floats):
     return floats if floats < 1024 else floats + (64 - floats) % 1024
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def winograd(x, u, bias, out, pad_h, pad_w, bounds, block, group, code, alpha, beta):
-    """Every image, ``group`` at a time (:func:`winograd_blocks`); one task per slice of the
-    group's rows of tiles (``bounds``: image after image), ``block`` tile rows at a time.
-    ``u``: :func:`winograd_weights`; ``bias``: one per output channel."""
-    channels, m_count = x.shape[1], out.shape[1]
-    oh_count, ow_count = out.shape[2], out.shape[3]
-    tiles_h, tiles_w = (oh_count + 1) // 2, (ow_count + 1) // 2
-    pitch = tiles_w + 1
-    # A block reads one tile row and one column past its tiles: one spare row keeps it inside.
-    phases = np.zeros((group, channels, 4, spread((tiles_h + 2) * pitch)), np.float32)
-    cols = block * pitch
-    for n0 in range(0, x.shape[0], group):
-        images = min(group, x.shape[0] - n0)
-        rows = images * tiles_h
-        for task in prange(images * channels):
-            i, c = task // channels, task % channels
-            fill_phases(x[n0 + i, c], phases[i, c], pad_h, pad_w, pitch, 2)
-        for s in prange(bounds.shape[0] - 1):
-            # (16, channels x cols) and (16, outputs x cols), rows apart by a spread stride
-            v = np.empty((16, spread(channels * cols)), np.float32)
-            mb = np.empty((16, spread(m_count * cols)), np.float32)
-            y = np.empty((4, cols), np.float32)
-            for row0 in range(bounds[s], min(bounds[s + 1], rows), block):
-                row1 = min(row0 + block, bounds[s + 1], rows)
-                count = (row1 - row0) * pitch
-                for c in range(channels):
-                    # the block's rows of tiles, one image's run of them at a time
-                    th = row0
-                    while th < row1:
-                        i = th // tiles_h
-                        end = min(row1, (i + 1) * tiles_h)
-                        at = c * cols + (th - row0) * pitch
-                        _transform_input(
-                            phases[i, c], (th - i * tiles_h) * pitch, pitch, v, at, (end - th) * pitch
-                        )
-                        th = end
-                for e in range(16):
-                    ve = v[e, : channels * cols].reshape((channels, cols))
-                    me = mb[e, : m_count * cols].reshape((m_count, cols))
-                    sgemm(False, False, 1.0, u[e], ve[:, :count], 0.0, me[:, :count])
-                for k in range(m_count):
-                    _transform_output(mb, k * cols, y, count)
-                    for e in range(4):
-                        activate_row(y[e, :count], y[e, :count], bias[k], code, alpha, beta)
-                    for th in range(row0, row1):
-                        q = (th - row0) * pitch
-                        for a in range(2):
-                            oh = 2 * (th % tiles_h) + a
-                            if oh < oh_count:
-                                _interleave(
-                                    out[n0 + th // tiles_h, k, oh],
-                                    y[2 * a, q : q + tiles_w],
-                                    y[2 * a + 1, q : q + tiles_w],
-                                )
-
-
 @njit(inline="always", nogil=True, cache=True)
-def _interleave(dst, even, odd):
-    """``dst[2t] = even[t]``, ``dst[2t + 1] = odd[t]`` as far as ``dst`` reaches."""
+def interleave2(dst, y, row, q):
+    """``dst[2t + b] = y[row + b, q + t]`` as far as ``dst`` reaches."""
     half = dst.shape[0] // 2
+    even, odd = y[row, q : q + half + 1], y[row + 1, q : q + half + 1]
     for t in range(half):
         dst[2 * t] = even[t]
         dst[2 * t + 1] = odd[t]

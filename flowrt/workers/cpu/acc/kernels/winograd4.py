@@ -12,11 +12,7 @@ larger coefficients cost accuracy: errors reach about 1e-5 of the output's magni
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
-
-from flowrt.workers.cpu.acc.blas import sgemm
-from flowrt.workers.cpu.acc.kernels.epilogue import activate_row
-from flowrt.workers.cpu.acc.kernels.winograd import fill_phases, spread
+from numba import njit
 
 # F(4x4, 3x3): G (6x3) maps a 3-tap filter to its transform.
 _G = np.array(
@@ -77,7 +73,7 @@ def _at(s0, s1, s2, s3, s4, s5, o0, o1, o2, o3, n):
 
 
 @njit(nogil=True, cache=True)
-def _transform_input(phases, start, pitch, tmp, v, at, n):
+def input_transform4(phases, start, pitch, tmp, v, at, n):
     """``v[e, at + t] = (Bt d B)[e]`` for the ``n`` tiles from flat tile ``start`` on of one
     channel's phase planes: Bt over each of the tile's columns into ``tmp``, then over its rows.
     Tile element d[i][j] is phase plane (i % 4, j % 4) from tile (i // 4, j // 4) on."""
@@ -127,7 +123,7 @@ def _transform_input(phases, start, pitch, tmp, v, at, n):
 
 
 @njit(nogil=True, cache=True)
-def _transform_output(mb, at, tmp, y, n):
+def output_transform4(mb, at, tmp, y, n):
     """``y[4 * a + b, t] = (At m A)[a, b]`` from ``mb[e, at + t]`` (one output channel's ``n``
     transformed tiles), through ``tmp``."""
     b = at + n
@@ -162,63 +158,8 @@ def _transform_output(mb, at, tmp, y, n):
         )
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def winograd4(x, u, bias, out, pad_h, pad_w, bounds, block, group, code, alpha, beta):
-    """Every image, ``group`` at a time; one task per slice of the group's rows of tiles
-    (``bounds``), ``block`` tile rows at a time, as
-    :func:`~flowrt.workers.cpu.acc.kernels.winograd.winograd` does with 2x2 tiles.
-    ``u``: :func:`winograd4_weights`; ``bias``: one per output channel."""
-    channels, m_count = x.shape[1], out.shape[1]
-    oh_count, ow_count = out.shape[2], out.shape[3]
-    tiles_h, tiles_w = (oh_count + 3) // 4, (ow_count + 3) // 4
-    pitch = tiles_w + 1
-    # A block reads one tile row and one column past its tiles: one spare row keeps it inside.
-    phases = np.zeros((group, channels, 16, spread((tiles_h + 2) * pitch)), np.float32)
-    cols = block * pitch
-    for n0 in range(0, x.shape[0], group):
-        images = min(group, x.shape[0] - n0)
-        rows = images * tiles_h
-        for task in prange(images * channels):
-            i, c = task // channels, task % channels
-            fill_phases(x[n0 + i, c], phases[i, c], pad_h, pad_w, pitch, 4)
-        for s in prange(bounds.shape[0] - 1):
-            # (36, channels x cols) and (36, outputs x cols), rows apart by a spread stride
-            v = np.empty((36, spread(channels * cols)), np.float32)
-            mb = np.empty((36, spread(m_count * cols)), np.float32)
-            tmp = np.empty((36, cols), np.float32)
-            y = np.empty((16, cols), np.float32)
-            for row0 in range(bounds[s], min(bounds[s + 1], rows), block):
-                row1 = min(row0 + block, bounds[s + 1], rows)
-                count = (row1 - row0) * pitch
-                for c in range(channels):
-                    # the block's rows of tiles, one image's run of them at a time
-                    th = row0
-                    while th < row1:
-                        i = th // tiles_h
-                        end = min(row1, (i + 1) * tiles_h)
-                        at = c * cols + (th - row0) * pitch
-                        _transform_input(
-                            phases[i, c], (th - i * tiles_h) * pitch, pitch, tmp, v, at, (end - th) * pitch
-                        )
-                        th = end
-                for e in range(36):
-                    ve = v[e, : channels * cols].reshape((channels, cols))
-                    me = mb[e, : m_count * cols].reshape((m_count, cols))
-                    sgemm(False, False, 1.0, u[e], ve[:, :count], 0.0, me[:, :count])
-                for k in range(m_count):
-                    _transform_output(mb, k * cols, tmp, y, count)
-                    for e in range(16):
-                        activate_row(y[e, :count], y[e, :count], bias[k], code, alpha, beta)
-                    for th in range(row0, row1):
-                        q = (th - row0) * pitch
-                        for a in range(4):
-                            oh = 4 * (th % tiles_h) + a
-                            if oh < oh_count:
-                                _interleave4(out[n0 + th // tiles_h, k, oh], y, 4 * a, q)
-
-
 @njit(inline="always", nogil=True, cache=True)
-def _interleave4(dst, y, row, q):
+def interleave4(dst, y, row, q):
     """``dst[4t + b] = y[row + b, q + t]`` as far as ``dst`` reaches."""
     whole = dst.shape[0] // 4
     y0, y1, y2, y3 = (
