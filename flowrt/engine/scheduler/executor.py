@@ -96,10 +96,10 @@ class _RunState:
         values, stop, record, between = self.values, self.stop, self.record, self.between
         start = 0
         for node in segment.nodes:
+            if between is not None:
+                between()  # it may wait (for HIGH work), during which the run may be cancelled
             if stop.is_set():
                 return
-            if between is not None:
-                between()
             args = [values[tid] if tid is not None else None for tid in node.inputs]
             if record is not None:
                 start = time.perf_counter_ns()

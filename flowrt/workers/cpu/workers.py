@@ -23,7 +23,7 @@ Priorities, as four rules:
   without the pause it would share the cores (and their OpenMP barriers) with them for its
   whole run. The aging rule bounds the pause: a job waits for a worker and then pauses for at
   most ``aging_interval`` seconds per level below HIGH in all, so a steady flow of HIGH work
-  slows LOW work but never stops it.
+  slows LOW work but never stops it; a job whose caller is cancelled stops pausing at once.
 - LOW yields the cores: where the OS lets a thread lower its nice value again (Linux, with
   CAP_SYS_NICE or a permissive RLIMIT_NICE), a LOW job that runs on one thread does so at
   nice +``LOW_PRIORITY_NICE``, so that the OS gives the cores to the others first.
@@ -127,6 +127,7 @@ class _Job:
     args: tuple[Any, ...]
     priority: int
     may_pause: float  # seconds it may pause for HIGH work
+    cancelled: threading.Event  # set when its caller is cancelled: it pauses no more
     threads: int
     nice: int
     token: trio.lowlevel.TrioToken
@@ -157,8 +158,9 @@ def job_threads() -> int | None:
 class _Worker:
     """One thread serving its inbox until it receives ``None``. A regular worker has its
     pool: ``pool.busy(priority)`` counts the jobs a job of that priority shares the cores
-    with, and ``pool.no_high`` is set while no HIGH job runs (both read from this thread: the
-    pool changes them in trio's). Reserve workers have none."""
+    with, and ``pool.high_jobs`` the HIGH jobs running, which ``pool.high_changed`` is
+    notified of when they end (all read from this thread: the pool changes them in trio's).
+    Reserve workers have none."""
 
     def __init__(self, name: str, threads: int, pool: CpuWorkerPool | None = None) -> None:
         self.inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
@@ -169,6 +171,7 @@ class _Worker:
         self.threads_now = threads  # numba's thread count on this thread
         self.priority = int(Priority.MEDIUM)  # the running job's
         self.pause_left = 0.0  # seconds the running job may still pause for HIGH work
+        self.cancelled = threading.Event()  # the running job's
 
     def _serve(self) -> None:
         # numba's thread count is per calling thread: kernels split their windows into
@@ -179,7 +182,7 @@ class _Worker:
         self.ready.set()
         while (job := self.inbox.get()) is not None:
             self._set_threads(job.threads)
-            self.priority, self.pause_left = job.priority, job.may_pause
+            self.priority, self.pause_left, self.cancelled = job.priority, job.may_pause, job.cancelled
             job.token.run_sync_soon(job.deliver, self._run(job))
 
     def _set_threads(self, threads: int) -> None:
@@ -192,9 +195,12 @@ class _Worker:
         then step down to the job's share of the cores, when others started beside it."""
         pool = self.pool
         assert pool is not None
-        if self.pause_left > 0 and not pool.no_high.is_set():
+        if self.pause_left > 0 and pool.high_jobs and not self.cancelled.is_set():
             began = time.monotonic()
-            pool.no_high.wait(self.pause_left)
+            with pool.high_changed:
+                pool.high_changed.wait_for(
+                    lambda: not pool.high_jobs or self.cancelled.is_set(), self.pause_left
+                )
             self.pause_left -= time.monotonic() - began
         share = max(1, self.threads // max(1, pool.busy(self.priority)))
         if share < self.threads_now:
@@ -240,16 +246,16 @@ class CpuWorkerPool:
         self._idle: PriorityLender[_Worker] = PriorityLender(aging_interval=aging_interval)
         self._idle_reserve: list[_Worker] = []
         self._running: dict[_Worker, int] = {}  # busy (not reserve) worker -> its job's priority
-        self._high_jobs = 0  # HIGH jobs running, on regular and reserve workers
-        self.no_high = threading.Event()  # set while _high_jobs is 0
-        self.no_high.set()
+        self.high_jobs = 0  # HIGH jobs running, on regular and reserve workers
+        # Notified when the last HIGH job ends, or a paused job's caller is cancelled.
+        self.high_changed = threading.Condition()
         self._renice = False
         self._started = False
 
     def busy(self, priority: int) -> int:
         """The running jobs that a job of ``priority`` shares the cores with, itself included:
         the HIGH jobs (reserve ones too) for HIGH, every regular worker's job for the others."""
-        return self._high_jobs if priority <= Priority.HIGH else len(self._running)
+        return self.high_jobs if priority <= Priority.HIGH else len(self._running)
 
     @property
     def idle_count(self) -> int:
@@ -350,12 +356,12 @@ class CpuWorkerPool:
             if not reserve:
                 self._running[worker] = priority
             if priority <= Priority.HIGH:
-                self._high_jobs += 1
-                self.no_high.clear()
+                self.high_jobs += 1
             threads, nice = self._job_settings(priority, reserve)
             waited = time.monotonic() - asked
             may_pause = max(0.0, (priority - Priority.HIGH) * self.aging_interval - waited)
-            worker.inbox.put(_Job(call, (fn, *args), priority, may_pause, threads, nice, token, deliver))
+            job = _Job(call, (fn, *args), priority, may_pause, cancelled, threads, nice, token, deliver)
+            worker.inbox.put(job)
             # The worker wakes needing the GIL, which trio's thread keeps while it goes on
             # (0.5 ms on a stream's busy loop): hand it over now, so that the job starts.
             time.sleep(0)
@@ -365,9 +371,10 @@ class CpuWorkerPool:
             # started on it, before this call's task runs again.
             worker, reserve = lent[0]
             if priority <= Priority.HIGH:
-                self._high_jobs -= 1
-                if self._high_jobs == 0:
-                    self.no_high.set()
+                self.high_jobs -= 1
+                if self.high_jobs == 0:
+                    with self.high_changed:
+                        self.high_changed.notify_all()
             if reserve:
                 self._idle_reserve.append(worker)
             else:
@@ -376,7 +383,7 @@ class CpuWorkerPool:
             box.append(result)
             done.set()
 
-        asked = time.monotonic()
+        asked, cancelled = time.monotonic(), threading.Event()
         try:
             await self._borrow(priority, start)
             await done.wait()
@@ -387,6 +394,9 @@ class CpuWorkerPool:
             # cancellation reaches the caller at its next checkpoint.
             if on_cancel is not None:
                 on_cancel()
+            cancelled.set()  # a job paused for HIGH work goes on to its end
+            with self.high_changed:
+                self.high_changed.notify_all()
             with trio.CancelScope(shield=True):
                 await done.wait()
         return box[0].unwrap()

@@ -6,6 +6,7 @@ runs of a LOW stream and HIGH requests."""
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable
 
@@ -58,6 +59,45 @@ async def test_a_lower_job_pauses_at_its_next_workload_while_a_high_job_runs():
             jobs.release_all()
     assert jobs.order == ["low-1", "high", "low-2"]
     assert began["low-2"] >= ended
+
+
+async def test_a_paused_job_whose_caller_is_cancelled_goes_on_at_once():
+    # As the executor does: cancelling the call sets the run's stop flag (on_cancel), which
+    # the job reads after each pause; it must not wait out the HIGH job first.
+    async with CpuWorkerPool(1) as pool:
+        jobs = GatedJobs()
+        stop = threading.Event()
+        steps: list[str] = []
+
+        def low() -> None:
+            for name in ("low-1", "low-2"):
+                share_cores()
+                if stop.is_set():
+                    return
+                steps.append(name)
+                jobs.job(name)()
+
+        scope = trio.CancelScope()
+
+        async def call_low() -> None:
+            with scope:
+                await pool.run_sync(low, priority=Priority.LOW, on_cancel=stop.set)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call_low)
+            await jobs.wait_started(1)
+            nursery.start_soon(jobs.run, pool, "high", Priority.HIGH)  # on the reserve worker
+            await jobs.wait_started(2)
+            jobs.release("low-1")
+            await real_sleep(0.2)  # LOW pauses before its second workload
+            began = time.monotonic()
+            scope.cancel()
+            while pool.idle_count == 0:  # until the LOW job has given its worker back
+                await trio.sleep(0.001)
+            ended = time.monotonic()
+            assert (jobs.order, steps) == (["low-1", "high"], ["low-1"])  # "high" runs on; no "low-2"
+            jobs.release_all()
+    assert ended - began < 0.5  # not the 2 s a LOW job may pause for
 
 
 async def test_a_lower_job_pauses_for_at_most_the_aging_interval_per_level():
