@@ -17,7 +17,7 @@ Three cases, each printing requests/s and p50/p99 latency:
   other per request, on the same loaded models.
 - priority: a LOW stream of ``--low-model`` keeps every CPU worker busy while HIGH requests
   of ``--high-model`` arrive one at a time (after a pseudo-random pause); their latency is
-  compared with the same requests on the idle runtime.
+  compared with the same requests on the idle runtime, the two alternating round by round.
 
 The engines alternate round by round (``--rounds``) so that both see the same machine; ONNX
 Runtime's idle threads are told not to spin, as in ``compare_ort.py``.
@@ -235,40 +235,48 @@ async def _priority(args: argparse.Namespace, backends: list[str]):
         low_feeds = {n: pattern_input(info) for n, info in low.inputs.items()}
         high_feeds = {n: pattern_input(info) for n, info in high.inputs.items()}
 
-        async def high_requests() -> tuple[list[float], float]:
+        async def high_requests(part: np.ndarray) -> tuple[list[float], float]:
             latencies = []
             start = time.perf_counter()
-            for pause in pauses:
+            for pause in part:
                 await trio.sleep(pause)
                 begin = time.perf_counter()
                 await high.run(high_feeds, priority=flowrt.Priority.HIGH)
                 latencies.append(time.perf_counter() - begin)
             return latencies, time.perf_counter() - start
 
-        await high.run(high_feeds)
-        await low.run(low_feeds)
-        idle = await high_requests()
-        low_done: list[float] = []
-        async with low.stream(max_in_flight=2 * rt.cpu_workers, priority=flowrt.Priority.LOW) as s:
+        async def beside_low(part: np.ndarray) -> tuple[tuple[list[float], float], float]:
+            """HIGH requests while a LOW stream keeps every worker busy; and LOW's requests/s."""
+            low_done = 0
+            async with low.stream(max_in_flight=2 * rt.cpu_workers, priority=flowrt.Priority.LOW) as s:
 
-            async def saturate() -> None:
-                while True:
-                    await s.send(low_feeds)
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(saturate)
-                await s.__anext__()  # the workers are busy with LOW work from here on
-                start = time.perf_counter()
+                async def saturate() -> None:
+                    while True:
+                        await s.send(low_feeds)
 
                 async def drain() -> None:
+                    nonlocal low_done
                     async for _ in s:
-                        low_done.append(time.perf_counter())
+                        low_done += 1
 
-                nursery.start_soon(drain)
-                loaded = await high_requests()
-                low_rate = len(low_done) / (time.perf_counter() - start)
-                nursery.cancel_scope.cancel()
-    return _merge("idle", [idle]), _merge("loaded", [loaded]), low_rate
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(saturate)
+                    await s.__anext__()  # the workers are busy with LOW work from here on
+                    start = time.perf_counter()
+                    nursery.start_soon(drain)
+                    loaded = await high_requests(part)
+                    nursery.cancel_scope.cancel()
+            return loaded, low_done / (time.perf_counter() - start)
+
+        await high.run(high_feeds)
+        await low.run(low_feeds)
+        idle, loaded, low_rates = [], [], []
+        for part in np.array_split(pauses, args.rounds):  # alternated, so both see the same machine
+            idle.append(await high_requests(part))
+            beside, rate = await beside_low(part)
+            loaded.append(beside)
+            low_rates.append(rate)
+    return _merge("idle", idle), _merge("loaded", loaded), float(np.mean(low_rates))
 
 
 def run_priority(args: argparse.Namespace, backends: list[str]) -> None:
