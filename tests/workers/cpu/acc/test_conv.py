@@ -99,7 +99,8 @@ def test_large_layers_split_across_workers(x_shape, w_shape, attrs, split):
 
 
 def _merge_any_batch(kernel):
-    kernel.merge_pixels, kernel.merge_weights = 10**9, 0
+    # without register tiles, which a 1x1 conv would take instead (as on CPUs without AVX2)
+    kernel.merge_pixels, kernel.merge_weights, kernel.tiles_max_weights = 10**9, 0, -1
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
@@ -134,11 +135,20 @@ def test_a_batch_of_small_images_runs_as_one_gemm(x_shape, w_shape, attrs, worke
     assert conv_case(x, w, b, **attrs)[0].plan(x.shape, w.shape).batched_bounds is None
 
 
+def _no_tiles(kernel):
+    kernel.tiles_max_weights = -1
+
+
 def test_large_weights_on_few_pixels_merge_the_batch_by_default():
     rng = np.random.default_rng(6)
     x = rng.standard_normal((4, 512, 7, 7), dtype=np.float32)
     w = rng.standard_normal((512, 512, 1, 1), dtype=np.float32) * np.float32(0.05)
+    # By register tiles, a 1x1 conv reads all the images' pixels in place, with no copy.
     kernel, got, expected = conv_case(x, w, workers=2)
+    close(got, expected)
+    plan = kernel.plan(x.shape, w.shape)
+    assert (plan.batched_bounds is None) == TILES_AVAILABLE and len(plan.packed_bounds) == 3
+    kernel, got, expected = conv_case(x, w, workers=2, tune=_no_tiles)
     close(got, expected)
     assert len(kernel.plan(x.shape, w.shape).batched_bounds) == 3  # 196 pixels: one slice per worker
     # 98 pixels are one slice: two workers split the output channels of each image instead
