@@ -31,15 +31,16 @@ Priorities, as four rules:
 Intra-op threads adapt to the load: a job's numba parallel regions use ``threads // busy``
 threads (at least one), ``busy`` counting the workers running a job, this one included (for a
 HIGH job, the HIGH jobs only: the others pause). A lone run spreads over every core; runs in
-flight together take a core each instead of oversubscribing them (two runs of two threads each on two cores wait at each other's
-barriers: one thread each streams small models about 15% faster). The share is taken when a
-job starts and again before each of its workloads (``share_cores``, called by the executor):
-a run that started alone steps down to its core as soon as another starts beside it, rather
-than keeping the cores of both for the rest of the run; it does not step back up within the
-job (its helper threads would wake for one layer and then spin beside the other run). Reserve
-jobs use every thread, the jobs around them having paused. Kernels that plan their
-split per call ask ``job_threads()`` for the share: a run stepped down to one thread runs a
-conv as one slice, with GEMMs twice as wide as two slices' run one after the other.
+flight together take a core each instead of oversubscribing them (two runs of two threads
+each on two cores wait at each other's barriers: one thread each streams small models about
+15% faster). The share is taken when a job starts and again before each of its workloads
+(``share_cores``, called by the executor): a run that started alone steps down to its core as
+soon as another starts beside it, rather than keeping the cores of both for the rest of the
+run; it does not step back up within the job (its helper threads would wake for one layer and
+then spin beside the other run). Reserve jobs use every thread, the jobs around them having
+paused. Kernels that plan their split per call ask ``job_threads()`` for the share: a run
+stepped down to one thread runs a conv as one slice, with GEMMs twice as wide as two slices'
+run one after the other.
 
 OpenMP (numba's threading layer, libgomp) threads, in two rules:
 

@@ -89,6 +89,7 @@ class _Plan(NamedTuple):
     row_bounds: np.ndarray
     chunk: int
     tile_chunk: int  # chunk when multiplying by register tiles: whole tiles of columns
+    tiles: bool  # the column paths multiply by register tiles (else BLAS)
     plane_bounds: np.ndarray  # depthwise: (image, channel) planes per slice
     same3: bool  # depthwise 3x3, unit stride, one pad cell per side, planes >= 2x2
     taps: bool  # run by conv_by_taps (taps.py)
@@ -203,6 +204,7 @@ class ConvKernel:
             groups * (len(row_bounds) - 1), workers
         )
         batched_bounds = split_bounds(x_shape[0] * pixels, self.split_hint, workers)
+        tiles = mg * rows <= self.tiles_max_weights
         # A 1x1 conv by register tiles reads all the images' pixels as one row of columns,
         # split over them as long as that keeps the workers as busy as a split over channels.
         packed = direct and _balance(groups * (len(batched_bounds) - 1), workers) >= _balance(
@@ -216,7 +218,7 @@ class ConvKernel:
             x_shape[0] > 1
             and pixels <= self.merge_pixels
             and mg * rows >= self.merge_weights
-            and not (packed and mg * rows <= self.tiles_max_weights)
+            and not (packed and tiles)
             and _balance(groups * (len(batched_bounds) - 1), workers)
             >= max(_balance(groups * (len(b) - 1), workers) for b in (column_bounds, row_bounds))
         )
@@ -252,6 +254,7 @@ class ConvKernel:
             row_bounds,
             chunk,
             max(TILE_COLUMNS, chunk - chunk % TILE_COLUMNS),
+            tiles,
             split_bounds(x_shape[0] * w_shape[0], SplitHint(0, 1), workers),
             kernel == (3, 3)
             and g.strides == g.dilations == (1, 1)
@@ -323,7 +326,7 @@ class ConvKernel:
         if plan.batched_bounds is not None:
             conv_batched(x, x_flat, w, bias, out_flat, plan.geo, plan.direct, plan.batched_bounds, *args)
             return [out]
-        tiles = w.shape[1] * w.shape[2] <= self.tiles_max_weights
+        tiles = plan.tiles
         if tiles and (plan.packed_bounds is not None or plan.column_bounds is not None):
             constant = w is self.weights and (self.bias is not None or b is None)
             panels, panel_bias = self._tile_panels(w, bias, constant)

@@ -166,7 +166,7 @@ def _fill_by_column_phases(x, phases, pad_h, pad_w, pitch, step):
 
 
 @njit(nogil=True, cache=True)
-def input_transform2(phases, start, pitch, tmp, v, at, n):
+def input_transform2(phases, start, pitch, v, at, n):
     """``v[e, at + t] = (Bt d B)[e]`` for the ``n`` tiles from flat tile ``start`` on (tile rows
     of ``pitch``) of one channel's phase planes, with
     Bt = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]."""
@@ -216,7 +216,7 @@ def input_transform2(phases, start, pitch, tmp, v, at, n):
 
 
 @njit(nogil=True, cache=True)
-def output_transform2(m, at, tmp, y, n):
+def output_transform2(m, at, y, n):
     """``y[2 * a + b, t] = (At m A)[a, b]`` from ``m[e, at + t]`` (one output channel's ``n``
     transformed tiles), with At = [[1, 1, 1, 0], [0, 1, -1, -1]]."""
     b = at + n

@@ -1,8 +1,8 @@
 """The loop nest of CpuAcc's Winograd convs, shared by F(2x2, 3x3) (``winograd.py``, which
 describes the scheme and the layout) and F(4x4, 3x3) (``winograd4.py``): phase planes per
 channel, blocks of tile rows per slice, one GEMM per transformed tile element, and the output
-tiles written back with bias and activation. The two differ only in their transforms, and each has a compiled loop nest of its own, in
-which its tile sizes and transforms are constants.
+tiles written back with bias and activation. The two differ only in their transforms, and
+each has a compiled loop nest of its own, in which its tile sizes and transforms are constants.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _loop_nest(side: int):
                 fill_phases(x[n0 + i, c], phases[i, c], pad_h, pad_w, pitch, side)
             for s in prange(bounds.shape[0] - 1):
                 # (elements, channels x cols) and (elements, outputs x cols), rows apart by a
-                # spread stride; F(4x4) passes its transforms' rows through tmp
+                # spread stride; F(4x4) passes its transforms' rows through tmp (F(2x2): none)
                 v = np.empty((elements, spread(channels * cols)), np.float32)
                 mb = np.empty((elements, spread(m_count * cols)), np.float32)
                 tmp = np.empty((elements if side == 4 else 0, cols), np.float32)
@@ -64,7 +64,7 @@ def _loop_nest(side: int):
                             at, start = c * cols + (th - row0) * pitch, (th - i * tiles_h) * pitch
                             n = (end - th) * pitch
                             if side == 2:
-                                input_transform2(phases[i, c], start, pitch, tmp, v, at, n)
+                                input_transform2(phases[i, c], start, pitch, v, at, n)
                             else:
                                 input_transform4(phases[i, c], start, pitch, tmp, v, at, n)
                             th = end
@@ -74,7 +74,7 @@ def _loop_nest(side: int):
                         sgemm(False, False, 1.0, u[e], ve[:, :count], 0.0, me[:, :count])
                     for k in range(m_count):
                         if side == 2:
-                            output_transform2(mb, k * cols, tmp, y, count)
+                            output_transform2(mb, k * cols, y, count)
                         else:
                             output_transform4(mb, k * cols, tmp, y, count)
                         for e in range(outputs):
