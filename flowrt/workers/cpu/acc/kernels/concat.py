@@ -41,6 +41,9 @@ def _copy_band(src, out, width, total, column, first, last):
 # The parallel region only hands out slices: numba compiles a parallel loop's body slowly.
 @njit(parallel=True, nogil=True, cache=True)
 def _concat_part(src, out, width, total, column, bounds):
+    if bounds.shape[0] == 2:  # one slice: no parallel region
+        _copy_band(src, out, width, total, column, bounds[0], bounds[1])
+        return
     for s in prange(bounds.shape[0] - 1):
         _copy_band(src, out, width, total, column, bounds[s], bounds[s + 1])
 

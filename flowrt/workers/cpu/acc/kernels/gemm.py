@@ -30,36 +30,85 @@ MIN_COLUMNS = 64
 _NO_C = np.zeros((1, 1), np.float32)
 
 
+@njit(nogil=True, cache=True)
+def _gemm_task(
+    a, a_index, b, b_index, y, trans_a, trans_b, alpha, c, beta, rows, cols, finish, code, act_a, act_b, task
+):
+    """One task of :func:`_batched_gemm`: one (entry, row slice, column slice) block."""
+    row_slices, col_slices = rows.shape[0] - 1, cols.shape[0] - 1
+    t, block_index = divmod(np.int64(task), row_slices * col_slices)
+    i, j = divmod(block_index, col_slices)
+    r0, r1, c0, c1 = rows[i], rows[i + 1], cols[j], cols[j + 1]
+    left = a[a_index[t]]
+    right = b[b_index[t]]
+    block = y[t, r0:r1, c0:c1]
+    sgemm(
+        trans_a,
+        trans_b,
+        alpha,
+        left[:, r0:r1] if trans_a else left[r0:r1],
+        right[c0:c1] if trans_b else right[:, c0:c1],
+        0.0,
+        block,
+    )
+    if finish:
+        for r in range(r1 - r0):
+            c_row = c[min(r0 + r, c.shape[0] - 1)]
+            out_row = block[r]
+            for k in range(c1 - c0):
+                v = out_row[k] + beta * c_row[min(c0 + k, c.shape[1] - 1)]
+                out_row[k] = activate(v, code, act_a, act_b)
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def _batched_gemm(
     a, a_index, b, b_index, y, trans_a, trans_b, alpha, c, beta, rows, cols, finish, code, act_a, act_b
 ):
     """``y[t] = activation(alpha * op(a[a_index[t]]) @ op(b[b_index[t]]) + beta * c)`` for every
-    batch entry t, one task per (entry, row slice, column slice); ``c`` is (1 or M, 1 or N)."""
-    row_slices, col_slices = rows.shape[0] - 1, cols.shape[0] - 1
-    for task in prange(y.shape[0] * row_slices * col_slices):
-        t, block_index = divmod(np.int64(task), row_slices * col_slices)
-        i, j = divmod(block_index, col_slices)
-        r0, r1, c0, c1 = rows[i], rows[i + 1], cols[j], cols[j + 1]
-        left = a[a_index[t]]
-        right = b[b_index[t]]
-        block = y[t, r0:r1, c0:c1]
-        sgemm(
+    batch entry t, one task per (entry, row slice, column slice); ``c`` is (1 or M, 1 or N).
+    A single task runs on the calling thread, with no parallel region."""
+    tasks = y.shape[0] * (rows.shape[0] - 1) * (cols.shape[0] - 1)
+    if tasks == 1:
+        _gemm_task(
+            a,
+            a_index,
+            b,
+            b_index,
+            y,
             trans_a,
             trans_b,
             alpha,
-            left[:, r0:r1] if trans_a else left[r0:r1],
-            right[c0:c1] if trans_b else right[:, c0:c1],
-            0.0,
-            block,
+            c,
+            beta,
+            rows,
+            cols,
+            finish,
+            code,
+            act_a,
+            act_b,
+            0,
         )
-        if finish:
-            for r in range(r1 - r0):
-                c_row = c[min(r0 + r, c.shape[0] - 1)]
-                out_row = block[r]
-                for k in range(c1 - c0):
-                    v = out_row[k] + beta * c_row[min(c0 + k, c.shape[1] - 1)]
-                    out_row[k] = activate(v, code, act_a, act_b)
+        return
+    for task in prange(tasks):
+        _gemm_task(
+            a,
+            a_index,
+            b,
+            b_index,
+            y,
+            trans_a,
+            trans_b,
+            alpha,
+            c,
+            beta,
+            rows,
+            cols,
+            finish,
+            code,
+            act_a,
+            act_b,
+            task,
+        )
 
 
 class _Split(NamedTuple):

@@ -81,26 +81,42 @@ def pairwise_sum(a, first, n, nodes, sums):
     return sums[0]
 
 
+@njit(nogil=True, cache=True)
+def _average_planes(x, out, first, last):
+    size = x.shape[1]
+    nodes = np.empty((128, 3), np.int64)
+    sums = np.empty(128, np.float32)
+    for p in range(first, last):
+        out[p] = pairwise_sum(x[p], 0, size, nodes, sums) / np.float32(size)
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def global_average_pool(x, out, bounds):
-    size = x.shape[1]
+    if bounds.shape[0] == 2:  # one slice: no parallel region
+        _average_planes(x, out, bounds[0], bounds[1])
+        return
     for s in prange(bounds.shape[0] - 1):
-        nodes = np.empty((128, 3), np.int64)
-        sums = np.empty(128, np.float32)
-        for p in range(bounds[s], bounds[s + 1]):
-            out[p] = pairwise_sum(x[p], 0, size, nodes, sums) / np.float32(size)
+        _average_planes(x, out, bounds[s], bounds[s + 1])
+
+
+@njit(nogil=True, cache=True)
+def _max_planes(x, out, first, last):
+    for p in range(first, last):
+        best = x[p, 0]
+        for i in range(1, x.shape[1]):
+            v = x[p, i]
+            if v > best or v != v:
+                best = v
+        out[p] = best
 
 
 @njit(parallel=True, nogil=True, cache=True)
 def global_max_pool(x, out, bounds):
+    if bounds.shape[0] == 2:  # one slice: no parallel region
+        _max_planes(x, out, bounds[0], bounds[1])
+        return
     for s in prange(bounds.shape[0] - 1):
-        for p in range(bounds[s], bounds[s + 1]):
-            best = x[p, 0]
-            for i in range(1, x.shape[1]):
-                v = x[p, i]
-                if v > best or v != v:
-                    best = v
-            out[p] = best
+        _max_planes(x, out, bounds[s], bounds[s + 1])
 
 
 class _GlobalPool:

@@ -46,16 +46,28 @@ class _Bounds:
 # and that check keeps LLVM from vectorizing.
 
 
+@njit(nogil=True, cache=True)
+def _batch_normalization_span(x, out, scale, shift, channels, plane, code, alpha, beta, first, last):
+    i = first
+    while i < last:
+        p = i // plane
+        end = min(last, (p + 1) * plane)
+        c = p % channels
+        affine_row(out[i:end], x[i:end], scale[c], shift[c], code, alpha, beta)
+        i = end
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def _batch_normalization(x, out, bounds, scale, shift, channels, plane, code, alpha, beta):
+    if bounds.shape[0] == 2:  # one slice: no parallel region
+        _batch_normalization_span(
+            x, out, scale, shift, channels, plane, code, alpha, beta, bounds[0], bounds[1]
+        )
+        return
     for s in prange(bounds.shape[0] - 1):
-        i, stop = bounds[s], bounds[s + 1]
-        while i < stop:
-            p = i // plane
-            end = min(stop, (p + 1) * plane)
-            c = p % channels
-            affine_row(out[i:end], x[i:end], scale[c], shift[c], code, alpha, beta)
-            i = end
+        _batch_normalization_span(
+            x, out, scale, shift, channels, plane, code, alpha, beta, bounds[s], bounds[s + 1]
+        )
 
 
 def folded(scale, bias, mean, var, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
@@ -123,34 +135,42 @@ class BatchNormalizationKernel:
         return [out]
 
 
+@njit(nogil=True, cache=True)
+def _lrn_units(x, out, blocks, before, after, bias, alpha, beta, first_unit, last_unit):
+    channels, positions = x.shape[1], x.shape[2]
+    square_sum = np.empty(LRN_BLOCK, np.float32)
+    for unit in range(first_unit, last_unit):
+        n, first = unit // blocks, (unit % blocks) * LRN_BLOCK
+        width = min(LRN_BLOCK, positions - first)
+        for c in range(channels):
+            square_sum[:width] = 0
+            # Channels c - before .. c + after, in CpuRef's order (the pad's zeros add nothing).
+            for j in range(max(0, c - before), min(channels, c + after + 1)):
+                row = x[n, j, first:]
+                for i in range(width):
+                    k = np.uint64(i)
+                    square_sum[k] += row[k] * row[k]
+            src, dst = x[n, c, first:], out[n, c, first:]
+            if beta == THREE_QUARTERS:
+                # s ** 0.75 as sqrt(s) * sqrt(sqrt(s)): sqrt vectorizes, pow does not.
+                # Within 4 ulps of CpuRef's powf.
+                for i in range(width):
+                    k = np.uint64(i)
+                    root = math.sqrt(bias + alpha * square_sum[k])
+                    dst[k] = src[k] / (root * math.sqrt(root))
+            else:
+                for i in range(width):
+                    k = np.uint64(i)
+                    dst[k] = src[k] / (bias + alpha * square_sum[k]) ** beta
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def _lrn(x, out, bounds, blocks, before, after, bias, alpha, beta):
-    channels, positions = x.shape[1], x.shape[2]
+    if bounds.shape[0] == 2:  # one slice: no parallel region
+        _lrn_units(x, out, blocks, before, after, bias, alpha, beta, bounds[0], bounds[1])
+        return
     for s in prange(bounds.shape[0] - 1):
-        square_sum = np.empty(LRN_BLOCK, np.float32)
-        for unit in range(bounds[s], bounds[s + 1]):
-            n, first = unit // blocks, (unit % blocks) * LRN_BLOCK
-            width = min(LRN_BLOCK, positions - first)
-            for c in range(channels):
-                square_sum[:width] = 0
-                # Channels c - before .. c + after, in CpuRef's order (the pad's zeros add nothing).
-                for j in range(max(0, c - before), min(channels, c + after + 1)):
-                    row = x[n, j, first:]
-                    for i in range(width):
-                        k = np.uint64(i)
-                        square_sum[k] += row[k] * row[k]
-                src, dst = x[n, c, first:], out[n, c, first:]
-                if beta == THREE_QUARTERS:
-                    # s ** 0.75 as sqrt(s) * sqrt(sqrt(s)): sqrt vectorizes, pow does not.
-                    # Within 4 ulps of CpuRef's powf.
-                    for i in range(width):
-                        k = np.uint64(i)
-                        root = math.sqrt(bias + alpha * square_sum[k])
-                        dst[k] = src[k] / (root * math.sqrt(root))
-                else:
-                    for i in range(width):
-                        k = np.uint64(i)
-                        dst[k] = src[k] / (bias + alpha * square_sum[k]) ** beta
+        _lrn_units(x, out, blocks, before, after, bias, alpha, beta, bounds[s], bounds[s + 1])
 
 
 @acc_kernel("LRN")
@@ -199,26 +219,34 @@ class LRNKernel:
         return [out]
 
 
+@njit(nogil=True, cache=True)
+def _layer_normalization_rows(x, out, mean, inv_std, scale, bias, epsilon, first, last):
+    length = x.shape[1]
+    for r in range(first, last):
+        row, dst = x[r], out[r]
+        # Sums in float64; the statistics themselves in float32, as CpuRef keeps them.
+        total = 0.0
+        for i in range(length):
+            total += row[np.uint64(i)]
+        m = np.float32(total / length)
+        total = 0.0
+        for i in range(length):
+            d = row[np.uint64(i)] - m
+            total += d * d
+        inv = np.float32(1) / np.sqrt(np.float32(total / length) + epsilon)
+        mean[r], inv_std[r] = m, inv
+        for i in range(length):
+            k = np.uint64(i)
+            dst[k] = (row[k] - m) * inv * scale[k] + bias[k]
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def _layer_normalization(x, out, mean, inv_std, bounds, scale, bias, epsilon):
-    length = x.shape[1]
+    if bounds.shape[0] == 2:  # one slice: no parallel region
+        _layer_normalization_rows(x, out, mean, inv_std, scale, bias, epsilon, bounds[0], bounds[1])
+        return
     for s in prange(bounds.shape[0] - 1):
-        for r in range(bounds[s], bounds[s + 1]):
-            row, dst = x[r], out[r]
-            # Sums in float64; the statistics themselves in float32, as CpuRef keeps them.
-            total = 0.0
-            for i in range(length):
-                total += row[np.uint64(i)]
-            m = np.float32(total / length)
-            total = 0.0
-            for i in range(length):
-                d = row[np.uint64(i)] - m
-                total += d * d
-            inv = np.float32(1) / np.sqrt(np.float32(total / length) + epsilon)
-            mean[r], inv_std[r] = m, inv
-            for i in range(length):
-                k = np.uint64(i)
-                dst[k] = (row[k] - m) * inv * scale[k] + bias[k]
+        _layer_normalization_rows(x, out, mean, inv_std, scale, bias, epsilon, bounds[s], bounds[s + 1])
 
 
 @acc_kernel("LayerNormalization")

@@ -52,6 +52,9 @@ def _pad_rows(x, out, maps, map_starts, outer, in_strides, inner, value, first, 
 # The parallel region only hands out slices: numba compiles a parallel loop's body slowly.
 @njit(parallel=True, nogil=True, cache=True)
 def _pad(x, out, maps, map_starts, outer, in_strides, inner, value, bounds):
+    if bounds.shape[0] == 2:  # one slice: no parallel region
+        _pad_rows(x, out, maps, map_starts, outer, in_strides, inner, value, bounds[0], bounds[1])
+        return
     for s in prange(bounds.shape[0] - 1):
         _pad_rows(x, out, maps, map_starts, outer, in_strides, inner, value, bounds[s], bounds[s + 1])
 

@@ -58,6 +58,9 @@ def _reduce_tasks(x, out, reduced, inner, op, first, last):
 # The parallel region only hands out slices: numba compiles a parallel loop's body slowly.
 @njit(parallel=True, nogil=True, cache=True)
 def _reduce(x, out, reduced, inner, op, bounds):
+    if bounds.shape[0] == 2:  # one slice: no parallel region
+        _reduce_tasks(x, out, reduced, inner, op, bounds[0], bounds[1])
+        return
     for s in prange(bounds.shape[0] - 1):
         _reduce_tasks(x, out, reduced, inner, op, bounds[s], bounds[s + 1])
 

@@ -77,19 +77,28 @@ def _columns(x, out, top, total, log):
                 dst[j] = dst[j] / np.float32(total[j])
 
 
+@njit(nogil=True, cache=True)
+def _softmax_units(x, out, blocks, log, first_unit, last_unit):
+    """Units ``first_unit`` to ``last_unit`` (one slice of the window)."""
+    inner = x.shape[2]
+    top = np.empty(BLOCK, np.float32)
+    total = np.empty(BLOCK, np.float64)
+    for unit in range(first_unit, last_unit):
+        o, first = unit // blocks, (unit % blocks) * BLOCK
+        if inner == 1:
+            _row(x[o, :, 0], out[o, :, 0], log)
+        else:
+            last = min(inner, first + BLOCK)
+            _columns(x[o, :, first:last], out[o, :, first:last], top, total, log)
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def _softmax(x, out, bounds, blocks, log):
-    inner = x.shape[2]
+    if bounds.shape[0] == 2:  # one slice: no parallel region
+        _softmax_units(x, out, blocks, log, bounds[0], bounds[1])
+        return
     for s in prange(bounds.shape[0] - 1):
-        top = np.empty(BLOCK, np.float32)
-        total = np.empty(BLOCK, np.float64)
-        for unit in range(bounds[s], bounds[s + 1]):
-            o, first = unit // blocks, (unit % blocks) * BLOCK
-            if inner == 1:
-                _row(x[o, :, 0], out[o, :, 0], log)
-            else:
-                last = min(inner, first + BLOCK)
-                _columns(x[o, :, first:last], out[o, :, first:last], top, total, log)
+        _softmax_units(x, out, blocks, log, bounds[s], bounds[s + 1])
 
 
 @acc_kernel("Softmax", "LogSoftmax")

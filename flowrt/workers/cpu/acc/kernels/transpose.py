@@ -44,6 +44,9 @@ def _gather_rows(x, out, outer, in_strides, step, inner, first, last):
 # The parallel region only hands out slices: numba compiles a parallel loop's body slowly.
 @njit(parallel=True, nogil=True, cache=True)
 def _transpose(x, out, outer, in_strides, step, inner, bounds):
+    if bounds.shape[0] == 2:  # one slice: no parallel region
+        _gather_rows(x, out, outer, in_strides, step, inner, bounds[0], bounds[1])
+        return
     for s in prange(bounds.shape[0] - 1):
         _gather_rows(x, out, outer, in_strides, step, inner, bounds[s], bounds[s + 1])
 
