@@ -40,8 +40,10 @@ class MemoryPool:
         self._zeroers = {b: getattr(allocators.get(b), "zero", HostAllocator.zero) for b in self.arenas}
         # Views are made once per pool: every run that borrows it binds the same tensors.
         self._views: dict[tuple, Any] = {}
-        # The executor's record of each workload's output views in this pool (by layer).
+        # The executor's record of each workload's output views in this pool (by layer), and
+        # of each host segment's steps with their workloads bound to this pool's memory.
         self.placements: dict[str, Any] = {}
+        self.programs: dict[int, Any] = {}
 
     def view(self, backend: str, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         """The tensor of ``shape``/``dtype`` stored at ``offset`` of ``backend``'s arena (made

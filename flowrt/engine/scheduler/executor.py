@@ -27,6 +27,7 @@ import numpy as np
 import trio
 
 from flowrt.engine.memory.pool import MemoryPool
+from flowrt.engine.scheduler.binding import BoundStep, bind_segment
 from flowrt.engine.scheduler.dataflow import Dataflow, Segment, WorkloadNode, host_slots
 from flowrt.errors import FlowrtError, RunError
 
@@ -77,6 +78,7 @@ class _RunState:
         self.placements: dict[str, tuple[list[Any] | None, tuple[Any, ...], int]] = (
             pool.placements if pool is not None else {}
         )
+        self.constants = dataflow.constants
         self.values: dict[int, np.ndarray] = dict(dataflow.constants)
         for name, tid in dataflow.inputs.items():
             self.values[tid] = feeds[name]
@@ -90,16 +92,21 @@ class _RunState:
         self.between: Callable[[], None] | None = None
 
     def run_segment(self, segment: Segment) -> None:
-        """Run a segment's workloads in order (in a worker thread)."""
+        """Run a segment's workloads in order (in a worker thread): as the pool's program for
+        it (bound steps, see ``program``), unless the run is profiled (each workload timed)."""
         # The loop is a small model's cost per layer beside its kernels: attributes are read
         # once, and the clock only when the run is profiled.
         values, stop, record, between = self.values, self.stop, self.record, self.between
+        steps = segment.nodes if record is not None or self.pool is None else self.program(segment)
         start = 0
-        for node in segment.nodes:
+        for node in steps:
             if between is not None:
                 between()  # it may wait (for HIGH work), during which the run may be cancelled
             if stop.is_set():
                 return
+            if type(node) is BoundStep:
+                node.run(values)
+                continue
             args = [values[tid] if tid is not None else None for tid in node.inputs]
             if record is not None:
                 start = time.perf_counter_ns()
@@ -116,6 +123,15 @@ class _RunState:
             if record is not None:
                 record(node, threading.current_thread().name, start, time.perf_counter_ns())
             self._release(node.inputs)
+
+    def program(self, segment: Segment) -> Sequence[WorkloadNode | BoundStep]:
+        """The steps of ``segment`` in this run's pool (made on the pool's first run of it)."""
+        steps = self.pool.programs.get(segment.index)  # type: ignore[union-attr]
+        if steps is None:
+            steps = self.pool.programs[segment.index] = bind_segment(  # type: ignore[union-attr]
+                segment, self.constants, self._placement
+            )
+        return steps
 
     def enqueue_segment(self, segment: Segment, runner: DeviceRunner, queue: Any, keep: list[Any]) -> None:
         """Enqueue a device segment on ``queue`` (from its queue actor, in the trio thread):

@@ -11,6 +11,7 @@ import numpy as np
 from flowrt.errors import BackendError
 from flowrt.registry import WorkloadInfo
 from flowrt.workers.cpu.acc.kernels import load_all
+from flowrt.workers.cpu.acc.tape import BoundCall, bind
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,14 @@ class AccWorkload:
         self, inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray] | None = None
     ) -> list[np.ndarray]:
         return self.kernel.execute(inputs, outputs)
+
+    def bind(
+        self, inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray | None]
+    ) -> BoundCall | None:
+        """This layer's work on arrays that every run of a memory pool uses (its outputs'
+        planned views, None where unplanned) as an instruction of CpuAcc's tape, when it is
+        small elementwise work; None otherwise (see ``flowrt.workers.cpu.acc.tape``)."""
+        return bind(self.kernel, inputs, outputs)
 
 
 class AccWorkloadFactory:

@@ -1,0 +1,207 @@
+"""Small CpuAcc workloads run as one native call: a tape of instructions that one numba
+function walks, its operands bound once per memory pool.
+
+A model of hundreds of small layers spends most of a run around its kernels, not in them:
+each layer's Python call, argument checks and numba dispatch cost microseconds, its kernel
+tens of nanoseconds. A memory pool's tensors never move, so once a pool is bound every
+operand of a small elementwise layer is a fixed array: the layer becomes one row of an
+``int64`` table (what to do, on which arrays, with which walk) and a run of such layers one
+call of :func:`run_tape`, which dispatches on each row inside numba.
+
+A workload is bound by :func:`bind` when its kernel has a binder here and its work fits one
+slice (bigger work keeps its parallel region: the tape runs on the calling thread). The
+executor asks each workload of a host segment (``AccWorkload.bind``), and merges consecutive
+bound calls of one program (``BoundCall.program``) into one step (``Tape.compile``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import attrs
+import numpy as np
+from numba import carray, njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from flowrt.workers.cpu.acc.kernels.activation import ActivationKernel
+from flowrt.workers.cpu.acc.kernels.elementwise import ElementwiseKernel, _binary_rows
+from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, activate_row
+from flowrt.workers.cpu.acc.kernels.reshape import ViewKernel
+
+# Instruction kinds, and the columns of an instruction row: each operand is an address and a
+# length in float32 elements.
+ACTIVATION, BINARY = 0, 1
+KIND, OUT, OUT_N, A, A_N, B, B_N, WALK, DIMS, INNER, A_STEP, B_STEP, OP, CODE, ROWS = range(15)
+
+
+@intrinsic
+def _as_pointer(typingctx, address):
+    """An int64 address as a ``void*``, for ``carray``."""
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+
+    return types.voidptr(types.int64), codegen
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _operand(row, at):
+    # A typed list of arrays costs about 110 ns a read (reference counting and checks), more
+    # than a small layer's work: operands are addresses, kept alive by the Tape's owner.
+    return carray(_as_pointer(row[at]), row[at + 1], np.float32)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def run_tape(rows, walks, params):
+    """Run every instruction of ``rows`` in order; ``walks`` holds the outer shapes and
+    strides of the binary walks, ``params`` each row's activation (alpha, beta)."""
+    for i in range(rows.shape[0]):
+        row = rows[i]
+        out, a = _operand(row, OUT), _operand(row, A)
+        alpha, beta = params[i, 0], params[i, 1]
+        if row[KIND] == ACTIVATION:
+            activate_row(out, a, NO_BIAS, row[CODE], alpha, beta)
+        else:
+            at, dims = row[WALK], row[DIMS]
+            _binary_rows(
+                a, walks[at + dims : at + 2 * dims], row[A_STEP],
+                _operand(row, B), walks[at + 2 * dims : at + 3 * dims], row[B_STEP],
+                out, walks[at : at + dims], row[INNER], 0, row[ROWS], row[OP], row[CODE], alpha, beta,
+            )  # fmt: skip
+
+
+@attrs.frozen(eq=False)
+class Instruction:
+    """One bound layer: its row (array slots are indices into ``operands``), the walk's
+    int64 data, its activation parameters and the arrays it reads and writes."""
+
+    row: tuple[int, ...]
+    walk: tuple[int, ...]
+    params: tuple[float, float]
+    operands: tuple[np.ndarray, ...]
+
+
+class Tape:
+    """Compiles consecutive bound calls into one call of :func:`run_tape`."""
+
+    @staticmethod
+    def compile(calls: Sequence[BoundCall]) -> Callable[[], None]:
+        rows, walks, params = [], [], []
+        keep = []  # the operands' memory lives as long as the tape that holds their addresses
+        for call in calls:
+            instruction = call.instruction
+            if instruction is None:
+                continue
+            keep.append(instruction.operands)
+            row = list(instruction.row)
+            for column, x in zip((OUT, A, B), instruction.operands):
+                row[column], row[column + 1] = x.ctypes.data, x.size
+            row[WALK] = sum(len(w) for w in walks)
+            rows.append(row)
+            walks.append(instruction.walk)
+            params.append(instruction.params)
+        if not rows:
+            return lambda: None
+        table = np.array(rows, np.int64)
+        flat_walks = np.array([v for w in walks for v in w] or [0], np.int64)
+        table_params = np.array(params, np.float32)
+
+        def run() -> None:
+            run_tape(table, flat_walks, table_params)
+
+        run.keep = keep  # type: ignore[attr-defined]
+        return run
+
+
+@attrs.frozen(eq=False)
+class BoundCall:
+    """What ``AccWorkload.bind`` returns: the layer's output arrays (fixed for the pool) and
+    its instruction (None: nothing to run, a view of its input). ``program`` merges
+    consecutive bound calls into one step."""
+
+    outputs: tuple[np.ndarray, ...]
+    instruction: Instruction | None
+    program: ClassVar[type] = Tape
+
+
+def _call(outputs: Sequence[np.ndarray], instruction: Instruction | None) -> BoundCall:
+    return BoundCall(tuple(outputs), instruction)
+
+
+def _flat(x: np.ndarray | None) -> np.ndarray | None:
+    """``x`` as a flat float32 C-contiguous view, or None when it cannot be one without a copy."""
+    if x is None or x.dtype != np.float32 or not x.flags.c_contiguous:
+        return None
+    return x.reshape(-1)
+
+
+def _bind_binary(kernel: ElementwiseKernel, inputs, outputs) -> BoundCall | None:
+    if len(inputs) != 2 or kernel.legacy or outputs[0] is None:
+        return None
+    a, b, out = inputs[0], inputs[1], outputs[0]
+    flat = [_flat(a), _flat(b), _flat(out)]
+    if any(x is None for x in flat) or out.size == 0:
+        return None
+    if np.broadcast_shapes(a.shape, b.shape) != out.shape:
+        return None
+    walk = kernel.walk(a.shape, b.shape, out.shape)
+    if walk.bounds.shape[0] != 2:  # work for more than one thread keeps its parallel region
+        return None
+    code, alpha, beta = kernel.activation
+    row = [
+        BINARY,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        len(walk.outer),
+        walk.inner,
+        walk.a_step,
+        walk.b_step,
+        kernel.op,
+        code,
+    ]
+    row.append(int(walk.bounds[1]))
+    walk_data = tuple(int(v) for v in (*walk.outer, *walk.a_strides, *walk.b_strides))
+    operands = (flat[2], flat[0], flat[1])
+    return _call([out], Instruction(tuple(row), walk_data, (float(alpha), float(beta)), operands))  # type: ignore[arg-type]
+
+
+def _bind_activation(kernel: ActivationKernel, inputs, outputs) -> BoundCall | None:
+    x, out = inputs[0], outputs[0]
+    flat_x, flat_out = _flat(x), _flat(out)
+    if flat_x is None or flat_out is None or x.shape != out.shape or getattr(kernel, "run_time_bounds", ()):
+        return None
+    if kernel.bounds(flat_x.size).shape[0] != 2:
+        return None
+    row = (ACTIVATION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, kernel.code, 0)
+    operands = (flat_out, flat_x, flat_x)
+    return _call([out], Instruction(row, (), (float(kernel.alpha), float(kernel.beta)), operands))
+
+
+def _bind_view(kernel: ViewKernel, inputs, outputs) -> BoundCall | None:
+    x = inputs[0]
+    if kernel.out_shape is None or x is None or x.shape != kernel.in_shape or not x.flags.c_contiguous:
+        return None
+    return _call([x.reshape(kernel.out_shape)], None)
+
+
+BINDERS: dict[type, Callable[..., BoundCall | None]] = {
+    ElementwiseKernel: _bind_binary,
+    ActivationKernel: _bind_activation,
+    ViewKernel: _bind_view,
+}
+
+
+def bind(
+    kernel: Any, inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray | None]
+) -> BoundCall | None:
+    """``kernel``'s work on these fixed arrays as a tape instruction, or None when it has no
+    binder or its work does not fit one (see the module doc)."""
+    binder = BINDERS.get(type(kernel))
+    return None if binder is None else binder(kernel, inputs, outputs)
