@@ -89,6 +89,12 @@ class Workload(Protocol):
     preallocated C-contiguous array per output (the run's planned memory): it then writes its
     results there and returns those arrays. The executor passes ``outputs`` only to workloads
     whose ``writes_in_place`` attribute is true.
+
+    A host workload may also offer ``bind(inputs, outputs)``: the arrays it will read and
+    write in every run of one memory pool (constants and pool tensors; ``outputs`` None where
+    unplanned). It answers None, or a bound call with ``outputs`` (the arrays its outputs will
+    be) and ``program``, whose ``compile(calls)`` makes one callable of consecutive bound calls
+    (see ``flowrt.engine.scheduler.binding``).
     """
 
     def prepare(self) -> None: ...
