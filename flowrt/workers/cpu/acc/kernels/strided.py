@@ -5,6 +5,7 @@ dimension an outer index. ``collapse`` merges the dimensions that every operand 
 the same way, so that a broadcast Add of a ``(C, 1, 1)`` constant becomes ``C`` rows of ``H*W``
 and shufflenet's ``(0, 2, 1, 3, 4)`` transpose becomes ``60 x 4`` rows of ``28*28`` elements.
 ``row_offset`` finds a row's start in an operand inside a jitted loop.
+``StridedCopy`` is the one copy that Slice, Expand, Tile and Split all reduce to.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
+from flowrt.registry import Support, WorkloadInfo
 from flowrt.workers.cpu.acc.kernels.activation import MIN_SLICE
 
 _WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -88,3 +90,82 @@ def row_offset(row, outer, strides):
         offset += (row % n) * strides[d]
         row //= n
     return offset
+
+
+# Elements per row when a walk collapses to one flat run: rows are what the workers split.
+FLAT_ROW = 4096
+
+
+def cut_flat(
+    dims: list[int], steps: list[list[int]], row: int = FLAT_ROW
+) -> tuple[list[int], list[list[int]]]:
+    """A one-dimension walk (what ``collapse`` leaves of equal shapes) cut into rows of
+    ``row`` elements, the last one shorter, so that it can be split across workers; any
+    other walk as it is."""
+    if len(dims) != 1 or dims[0] <= row:
+        return dims, steps
+    return [-(-dims[0] // row), row], [[s[0] * row, s[0]] for s in steps]
+
+
+@njit(nogil=True, cache=True)
+def copy_rows(x, base, out, outer, in_strides, step, inner, first, last):
+    """Output rows ``first`` to ``last`` of ``inner`` elements (the last row of ``out`` may be
+    shorter): row ``r`` reads ``x`` from ``base + row_offset(r, outer, in_strides)`` on,
+    ``step`` elements apart (0: one value repeated, negative: backwards)."""
+    size = out.shape[0]
+    for r in range(first, last):
+        lo = r * inner
+        n = min(inner, size - lo)
+        src = base + row_offset(r, outer, in_strides)
+        d = out[lo : lo + n]
+        if step == 1:
+            s = x[src : src + n]
+            for j in range(n):
+                d[j] = s[j]
+        elif step == 0:
+            v = x[src]
+            for j in range(n):
+                d[j] = v
+        else:
+            for j in range(n):
+                d[j] = x[src + j * step]
+
+
+# The parallel region only hands out slices: numba compiles a parallel loop's body slowly.
+@njit(parallel=True, nogil=True, cache=True)
+def _copy_slices(x, base, out, outer, in_strides, step, inner, bounds):
+    for s in prange(bounds.shape[0] - 1):
+        copy_rows(x, base, out, outer, in_strides, step, inner, bounds[s], bounds[s + 1])
+
+
+class StridedCopy:
+    """A C-contiguous output of ``shape`` whose element ``(i_0, ..., i_n)`` is the input's
+    element ``base + sum(i_d * strides[d])``: a Slice (negative strides for negative steps),
+    an Expand (0 where it repeats), a Tile or a piece of a Split. Planned once per shape;
+    ``run`` copies on one thread when the work is too small to split."""
+
+    def __init__(self, shape: Sequence[int], strides: Sequence[int], base: int, workers: int) -> None:
+        dims, (steps,) = cut_flat(*collapse(shape, strides))
+        self.shape = tuple(int(n) for n in shape)
+        self.base = int(base)
+        self.inner, self.step = dims[-1], steps[-1]
+        self.outer, self.in_strides = as_index(dims[:-1]), as_index(steps[:-1])
+        self.rows = int(np.prod(dims[:-1], dtype=np.int64))
+        self.bounds = row_bounds(self.rows, self.inner, workers)
+
+    def run(self, x: np.ndarray, out: np.ndarray) -> None:
+        """Fill ``out`` (flat words, ``as_words``) from ``x`` (flat words of the same type)."""
+        args = (x, self.base, out, self.outer, self.in_strides, self.step, self.inner)
+        if self.bounds.shape[0] > 2:
+            _copy_slices(*args, self.bounds)
+        else:
+            copy_rows(*args, 0, self.rows)
+
+
+def movable_data(info: WorkloadInfo) -> Support:
+    """Support.yes when the layer's data input (its first) is present and ``as_words`` can
+    move its data type; the reason otherwise."""
+    x = info.inputs[0] if info.inputs else None
+    if x is None or not has_word_size(x.dtype.numpy):
+        return Support.no(f"CpuAcc {info.kind} takes a data input of 1, 2, 4 or 8 bytes a value only")
+    return Support.yes()
