@@ -25,9 +25,8 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from flowrt.workers.cpu.acc.kernels.activation import ActivationKernel
+from flowrt.workers.cpu.acc.kernels.activation import ActivationKernel, activate_slice
 from flowrt.workers.cpu.acc.kernels.elementwise import ElementwiseKernel, _binary_rows
-from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, activate_row
 from flowrt.workers.cpu.acc.kernels.reshape import ViewKernel
 
 # Instruction kinds, and the columns of an instruction row: each operand is an address and a
@@ -62,7 +61,7 @@ def run_tape(rows, walks, params):
         out, a = _operand(row, OUT), _operand(row, A)
         alpha, beta = params[i, 0], params[i, 1]
         if row[KIND] == ACTIVATION:
-            activate_row(out, a, NO_BIAS, row[CODE], alpha, beta)
+            activate_slice(out, a, row[CODE], alpha, beta)
         else:
             at, dims = row[WALK], row[DIMS]
             _binary_rows(

@@ -13,7 +13,22 @@ from flowrt.workers.cpu.acc.kernels import load_all as acc_kernels
 from flowrt.workers.cpu.acc.kernels.activation import MIN_SLICE
 from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
 
-KINDS = ["Relu", "LeakyRelu", "Sigmoid", "Tanh"]
+# (kind, attributes): every activation CpuAcc runs, the attributes away from their defaults
+CASES = [
+    ("Relu", {}), ("LeakyRelu", {}), ("Sigmoid", {}), ("Tanh", {}), ("HardSwish", {}),
+    ("HardSigmoid", {"alpha": 0.3, "beta": 0.45}), ("Elu", {"alpha": 0.7}), ("Softplus", {}),
+    ("Gelu", {}), ("Gelu", {"approximate": "tanh"}), ("Swish", {"alpha": 1.7}), ("Mish", {}),
+    ("Clip", {"min": -2.5, "max": 6.0, "opset": 6}),
+]  # fmt: skip
+# Gelu is x/2 (1 + erf(x / sqrt 2)) in float32, as in onnxruntime: 1 + erf cancels for x < 0,
+# leaving an absolute error of a few float32 ulps of 1 (CpuRef's runs in float64).
+ATOL = {"Gelu": 1e-6}
+EDGES = np.array(
+    [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1e-38, -1e-38, 1e-7, -1e-7, 0.5, -0.5,
+     0.625, -0.625, 3.0, -3.0, 3.84, -3.84, 5.5, -5.5, 20.5, -20.5, 88.7, -88.7, 89.0, -89.0,
+     104.0, -104.0, 1e4, -1e4, 3.4e38, -3.4e38],
+    np.float32,
+)  # fmt: skip
 
 
 def _run_both(kind, x, workers, **attributes):
@@ -21,13 +36,14 @@ def _run_both(kind, x, workers, **attributes):
     info = WorkloadInfo("layer", kind, desc, (TensorInfo.of(x),), (TensorInfo.of(x),), (None,))
     kernel = acc_kernels()[kind](info, workers)
     (got,) = kernel.execute([x])
-    expected = ref_kernels()[kind](desc, x)
+    with np.errstate(all="ignore"):  # CpuRef's Swish divides -inf by inf
+        expected = ref_kernels()[kind](desc, x)
     return kernel, got, np.asarray(expected)
 
 
 @settings(max_examples=40, deadline=None)
 @given(
-    kind=st.sampled_from(KINDS),
+    case=st.sampled_from(CASES),
     x=hnp.arrays(
         np.float32,
         hnp.array_shapes(min_dims=1, max_dims=4, max_side=40),
@@ -35,10 +51,62 @@ def _run_both(kind, x, workers, **attributes):
     ),
     workers=st.integers(1, 4),
 )
-def test_activations_match_cpuref(kind, x, workers):
-    _, got, expected = _run_both(kind, x, workers)
+def test_activations_match_cpuref(case, x, workers):
+    kind, attributes = case
+    _, got, expected = _run_both(kind, x, workers, **attributes)
     assert got.dtype == np.float32 and got.shape == x.shape
-    np.testing.assert_allclose(got, expected, rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose(got, expected, rtol=2e-6, atol=ATOL.get(kind, 1e-7))
+
+
+@pytest.mark.parametrize(("kind", "attributes"), CASES)
+def test_edge_values_give_what_cpuref_gives(kind, attributes):
+    # NaN, the infinities, subnormals, where exp over- and underflows, -0.0: the same value,
+    # and a zero of the same sign
+    _, got, expected = _run_both(kind, EDGES, 1, **attributes)
+    np.testing.assert_allclose(got, expected, rtol=2e-6, atol=ATOL.get(kind, 0), equal_nan=True)
+    zero = expected == 0
+    assert (np.signbit(got[zero]) == np.signbit(expected[zero])).all(), EDGES[zero]
+
+
+def test_large_inputs_split_across_workers_match_cpuref():
+    x = np.random.default_rng(5).uniform(-30, 30, 3 * MIN_SLICE + 7).astype(np.float32)
+    for kind, attributes in CASES:
+        kernel, got, expected = _run_both(kind, x, 3, **attributes)
+        assert kernel.bounds(x.size).shape[0] == 4
+        np.testing.assert_allclose(got, expected, rtol=2e-6, atol=ATOL.get(kind, 1e-7), err_msg=kind)
+
+
+def _clip(inputs, constants, opset=13):
+    desc = flowrt.descriptors.Clip(opset=opset)
+    x = inputs[0]
+    infos = tuple(None if a is None else TensorInfo.of(a) for a in inputs)
+    info = WorkloadInfo("clip", "Clip", desc, infos, (TensorInfo.of(x),), constants)
+    (got,) = acc_kernels()["Clip"](info, 2).execute(list(inputs))
+    return got, np.asarray(ref_kernels()["Clip"](desc, *inputs))
+
+
+def test_clip_takes_constant_bounds_and_reads_the_others_per_run():
+    x = np.linspace(-5, 5, 41, dtype=np.float32)
+    low, high = np.array(-1.5, np.float32), np.array(2.0, np.float32)
+    for inputs, constants in [
+        ([x, low, high], (None, low, high)),  # both constant
+        ([x, low], (None, low)),  # no max
+        ([x, None, high], (None, None, high)),  # no min
+        ([x, low, high], (None, None, None)),  # both computed at run time
+        ([x, low, high], (None, low, None)),
+    ]:
+        got, expected = _clip(inputs, constants)
+        np.testing.assert_array_equal(got, expected)
+    # a bound read per run follows its input from one run to the next
+    got, _ = _clip([x, np.array(0.5, np.float32), high], (None, None, high))
+    assert got.min() == 0.5
+
+
+def test_clip_with_min_above_max_gives_max_and_keeps_nan():
+    x = np.array([-3, 0, 3, np.nan], np.float32)
+    got, expected = _clip([x, np.array(2, np.float32), np.array(1, np.float32)], (None, None, None))
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(got, [1, 1, 1, np.nan])
 
 
 @pytest.mark.parametrize("alpha", [0.01, 0.2, 1.5])

@@ -1,4 +1,5 @@
-"""CpuAcc Add, Sub, Mul, Div and Sum against CpuRef: broadcasting, fused activations, planned outputs."""
+"""CpuAcc Add, Sub, Mul, Div, Pow, Sum, Max and Min against CpuRef: broadcasting, fused activations,
+planned outputs, NaN and the signed zeros."""
 
 import numpy as np
 import pytest
@@ -15,9 +16,10 @@ from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
 ACTIVATIONS = [None, FusedActivation("Relu"), FusedActivation("Clip", -0.5, 0.5), FusedActivation("Sigmoid")]
 
 
-def _run_both(kind, inputs, workers, activation=None, given_outputs=False, **attributes):
+def _run_both(kind, inputs, workers, activation=None, given_outputs=False, constants=None, **attributes):
     desc = getattr(flowrt.descriptors, kind)(**attributes)
-    expected = np.asarray(ref_kernels()[kind](desc, *inputs))
+    with np.errstate(all="ignore"):
+        expected = np.asarray(ref_kernels()[kind](desc, *inputs))
     if activation is not None:
         act = activation.kind
         act_desc = getattr(flowrt.descriptors, act)()
@@ -25,7 +27,7 @@ def _run_both(kind, inputs, workers, activation=None, given_outputs=False, **att
         expected = np.asarray(ref_kernels()[act](act_desc, expected, *extra))
     infos = tuple(TensorInfo.of(x) for x in inputs)
     info = WorkloadInfo(
-        "layer", kind, desc, infos, (TensorInfo.of(expected),), (None,) * len(inputs), activation
+        "layer", kind, desc, infos, (TensorInfo.of(expected),), constants or (None,) * len(inputs), activation
     )
     kernel = acc_kernels()[kind](info, workers)
     outputs = [np.full(expected.shape, np.nan, np.float32)] if given_outputs else None
@@ -109,3 +111,62 @@ def test_sum_whose_first_two_inputs_both_repeat_along_the_output_rows():
     inputs = [np.asarray(rng.standard_normal(s), np.float32) for s in [(), (9, 1), (1, 1, 1, 1, 9)]]
     got, expected = _run_both("Sum", inputs, 2, FusedActivation("Relu"), False)
     np.testing.assert_allclose(got, expected, rtol=2e-6, atol=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    kind=st.sampled_from(["Pow", "Max", "Min"]),
+    inputs=broadcastable(2),
+    workers=st.integers(1, 3),
+    given_outputs=st.booleans(),
+)
+def test_pow_max_min_broadcast_as_cpuref(kind, inputs, workers, given_outputs):
+    # a negative base to a fractional power is NaN on both sides
+    got, expected = _run_both(kind, inputs, workers, given_outputs=given_outputs)
+    assert got.dtype == np.float32 and got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=2e-6, atol=1e-30, equal_nan=True)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    inputs=st.integers(1, 4).flatmap(broadcastable),
+    kind=st.sampled_from(["Max", "Min"]),
+    workers=st.integers(1, 3),
+)
+def test_max_and_min_of_any_number_of_inputs_match_cpuref(inputs, kind, workers):
+    got, expected = _run_both(kind, inputs, workers, FusedActivation("Relu"))
+    np.testing.assert_array_equal(got, expected)
+
+
+EDGES = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -2.0, -0.5, 0.5, 2.0, 3e19, -3e19], np.float32)
+
+
+@pytest.mark.parametrize("exponent", [2.0, 0.5, 1.0, 3.0, 0.0, -1.0, 1.7, np.nan, np.inf])
+@pytest.mark.parametrize("constant", [True, False])
+def test_pow_with_a_scalar_exponent_gives_what_cpuref_gives(exponent, constant):
+    # 2, 0.5, 1 and 3 take loops of their own; 0.5 is sqrt as in numpy: -0.0 for -0.0, NaN
+    # for -inf. A constant exponent arrives read-only.
+    e = np.array(exponent, np.float32)
+    e.flags.writeable = not constant
+    x = np.tile(EDGES, 3)
+    got, expected = _run_both("Pow", [x, e], 2, constants=(None, e) if constant else None)
+    np.testing.assert_allclose(got, expected, rtol=2e-6, atol=0, equal_nan=True)
+    assert (np.signbit(got) == np.signbit(expected))[~np.isnan(expected)].all()
+
+
+@pytest.mark.parametrize("kind", ["Max", "Min"])
+def test_max_and_min_propagate_nan_from_either_side_and_order_signed_zeros_as_numpy(kind):
+    a = np.repeat(EDGES, EDGES.size)
+    b = np.tile(EDGES, EDGES.size)
+    for inputs in ([a, b], [b, a], [a.reshape(-1, EDGES.size), EDGES], [np.float32(np.nan).reshape(()), a]):
+        got, expected = _run_both(kind, inputs, 2)
+        np.testing.assert_array_equal(got, expected)
+        assert (np.signbit(got) == np.signbit(expected)).all()
+
+
+def test_pow_with_a_non_float32_exponent_is_declined_with_a_reason():
+    support = flowrt.backend_registry().get("CpuAcc").layer_support()
+    answer = support.is_layer_supported(
+        "Pow", None, [TensorInfo((3,)), TensorInfo((), "int64")], [TensorInfo((3,))]
+    )
+    assert not answer.supported and answer.reason == "CpuAcc Pow takes float32 only"

@@ -1,7 +1,10 @@
-"""Activations over a flat window: one numba parallel region runs every slice.
+"""Activations over a flat window (Relu, LeakyRelu, Sigmoid, Tanh, Clip, HardSigmoid,
+HardSwish, Elu, Softplus, Gelu, Swish, Mish): one numba parallel region runs every slice.
 
 The window is the flattened tensor; it is split into one slice per worker (never below
-``MIN_SLICE`` elements), and each slice is a tight loop compiled ``nogil``.
+``MIN_SLICE`` elements), and each slice is a tight loop compiled ``nogil``. Work of one slice
+runs on the calling thread, with no parallel region. ``FlatKernel`` is that walk, for any
+elementwise function of one input (``unary.py`` runs the math functions on it).
 """
 
 from __future__ import annotations
@@ -11,39 +14,127 @@ from numba import njit, prange
 
 from flowrt.engine.graph.passes.fuse_activation import as_fused_activation
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
-from flowrt.registry import Support, WorkloadInfo
+from flowrt.registry import ACTIVATION_KINDS, Support, WorkloadInfo
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
-from flowrt.workers.cpu.acc.kernels.epilogue import CODES, NO_BIAS, activate_row, activation_args
+from flowrt.workers.cpu.acc.kernels import epilogue as ep
 
 # Below this many elements per slice, a second thread costs more than it saves.
 MIN_SLICE = 16384
 
 
+# error_model="numpy": no division-by-zero check, which would keep the loops from vectorizing.
+@njit(nogil=True, cache=True, error_model="numpy")
+def activate_slice(dst, src, code, alpha, beta):
+    """``dst = activate(src)`` with one loop per code over that code's curve (an intrinsic,
+    so that numba has nothing to inline and each loop vectorizes)."""
+    n = dst.shape[0]
+    if code == ep.RELU:
+        for j in range(n):
+            dst[j] = ep.relu(src[j], alpha, beta)
+    elif code == ep.LEAKY_RELU:
+        for j in range(n):
+            dst[j] = ep.leaky_relu(src[j], alpha, beta)
+    elif code == ep.CLIP:
+        for j in range(n):
+            dst[j] = ep.clip(src[j], alpha, beta)
+    elif code == ep.SIGMOID:
+        for j in range(n):
+            dst[j] = ep.sigmoid(src[j], alpha, beta)
+    elif code == ep.TANH:
+        for j in range(n):
+            dst[j] = ep.tanh(src[j], alpha, beta)
+    elif code == ep.HARD_SIGMOID:
+        for j in range(n):
+            dst[j] = ep.hard_sigmoid(src[j], alpha, beta)
+    elif code == ep.HARD_SWISH:
+        for j in range(n):
+            dst[j] = ep.hard_swish(src[j], alpha, beta)
+    elif code == ep.ELU:
+        for j in range(n):
+            dst[j] = ep.elu(src[j], alpha, beta)
+    elif code == ep.SOFTPLUS:
+        for j in range(n):
+            dst[j] = ep.softplus(src[j], alpha, beta)
+    elif code == ep.GELU:
+        for j in range(n):
+            dst[j] = ep.gelu(src[j], alpha, beta)
+    elif code == ep.GELU_TANH:
+        for j in range(n):
+            dst[j] = ep.gelu_tanh(src[j], alpha, beta)
+    elif code == ep.SWISH:
+        for j in range(n):
+            dst[j] = ep.swish(src[j], alpha, beta)
+    elif code == ep.MISH:
+        for j in range(n):
+            dst[j] = ep.mish(src[j], alpha, beta)
+    else:  # a loop, not dst[:] = src: that compiles numba's error formatting (seconds)
+        for j in range(n):
+            dst[j] = src[j]
+
+
+# The parallel region only hands out slices: numba compiles a parallel loop's body slowly.
 @njit(parallel=True, nogil=True, cache=True)
 def _activation(x, out, bounds, code, alpha, beta):
     for s in prange(bounds.shape[0] - 1):
         lo, hi = bounds[s], bounds[s + 1]
-        activate_row(out[lo:hi], x[lo:hi], NO_BIAS, code, alpha, beta)
+        activate_slice(out[lo:hi], x[lo:hi], code, alpha, beta)
 
 
-@acc_kernel("Relu", "LeakyRelu", "Sigmoid", "Tanh")
-class ActivationKernel:
-    """One activation over every element, split into slices across the CPU workers."""
+def clip_bounds(info: WorkloadInfo) -> list[float | None]:
+    """Clip's ``[low, high]``: the attributes before opset 11, else the constant inputs (an
+    absent input is unbounded); None for a bound that is an input computed at run time."""
+    if info.descriptor.opset < 11:
+        fused = as_fused_activation("Clip", info.descriptor)
+        return [fused.alpha, fused.beta]
+    # Not as_fused_activation here: it gives up on Clip(x, min) with min a constant, since
+    # from constants alone it cannot tell an absent max from one computed at run time.
+    constants = list(info.constants) + [None] * 3
+    bounds: list[float | None] = []
+    for i, unbounded in ((1, -np.inf), (2, np.inf)):
+        if i >= len(info.inputs) or info.inputs[i] is None:
+            bounds.append(unbounded)
+        else:
+            bounds.append(None if constants[i] is None else float(np.asarray(constants[i]).reshape(-1)[0]))
+    return bounds
+
+
+def activation_arguments(info: WorkloadInfo) -> tuple[int, float, float]:
+    """``(code, alpha, beta)`` of an activation layer, as :func:`epilogue.activate` takes them
+    (Clip's bounds: see :func:`clip_bounds`)."""
+    desc = info.descriptor
+    if info.kind == "Clip":
+        low, high = (0.0 if b is None else b for b in clip_bounds(info))
+        return ep.CLIP, low, high
+    if info.kind == "Gelu":
+        return (ep.GELU_TANH if desc.approximate == "tanh" else ep.GELU), 0.0, 0.0
+    if info.kind in ("HardSigmoid", "Elu", "Swish"):
+        return ep.CODES[info.kind], desc.alpha, getattr(desc, "beta", 0.0)
+    if info.kind in ACTIVATION_KINDS:
+        code, alpha, beta = ep.activation_args(as_fused_activation(info.kind, desc))
+        return code, float(alpha), float(beta)
+    return ep.CODES[info.kind], 0.0, 0.0
+
+
+class FlatKernel:
+    """An elementwise float32 function over every element of the flattened tensor: one slice
+    per worker in one parallel region, or the whole on the calling thread when it is small.
+
+    A subclass gives ``run_slice(dst, src, code, alpha, beta)`` (njit) and ``run_slices``
+    (its parallel region over ``bounds``), and sets ``code``, ``alpha`` and ``beta``."""
 
     split_hint = SplitHint(axis=0, min_slice=MIN_SLICE)
-
-    @classmethod
-    def supports(cls, info: WorkloadInfo) -> Support:
-        return float32_data(info)
+    run_slice = staticmethod(activate_slice)
+    run_slices = staticmethod(_activation)
 
     def __init__(self, info: WorkloadInfo, workers: int) -> None:
         self.info = info
         self.workers = workers
-        self.code, self.alpha, self.beta = activation_args(
-            as_fused_activation(info.kind, info.descriptor, info.constants)
-        )
-        assert self.code == CODES[info.kind]
+        self.code, self.alpha, self.beta = ep.NONE, np.float32(0), np.float32(0)
         self._bounds: dict[int, np.ndarray] = {}
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        return float32_data(info)
 
     def bounds(self, size: int) -> np.ndarray:
         """Slice boundaries for a flat size (computed once per size)."""
@@ -52,9 +143,44 @@ class ActivationKernel:
             cached = self._bounds[size] = split_bounds(size, self.split_hint, self.workers)
         return cached
 
+    def arguments(self, inputs) -> tuple[np.float32, np.float32]:
+        """``(alpha, beta)`` for this run."""
+        return self.alpha, self.beta
+
     def execute(self, inputs, outputs=None):
-        x = np.ascontiguousarray(inputs[0])
+        x = np.asarray(inputs[0], order="C")  # not ascontiguousarray: it makes a 0-d array 1-d
         out = np.empty_like(x) if outputs is None else outputs[0]
-        flat = x.reshape(-1)
-        _activation(flat, out.reshape(-1), self.bounds(flat.size), self.code, self.alpha, self.beta)
+        flat, flat_out = x.reshape(-1), out.reshape(-1)
+        alpha, beta = self.arguments(inputs)
+        bounds = self.bounds(flat.size)
+        if bounds.shape[0] <= 2:
+            self.run_slice(flat_out, flat, self.code, alpha, beta)
+        else:
+            self.run_slices(flat, flat_out, bounds, self.code, alpha, beta)
         return [out]
+
+
+@acc_kernel(
+    "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip", "HardSigmoid", "HardSwish", "Elu", "Softplus",
+    "Gelu", "Swish", "Mish",
+)  # fmt: skip
+class ActivationKernel(FlatKernel):
+    """One activation over every element, split into slices across the CPU workers.
+
+    Clip's bounds that are inputs computed at run time are read from each run's inputs."""
+
+    def __init__(self, info: WorkloadInfo, workers: int) -> None:
+        super().__init__(info, workers)
+        code, alpha, beta = activation_arguments(info)
+        self.code, self.alpha, self.beta = code, np.float32(alpha), np.float32(beta)
+        # Clip's bounds (0: low, 1: high) that are inputs computed at run time
+        self.run_time_bounds = (
+            [i for i, b in enumerate(clip_bounds(info)) if b is None] if info.kind == "Clip" else []
+        )
+
+    def arguments(self, inputs) -> tuple[np.float32, np.float32]:
+        """``(alpha, beta)`` for this run: Clip's bounds not known at load read from its inputs."""
+        values = [self.alpha, self.beta]
+        for i in self.run_time_bounds:
+            values[i] = np.float32(np.asarray(inputs[i + 1]).reshape(-1)[0])
+        return values[0], values[1]

@@ -1,13 +1,18 @@
-"""Add, Sub, Mul, Div and the variadic Sum: numpy broadcasting, float32, a fused activation.
+"""Add, Sub, Mul, Div, Pow and the variadic Sum, Max and Min: numpy broadcasting, float32, a
+fused activation.
 
 The output is walked as rows of contiguous runs (``strided.collapse``). Equal shapes make one
 flat run, cut into one slice per worker; a per-channel constant (``(C, 1, 1)`` against
 ``N, C, H, W``) makes one row of ``H*W`` per channel, the constant's value held in a register
-along it. Sum folds its inputs pairwise through the output; the activation is applied on the
-last fold only.
+along it. Sum, Max and Min fold their inputs pairwise through the output; the activation is
+applied on the last fold only. Pow with an exponent repeated along a row (a scalar, most
+often a constant 2 or 0.5) takes a loop of its own for 2, 0.5, 1 and 3 (x * x, sqrt, ...), as
+numpy's power loop does; any other calls libm's powf per element.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from numba import njit, prange
@@ -25,8 +30,8 @@ from flowrt.workers.cpu.acc.kernels.strided import (
     row_offset,
 )
 
-ADD, SUB, MUL, DIV, FIRST = range(5)
-OPS = {"Add": ADD, "Sub": SUB, "Mul": MUL, "Div": DIV, "Sum": ADD}
+ADD, SUB, MUL, DIV, FIRST, POW, MAX, MIN = range(8)
+OPS = {"Add": ADD, "Sub": SUB, "Mul": MUL, "Div": DIV, "Sum": ADD, "Pow": POW, "Max": MAX, "Min": MIN}
 
 # Elements per row of a flat walk: small enough that a second (activation) pass over a row
 # finds it in cache.
@@ -45,7 +50,21 @@ def _apply(op, x, y):
         return x * y
     if op == DIV:
         return x / y
+    if op >= POW:
+        return _pow_max_min_of(op, x, y)
     return x
+
+
+# Called, not inlined, from _apply: in the loops of the four arithmetic ops its branch is dead,
+# and numba's inlining would cost each of them compile time (seconds in all). LLVM inlines it.
+@njit(nogil=True, cache=True, error_model="numpy")
+def _pow_max_min_of(op, x, y):
+    if op == POW:
+        return x**y
+    # as np.maximum and np.minimum: NaN from either side; y when they are equal (-0.0 and 0.0)
+    if op == MAX:
+        return x if x > y or x != x else y
+    return x if x < y or x != x else y
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -85,6 +104,50 @@ def _ordered(x, y, out, op):
             out[j] = _apply(op, x[j], y[j])
 
 
+@njit(nogil=True, cache=True, error_model="numpy")
+def _pow_max_min_loops(x, y, out, op):
+    """``out = x op y``; a one-element operand repeats. Called with ``op`` a constant, numba
+    compiles this once per op (a literal argument), each loop with its op folded in."""
+    if y.shape[0] < x.shape[0]:
+        v = y[0]
+        for j in range(out.shape[0]):
+            out[j] = _pow_max_min_of(op, x[j], v)
+    elif x.shape[0] < y.shape[0]:
+        v = x[0]
+        for j in range(out.shape[0]):
+            out[j] = _pow_max_min_of(op, v, y[j])
+    else:
+        for j in range(out.shape[0]):
+            out[j] = _pow_max_min_of(op, x[j], y[j])
+
+
+# Called, not inlined, from _segment: numba's inlining costs about a second per loop, paid
+# again for each specialization of _binary_rows; called, these loops are compiled once.
+@njit(nogil=True, cache=True, error_model="numpy")
+def _pow_max_min(x, y, out, op):
+    """``out = x op y`` for Pow, Max or Min. An exponent repeated along the row of 2, 0.5, 1
+    or 3 is computed without powf, as numpy does for a scalar exponent (so 0.5 is sqrt(x)
+    exactly: -0.0 for -0.0, NaN for -inf)."""
+    if op == MAX:
+        _pow_max_min_loops(x, y, out, MAX)
+    elif op == MIN:
+        _pow_max_min_loops(x, y, out, MIN)
+    elif y.shape[0] < x.shape[0] and y[0] == 2:
+        for j in range(out.shape[0]):
+            out[j] = x[j] * x[j]
+    elif y.shape[0] < x.shape[0] and y[0] == 0.5:
+        for j in range(out.shape[0]):
+            out[j] = math.sqrt(x[j])
+    elif y.shape[0] < x.shape[0] and y[0] == 1:
+        for j in range(out.shape[0]):
+            out[j] = x[j]
+    elif y.shape[0] < x.shape[0] and y[0] == 3:
+        for j in range(out.shape[0]):
+            out[j] = x[j] * x[j] * x[j]
+    else:
+        _pow_max_min_loops(x, y, out, POW)
+
+
 @njit(inline="always", nogil=True, cache=True, error_model="numpy")
 def _segment(x, y, out, op, code, alpha, beta):
     """``out = activation(x op y)``.
@@ -111,6 +174,8 @@ def _segment(x, y, out, op, code, alpha, beta):
         _ordered(x, y, out, SUB)
     elif op == DIV:
         _ordered(x, y, out, DIV)
+    elif op >= POW:
+        _pow_max_min(x, y, out, op)
     else:
         for j in range(out.shape[0]):
             out[j] = x[j]
@@ -142,6 +207,12 @@ def _binary_rows(
 # so the work lives in plain functions.
 @njit(parallel=True, nogil=True, cache=True)
 def _binary(a, a_strides, a_step, b, b_strides, b_step, out, outer, inner, bounds, op, code, alpha, beta):
+    if bounds.shape[0] == 2:  # one slice: no parallel region
+        _binary_rows(
+            a, a_strides, a_step, b, b_strides, b_step,
+            out, outer, inner, bounds[0], bounds[1], op, code, alpha, beta,
+        )  # fmt: skip
+        return
     for s in prange(bounds.shape[0] - 1):
         _binary_rows(
             a, a_strides, a_step, b, b_strides, b_step,
@@ -179,9 +250,10 @@ class BroadcastWalk:
         )  # fmt: skip
 
 
-@acc_kernel("Add", "Sub", "Mul", "Div", "Sum")
+@acc_kernel("Add", "Sub", "Mul", "Div", "Pow", "Sum", "Max", "Min")
 class ElementwiseKernel:
-    """A broadcasting arithmetic op (Sum: over any number of inputs), split across workers."""
+    """A broadcasting arithmetic op (Sum, Max, Min: over any number of inputs), split across
+    workers."""
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
@@ -195,6 +267,9 @@ class ElementwiseKernel:
         self.op = OPS[info.kind]
         self.legacy = bool(getattr(info.descriptor, "legacy", False))
         self.activation = activation_args(info.activation)
+        # Constant operands (a Pow's exponent, a bias), copied once into writable arrays:
+        # numba types a read-only array apart, and would compile the whole walk for it again.
+        self.constants = [None if c is None else np.array(c, np.float32, order="C") for c in info.constants]
         self._walks: dict[tuple, BroadcastWalk] = {}
 
     def walk(self, a_shape, b_shape, out_shape) -> BroadcastWalk:
@@ -206,7 +281,8 @@ class ElementwiseKernel:
         return cached
 
     def execute(self, inputs, outputs=None):
-        arrays = [np.asarray(x, order="C") for x in inputs]
+        constants = self.constants + [None] * len(inputs)
+        arrays = [np.asarray(x, order="C") if c is None else c for x, c in zip(inputs, constants)]
         if self.legacy:
             arrays[1] = arrays[1].reshape(
                 legacy_b_shape(arrays[0].shape, arrays[1].shape, self.info.descriptor)
@@ -216,9 +292,9 @@ class ElementwiseKernel:
         if out.size == 0:
             return [out]
         flat = out.reshape(-1)
-        if len(arrays) == 1:  # a Sum of one input: a copy
+        if len(arrays) == 1:  # a Sum, Max or Min of one input: a copy
             folds, op = [(arrays[0], arrays[0])], FIRST
-        else:  # Sum folds through the output: out = x0 + x1, then out = out + x2, ...
+        else:  # Sum folds through the output: out = x0 + x1, then out = out + x2, ... (Max, Min alike)
             folds, op = [(arrays[0], arrays[1])] + [(out, x) for x in arrays[2:]], self.op
         no_activation = (NONE, np.float32(0), np.float32(0))
         for i, (a, b) in enumerate(folds):

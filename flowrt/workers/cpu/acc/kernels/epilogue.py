@@ -4,23 +4,35 @@ to a value before it stores it (a fused activation, or the Activation kernels th
 ``activation_args(activation)`` turns a ``FusedActivation`` (or None) into the
 ``(code, alpha, beta)`` triple that :func:`activate` takes inside a jitted loop.
 :func:`affine_row` applies one to a whole row after a scale and a shift (:func:`activate_row`
-after a bias only), with a loop of its own per activation: LLVM does not vectorize a loop
-that branches on the code for every element.
+after a bias only), with a loop of its own per common activation: LLVM does not vectorize a
+loop that branches on the code for every element.
+
+Each curve is also a function of its own, ``curve(v, alpha, beta)`` (``sigmoid``, ``gelu``,
+...): a ``fastmath`` intrinsic, straight-line float32 code that a loop over it vectorizes and
+that costs numba nothing to inline (the Activation kernels run one loop per curve). The codes
+past Tanh (HardSigmoid to Mish) are not fused by the graph yet: no FusedActivation names them.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 from numba import njit
 
 from flowrt.registry import FusedActivation
+from flowrt.workers.cpu.acc.kernels import fastmath as fm
+from flowrt.workers.cpu.acc.kernels.fastmath import Value, where
 
 NONE, RELU, LEAKY_RELU, CLIP, SIGMOID, TANH = range(6)
+# alpha and beta: HardSigmoid's slope and offset, Elu's and Swish's alpha; Gelu's two forms
+# ("none", with erf, and "tanh") have a code each.
+HARD_SIGMOID, HARD_SWISH, ELU, SOFTPLUS, GELU, GELU_TANH, SWISH, MISH = range(6, 14)
 # The bias to pass activate_row for none: x + (-0.0) is x for every x, -0.0 included.
 NO_BIAS = np.float32(-0.0)
-CODES = {"Relu": RELU, "LeakyRelu": LEAKY_RELU, "Clip": CLIP, "Sigmoid": SIGMOID, "Tanh": TANH}
+CODES = {
+    "Relu": RELU, "LeakyRelu": LEAKY_RELU, "Clip": CLIP, "Sigmoid": SIGMOID, "Tanh": TANH,
+    "HardSigmoid": HARD_SIGMOID, "HardSwish": HARD_SWISH, "Elu": ELU, "Softplus": SOFTPLUS,
+    "Gelu": GELU, "Swish": SWISH, "Mish": MISH,
+}  # fmt: skip
 
 
 def activation_args(activation: FusedActivation | None) -> tuple[int, np.float32, np.float32]:
@@ -30,25 +42,100 @@ def activation_args(activation: FusedActivation | None) -> tuple[int, np.float32
     return CODES[activation.kind], np.float32(activation.alpha), np.float32(activation.beta)
 
 
+# The curves: CpuRef's formulas in float32, as selects (no branch, no libm call).
+def _relu(v: Value, alpha: Value, beta: Value) -> Value:
+    # as np.maximum(v, 0): NaN stays NaN, -inf and -0.0 become +0.0
+    return where((v > 0.0) | (v != v), v, 0.0)
+
+
+def _leaky_relu(v: Value, alpha: Value, beta: Value) -> Value:
+    return where(v >= 0.0, v, v * alpha)
+
+
+def _sigmoid(v: Value, alpha: Value, beta: Value) -> Value:
+    return fm.sigmoid_of(v)
+
+
+def _tanh(v: Value, alpha: Value, beta: Value) -> Value:
+    return fm.tanh_of(v)
+
+
+def _hard_sigmoid(v: Value, alpha: Value, beta: Value) -> Value:
+    return fm.clamp(v * alpha + beta, 0.0, 1.0)
+
+
+def _hard_swish(v: Value, alpha: Value, beta: Value) -> Value:
+    return v * fm.clamp(v * (1 / 6) + 0.5, 0.0, 1.0)
+
+
+def _elu(v: Value, alpha: Value, beta: Value) -> Value:
+    return where(v > 0.0, v, alpha * fm.expm1_of(v))
+
+
+def _softplus(v: Value, alpha: Value, beta: Value) -> Value:
+    return fm.softplus_of(v)
+
+
+def _gelu(v: Value, alpha: Value, beta: Value) -> Value:
+    return v * 0.5 * (fm.erf_of(v * float(np.sqrt(0.5))) + 1.0)
+
+
+def _gelu_tanh(v: Value, alpha: Value, beta: Value) -> Value:
+    inner = (v + v * v * v * 0.044715) * float(np.sqrt(2 / np.pi))
+    return v * 0.5 * (fm.tanh_of(inner) + 1.0)
+
+
+def _swish(v: Value, alpha: Value, beta: Value) -> Value:
+    return v * fm.sigmoid_of(v * alpha)
+
+
+def _mish(v: Value, alpha: Value, beta: Value) -> Value:
+    # v tanh(log(1 + e)) = v n / (n + 2) with n = e (e + 2), e = exp(v); n overflows beyond
+    # 20, where the factor is 1.0 in float32 already.
+    e = fm.exp_of(v)
+    n = e * (e + 2.0)
+    return where(v > 20.0, v, v * (n / (n + 2.0)))
+
+
+relu, leaky_relu, clip, sigmoid, tanh = map(
+    fm.float32_function, (_relu, _leaky_relu, fm.clamp, _sigmoid, _tanh)
+)
+hard_sigmoid, hard_swish, elu, softplus = map(
+    fm.float32_function, (_hard_sigmoid, _hard_swish, _elu, _softplus)
+)
+gelu, gelu_tanh, swish, mish = map(fm.float32_function, (_gelu, _gelu_tanh, _swish, _mish))
+
+
 @njit(inline="always", nogil=True, cache=True)
 def activate(v, code, alpha, beta):
     """``v`` through the activation ``code`` (a branch the compiler hoists out of hot loops)."""
     if code == NONE:
         return v
     if code == RELU:
-        # as np.maximum(v, 0): NaN stays NaN, -inf and -0.0 become +0.0
-        return v if v > 0 or v != v else np.float32(0)
+        return relu(v, alpha, beta)
     if code == LEAKY_RELU:
-        return v if v >= 0 else v * alpha
+        return leaky_relu(v, alpha, beta)
     if code == CLIP:
-        return min(max(v, alpha), beta)
+        return clip(v, alpha, beta)
     if code == SIGMOID:
-        # two branches keep exp() from overflowing for large |v|
-        if v >= 0:
-            return 1 / (1 + math.exp(-v))
-        e = math.exp(v)
-        return e / (1 + e)
-    return math.tanh(v)
+        return sigmoid(v, alpha, beta)
+    if code == TANH:
+        return tanh(v, alpha, beta)
+    if code == HARD_SIGMOID:
+        return hard_sigmoid(v, alpha, beta)
+    if code == HARD_SWISH:
+        return hard_swish(v, alpha, beta)
+    if code == ELU:
+        return elu(v, alpha, beta)
+    if code == SOFTPLUS:
+        return softplus(v, alpha, beta)
+    if code == GELU:
+        return gelu(v, alpha, beta)
+    if code == GELU_TANH:
+        return gelu_tanh(v, alpha, beta)
+    if code == SWISH:
+        return swish(v, alpha, beta)
+    return mish(v, alpha, beta)
 
 
 @njit(inline="always", nogil=True, cache=True)
