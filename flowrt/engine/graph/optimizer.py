@@ -275,6 +275,8 @@ def _optimize_subgraphs(
             for failed in views.failed:
                 for layer in failed:
                     passes.append(_reassign(layer, bid, order[position + 1 :], decisions, ask, options.hints))
+    if records:  # constants only the replaced layers read (a GELU's 0.5, a norm's epsilon)
+        graph.remove_unread_constants()
     return records
 
 

@@ -1,5 +1,5 @@
 """Normalization layers: BatchNormalization, InstanceNormalization, LayerNormalization,
-GroupNormalization, MeanVarianceNormalization and LRN.
+RMSNormalization, GroupNormalization, MeanVarianceNormalization and LRN.
 
 Each output Y has the shape and dtype of its input X. Per-channel parameters (scale, bias,
 mean, var) run along dim 1 of X, ``C``.
@@ -230,3 +230,25 @@ class LRNDescriptor:
 def infer_lrn(desc: LRNDescriptor, inputs, consts):
     check_data(inputs[0], "LRN")
     return [inputs[0]]
+
+
+@attrs.frozen
+class RMSNormalizationDescriptor:
+    """RMSNormalization (opset 23): ``X / sqrt(mean(X^2) + epsilon) * scale``, the mean taken
+    over the dims from ``axis`` on, in at least float32 (``stash_type`` 1)."""
+
+    axis: int = -1
+    epsilon: float = 1e-5
+    stash_type: int = attrs.field(default=1, validator=_stash_type)
+
+
+@layer_kind("RMSNormalization", RMSNormalizationDescriptor, min_inputs=2, max_inputs=2)
+def infer_rms_normalization(desc: RMSNormalizationDescriptor, inputs, consts):
+    x, scale = inputs
+    check_data(x, "RMSNormalization", min_rank=1)
+    expect_dtype(scale, FLOAT_TYPES, "RMSNormalization scale")
+    check_unidirectional(x.shape, scale.shape, "RMSNormalization")
+    if x.shape is not None:
+        normalize_axis(desc.axis, len(x.shape), "RMSNormalization")
+    # Y takes the scale's type (ONNX's V), X's shape.
+    return [TensorInfo(x.shape, scale.dtype)]

@@ -5,7 +5,9 @@ is handed, each answered as a substitution by one fused layer (Arm NN's backend-
 - ``MatMul`` of two matrices + ``Add`` of a constant bias (+ an activation) -> one ``Gemm``
   (with the activation fused), as ONNX Runtime's MatMulAddFusion;
 - a layer of ``activation_kinds`` (Conv, Gemm, ...) + the activation reading it -> that
-  layer with the activation fused (Conv + bias + Relu is one Conv).
+  layer with the activation fused (Conv + bias + Relu is one Conv);
+- the ``patterns`` a backend passes, tried first (CpuAcc's ``PATTERN_FUSIONS``: SiLU, GELU,
+  HardSwish, LayerNormalization and RMSNormalization written out of small ops -> one layer).
 
 A backend calls :func:`offer_fusions` with its own layer support, so only fused layers it can
 run are offered; every layer not fused is answered untouched. Activations are fused only while
@@ -14,7 +16,7 @@ the view's options allow it (``OptimizerOptions.fuse_activations``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -99,9 +101,15 @@ def _supported(support: LayerSupport, fusion: Fusion) -> bool:
 
 
 def offer_fusions(
-    view: Iterable[Layer], support: LayerSupport, activation_kinds: frozenset[str] = frozenset()
+    view: Iterable[Layer],
+    support: LayerSupport,
+    activation_kinds: frozenset[str] = frozenset(),
+    patterns: Sequence[Callable[[Layer, set[str]], Fusion | None]] = (),
 ) -> OptimizationViews:
-    """The substitutions ``support``'s backend can run in ``view``; the rest untouched."""
+    """The substitutions ``support``'s backend can run in ``view``; the rest untouched.
+
+    ``patterns`` are more finders, ``(layer, names of the view's layers) -> Fusion | None``,
+    tried first (``pattern_fusions.PATTERN_FUSIONS``: activations and norms written out)."""
     layers = list(view)
     with_activation = getattr(getattr(view, "options", None), "fuse_activations", True)
     if not with_activation:
@@ -110,6 +118,7 @@ def offer_fusions(
     taken: set[str] = set()
     views = OptimizationViews()
     for find in (
+        *(lambda layer, pattern=pattern: pattern(layer, members) for pattern in patterns),
         lambda layer: matmul_add(layer, members, with_activation and "Gemm" in activation_kinds),
         lambda layer: fused_activation(layer, members, activation_kinds),
     ):

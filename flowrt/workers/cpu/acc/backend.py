@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from flowrt.engine.graph.passes.fusions import offer_fusions
+from flowrt.engine.graph.passes.pattern_fusions import PATTERN_FUSIONS
 from flowrt.engine.memory.manager import MemoryManager
 from flowrt.registry import OptimizationViews
 from flowrt.workers.cpu.acc.layer_support import AccLayerSupport
@@ -43,9 +44,10 @@ class AccBackend:
         return AccLayerSupport()
 
     def optimize_subgraph(self, view: Any) -> OptimizationViews:
-        """MatMul + bias Add (+ activation) as one Gemm, and an activation fused into the
-        layer before it (Conv + bias + Relu as one Conv): see ``offer_fusions``."""
-        return offer_fusions(view, self.layer_support(), FUSED_ACTIVATION_KINDS)
+        """MatMul + bias Add (+ activation) as one Gemm, an activation fused into the
+        layer before it (Conv + bias + Relu as one Conv), and activations and norms written
+        out of small ops as one layer (``PATTERN_FUSIONS``): see ``offer_fusions``."""
+        return offer_fusions(view, self.layer_support(), FUSED_ACTIVATION_KINDS, PATTERN_FUSIONS)
 
     def create_memory_manager(self) -> MemoryManager:
         return MemoryManager()
