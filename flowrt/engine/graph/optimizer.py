@@ -20,7 +20,7 @@ from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.passes.collapse_reshape import collapse_reshapes
 from flowrt.engine.graph.passes.crossings import Crossing, find_crossings
 from flowrt.engine.graph.passes.fold_batch_norm import fold_batch_norm
-from flowrt.engine.graph.passes.fold_constants import fold_constants
+from flowrt.engine.graph.passes.fold_constants import fold_to_fixpoint
 from flowrt.engine.graph.passes.fold_scale_shift import fold_scale_shift
 from flowrt.engine.graph.passes.fold_transpose import fold_transposes
 from flowrt.engine.graph.passes.fuse_activation import fuse_activations
@@ -295,7 +295,7 @@ def _graph_passes(graph: Graph, options: OptimizerOptions, registry: BackendRegi
     passes = remove_pass_through(graph)
     evaluate = _evaluator(registry) if options.fold_constants else None
     if evaluate is not None:
-        passes += fold_constants(graph, evaluate)
+        passes += fold_to_fixpoint(graph, evaluate)
     if options.fold_scale_shift:
         passes += fold_scale_shift(graph)
     if options.fold_batch_norm:

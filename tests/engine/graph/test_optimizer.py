@@ -93,6 +93,24 @@ def test_constant_subgraphs_and_static_shapes_are_folded():
     np.testing.assert_allclose(y, x_val + 1)
 
 
+def test_folding_repeats_while_a_fold_makes_more_shapes_static():
+    # The pads are computed (an Add of constants), so the Pad's output shape is only known
+    # once they are folded; the Shape of it folds in the next round, and so on down the chain.
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, 2, 3, 3)))
+    pads = net.add_layer("Add", inputs=[np.zeros(8, np.int64), np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)])
+    padded = net.add_layer("Pad", inputs=[x, pads], name="pad")
+    shape = net.add_layer("Shape", inputs=[padded], name="shape")
+    flat = net.add_layer("Reshape", inputs=[padded, shape], name="reshape")
+    net.add_output("y", net.add_layer("Relu", inputs=[flat], name="relu"))
+    opt = flowrt.optimize(net)
+    assert list(opt.assignments()) == ["pad", "reshape", "relu"]
+    assert sum("folded" in p for p in opt.passes) == 2
+    x_val = np.arange(18, dtype=np.float32).reshape(1, 2, 3, 3) - 9
+    (y,) = flowrt.InferenceSession(opt).run(None, {"x": x_val})
+    np.testing.assert_array_equal(y, np.maximum(np.pad(x_val, ((0, 0), (0, 0), (1, 1), (1, 1))), 0))
+
+
 def _conv_bn_network(with_bias: bool):
     rng = np.random.default_rng(1)
     net = flowrt.Network()

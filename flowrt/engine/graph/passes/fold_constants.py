@@ -62,3 +62,22 @@ def fold_constants(graph: Graph, evaluate: Evaluator) -> list[str]:
         return []
     kinds = sorted({layer.kind for layer in folded})
     return [f"folded {len(folded)} constant layer(s) ({', '.join(kinds)})"]
+
+
+# Rounds of folding after which a graph that still changes is left as it is (each round
+# re-infers every shape; real exports settle in two or three).
+MAX_ROUNDS = 8
+
+
+def fold_to_fixpoint(graph: Graph, evaluate: Evaluator) -> list[str]:
+    """Fold, re-infer shapes, and fold again while something folds: a layer folded in one
+    round can make a shape static (a Pad whose pads were computed), and with it the Shape
+    layers that read it, which the next round folds."""
+    changes: list[str] = []
+    for _ in range(MAX_ROUNDS):
+        folded = fold_constants(graph, evaluate)
+        if not folded:
+            break
+        changes += folded
+        graph.infer_shapes()
+    return changes
