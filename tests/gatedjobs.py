@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import trio
@@ -48,6 +49,14 @@ class GatedJobs:
         """Until ``count`` jobs have started."""
         while len(self.started) < count:
             await self._changed.wait()
+
+    async def wait_started_within(self, name: str, seconds: float) -> bool:
+        """Whether job ``name`` starts within ``seconds`` of real time. On trio's autojump
+        clock a wait in trio time ends before a worker thread has had a chance to run."""
+        deadline = time.monotonic() + seconds
+        while name not in self.order and time.monotonic() < deadline:
+            await trio.to_thread.run_sync(time.sleep, 0.005)
+        return name in self.order
 
     def release(self, name: str) -> None:
         self._gates[name].set()

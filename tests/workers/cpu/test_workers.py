@@ -117,9 +117,7 @@ async def test_a_high_call_never_waits_for_a_low_job_that_took_the_last_idle_wor
                 await jobs.wait_started(1)
                 nursery.start_soon(jobs.run, pool, "high", Priority.HIGH)
                 nursery.start_soon(jobs.run, pool, "low-new", Priority.LOW)
-                await trio.testing.wait_all_tasks_blocked()
-                await trio.sleep(0.5)
-                assert "high" in jobs.order, attempt
+                assert await jobs.wait_started_within("high", seconds=5.0), (attempt, jobs.order)
                 jobs.release_all()
 
 
