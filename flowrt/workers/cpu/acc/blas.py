@@ -8,20 +8,128 @@ numba links to) to one thread. numpy's own OpenBLAS is left alone; CpuRef uses i
 :func:`sgemm` calls the ``numba_xxgemm`` helper that numba's own ``np.dot`` uses. Unlike
 ``np.dot``, it takes strided views (a column block of a matrix, a transposed operand) and
 ``beta``, so a slice can write straight into its block of the output.
+
+The kernels' parallel loops are kept small to compile: on a cold cache numba turns each
+``prange`` loop into a gufunc of its own, wrapped twice, and every one of those libraries,
+and the kernel's, re-optimizes and re-emits the whole tree of functions the loop body calls.
+A kernel whose slice work is large therefore calls it by address instead
+(:class:`SliceFunction`, :func:`run_tasks`, :func:`run_stages`): the slice function is compiled
+once, on its own, and the parallel loop around it is a few calls (a MaxPool: 12.5 -> 8.6 s of
+CPU on a cold cache). ``PRANGE_ONLY`` keeps numba from making parallel loops of anything but
+``prange``, and :func:`read_only` gives weights one array type whatever their source.
 """
 
 from __future__ import annotations
 
 import logging
 
+import numba
 import numpy as np
 import scipy.linalg.cython_blas  # noqa: F401  (loads the library numba's BLAS calls)
 import threadpoolctl
-from numba import njit, types
+from numba import njit, prange, types
+from numba._dispatcher import compute_fingerprint
+from numba.core import cgutils
+from numba.core.cpu_options import ParallelOptions
+from numba.extending import intrinsic
 
 logger = logging.getLogger(__name__)
 
 _pinned = False
+
+# numba's ``parallel`` option for CpuAcc's kernels, ``@njit(parallel=PRANGE_ONLY)``: their
+# parallel loops are their prange loops, one task per slice, and nothing else. With
+# ``parallel=True`` numba also makes a parallel loop of every array allocation (np.zeros,
+# np.full) and array expression in the kernel, each one more gufunc to compile and link on a
+# cold cache (the Winograd loop nest: 23 -> 20 s), for work that a slice does in place, or
+# that is tiny beside the kernel's.
+PRANGE_ONLY = ParallelOptions(
+    {"comprehension": False, "reduction": False, "inplace_binop": False, "setitem": False, "numpy": False,
+     "stencil": False}
+)  # fmt: skip
+
+
+def read_only(a: np.ndarray) -> np.ndarray:
+    """``a``, or a read-only view of it. Conv takes its weights and bias, Gemm and MatMul
+    their operands, read-only whatever their source (constants are read-only; a bias of
+    zeros, transformed weights or a tensor of the run are not): numba compiles a kernel once
+    per distinct argument type, read-only being part of the type, and a conv kernel costs
+    seconds to compile on a cold cache."""
+    if not a.flags.writeable:
+        return a
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
+@intrinsic
+def call_native(typingctx, address, args):
+    """Call the jitted function at ``address`` (from :meth:`SliceFunction.address`) with the
+    tuple ``args``, through numba's own calling convention; an exception it raises propagates.
+    The caller's code holds a call through a pointer, not the callee's code."""
+
+    def codegen(context, builder, signature, llargs):
+        argtypes = list(args.types)
+        function_type = context.call_conv.get_function_type(types.none, argtypes)
+        callee = builder.inttoptr(llargs[0], function_type.as_pointer())
+        values = [builder.extract_value(llargs[1], i) for i in range(len(argtypes))]
+        status, _ = context.call_conv.call_function(builder, callee, types.none, argtypes, values)
+        with cgutils.if_unlikely(builder, status.is_error):
+            context.call_conv.return_status_propagate(builder, status)
+        return context.get_dummy_value()
+
+    return types.none(address, args), codegen
+
+
+class SliceFunction:
+    """A jitted ``fn(task, step, *args)`` doing one task of a kernel's parallel loop, called by
+    address from :func:`run_tasks` or :func:`run_stages` (``task``, ``step``: int64)."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self._addresses: dict[tuple[bytes, ...], int] = {}
+
+    def address(self, args: tuple) -> int:
+        """``fn`` compiled (or loaded from numba's cache) for ``args``, the very tuple the
+        launcher is given: its types are those ``fn`` is called with, by construction."""
+        key = tuple(map(compute_fingerprint, args))
+        found = self._addresses.get(key)
+        if found is None:
+            signature = (types.int64, types.int64, *map(numba.typeof, args))
+            self.fn.compile(signature)
+            result = self.fn.overloads[signature]
+            found = result.library.get_pointer_to_function(result.fndesc.llvm_func_name)
+            self._addresses[key] = found
+        return found
+
+
+@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
+def run_tasks(address, tasks, args):
+    """Tasks ``0 .. tasks`` of a :class:`SliceFunction` at ``address`` (step 0), in parallel; a
+    single task on the calling thread, with no parallel region."""
+    if tasks == 1:
+        call_native(address, (np.int64(0), np.int64(0)) + args)
+        return
+    for task in prange(tasks):
+        call_native(address, (np.int64(task), np.int64(0)) + args)
+
+
+@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
+def run_stages(steps, first, first_tasks, first_args, second, second_tasks, second_args):
+    """For each step (an image, a group of images): the ``first_tasks`` tasks of the slice
+    function at address ``first`` in parallel (none when 0), then the ``second_tasks`` of
+    ``second``. A stage of one task runs on the calling thread."""
+    for step in range(steps):
+        if first_tasks == 1:
+            call_native(first, (np.int64(0), np.int64(step)) + first_args)
+        elif first_tasks > 1:
+            for task in prange(first_tasks):
+                call_native(first, (np.int64(task), np.int64(step)) + first_args)
+        if second_tasks == 1:
+            call_native(second, (np.int64(0), np.int64(step)) + second_args)
+        else:
+            for task in prange(second_tasks):
+                call_native(second, (np.int64(task), np.int64(step)) + second_args)
 
 
 def pin_scipy_blas() -> None:

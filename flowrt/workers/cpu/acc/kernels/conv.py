@@ -30,7 +30,7 @@ from flowrt.engine.graph.layers.conv import window_geometry
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
-from flowrt.workers.cpu.acc.blas import pin_scipy_blas
+from flowrt.workers.cpu.acc.blas import pin_scipy_blas, read_only
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 from flowrt.workers.cpu.acc.kernels.conv_batched import MERGE_PIXELS, MERGE_WEIGHTS, conv_batched
 from flowrt.workers.cpu.acc.kernels.conv_columns import conv_by_columns, conv_by_rows
@@ -149,7 +149,7 @@ class ConvKernel:
     def _pack(self, w: np.ndarray) -> np.ndarray:
         """Weights as (group, M/group, C/group * kh * kw) float32, the GEMM's left operand."""
         group = self.desc.group
-        return np.ascontiguousarray(w, np.float32).reshape(group, w.shape[0] // group, -1)
+        return read_only(np.ascontiguousarray(w, np.float32).reshape(group, w.shape[0] // group, -1))
 
     def _tap_weights(self, w: np.ndarray, w_shape: tuple[int, ...]) -> np.ndarray:
         """Packed weights (1, M, C*kh*kw) as one (M, C) matrix per kernel tap: (kh*kw, M, C);
@@ -157,7 +157,7 @@ class ConvKernel:
         if self._taps is not None and w is self.weights:
             return self._taps
         m, c, kh, kw = w_shape
-        taps = np.ascontiguousarray(w.reshape(m, c, kh * kw).transpose(2, 0, 1))
+        taps = read_only(np.ascontiguousarray(w.reshape(m, c, kh * kw).transpose(2, 0, 1)))
         if w is self.weights:
             self._taps = taps
         return taps
@@ -167,7 +167,7 @@ class ConvKernel:
         kept for constant weights."""
         if w is self.weights and tile in self._winograd:
             return self._winograd[tile]
-        u = (winograd_weights if tile == 2 else winograd4_weights)(w.reshape(w_shape))
+        u = read_only((winograd_weights if tile == 2 else winograd4_weights)(w.reshape(w_shape)))
         if w is self.weights:
             self._winograd[tile] = u
         return u
@@ -291,7 +291,9 @@ class ConvKernel:
         out = np.empty(plan.out_shape, np.float32) if outputs is None else outputs[0]
         b = self.bias if self.bias is not None else inputs[2] if len(inputs) > 2 else None
         finish = b is not None or self.code != NONE
-        bias = np.zeros(w_shape[0], np.float32) if b is None else np.ascontiguousarray(b, np.float32)
+        bias = read_only(
+            np.zeros(w_shape[0], np.float32) if b is None else np.ascontiguousarray(b, np.float32)
+        )
         args = (self.code, self.alpha, self.beta)
         if self.desc.group == x.shape[1] > 1:
             filters = w.reshape(w_shape[0], *w_shape[2:])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from flowrt.workers.cpu.acc.blas import sgemm
+from flowrt.workers.cpu.acc.blas import PRANGE_ONLY, sgemm
 from flowrt.workers.cpu.acc.kernels.epilogue import activate_row
 from flowrt.workers.cpu.acc.kernels.im2col import fill_columns
 from flowrt.workers.cpu.acc.kernels.phases import copy_run
@@ -28,7 +28,7 @@ MERGE_PIXELS = 256
 MERGE_WEIGHTS = 1 << 18
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
 def conv_batched(x, x_flat, w, bias, out, geo, direct, bounds, code, alpha, beta):
     """``out`` (N, M, pixels) for every image of ``x``, by one GEMM per (group, slice of
     ``bounds`` over the N * pixels columns)."""
@@ -43,7 +43,7 @@ def conv_batched(x, x_flat, w, bias, out, geo, direct, bounds, code, alpha, beta
             copy_run(columns[r, n], x_flat[n, r])
         else:
             g, rg = divmod(r, kg)
-            fill_columns(x[n], x_flat[n], g * cg, geo, rg, 0, columns[r, n : n + 1])
+            fill_columns(x[n], x_flat[n], g * cg, geo, rg, np.int64(0), columns[r, n : n + 1])
     matrix = columns.reshape((groups * kg, batch * pixels))
     slices = bounds.shape[0] - 1
     for task in prange(groups * slices):

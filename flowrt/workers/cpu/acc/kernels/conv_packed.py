@@ -13,8 +13,9 @@ K=256-1024: 14x14 90-98 -> 96-109 GFLOP/s, 7x7 84-86 -> 92-93, 28x28 and 56x56 u
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
+from flowrt.workers.cpu.acc.blas import SliceFunction, run_tasks
 from flowrt.workers.cpu.acc.kernels.phases import copy_run
 from flowrt.workers.cpu.acc.tiles import TILE_COLUMNS, gemm_panels
 
@@ -49,44 +50,51 @@ def _store_across(scratch, out, r0, r1, q0, pixels):
         v += run
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def conv_packed(x_flat, panels, panel_bias, out, bounds, code, alpha, beta):
-    """``out`` (N, M, pixels) = activation(w @ x + bias) for every image of ``x_flat`` (N, C,
-    pixels), ``w`` packed per group in ``panels``; one task per (group, slice of ``bounds`` over
-    the N * pixels columns)."""
+@njit(nogil=True, cache=True)
+def _packed_task(task, _step, x_flat, panels, panel_bias, out, bounds, code, alpha, beta):
+    """Task (group, slice of ``bounds``) of :func:`conv_packed`."""
     groups = panels.shape[0]
     cg = x_flat.shape[1] // groups
     mg = out.shape[1] // groups
     pixels = x_flat.shape[2]
-    slices = bounds.shape[0] - 1
-    for task in prange(groups * slices):
-        g, s = divmod(np.int64(task), slices)
-        start, stop = bounds[s], bounds[s + 1]
-        c0, r0, r1 = g * cg, g * mg, (g + 1) * mg
-        buffer = np.empty((cg, TILE_COLUMNS), np.float32)
-        scratch = np.empty((mg, TILE_COLUMNS), np.float32)
-        t = start
-        while t < stop:
-            n, p = divmod(t, pixels)
-            # whole tiles inside image n, or the rest of the slice if it ends in image n
-            image_end = (n + 1) * pixels
-            t1 = stop if image_end >= stop else t + (image_end - t) // TILE_COLUMNS * TILE_COLUMNS
-            if t1 > t:
-                block = out[n, r0:r1, p : p + t1 - t]
-                gemm_panels(
-                    panels[g],
-                    panel_bias[g],
-                    x_flat[n, c0 : c0 + cg, p : p + t1 - t],
-                    block,
-                    code,
-                    alpha,
-                    beta,
-                )
-            else:  # one tile across images
-                t1 = min(t + TILE_COLUMNS, stop)
-                cols = buffer[:, : t1 - t]
-                _pack(x_flat, c0, t, cols, pixels)
-                part = scratch[:, : t1 - t]
-                gemm_panels(panels[g], panel_bias[g], cols, part, code, alpha, beta)
-                _store_across(part, out, r0, r1, t, pixels)
-            t = t1
+    g, s = divmod(task, bounds.shape[0] - 1)
+    start, stop = bounds[s], bounds[s + 1]
+    c0, r0, r1 = g * cg, g * mg, (g + 1) * mg
+    buffer = np.empty((cg, TILE_COLUMNS), np.float32)
+    scratch = np.empty((mg, TILE_COLUMNS), np.float32)
+    t = start
+    while t < stop:
+        n, p = divmod(t, pixels)
+        # whole tiles inside image n, or the rest of the slice if it ends in image n
+        image_end = (n + 1) * pixels
+        t1 = stop if image_end >= stop else t + (image_end - t) // TILE_COLUMNS * TILE_COLUMNS
+        if t1 > t:
+            block = out[n, r0:r1, p : p + t1 - t]
+            gemm_panels(
+                panels[g],
+                panel_bias[g],
+                x_flat[n, c0 : c0 + cg, p : p + t1 - t],
+                block,
+                code,
+                alpha,
+                beta,
+            )
+        else:  # one tile across images
+            t1 = min(t + TILE_COLUMNS, stop)
+            cols = buffer[:, : t1 - t]
+            _pack(x_flat, c0, t, cols, pixels)
+            part = scratch[:, : t1 - t]
+            gemm_panels(panels[g], panel_bias[g], cols, part, code, alpha, beta)
+            _store_across(part, out, r0, r1, t, pixels)
+        t = t1
+
+
+_PACKED_TASK = SliceFunction(_packed_task)
+
+
+def conv_packed(x_flat, panels, panel_bias, out, bounds, code, alpha, beta):
+    """``out`` (N, M, pixels) = activation(w @ x + bias) for every image of ``x_flat`` (N, C,
+    pixels), ``w`` packed per group in ``panels``; one task per (group, slice of ``bounds`` over
+    the N * pixels columns), called by address (``blas.run_tasks``)."""
+    args = (x_flat, panels, panel_bias, out, bounds, code, alpha, beta)
+    run_tasks(_PACKED_TASK.address(args), panels.shape[0] * (bounds.shape[0] - 1), args)

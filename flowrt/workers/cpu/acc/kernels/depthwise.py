@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from flowrt.workers.cpu.acc.blas import PRANGE_ONLY
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, RELU, activate, activate_row
 from flowrt.workers.cpu.acc.kernels.phases import cell_offset, fill_phase_planes
 
@@ -107,7 +108,7 @@ def _depthwise_plane(src, x, wm, b, out, n, m, acc, geo, rows, pitch, code, alph
             out[n, m, oh, ow] = acc[line + ow]
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
 def depthwise(x, w, bias, out, geo, code, alpha, beta, bounds):
     """Tasks are (image, output channel) planes, cut into slices by ``bounds``: a direct sliding
     window over a zero-padded copy of the input channel (output channel m reads input
@@ -182,7 +183,7 @@ def _same3_plane(x, xo, wm, b, o, oo, width, pixels, middle, first, last, code, 
         activate_row(plane, plane, NO_BIAS, code, alpha, beta)
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
 def depthwise_same3(x, w, bias, out, code, alpha, beta, bounds):
     """:func:`depthwise` for a 3x3 kernel, unit strides and dilations and one pad cell on each
     side (the output planes have the input's shape), on C-contiguous ``x`` and ``out``: each

@@ -17,7 +17,7 @@ from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.errors import ShapeError
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
-from flowrt.workers.cpu.acc.blas import pin_scipy_blas, sgemm
+from flowrt.workers.cpu.acc.blas import PRANGE_ONLY, pin_scipy_blas, read_only, sgemm
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 from flowrt.workers.cpu.acc.kernels.epilogue import NONE, activate, activation_args
 
@@ -27,7 +27,7 @@ pin_scipy_blas()
 MIN_ROWS = 16
 MIN_COLUMNS = 64
 
-_NO_C = np.zeros((1, 1), np.float32)
+_NO_C = read_only(np.zeros((1, 1), np.float32))
 
 
 @njit(nogil=True, cache=True)
@@ -60,7 +60,7 @@ def _gemm_task(
                 out_row[k] = activate(v, code, act_a, act_b)
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
 def _batched_gemm(
     a, a_index, b, b_index, y, trans_a, trans_b, alpha, c, beta, rows, cols, finish, code, act_a, act_b
 ):
@@ -86,7 +86,7 @@ def _batched_gemm(
             code,
             act_a,
             act_b,
-            0,
+            np.int64(0),
         )
         return
     for task in prange(tasks):
@@ -107,7 +107,7 @@ def _batched_gemm(
             code,
             act_a,
             act_b,
-            task,
+            np.int64(task),  # int64, as above: one specialization, not a literal's and a uint64's too
         )
 
 
@@ -135,7 +135,7 @@ def _float32_only(info: WorkloadInfo, kind: str) -> Support:
 
 
 def _matrix(x) -> np.ndarray:
-    return np.ascontiguousarray(x, np.float32)
+    return read_only(np.ascontiguousarray(x, np.float32))
 
 
 @acc_kernel("Gemm")

@@ -10,6 +10,7 @@ from numba import njit, prange
 
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import Support, WorkloadInfo
+from flowrt.workers.cpu.acc.blas import PRANGE_ONLY
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 
 # Below this many input reads per slice, a second thread costs more than it saves.
@@ -90,7 +91,7 @@ def _average_planes(x, out, first, last):
         out[p] = pairwise_sum(x[p], 0, size, nodes, sums) / np.float32(size)
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
 def global_average_pool(x, out, bounds):
     if bounds.shape[0] == 2:  # one slice: no parallel region
         _average_planes(x, out, bounds[0], bounds[1])
@@ -110,7 +111,7 @@ def _max_planes(x, out, first, last):
         out[p] = best
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
 def global_max_pool(x, out, bounds):
     if bounds.shape[0] == 2:  # one slice: no parallel region
         _max_planes(x, out, bounds[0], bounds[1])

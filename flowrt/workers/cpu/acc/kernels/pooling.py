@@ -19,6 +19,7 @@ from numba import njit, prange
 from flowrt.engine.graph.layers.pooling import pool_geometry
 from flowrt.engine.scheduler.window import SplitHint
 from flowrt.registry import Support, WorkloadInfo
+from flowrt.workers.cpu.acc.blas import PRANGE_ONLY, SliceFunction, run_tasks
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels.global_pooling import global_average_pool, global_max_pool, plane_bounds
 from flowrt.workers.cpu.acc.kernels.phases import split_pairs
@@ -177,10 +178,11 @@ def _rows_max(column, at, xf, first, step, count, width):
     return nan
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def _max_pool(x, out, bounds, hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw):
-    """Each plane by :func:`larger` (vectorized; it lets NaN lose), noting NaN in the rows
-    it reads: a plane that has one is computed again by :func:`max_plane_exact`.
+@njit(nogil=True, cache=True)
+def _max_planes(s, _step, bounds, x, out, hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw):
+    """MaxPool's slice ``s`` of planes (a :class:`SliceFunction`), each plane by :func:`larger`
+    (vectorized; it lets NaN lose), noting NaN in the rows it reads: a plane that has one is
+    computed again by :func:`max_plane_exact`.
 
     The kernel rows' max goes into a column buffer with ``pw`` cells of -inf before the
     row and enough after it for every window: padding never wins, and no window needs a
@@ -193,31 +195,33 @@ def _max_pool(x, out, bounds, hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw):
     lowest = np.float32(-np.inf)
     span = max(pw + width, (ow_count - 1) * sw + (kw_count - 1) * dw + 1)
     span += span % 2  # whole pairs, for the split at stride 2
-    for s in prange(bounds.shape[0] - 1):
-        padded = np.full(span, lowest, np.float32)
-        halves = _halves(padded)
-        exact = np.empty(width, np.float32)
-        for p in range(bounds[s], bounds[s + 1]):
-            nan = False
-            for oh in range(oh_count):
-                at = (p * oh_count + oh) * ow_count
-                if hhi[oh] == hlo[oh]:
-                    for o in range(ow_count):
-                        of[np.uint64(at + o)] = lowest
-                    continue
-                first = (p * height + hs[oh] + hlo[oh] * dh) * width
-                count = min(3, hhi[oh] - hlo[oh])
-                nan |= _rows_max(padded, pw, xf, first, dh * width, count, width)
-                for kh in range(hlo[oh] + 3, hhi[oh]):
-                    line = np.uint64((p * height + hs[oh] + kh * dh) * width)
-                    for i in range(width):
-                        q = np.uint64(i)
-                        v = xf[line + q]
-                        padded[np.uint64(pw) + q] = larger(padded[np.uint64(pw) + q], v)
-                        nan |= v != v
-                _max_along(of, at, ow_count, padded, kw_count, sw, dw, halves)
-            if nan:
-                max_plane_exact(x[p], out[p], hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw, exact)
+    padded = np.full(span, lowest, np.float32)
+    halves = _halves(padded)
+    exact = np.empty(width, np.float32)
+    for p in range(bounds[s], bounds[s + 1]):
+        nan = False
+        for oh in range(oh_count):
+            at = (p * oh_count + oh) * ow_count
+            if hhi[oh] == hlo[oh]:
+                for o in range(ow_count):
+                    of[np.uint64(at + o)] = lowest
+                continue
+            first = (p * height + hs[oh] + hlo[oh] * dh) * width
+            count = min(3, hhi[oh] - hlo[oh])
+            nan |= _rows_max(padded, pw, xf, first, dh * width, count, width)
+            for kh in range(hlo[oh] + 3, hhi[oh]):
+                line = np.uint64((p * height + hs[oh] + kh * dh) * width)
+                for i in range(width):
+                    q = np.uint64(i)
+                    v = xf[line + q]
+                    padded[np.uint64(pw) + q] = larger(padded[np.uint64(pw) + q], v)
+                    nan |= v != v
+            _max_along(of, at, ow_count, padded, kw_count, sw, dw, halves)
+        if nan:
+            max_plane_exact(x[p], out[p], hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw, exact)
+
+
+_MAX_PLANES = SliceFunction(_max_planes)
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -239,7 +243,7 @@ def _add_along(row, line, first, last, sw, offset):
             dst[o] += src[o * sw]
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
 def _average_halves(x, out, bounds):
     """The mean of each 2x2 cell block, added in CpuRef's row-major order; the stride-2 reads
     of one loop over the output row are an interleaved group that LLVM vectorizes: 4-7x the
@@ -254,7 +258,7 @@ def _average_halves(x, out, bounds):
                     row[ow] = (((top[c] + top[c + 1]) + bottom[c]) + bottom[c + 1]) * quarter
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
 def _average_pool(x, out, bounds, hs, hlo, hhi, hcount, dh, wfirst, wlast, wcount, sw, dw, pw):
     for s in prange(bounds.shape[0] - 1):
         for p in range(bounds[s], bounds[s + 1]):
@@ -352,10 +356,10 @@ class MaxPoolKernel(_WindowedPool):
             pool_flat(x, y, plan.bounds, plan.taps, plan.group, True, plan.table)
         else:
             h, w = plan.height, plan.width
-            _max_pool(
+            args = (
+                plan.bounds,
                 x,
                 y,
-                plan.bounds,
                 h.start,
                 h.lo,
                 h.hi,
@@ -366,6 +370,7 @@ class MaxPoolKernel(_WindowedPool):
                 w.dilation,
                 w.begin,
             )
+            run_tasks(_MAX_PLANES.address(args), plan.bounds.shape[0] - 1, args)
         return [out]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from flowrt.workers.cpu.acc.blas import PRANGE_ONLY
 from flowrt.workers.cpu.acc.kernels.phases import cell_offset, copy_run, fill_phase_planes
 
 # Indices are cast to uint64 in the hot loops: numba wraps negative signed indices around,
@@ -172,7 +173,7 @@ def _flat_group(x, out, p0, planes, group, buf, acc, column, taps, is_max, table
                     row[k] = np.float64(src[k]) * divisors[k]
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
 def pool_flat(x, out, bounds, taps, group, is_max, table):
     """A MaxPool or AveragePool whose outputs cover most of their (phase) planes: each slice
     stacks ``group`` planes at a time into zero- (or -inf-) padded phase planes, so that every

@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from flowrt.workers.cpu.acc.blas import sgemm
+from flowrt.workers.cpu.acc.blas import PRANGE_ONLY, sgemm
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, activate_row
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
 def conv_by_taps(x, w_taps, bias, out, geo, padded_shape, row_bounds, block_rows, finish, code, alpha, beta):
     """Stride 1, one group: every image is copied into zero-padded planes, then each slice of
     output rows is computed ``block_rows`` rows at a time, one GEMM per kernel tap
