@@ -18,6 +18,7 @@ from flowrt import serialize
 from flowrt.errors import FlowrtError, InputError
 from flowrt.models import default_model, expected_outputs, expected_tolerance, pattern_input
 from flowrt.profiling import top_layers, write_chrome_trace
+from flowrt.progress import load_progress
 from flowrt.registry import BackendRegistry
 from flowrt.registry.dynamic import format_report, load_dynamic_backends
 from flowrt.types import TensorInfo
@@ -399,8 +400,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands whose loads show Runtime.load's progress bar (``flowrt bench --json`` stays quiet).
+_LOAD_PROGRESS = ("run", "inspect", "bench")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    token = load_progress.set(args.command in _LOAD_PROGRESS and not getattr(args, "json", False))
     try:
         return args.func(args)
     except FlowrtError as e:
@@ -409,6 +415,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and the like
         sys.stderr.close()
         return 0
+    finally:
+        load_progress.reset(token)
 
 
 if __name__ == "__main__":

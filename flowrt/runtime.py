@@ -29,6 +29,7 @@ from flowrt.engine.scheduler.dataflow import build_dataflow
 from flowrt.engine.scheduler.executor import DeviceRunner
 from flowrt.errors import BackendError, FlowrtError
 from flowrt.loaded_network import LoadedNetwork
+from flowrt.progress import LoadProgress, layer_progress, load_progress
 from flowrt.registry import Backend, BackendRegistry, WorkloadInfo, backend_registry
 from flowrt.registry.contexts import call_hooks, check_allocators
 from flowrt.registry.dynamic import BackendPaths, load_dynamic_backends, unload_dynamic_backends
@@ -181,7 +182,12 @@ class Runtime:
             unload_dynamic_backends(self.registry, self.dynamic_backends)
 
     async def load(
-        self, optimized: OptimizedNetwork, *, max_in_flight: int | None = None, batch: int | None = None
+        self,
+        optimized: OptimizedNetwork,
+        *,
+        max_in_flight: int | None = None,
+        batch: int | None = None,
+        progress: bool | None = None,
     ) -> LoadedNetwork:
         """Build and prepare every workload and plan memory; heavy one-time work happens here.
 
@@ -190,6 +196,10 @@ class Runtime:
         a network exported for a batch of 1 to run that many samples per run (as OpenVINO's
         ``model.reshape``; see ``flowrt.set_batch``): every input's leading dim becomes
         ``batch``, weights are shared; ShapeError when the network cannot be re-batched.
+        ``progress=True`` shows a progress bar on stderr over the layers as they are prepared
+        (CpuAcc compiles its kernels then: tens of seconds for a large model with a cold numba
+        cache), once the load has run a second (see ``flowrt.progress``); None (the default)
+        means False, unless the ``flowrt`` command line asked for it.
         """
         if self._workers is None:
             raise FlowrtError("Runtime.load needs an active runtime: use 'async with Runtime() as rt'")
@@ -211,7 +221,10 @@ class Runtime:
         # an OpenMP team started in any other thread would outlive the load and make every
         # later region slower to enter (libgomp stops spinning once its threads outnumber
         # the cores).
-        model = await self._workers.run_sync(self._build, shaped, pools)
+        show = load_progress.get() if progress is None else progress
+        layers = sum(layer.kind not in ("Constant", "Input", "Output") for layer in shaped.graph)
+        async with layer_progress(self._nursery, layers, show) as prepared:  # type: ignore[arg-type]
+            model = await self._workers.run_sync(self._build, shaped, pools, prepared)
         model.batch, model.unbatched, model._runtime = batch, optimized, self
         model.network_id = network_id
         self._loaded[network_id] = model
@@ -268,7 +281,7 @@ class Runtime:
                 runners[bid] = context
         return runners
 
-    def _build(self, optimized: OptimizedNetwork, pool_count: int) -> LoadedNetwork:
+    def _build(self, optimized: OptimizedNetwork, pool_count: int, progress: LoadProgress) -> LoadedNetwork:
         factories: dict[str, Any] = {}
         managers: dict[str, MemoryManager] = {}
         devices = self._device_runners(self._backends_of(optimized))
@@ -281,6 +294,7 @@ class Runtime:
                 if bid in self.allocators:  # Runtime(allocators=...): arenas from the user's
                     managers[bid].allocator = self.allocators[bid]
                 factories[bid] = backend.create_workload_factory(managers[bid])
+            progress.begin(layer.name)
             try:
                 workload = factories[bid].create_workload(info)
                 workload.prepare()
@@ -290,6 +304,7 @@ class Runtime:
                 raise BackendError(
                     f"backend {bid} failed to build layer {layer.name!r} ({layer.kind}): {e}"
                 ) from e
+            progress.end()
             return workload
 
         dataflow = build_dataflow(
