@@ -415,8 +415,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and the like
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:
+        return _interrupted()
+    except BaseExceptionGroup as group:  # Ctrl-C that reached a trio nursery comes out wrapped
+        if group.subgroup(KeyboardInterrupt) is None:
+            raise
+        return _interrupted()
     finally:
         load_progress.reset(token)
+
+
+def _interrupted() -> int:
+    """Ctrl-C: one line, and the shell's exit status for SIGINT (128 + 2), not a traceback."""
+    print("flowrt: interrupted", file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":

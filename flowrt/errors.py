@@ -6,6 +6,8 @@ expected, what was found, and where.
 
 from __future__ import annotations
 
+import trio  # only for StreamClosedError, which is also trio's ClosedResourceError
+
 
 class FlowrtError(Exception):
     """Base of every error flowrt raises on purpose."""
@@ -61,7 +63,21 @@ class ResourceError(FlowrtError):
     """A memory or capacity limit was reached."""
 
 
+class ArgumentError(FlowrtError, ValueError, TypeError):
+    """An argument of the public API has the wrong type or is out of range; names the argument,
+    what was expected and what was found. Also a ValueError and a TypeError, so that code
+    written for Python's own argument errors still catches it (as numpy's AxisError)."""
+
+
+class StreamClosedError(FlowrtError, trio.ClosedResourceError):
+    """A stream or pipeline stream was used after it closed, or closed while a task waited on
+    it: a ``send``/``submit`` waiting for room when ``close()`` ran or its ``async with``
+    ended, a request still running when the block ended. Also a ``trio.ClosedResourceError``,
+    which trio's own channels raise in the same cases, so trio users' handlers still match."""
+
+
 __all__ = [
+    "ArgumentError",
     "BackendError",
     "DataTypeError",
     "FlowrtError",
@@ -71,5 +87,6 @@ __all__ = [
     "ResourceError",
     "RunError",
     "ShapeError",
+    "StreamClosedError",
     "UnsupportedLayerError",
 ]

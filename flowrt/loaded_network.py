@@ -22,6 +22,7 @@ from flowrt.errors import FlowrtError
 from flowrt.profiling import ProfileRecord
 from flowrt.stream import BatchingStream, Stream
 from flowrt.types import Priority, TensorInfo
+from flowrt.validate import check_bool, check_int, check_priority, check_seconds
 from flowrt.workers.cpu.workers import CpuWorkerPool, share_cores
 
 if TYPE_CHECKING:
@@ -104,7 +105,11 @@ class LoadedNetwork:
         back however the run ends. ``profile`` (default: the runtime's ``profiling``) records
         each workload's timing; :meth:`profile` returns the records. On a device backend
         (GpuAcc) ``priority`` also picks the queue the run's GPU segments are enqueued on.
+        ``priority`` is a ``Priority``, its value or its name ("high"); ArgumentError otherwise.
         """
+        priority = check_priority(priority, where="LoadedNetwork.run")
+        if profile is not None:
+            profile = check_bool("profile", profile, where="LoadedNetwork.run")
         if self.unloaded:
             raise FlowrtError(f"network {self.network_id} was unloaded; load it again to run it")
         arrays = check_feeds(self.dataflow.input_infos, feeds)
@@ -164,11 +169,18 @@ class LoadedNetwork:
         (times ``max_batch``). With ``max_batch`` > 1, requests that arrive within
         ``max_delay`` seconds of the first waiting one are stacked along the batch dimension
         and run as one (see ``BatchingStream``); ShapeError at once when this network cannot
-        be re-batched.
+        be re-batched. ``priority`` is a ``Priority``, its value or its name ("high").
         """
+        where = "LoadedNetwork.stream"
+        priority = check_priority(priority, where=where)
+        max_batch = check_int("max_batch", max_batch, where=where)
+        # Checked here, though unused for max_batch=1: infinity would keep a lone request waiting.
+        max_delay = check_seconds("max_delay", max_delay, allow_zero=True, where=where)
+        if max_in_flight is not None:
+            max_in_flight = check_int("max_in_flight", max_in_flight, where=where)
         if max_batch == 1:
             return Stream(self, self.pools.count if max_in_flight is None else max_in_flight, priority)
-        if max_in_flight is None and isinstance(max_batch, int):
+        if max_in_flight is None:
             max_in_flight = self.pools.count * max_batch
         return BatchingStream(self, max_in_flight, priority, max_batch, max_delay)  # type: ignore[arg-type]
 
@@ -176,6 +188,7 @@ class LoadedNetwork:
         """This network re-shaped to run ``batch`` samples per run (``flowrt.set_batch``), loaded
         by the same runtime with as many pools; built on first use, then kept. Raises ShapeError
         when the network cannot be re-batched."""
+        batch = check_int("batch", batch, where="LoadedNetwork.batched")
         if batch == self.batch:
             return self
         if batch not in self._batched:

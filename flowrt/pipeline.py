@@ -19,7 +19,9 @@ returns the next stage's feeds (``feeds``: the request's original feeds). A sync
 in the trio loop itself: keep it light, or make it async and move heavy work off the loop.
 
 A failure in one request's stage reaches that request's receiver as a RunError naming the
-stage; the request skips the stages after it, and the other requests go on.
+stage; the request skips the stages after it, and the other requests go on. Closing, and
+errors leaving the ``async with``, are as for a model's stream
+(``flowrt.ordered_stream.OrderedStream``).
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ import trio
 
 from flowrt.errors import FlowrtError, RunError
 from flowrt.loaded_network import LoadedNetwork
-from flowrt.stream import OrderedStream, Request
+from flowrt.nursery import open_nursery
+from flowrt.ordered_stream import OrderedStream, Request
 from flowrt.types import Priority
+from flowrt.validate import check_instance, check_int, check_priority
 
 Stage = LoadedNetwork | Callable[..., Any]
 
@@ -94,13 +98,16 @@ class Pipeline:
         names: Sequence[str] | None = None,
         priority: Priority = Priority.MEDIUM,
     ) -> None:
+        check_instance("stages", stages, Sequence, "a list of loaded models and functions", where="Pipeline")
         stages = list(stages)
         if not stages:
             raise FlowrtError("a pipeline needs at least one stage")
         if names is not None and len(names) != len(stages):
             raise FlowrtError(f"{len(names)} names given for {len(stages)} pipeline stages")
+        for i, name in enumerate(names or []):
+            check_instance(f"names[{i}]", name, str, "a str", where="Pipeline")
         self.stages = [_stage_call(i, s, None if names is None else names[i]) for i, s in enumerate(stages)]
-        self.priority = priority
+        self.priority = check_priority(priority, where="Pipeline")
 
     async def _through(self, call: _StageCall, request: Request) -> None:
         """Run one stage on a request, turning a failure into the request's RunError."""
@@ -126,8 +133,9 @@ class Pipeline:
         ``max_in_flight`` (default: twice the requests the stages work on at once) bounds the
         requests held at once — in a stage, between stages, or finished but not yet received.
         """
-        default = 2 * sum(call.concurrency for call in self.stages)
-        return PipelineStream(self, default if max_in_flight is None else max_in_flight)
+        if max_in_flight is None:
+            max_in_flight = 2 * sum(call.concurrency for call in self.stages)
+        return PipelineStream(self, check_int("max_in_flight", max_in_flight, where="Pipeline.stream"))
 
 
 class PipelineStream(OrderedStream):
@@ -164,7 +172,7 @@ class PipelineStream(OrderedStream):
         """Work on up to ``call.concurrency`` requests at once; hand them on in arrival order."""
         limit = trio.Semaphore(call.concurrency)
         order_send, order_receive = trio.open_memory_channel[tuple[Request, trio.Event]](self.max_in_flight)
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             nursery.start_soon(self._hand_on, order_receive, send)
             async with receive, order_send:
                 async for request in receive:

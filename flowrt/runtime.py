@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import logging
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +23,7 @@ import trio
 from flowrt.engine.graph.graph import Layer
 from flowrt.engine.graph.optimizer import OptimizedNetwork
 from flowrt.engine.graph.passes.batch import set_batch
+from flowrt.engine.memory.budget import MemoryBudget, check_layer_outputs, check_memory_budget, claim_arenas
 from flowrt.engine.memory.manager import MemoryManager
 from flowrt.engine.memory.planner import PlannedNode, plan_memory
 from flowrt.engine.memory.pool import PoolManager
@@ -33,9 +35,28 @@ from flowrt.progress import LoadProgress, layer_progress, load_progress
 from flowrt.registry import Backend, BackendRegistry, WorkloadInfo, backend_registry
 from flowrt.registry.contexts import call_hooks, check_allocators
 from flowrt.registry.dynamic import BackendPaths, load_dynamic_backends, unload_dynamic_backends
+from flowrt.types import Priority
+from flowrt.validate import (
+    check_bool,
+    check_choice,
+    check_instance,
+    check_int,
+    check_path,
+    check_paths,
+    check_seconds,
+)
 from flowrt.workers.cpu.workers import CpuWorkerPool, default_cpu_workers
+from flowrt.workers.gpu.tuner import TuningMode
 
 logger = logging.getLogger(__name__)
+
+
+# Each worker is two threads (one in reserve for HIGH): far more than any machine's cores, and
+# far fewer than the threads a process may start.
+MAX_CPU_WORKERS = 1024
+# A job of the lowest priority may pause for two agings in one wait of a thread, whose timeout
+# threading caps: a longer aging would make that wait raise OverflowError.
+MAX_PRIORITY_AGING = threading.TIMEOUT_MAX / Priority.LOW
 
 
 @attrs.frozen
@@ -48,6 +69,18 @@ class RuntimeOptions:
     opencl_device: str | None = None
     tuning_file: str | None = None
     tuning_mode: str = "none"
+
+
+def _runtime_options(opencl_device: Any, tuning_file: Any, tuning_mode: Any) -> RuntimeOptions:
+    """The options a runtime gives backend contexts, from ``Runtime``'s arguments (checked)."""
+    if opencl_device is not None:
+        check_instance("opencl_device", opencl_device, str, "a device name (str) or None", where="Runtime")
+    mode = tuning_mode.value if isinstance(tuning_mode, TuningMode) else tuning_mode
+    return RuntimeOptions(
+        opencl_device=opencl_device,
+        tuning_file=None if tuning_file is None else check_path("tuning_file", tuning_file, where="Runtime"),
+        tuning_mode=check_choice("tuning_mode", mode, [m.value for m in TuningMode], where="Runtime"),
+    )
 
 
 class Runtime:
@@ -66,6 +99,9 @@ class Runtime:
     seconds, so LOW is never starved. While HIGH work runs on the CPU workers, lower-priority
     runs pause at their next layer, for at most ``priority_aging`` seconds per level in all
     (waiting for a worker included).
+    Every argument is checked here (``cpu_workers`` at most ``MAX_CPU_WORKERS``, a finite
+    ``priority_aging``): ArgumentError naming it (see ``flowrt.validate``). ResourceError when
+    the process cannot start the workers' threads; those started are stopped first.
 
     Dynamic backends (see ``flowrt.registry.dynamic``) are loaded when the runtime is created,
     as Arm NN does: from the directories of ``backend_paths`` (which overrides the
@@ -96,6 +132,11 @@ class Runtime:
     makes a backend take its arenas from the user's allocator, as Arm NN's
     CustomMemoryAllocator; BackendError for a backend not registered or whose capabilities
     do not allow it (``custom_allocator``).
+
+    ``memory_budget`` (bytes; None: half the machine's physical memory) bounds the memory
+    arenas of the networks this runtime holds loaded (every pool, every backend): a load
+    whose arenas would pass it, or one of whose layers has an output larger than it, raises
+    ResourceError naming the layer and the bytes, before anything is allocated.
     """
 
     def __init__(
@@ -112,22 +153,34 @@ class Runtime:
         tuning_file: str | os.PathLike[str] | None = None,
         tuning_mode: str = "none",
         allocators: Mapping[str, Any] | None = None,
+        memory_budget: int | None = None,
     ) -> None:
-        self.registry = registry or backend_registry()
-        self.cpu_workers = cpu_workers or default_cpu_workers()
-        if self.cpu_workers < 1:
-            raise FlowrtError(f"cpu_workers must be at least 1, got {self.cpu_workers}")
-        self.zero_memory_on_release = zero_memory_on_release
-        self.profiling = profiling
-        if priority_aging <= 0:
-            raise FlowrtError(f"priority_aging must be a positive number of seconds, got {priority_aging}")
-        self.priority_aging = priority_aging
-        self.parallel_branches = parallel_branches
-        self.options = RuntimeOptions(
-            opencl_device=opencl_device,
-            tuning_file=None if tuning_file is None else os.fspath(tuning_file),
-            tuning_mode=tuning_mode,
+        where = "Runtime"
+        self.registry = backend_registry() if registry is None else registry
+        check_instance(
+            "registry", self.registry, BackendRegistry, "a flowrt.BackendRegistry or None", where=where
         )
+        self.cpu_workers = (
+            default_cpu_workers()
+            if cpu_workers is None
+            else check_int("cpu_workers", cpu_workers, maximum=MAX_CPU_WORKERS, where=where)
+        )
+        self.zero_memory_on_release = check_bool(
+            "zero_memory_on_release", zero_memory_on_release, where=where
+        )
+        self.profiling = check_bool("profiling", profiling, where=where)
+        self.priority_aging = check_seconds(
+            "priority_aging", priority_aging, maximum=MAX_PRIORITY_AGING, where=where
+        )
+        self.parallel_branches = check_bool("parallel_branches", parallel_branches, where=where)
+        self.memory_budget = check_memory_budget(memory_budget, where)
+        self.options = _runtime_options(opencl_device, tuning_file, tuning_mode)
+        if backend_paths is not None:
+            backend_paths = check_paths("backend_paths", backend_paths, where=where)
+        if allocators is not None:
+            check_instance(
+                "allocators", allocators, Mapping, "a mapping {backend id: Allocator} or None", where=where
+            )
         self._workers: CpuWorkerPool | None = None
         self._backends: dict[str, Backend] = {}  # one configured object per backend id
         self._contexts: dict[str, Any] = {}
@@ -145,7 +198,14 @@ class Runtime:
         self._network_ids = itertools.count()
 
     async def __aenter__(self) -> Runtime:
-        self._workers = await CpuWorkerPool(self.cpu_workers, aging_interval=self.priority_aging).__aenter__()
+        try:
+            pool = CpuWorkerPool(self.cpu_workers, aging_interval=self.priority_aging)
+            self._workers = await pool.__aenter__()
+        except BaseException:
+            # Its __aexit__ will not run: give back what __init__ registered (the pool has
+            # stopped the threads it started).
+            self._unload_dynamic_backends()
+            raise
         self._stack = contextlib.AsyncExitStack()
         # Backend contexts' tasks (GpuAcc's queue actors) live here, started on first use.
         self._nursery = await self._stack.enter_async_context(trio.open_nursery())
@@ -203,13 +263,20 @@ class Runtime:
         """
         if self._workers is None:
             raise FlowrtError("Runtime.load needs an active runtime: use 'async with Runtime() as rt'")
-        if not isinstance(optimized, OptimizedNetwork):
-            raise FlowrtError(
-                f"Runtime.load expects an OptimizedNetwork (from flowrt.optimize), got {type(optimized).__name__}"
-            )
-        pools = self.cpu_workers if max_in_flight is None else max_in_flight
-        if not isinstance(pools, int) or pools < 1:
-            raise FlowrtError(f"max_in_flight must be a positive int, got {pools!r}")
+        where = "Runtime.load"
+        check_instance(
+            "optimized",
+            optimized,
+            OptimizedNetwork,
+            "an OptimizedNetwork (from flowrt.optimize)",
+            where=where,
+        )
+        pools = (
+            self.cpu_workers
+            if max_in_flight is None
+            else check_int("max_in_flight", max_in_flight, where=where)
+        )
+        batch = None if batch is None else check_int("batch", batch, where=where)
         for bid in self._backends_of(optimized):
             await self._start_context(bid)
         shaped = optimized
@@ -307,6 +374,11 @@ class Runtime:
             progress.end()
             return workload
 
+        held = sum(pool.nbytes for model in list(self._loaded.values()) for pool in model.pools.pools)
+        budget = MemoryBudget(
+            self.memory_budget, "Runtime(memory_budget=...)", held, "networks loaded before"
+        )
+        check_layer_outputs(optimized.graph, budget)
         dataflow = build_dataflow(
             optimized.graph,
             make_workload,
@@ -325,6 +397,7 @@ class Runtime:
         layout = plan_memory(order, dataflow.tensor_infos, set(dataflow.outputs.values()), managers)
         arena_bytes = {b: plan.arena_bytes for b, plan in layout.plans.items()}
         allocators = {b: managers[b].allocator for b in arena_bytes}
+        claim_arenas(budget, layout.plans, dataflow.order, pool_count)
         pools = PoolManager(
             pool_count,
             arena_bytes,

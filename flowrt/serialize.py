@@ -37,7 +37,8 @@ Loading maps the file into memory (or reads it once into one 64-byte-aligned buf
 version ("newer format"), declared length ("truncated"), checksum and header fields
 ("corrupt"), the Backend API version ("incompatible"), then the metadata, unpacked by msgpack
 under limits no larger than the file (str map keys, no ext types, no hooks) and decoded field
-by field ("corrupt", naming the field). Each failure is a ModelLoadError naming the file.
+by field ("corrupt", naming the field), and last every layer is checked against its backend
+(``flowrt.engine.graph.recheck``). Each failure is a ModelLoadError naming the file.
 Nothing in a file is ever run as code.
 """
 
@@ -64,6 +65,7 @@ from flowrt.engine.graph.encoding import (
     expect_type,
 )
 from flowrt.engine.graph.optimizer import OptimizedNetwork
+from flowrt.engine.graph.recheck import recheck
 from flowrt.errors import FlowrtError, ModelLoadError
 from flowrt.registry import BACKEND_API_VERSION, BackendRegistry, backend_registry
 
@@ -207,16 +209,23 @@ def load(
     the file is read once into one buffer instead, and may then change freely. Prepared data is kept for backends registered in ``registry``
     (default: the process registry) with the version that made it, and dropped (logged at INFO)
     for the others. Raises ModelLoadError for a missing, foreign, truncated, corrupt, newer or
-    incompatible file.
+    incompatible file, and for one with a layer its backend does not take as it stands (kind,
+    tensors, fused activation: each backend in ``registry`` is asked, as ``optimize`` asks it).
     """
     where = os.fspath(path)
+    registry = registry or backend_registry()
     buffer = _read(where, mapped=mmap)
     try:
-        return _decode(buffer, where, registry or backend_registry())
+        network = _decode(buffer, where, registry)
     except ModelLoadError:
         raise
     except Exception as e:  # every malformation is a ModelLoadError, whatever it set off
         raise ModelLoadError(f"{where}: corrupt flowrt file: {type(e).__name__}: {e}") from e
+    try:
+        recheck(network, registry)
+    except FlowrtError as e:
+        raise ModelLoadError(f"{where}: {e}") from e
+    return network
 
 
 def _read(where: str, mapped: bool) -> np.ndarray:

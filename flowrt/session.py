@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -17,17 +16,17 @@ from typing import Any
 
 import attrs
 import numpy as np
+import onnx
 import trio
 
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.optimizer import OptimizedNetwork, OptimizerOptions, optimize
-from flowrt.errors import FlowrtError, InputError
+from flowrt.errors import InputError
 from flowrt.frontends.onnx import load as load_onnx
 from flowrt.loaded_network import LoadedNetwork
 from flowrt.runtime import Runtime
 from flowrt.trio_thread import TrioThread
-
-logger = logging.getLogger(__name__)
+from flowrt.validate import argument_error
 
 
 @attrs.frozen
@@ -43,6 +42,8 @@ class InferenceSession:
     """Load a model once and run it synchronously; each ``run`` blocks until outputs are ready.
 
     ``model`` is a path, ONNX bytes, an onnx ModelProto, a Network or an OptimizedNetwork.
+    The session owns a runtime in a thread of its own until ``close()`` (or garbage collection,
+    or interpreter exit, whichever comes first).
     """
 
     def __init__(
@@ -53,26 +54,18 @@ class InferenceSession:
         *,
         cpu_workers: int | None = None,
     ) -> None:
-        if isinstance(model, OptimizedNetwork):
-            self.optimized = model
-        else:
-            net = model if isinstance(model, Network) else load_onnx(model)
-            self.optimized = optimize(net, backends=backends, options=options)
-        self._runtime = Runtime(cpu_workers=cpu_workers)
+        self.optimized = _optimized(model, backends, options)
+        runtime = Runtime(cpu_workers=cpu_workers)
         # The session's runtime lives in a trio loop of its own until close(): its CPU workers
         # serve every run, whichever thread (or trio loop) the caller is in.
-        self._thread = TrioThread(name="flowrt-session")
+        self._thread = TrioThread(name="flowrt-session", resource=runtime, what="InferenceSession")
+        # At garbage collection or interpreter exit: runs in flight end with an error.
         self._finalizer = weakref.finalize(self, self._thread.close)
         try:
-            self._model: LoadedNetwork = self._thread.start(self._serve)
+            self._model: LoadedNetwork = self._thread.run(runtime.load, self.optimized)
         except BaseException:
             self.close()
             raise
-
-    async def _serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        async with self._runtime as rt:
-            task_status.started(await rt.load(self.optimized))
-            await trio.sleep_forever()
 
     def get_inputs(self) -> list[NodeArg]:
         return [NodeArg(n, i.shape, f"tensor({i.dtype.name.lower()})") for n, i in self._model.inputs.items()]
@@ -97,15 +90,14 @@ class InferenceSession:
         return names
 
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any]) -> list[np.ndarray]:
-        """Run once; returns the requested outputs (all, in model order, when None) as a list."""
-        names = self._output_names(output_names)
-        results = self._live_thread().run(self._model.run, input_feed)
-        return [results[n] for n in names]
+        """Run once; returns the requested outputs (all, in model order, when None) as a list.
 
-    def _live_thread(self) -> TrioThread:
-        if self._thread is None:
-            raise FlowrtError("this InferenceSession is closed")
-        return self._thread
+        Blocks the calling thread, which may be any thread (a ``run_async`` callback's too).
+        FlowrtError if the session is closed, or closes while the run is in flight.
+        """
+        names = self._output_names(output_names)
+        results = self._thread.run(self._model.run, input_feed)
+        return [results[n] for n in names]
 
     def run_async(
         self,
@@ -115,34 +107,64 @@ class InferenceSession:
         user_data: Any = None,
     ) -> None:
         """Start a run and return at once; ``callback(outputs, user_data, error)`` is called
-        from the session's runtime thread when it ends: ``outputs`` a list in the order of
-        ``output_names`` and ``error`` "" on success, ``outputs`` None and ``error`` the
-        message on failure (ONNX Runtime's ``run_async``). Runs started this way execute
-        concurrently, up to the model's pool count. ``close()`` stops the runtime thread.
+        when it ends: ``outputs`` a list in the order of ``output_names`` and ``error`` "" on
+        success, ``outputs`` None and ``error`` the message on failure (ONNX Runtime's
+        ``run_async``). Runs started this way execute concurrently, up to the model's pool
+        count. Callbacks run in worker threads of the session, so they may call ``run``,
+        ``run_async`` or ``close``. Every callback is called once: a run still pending at
+        ``close()`` reports that the session was closed, and ``close()`` waits for callbacks.
         """
         names = self._output_names(output_names)
-        self._live_thread().start_soon(self._run_and_call_back, names, input_feed, callback, user_data)
+        if not callable(callback):
+            raise argument_error(
+                "callback",
+                "a callable (outputs, user_data, error)",
+                callback,
+                where="InferenceSession.run_async",
+            )
+        self._thread.start_soon(self._run_and_call_back, names, input_feed, callback, user_data)
 
     async def _run_and_call_back(self, names, input_feed, callback, user_data) -> None:
         try:
             results = await self._model.run(input_feed)
+        except trio.Cancelled:
+            error = "FlowrtError: this InferenceSession was closed before the run finished"
+            await self._thread.call_in_thread(callback, None, user_data, error)
+            raise
         except Exception as e:
             outputs, error = None, f"{type(e).__name__}: {e}"
         else:
             outputs, error = [results[n] for n in names], ""
-        try:
-            callback(outputs, user_data, error)
-        except Exception:  # the caller's bug must not take the runtime thread down
-            logger.exception("run_async callback raised")
+        await self._thread.call_in_thread(callback, outputs, user_data, error)
 
     def close(self) -> None:
-        """Stop the session's runtime and its thread (cancelling runs in flight); idempotent."""
-        if self._thread is not None:
-            self._finalizer()
-            self._thread = None
+        """Stop the session's runtime and its thread; idempotent, safe from any thread.
+
+        Runs in flight are cancelled: threads blocked in ``run`` get FlowrtError, pending
+        ``run_async`` callbacks are called with the error. Returns once the thread has ended,
+        except from a callback, where it returns at once and the session ends after it.
+        """
+        self._finalizer.detach()
+        self._thread.close()
 
     def __enter__(self) -> InferenceSession:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+_MODEL_TYPES = "a path (str or os.PathLike), ONNX bytes, an onnx.ModelProto, a flowrt.Network or a flowrt.OptimizedNetwork"
+
+
+def _optimized(model: Any, backends: Sequence[str], options: OptimizerOptions | None) -> OptimizedNetwork:
+    """The session's model, optimized for ``backends``; ArgumentError (also a TypeError)
+    naming ``model`` when it is none of the types a session takes."""
+    if isinstance(model, OptimizedNetwork):
+        return model
+    if isinstance(model, (bytearray, memoryview)):
+        model = bytes(model)
+    if not isinstance(model, (Network, str, os.PathLike, bytes, onnx.ModelProto)):
+        raise argument_error("model", _MODEL_TYPES, model, where="InferenceSession")
+    net = model if isinstance(model, Network) else load_onnx(model)
+    return optimize(net, backends=backends, options=options)

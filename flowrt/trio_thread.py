@@ -1,16 +1,23 @@
 """A trio event loop in a thread of its own, for callers outside trio.
 
-The one place flowrt crosses from foreign threads into trio: work is handed in through the
-loop's token with ``run_sync_soon`` (not ``trio.from_thread``, which refuses callers that are
-themselves in a trio loop). The loop's nursery owns every task it starts;
-``close()`` cancels them and joins the thread.
+The one place flowrt crosses between foreign threads and such a loop. Work is handed in through
+the loop's token with ``run_sync_soon`` (not ``trio.from_thread``, which refuses callers that are
+themselves in a trio loop); user code the loop calls back goes out to worker threads through
+``call_in_thread``, so a callback may block on the loop (``run``) without blocking it.
+
+Shutdown is ordered: the loop owns one *resource* (an async context manager, a ``Runtime``),
+entered before any task starts and exited after every task has ended. ``close()`` cancels the
+tasks, so the resource's exit itself is never cancelled half-way.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import logging
 import threading
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
 import trio
@@ -19,70 +26,193 @@ from flowrt.errors import FlowrtError
 
 T = TypeVar("T")
 
+logger = logging.getLogger(__name__)
+
+# The loop a thread belongs to: set in the loop's own thread and, while a callback runs, in
+# the worker thread that runs it. Those threads must never wait for the loop to end.
+_owner = threading.local()
+
 
 class TrioThread:
-    """Runs a trio loop in a daemon thread until ``close()``."""
+    """Runs a trio loop in a daemon thread until ``close()``.
 
-    def __init__(self, name: str = "flowrt-runtime") -> None:
-        self._ready = threading.Event()
+    ``resource`` lives as long as the loop (its ``__aenter__`` value is ``self.value``); an
+    error entering it is raised here. ``what`` names the owner in error messages.
+    """
+
+    def __init__(
+        self,
+        name: str = "flowrt-runtime",
+        resource: AbstractAsyncContextManager | None = None,
+        what: str = "runtime thread",
+    ) -> None:
+        self.what = what
+        self.value: Any = None
+        self._resource = resource if resource is not None else contextlib.nullcontext()
+        self._lock = threading.Lock()
+        self._closing = False  # no new work is accepted
         self._token: trio.lowlevel.TrioToken | None = None
         self._nursery: trio.Nursery | None = None
-        self._thread = threading.Thread(target=trio.run, args=(self._main,), name=name, daemon=True)
+        self._waiting: set[concurrent.futures.Future] = set()  # callers blocked in run()
+        self._ready = threading.Event()
+        self._start_error: BaseException | None = None
+        self._callback_limiter: trio.CapacityLimiter | None = None
+        self._thread = threading.Thread(target=self._thread_main, name=name, daemon=True)
         self._thread.start()
-        self._ready.wait()
+        try:
+            self._ready.wait()
+        except BaseException:  # Ctrl-C while the resource starts
+            self.close()
+            raise
+        if self._start_error is not None:
+            self._thread.join()
+            raise self._start_error
+
+    def _thread_main(self) -> None:
+        _owner.loop = self
+        try:
+            trio.run(self._main)
+        except BaseException as e:
+            if self._ready.is_set():
+                logger.exception("the trio loop of %s crashed", self.what)
+            else:
+                self._start_error = e
+        finally:
+            with self._lock:
+                self._closing = True
+                waiting, self._waiting = self._waiting, set()
+            # Only if the loop crashed: every task resolves its caller's future before it ends.
+            for future in waiting:
+                if not future.done():
+                    future.set_exception(self._closed_error("while the call ran"))
+            self._ready.set()
 
     async def _main(self) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            # The token is how other threads reach this loop (run_sync_soon needs it).
-            self._token = trio.lowlevel.current_trio_token()
+        async with self._resource as value, trio.open_nursery() as nursery:
+            with self._lock:
+                self.value, self._nursery = value, nursery
+                # The token is how other threads reach this loop (run_sync_soon needs it).
+                self._token = trio.lowlevel.current_trio_token()
+                closing = self._closing
+            # Callbacks have a limiter of their own: however many block, the resource's own
+            # to_thread calls (a runtime joining its workers) still get a thread.
+            self._callback_limiter = trio.CapacityLimiter(32)
             self._ready.set()
+            if closing:
+                nursery.cancel_scope.cancel()
             await trio.sleep_forever()
 
     @property
     def alive(self) -> bool:
+        """Whether the loop's thread is still running."""
         return self._thread.is_alive()
+
+    def _closed_error(self, when: str = "") -> FlowrtError:
+        return FlowrtError(f"this {self.what} was closed {when}" if when else f"this {self.what} is closed")
+
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Queue ``fn(*args)`` to run in the loop; FlowrtError once ``close()`` has begun."""
+        with self._lock:
+            if self._closing:
+                raise self._closed_error()
+            # Queued under the lock, so it runs before close()'s cancel (the queue is FIFO):
+            # every task accepted here starts, and sees the cancel if the loop closes.
+            try:
+                self._token.run_sync_soon(fn, *args)  # type: ignore[union-attr]
+            except trio.RunFinishedError:
+                raise self._closed_error() from None
 
     def run(self, async_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run ``async_fn(*args)`` in the loop and block the calling thread for its result.
 
         Works from any thread but the loop's own, a thread running another trio loop included
-        (``trio.from_thread.run`` refuses those); it raises FlowrtError if the loop closes first.
+        (``trio.from_thread.run`` refuses those). FlowrtError if the loop is closed or closes
+        while the call runs; KeyboardInterrupt in the waiting thread cancels the call.
         """
+        if threading.current_thread() is self._thread:
+            raise FlowrtError(
+                f"{self.what}: a blocking call from the {self.what}'s own thread would wait for "
+                "itself; make it from another thread"
+            )
         future: concurrent.futures.Future = concurrent.futures.Future()
+        scope = trio.CancelScope()
 
         async def runner() -> None:
             try:
-                future.set_result(await async_fn(*args))
+                with scope:
+                    future.set_result(await async_fn(*args))
             except trio.Cancelled:
-                future.set_exception(FlowrtError("the runtime thread was closed while the call ran"))
+                future.set_exception(self._closed_error("while the call ran"))
                 raise
             except BaseException as e:
                 future.set_exception(e)
+            if not future.done():  # cancelled by KeyboardInterrupt in the waiting thread
+                future.set_exception(FlowrtError(f"{self.what}: the call was interrupted"))
 
+        with self._lock:
+            self._waiting.add(future)
         try:
-            self._token.run_sync_soon(self._nursery.start_soon, runner)  # type: ignore[union-attr]
-        except trio.RunFinishedError:
-            raise FlowrtError("the runtime thread is closed") from None
-        return future.result()
-
-    def start(self, async_fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
-        """Start ``async_fn(*args, task_status=...)`` as a task of the loop's nursery (``Nursery.start``)
-        and block until it reports started; returns the value it passed to ``started``."""
-        return self.run(self._nursery.start, async_fn, *args)  # type: ignore[union-attr]
+            self._submit(self._nursery.start_soon, runner)  # type: ignore[union-attr]
+            return future.result()
+        except KeyboardInterrupt:
+            with contextlib.suppress(trio.RunFinishedError):
+                self._token.run_sync_soon(scope.cancel)  # type: ignore[union-attr]
+            raise
+        finally:
+            with self._lock:
+                self._waiting.discard(future)
 
     def start_soon(self, async_fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
-        """Start ``async_fn(*args)`` as a task of the loop's nursery; returns at once."""
+        """Start ``async_fn(*args)`` as a task of the loop's nursery; returns at once.
+
+        FlowrtError if the loop is closed. A task accepted here always starts, cancelled at
+        once if ``close()`` follows, so it can tell its caller (a callback) why it ended.
+        """
+        self._submit(self._nursery.start_soon, async_fn, *args)  # type: ignore[union-attr]
+
+    async def call_in_thread(self, fn: Callable[..., Any], *args: Any) -> None:
+        """From a task of the loop: call user code ``fn(*args)`` in a worker thread and wait.
+
+        ``fn`` may block on this loop (``run``) or close it: that thread is not the loop's.
+        Not cancelled: a callback, once started, runs to its end. Errors are logged, not raised.
+        """
+        with trio.CancelScope(shield=True):
+            try:
+                await trio.to_thread.run_sync(
+                    self._call_as_owner,
+                    fn,
+                    *args,
+                    thread_name=f"{self._thread.name}-callback",
+                    limiter=self._callback_limiter,
+                )
+            except RuntimeError:  # no thread can start: the interpreter is shutting down
+                logger.info(
+                    "%s: no worker thread can start; calling the callback in the loop thread", self.what
+                )
+                self._call_as_owner(fn, *args)
+
+    def _call_as_owner(self, fn: Callable[..., Any], *args: Any) -> None:
+        previous = getattr(_owner, "loop", None)
+        _owner.loop = self
         try:
-            self._token.run_sync_soon(self._nursery.start_soon, async_fn, *args)  # type: ignore[union-attr]
-        except trio.RunFinishedError:
-            raise FlowrtError("the runtime thread is closed") from None
+            fn(*args)
+        except Exception:  # the caller's bug must not take the loop down
+            logger.exception("%s: a callback raised", self.what)
+        finally:
+            _owner.loop = previous
 
     def close(self) -> None:
-        """Cancel every task of the loop and wait for the thread to end (idempotent)."""
-        if self._thread.is_alive():
-            try:
-                self._token.run_sync_soon(self._nursery.cancel_scope.cancel)  # type: ignore[union-attr]
-            except trio.RunFinishedError:
-                pass
+        """Cancel every task of the loop, exit its resource and wait for the thread to end.
+
+        Idempotent and safe from any thread. From the loop's own thread or one of its callbacks
+        it only asks the loop to end (it would otherwise wait for itself): the thread ends once
+        that callback returns.
+        """
+        with self._lock:
+            first, self._closing = not self._closing, True
+            token = self._token
+        if first and token is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(self._nursery.cancel_scope.cancel)  # type: ignore[union-attr]
+        if getattr(_owner, "loop", None) is not self:
             self._thread.join()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 
 import attrs
 import numpy as np
@@ -105,7 +106,7 @@ class TensorInfo:
     def num_elements(self) -> int | None:
         if not self.is_static:
             return None
-        return int(np.prod(self.shape, dtype=np.int64))  # type: ignore[arg-type]
+        return math.prod(self.shape)  # type: ignore[arg-type]  # a Python int: never overflows
 
     @property
     def num_bytes(self) -> int | None:

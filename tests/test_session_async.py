@@ -1,4 +1,4 @@
-"""InferenceSession.run_async: callbacks from the session's runtime thread."""
+"""InferenceSession.run_async: callbacks from the session's callback threads."""
 
 import threading
 
@@ -33,7 +33,7 @@ def test_run_async_calls_back_with_outputs_in_order_for_each_request():
         assert done.wait(10)
         # the synchronous run shares the same loop once it exists
         (y,) = session.run(None, {"x": inputs[5]})
-    assert threads == {"flowrt-session"}
+    assert threads == {"flowrt-session-callback"}
     for i, x in inputs.items():
         outputs, error = results[i]
         assert error == ""

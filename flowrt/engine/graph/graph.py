@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from flowrt.engine.graph.layer_kind import NoDescriptor, get_layer_kind
-from flowrt.errors import DataTypeError, FlowrtError, GraphError, ShapeError
+from flowrt.errors import DataTypeError, FlowrtError, GraphError, ShapeError, UnsupportedLayerError
 from flowrt.registry.protocols import FusedActivation, WorkloadInfo
 from flowrt.types import TensorInfo
 
@@ -238,7 +238,7 @@ class Graph:
             consts = [constant_value(s.source) for s in layer.inputs]
             try:
                 outs = get_layer_kind(layer.kind).infer(layer.descriptor, infos, consts)
-            except (ShapeError, DataTypeError) as e:
+            except (ShapeError, DataTypeError, UnsupportedLayerError) as e:
                 raise type(e)(f"layer {layer.name!r} ({layer.kind}): {e}") from None
             except FlowrtError:
                 raise

@@ -30,8 +30,10 @@ from flowrt.engine.graph.passes.remove_identity import remove_pass_through
 from flowrt.engine.graph.passes.substitute import SubstitutionRecord, check_coverage, substitute
 from flowrt.engine.graph.report import format_report
 from flowrt.engine.graph.subgraph import connected_subgraphs
+from flowrt.engine.memory.budget import check_memory_budget
 from flowrt.errors import BackendError, GraphError, InputError, UnsupportedLayerError
 from flowrt.registry import Backend, BackendRegistry, backend_registry
+from flowrt.validate import argument_error, check_bool, check_instance
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +42,10 @@ DATA_KINDS = ("Input", "Output", "Constant")
 
 def _hint_pairs(value: Any) -> tuple[tuple[str, str], ...]:
     """``{layer name: backend id}`` (or pairs) as sorted pairs of str, so options stay frozen."""
+    if not isinstance(value, Mapping | Sequence) or isinstance(value, str | bytes):
+        raise argument_error(
+            "layer_backend_hints", "a mapping {layer name: backend id}", value, where="OptimizerOptions"
+        )
     pairs = tuple(value.items()) if isinstance(value, Mapping) else tuple(tuple(p) for p in value)
     for pair in pairs:
         if len(pair) != 2 or not all(isinstance(v, str) for v in pair):
@@ -49,7 +55,9 @@ def _hint_pairs(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(pairs))  # type: ignore[arg-type]
 
 
-_flag = attrs.validators.instance_of(bool)
+def _flag(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """An attrs validator: the option is True or False (ArgumentError naming it otherwise)."""
+    check_bool(attribute.name, value, where="OptimizerOptions")
 
 
 @attrs.frozen
@@ -70,19 +78,22 @@ class OptimizerOptions:
     backends that declare capability ``fp16`` (casts at their borders; ignored, and
     reported, where none does). ``layer_backend_hints`` (``{layer name: backend id}``)
     puts a layer on a backend of the preference list whatever the order says; an
-    UnsupportedLayerError when that backend does not support it.
+    UnsupportedLayerError when that backend does not support it. ``memory_budget`` (bytes;
+    None: half the machine's physical memory) bounds the network's constants with what
+    constant folding makes; ResourceError, naming the layer, before a fold would pass it.
     """
 
-    fold_constants: bool = True
-    fold_batch_norm: bool = True
-    fold_scale_shift: bool = True
-    fast_math: bool = False
-    fuse_activations: bool = True
+    fold_constants: bool = attrs.field(default=True, validator=_flag)
+    fold_batch_norm: bool = attrs.field(default=True, validator=_flag)
+    fold_scale_shift: bool = attrs.field(default=True, validator=_flag)
+    fast_math: bool = attrs.field(default=False, validator=_flag)
+    fuse_activations: bool = attrs.field(default=True, validator=_flag)
     fold_transposes: bool = attrs.field(default=True, validator=_flag)
     collapse_reshapes: bool = attrs.field(default=True, validator=_flag)
     pool_before_conv: bool = attrs.field(default=True, validator=_flag)
     reduce_fp32_to_fp16: bool = attrs.field(default=False, validator=_flag)
     layer_backend_hints: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_hint_pairs)
+    memory_budget: int | None = attrs.field(default=None, converter=check_memory_budget)
 
     @property
     def hints(self) -> dict[str, str]:
@@ -295,7 +306,7 @@ def _graph_passes(graph: Graph, options: OptimizerOptions, registry: BackendRegi
     passes = remove_pass_through(graph)
     evaluate = _evaluator(registry) if options.fold_constants else None
     if evaluate is not None:
-        passes += fold_to_fixpoint(graph, evaluate)
+        passes += fold_to_fixpoint(graph, evaluate, options.memory_budget)
     if options.fold_scale_shift:
         passes += fold_scale_shift(graph)
     if options.fold_batch_norm:
@@ -333,6 +344,18 @@ def _fp16(
     return reduce_fp32_to_fp16(graph, supports, capabilities, place)
 
 
+def _backend_order(backends: Any) -> list[str]:
+    """The preference list without repeats; ArgumentError unless it is a list of backend ids
+    (a lone "CpuRef" would otherwise be read as the backends "C", "p", "u", ...)."""
+    expected = 'a list of backend ids (e.g. ["CpuAcc", "CpuRef"])'
+    if not isinstance(backends, Sequence) or isinstance(backends, str | bytes):
+        raise argument_error("backends", expected, backends, where="optimize")
+    for bid in backends:
+        if not isinstance(bid, str):
+            raise argument_error("backends", expected, backends, where="optimize")
+    return list(dict.fromkeys(backends))
+
+
 def optimize(
     network: Network | Graph,
     backends: Sequence[str] = ("CpuRef",),
@@ -344,9 +367,16 @@ def optimize(
     Raises UnsupportedLayerError (listing each backend's reason) when none takes a layer, and
     BackendError for an unknown backend id. The network itself is left unchanged.
     """
-    options = options or OptimizerOptions()
-    registry = registry or backend_registry()
-    order = list(dict.fromkeys(backends))
+    check_instance("network", network, Network | Graph, "a flowrt.Network", where="optimize")
+    options = OptimizerOptions() if options is None else options
+    check_instance(
+        "options", options, OptimizerOptions, "a flowrt.OptimizerOptions or None", where="optimize"
+    )
+    registry = backend_registry() if registry is None else registry
+    check_instance(
+        "registry", registry, BackendRegistry, "a flowrt.BackendRegistry or None", where="optimize"
+    )
+    order = _backend_order(backends)
     if not order:
         raise BackendError("the backend preference list is empty")
     instances = {bid: registry.get(bid) for bid in order}

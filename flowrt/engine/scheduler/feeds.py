@@ -15,6 +15,17 @@ def _describe(infos: Mapping[str, TensorInfo]) -> str:
     return ", ".join(f"{name} {info}" for name, info in infos.items()) or "none"
 
 
+def _as_array(name: str, info: TensorInfo, value: Any) -> np.ndarray:
+    """The feed as an array; InputError when numpy cannot make one (ragged nested lists)."""
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError) as e:
+        raise InputError(
+            f"input {name!r} expects an array of {info}, got a {type(value).__name__} that is not one "
+            f"array (nested lists of unequal lengths?): {e}"
+        ) from e
+
+
 def check_feeds(infos: Mapping[str, TensorInfo], feeds: Any) -> dict[str, np.ndarray]:
     """Return the feeds as arrays, or raise naming the input and what was expected and found.
 
@@ -30,7 +41,7 @@ def check_feeds(infos: Mapping[str, TensorInfo], feeds: Any) -> dict[str, np.nda
         raise InputError(f"missing input {missing[0]!r} ({infos[missing[0]]}); every input must be fed")
     arrays = {}
     for name, info in infos.items():
-        array = np.asarray(feeds[name])
+        array = _as_array(name, info, feeds[name])
         found = DataType.from_numpy(array.dtype) if array.dtype.kind not in "V" else None
         if found != info.dtype:
             raise DataTypeError(f"input {name!r} expects {info.dtype.name.lower()}, got {array.dtype}")

@@ -9,6 +9,7 @@ is refused rather than ignored, because ignoring it could change the result sile
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -19,8 +20,30 @@ from flowrt.engine.graph.layer_kind import get_layer_kind
 from flowrt.errors import ModelLoadError, UnsupportedLayerError
 
 
-def attribute_value(attr: onnx.AttributeProto) -> Any:
-    """The Python value of an attribute: int, float, str, tuple of those, or a numpy array."""
+def _text(value: bytes, attr: onnx.AttributeProto, where: str) -> str:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ModelLoadError(
+            f"{where}: attribute {attr.name!r} must be UTF-8 text, found the bytes {value[:40]!r}"
+        ) from e
+
+
+def _plain_tensor(tensor: onnx.TensorProto, where: str) -> Any:
+    return numpy_helper.to_array(tensor)
+
+
+def attribute_value(
+    attr: onnx.AttributeProto,
+    *,
+    read_tensor: Callable[[onnx.TensorProto, str], Any] = _plain_tensor,
+    where: str = "",
+) -> Any:
+    """The Python value of an attribute: int, float, str, tuple of those, or a numpy array.
+
+    ``read_tensor(tensor, what)`` makes a tensor attribute's array (the importer's checks it
+    against its dims and the memory budget); ``where`` names the node for messages.
+    """
     kind = attr.type
     A = onnx.AttributeProto
     if kind == A.INT:
@@ -28,15 +51,15 @@ def attribute_value(attr: onnx.AttributeProto) -> Any:
     if kind == A.FLOAT:
         return float(attr.f)
     if kind == A.STRING:
-        return attr.s.decode("utf-8")
+        return _text(attr.s, attr, where)
     if kind == A.INTS:
         return tuple(int(v) for v in attr.ints)
     if kind == A.FLOATS:
         return tuple(float(v) for v in attr.floats)
     if kind == A.STRINGS:
-        return tuple(v.decode("utf-8") for v in attr.strings)
+        return tuple(_text(v, attr, where) for v in attr.strings)
     if kind == A.TENSOR:
-        return numpy_helper.to_array(attr.t)
+        return read_tensor(attr.t, f"{where}: attribute {attr.name!r}")
     raise UnsupportedLayerError(
         f"attribute {attr.name!r} has type {A.AttributeType.Name(kind)}, which flowrt does not support"
     )
@@ -64,5 +87,11 @@ def make_descriptor(
         raise ModelLoadError(f"{where}: invalid attributes for {kind_name}: {e}") from e
 
 
-def node_attributes(node: onnx.NodeProto) -> dict[str, Any]:
-    return {a.name: attribute_value(a) for a in node.attribute}
+def node_attributes(
+    node: onnx.NodeProto,
+    *,
+    read_tensor: Callable[[onnx.TensorProto, str], Any] = _plain_tensor,
+    where: str = "",
+) -> dict[str, Any]:
+    """``{name: value}`` of the node's attributes (see :func:`attribute_value`)."""
+    return {a.name: attribute_value(a, read_tensor=read_tensor, where=where) for a in node.attribute}

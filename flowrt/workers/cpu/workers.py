@@ -75,7 +75,7 @@ import outcome
 import trio
 
 from flowrt.engine.memory.lending import PriorityLender
-from flowrt.errors import FlowrtError
+from flowrt.errors import FlowrtError, ResourceError
 from flowrt.types import Priority
 
 logger = logging.getLogger(__name__)
@@ -114,7 +114,10 @@ def nice_is_reversible() -> bool:
             reversible.append(False)
 
     prober = threading.Thread(target=probe, name="flowrt-nice-probe")
-    prober.start()
+    try:
+        prober.start()
+    except RuntimeError as e:  # "can't start new thread"; not cached, as functools.cache keeps results only
+        raise ResourceError(f"could not start a thread to probe thread priorities: {e}") from e
     prober.join()
     return reversible == [True]
 
@@ -270,11 +273,16 @@ class CpuWorkerPool:
 
     async def __aenter__(self) -> CpuWorkerPool:
         self._renice = LOW_PRIORITY_NICE > 0 and nice_is_reversible()
-        for worker in self._workers + self._reserve:
-            worker.thread.start()
-        # The first call in a process starts numba's threading layer (a second or so): here,
-        # rather than in the first run, and in every worker before any is lent.
-        await trio.to_thread.run_sync(self._wait_ready)
+        started = self._start_threads()
+        try:
+            # The first call in a process starts numba's threading layer (a second or so): here,
+            # rather than in the first run, and in every worker before any is lent.
+            await trio.to_thread.run_sync(self._wait_ready)
+        except BaseException as e:
+            self._stop(started)
+            if isinstance(e, RuntimeError):  # trio could not start its thread
+                raise ResourceError(f"the CPU worker pool could not wait for its threads: {e}") from e
+            raise
         # The last one given back is lent first: worker 0 takes the first job.
         for worker in reversed(self._workers):
             self._idle.give_back(worker)
@@ -288,6 +296,33 @@ class CpuWorkerPool:
             worker.inbox.put(None)
         # Every job finishes before its caller returns, so the workers are idle by now.
         await trio.to_thread.run_sync(self._join)
+
+    def _start_threads(self) -> list[_Worker]:
+        """Start every worker's thread, or none: when the process cannot start one (its thread
+        limit or memory reached), those started are stopped and joined, and ResourceError says
+        how many were wanted."""
+        workers = self._workers + self._reserve
+        for started, worker in enumerate(workers):
+            try:
+                worker.thread.start()
+            except RuntimeError as e:  # "can't start new thread"
+                self._stop(workers[:started])
+                raise ResourceError(
+                    f"the CPU worker pool wanted {len(workers)} threads ({self.count} workers and "
+                    f"{self.count} reserve ones for HIGH runs) and started {started}: {e}; ask "
+                    "for fewer with Runtime(cpu_workers=...)"
+                ) from e
+        return workers
+
+    @staticmethod
+    def _stop(workers: list[_Worker]) -> None:
+        """Stop and join the threads of ``workers``, which have no job: a pool that could not
+        start. It blocks the caller's thread until each one has read its ``None`` (at most the
+        second or so that numba's threading layer takes to start, on a cold start)."""
+        for worker in workers:
+            worker.inbox.put(None)
+        for worker in workers:
+            worker.thread.join()
 
     def _wait_ready(self) -> None:
         for worker in self._workers + self._reserve:

@@ -6,7 +6,7 @@ import pytest
 import trio
 
 import flowrt
-from flowrt.errors import BackendError
+from flowrt.errors import ArgumentError, BackendError
 from flowrt.types import TensorInfo
 from flowrt.workers.gpu.tuner import DEFAULT_LOCAL_SIZE, Tuner, TuningMode, candidate_sizes
 from flowrt.workers.gpu.tuning_file import FORMAT, read_tuning_file
@@ -135,7 +135,9 @@ def test_missing_file_with_mode_none_and_unknown_mode_are_errors(gpu, tmp_path):
     missing = tmp_path / "absent.msgpack"
     with pytest.raises(BackendError, match="not found"):
         trio.run(lambda: _run(["GpuAcc"], tuning_file=missing))
-    with pytest.raises(BackendError, match="one of none, rapid, normal, exhaustive; got 'fast'"):
+    with pytest.raises(
+        ArgumentError, match="tuning_mode must be one of 'none', 'rapid', 'normal', 'exhaustive', got 'fast'"
+    ):
         trio.run(lambda: _run(["GpuAcc"], tuning_mode="fast"))
 
 

@@ -110,34 +110,49 @@ layer_kind("IsInf", IsInfDescriptor)(same_info_infer(FLOAT_TYPES, D.BOOL))
 @attrs.frozen
 class DropoutDescriptor:
     """Dropout at inference: the output is the input, the optional mask all True (all ones of
-    the data type before opset 10). ``is_test``/``ratio`` (before opset 12) and ``seed`` do not
-    change that; a ``training_mode`` input that is true with a nonzero ratio is refused."""
+    the data type before opset 10). ``ratio`` (before opset 12) and ``seed`` do not change
+    that. Training-mode Dropout is refused: a ``training_mode`` input that is true with a ratio
+    not known to be 0, and before opset 7 an ``is_test`` of 0 given in the model (left out, it
+    is read as inference, as onnx's version converter and ONNX Runtime's importers do)."""
 
     ratio: float = 0.5
-    is_test: int = attrs.field(default=0, validator=attrs.validators.in_((0, 1)))
+    is_test: int | None = attrs.field(default=None, validator=attrs.validators.in_((None, 0, 1)))
     consumed_inputs: tuple[int, ...] | None = attrs.field(default=None, converter=as_tuple)
     seed: int | None = None
     opset: int = 22
     num_outputs: int = attrs.field(default=1, validator=attrs.validators.in_((1, 2)))
 
 
-def check_dropout_inference(ratio: np.ndarray | None, training_mode: np.ndarray | None) -> None:
-    """Refuse a Dropout that would drop: flowrt runs inference only."""
+_TRAINING_DROPOUT = "training-mode Dropout is not supported (flowrt runs inference only)"
+
+
+def check_dropout_inference(
+    ratio: np.ndarray | None, training_mode: np.ndarray | None, *, ratio_known: bool = True
+) -> None:
+    """Refuse a Dropout that would drop: ``training_mode`` true with a ``ratio`` that is not 0
+    (None: left out, 0.5) or not known (``ratio_known`` False: an input of the graph)."""
     if training_mode is None or not bool(np.asarray(training_mode).reshape(-1)[0]):
         return
-    if ratio is None or float(np.asarray(ratio).reshape(-1)[0]) != 0.0:
+    if not ratio_known:
         raise UnsupportedLayerError(
-            "Dropout with training_mode true is not supported: flowrt runs inference only"
+            f"{_TRAINING_DROPOUT}: training_mode is true and the ratio is not a constant, so it may drop"
         )
+    if ratio is None or float(np.asarray(ratio).reshape(-1)[0]) != 0.0:
+        raise UnsupportedLayerError(f"{_TRAINING_DROPOUT}: training_mode is true and the ratio is not 0")
 
 
 @layer_kind("Dropout", DropoutDescriptor, min_inputs=1, max_inputs=3, num_outputs=None)
 def infer_dropout(desc: DropoutDescriptor, inputs, consts):
+    if desc.opset < 7 and desc.is_test == 0:
+        raise UnsupportedLayerError(
+            f"{_TRAINING_DROPOUT}: is_test=0 (opset {desc.opset}) asks for training; set is_test=1 or leave it out"
+        )
     x = inputs[0]
     training_mode = consts[2] if len(consts) > 2 else None
+    # A training_mode that is an input of the graph is checked when the layer runs (the
+    # optimizer keeps such a Dropout for that, see ``remove_pass_through``).
     ratio_known = len(inputs) < 2 or inputs[1] is None or consts[1] is not None
-    if training_mode is not None and ratio_known:
-        check_dropout_inference(consts[1], training_mode)
+    check_dropout_inference(consts[1] if len(consts) > 1 else None, training_mode, ratio_known=ratio_known)
     mask = x.with_dtype(D.BOOL if desc.opset >= 10 else x.dtype)
     return [x, mask][: desc.num_outputs]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import attrs
@@ -23,7 +24,7 @@ def const_ints(value: np.ndarray | None) -> list[int] | None:
 def dim_product(dims: Sequence[Dim]) -> Dim:
     """The product of dims: an int when all are known, the one non-1 unknown dim, else None."""
     unknown = [d for d in dims if not isinstance(d, int)]
-    known = int(np.prod([d for d in dims if isinstance(d, int)], dtype=np.int64))
+    known = math.prod(d for d in dims if isinstance(d, int))  # Python ints: no overflow
     if not unknown:
         return known
     if known == 0:

@@ -111,6 +111,8 @@ class OneHotDescriptor:
 def infer_one_hot(desc: OneHotDescriptor, inputs, consts):
     indices, _, values = inputs
     depth = None if consts[1] is None else int(np.asarray(consts[1]).reshape(-1)[0])
+    if depth is not None and depth < 1:
+        raise ShapeError(f"OneHot: depth must be at least 1, got {depth}")
     if indices.shape is None:
         return [TensorInfo(None, values.dtype)]
     axis = normalize_axis(desc.axis, len(indices.shape) + 1, "OneHot")

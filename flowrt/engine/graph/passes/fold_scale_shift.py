@@ -29,7 +29,9 @@ def _per_channel(layer: Layer) -> tuple[OutputSlot, np.ndarray] | None:
         if value is None or info is None or out is None or info.dtype is not DataType.FLOAT32:
             continue
         shape = info.shape
-        if len(shape) < 3 or not isinstance(shape[1], int) or tuple(out.shape) != tuple(shape):
+        if shape is None or out.shape is None or len(shape) < 3 or not isinstance(shape[1], int):
+            continue  # unknown rank: no channel axis to fold along
+        if tuple(out.shape) != tuple(shape):
             continue
         channels = shape[1]
         trailing = len(shape) - 2

@@ -32,7 +32,10 @@ def as_fused_activation(
             bounds = [descriptor.min, descriptor.max]
         elif any(b is None for b in bounds[:2]) and len(constants) > 1:
             return None
-        low, high = (np.inf * sign if b is None else float(np.asarray(b)) for b, sign in zip(bounds, (-1, 1)))
+        # .item(): a bound is one element, of shape () or (1,) alike (shape inference allows both)
+        low, high = (
+            np.inf * sign if b is None else float(np.asarray(b).item()) for b, sign in zip(bounds, (-1, 1))
+        )
         return FusedActivation("Clip", low, high)
     return FusedActivation(kind)
 

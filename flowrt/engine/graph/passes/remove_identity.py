@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
-from flowrt.engine.graph.graph import Graph
+from flowrt.engine.graph.graph import Graph, Layer
 
 PASS_THROUGH_KINDS = ("Identity", "Dropout")
+
+
+def _mode_unknown(layer: Layer) -> bool:
+    """Whether ``layer`` is a Dropout whose ``training_mode`` is not a constant (an input of
+    the graph): its kernel refuses a true one when it runs, so it must stay to run."""
+    if layer.kind != "Dropout" or len(layer.inputs) < 3 or layer.inputs[2].source is None:
+        return False
+    return layer.inputs[2].source.layer.kind != "Constant"
 
 
 def remove_pass_through(graph: Graph) -> list[str]:
     """Reroute readers of each Identity/Dropout to its input and drop the layer.
 
-    A Dropout whose mask output is read is kept: the mask is a real result.
+    A Dropout whose mask output is read is kept: the mask is a real result. So is one whose
+    ``training_mode`` is not a constant: a true one must fail the run, not be skipped.
     """
     changes = []
     for layer in graph:
-        if layer.kind not in PASS_THROUGH_KINDS:
+        if layer.kind not in PASS_THROUGH_KINDS or _mode_unknown(layer):
             continue
         if any(out.connections for out in layer.outputs[1:]):
             continue

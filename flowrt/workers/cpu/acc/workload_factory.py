@@ -72,4 +72,12 @@ class AccWorkloadFactory:
         kernel = load_all().get(info.kind)
         if kernel is None:
             raise BackendError(f"CpuAcc has no kernel for layer {info.layer_name!r} ({info.kind})")
+        if info.activation is not None:
+            from flowrt.workers.cpu.acc.backend import FUSED_ACTIVATION_KINDS  # the backend imports us
+
+            if info.kind not in FUSED_ACTIVATION_KINDS:  # refused, never run without it
+                raise BackendError(
+                    f"CpuAcc applies fused activations to {', '.join(sorted(FUSED_ACTIVATION_KINDS))} only; "
+                    f"layer {info.layer_name!r} ({info.kind}) carries a fused {info.activation.kind}"
+                )
         return AccWorkload(kernel(info, self.workers), info)

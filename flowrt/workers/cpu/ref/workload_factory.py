@@ -29,7 +29,11 @@ class RefWorkload:
 
 
 class RefWorkloadFactory:
-    """Makes a RefWorkload per layer; CpuRef manages no memory of its own."""
+    """Makes a RefWorkload per layer; CpuRef manages no memory of its own.
+
+    CpuRef applies no fused activation (its capabilities list none, so ``optimize`` never
+    fuses one into its layers): a layer that carries one is refused, never run without it.
+    """
 
     def __init__(self, memory_manager: Any = None) -> None:
         self.memory_manager = memory_manager
@@ -38,4 +42,9 @@ class RefWorkloadFactory:
         kernel = load_all().get(info.kind)
         if kernel is None:
             raise BackendError(f"CpuRef has no kernel for layer {info.layer_name!r} ({info.kind})")
+        if info.activation is not None:
+            raise BackendError(
+                f"CpuRef applies no fused activation; layer {info.layer_name!r} ({info.kind}) carries a fused "
+                f"{info.activation.kind}: run the activation as a layer of its own"
+            )
         return RefWorkload(kernel, info)

@@ -121,8 +121,18 @@ def gpu_kernel(*names: str) -> Callable[[type[GpuKernel]], type[GpuKernel]]:
     return register
 
 
+_all_loaded = False
+
+
 def load_all() -> dict[str, type[GpuKernel]]:
-    """Import every kernel module (registering its kernels) and return the table."""
-    for module in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{module.name}")
+    """Import every kernel module (registering its kernels) and return the table.
+
+    The modules are listed and imported once: layer support asks for the table per layer,
+    and listing the package's directory costs milliseconds each time.
+    """
+    global _all_loaded
+    if not _all_loaded:
+        for module in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{module.name}")
+        _all_loaded = True
     return GPU_KERNELS

@@ -47,10 +47,20 @@ def acc_kernel(*names: str) -> Callable[[AccKernel], AccKernel]:
     return register
 
 
+_all_loaded = False
+
+
 def load_all() -> dict[str, AccKernel]:
-    """Import every kernel module (registering its kernels) and return the table."""
-    for module in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{module.name}")
+    """Import every kernel module (registering its kernels) and return the table.
+
+    The modules are listed and imported once: layer support asks for the table per layer,
+    and listing the package's directory costs milliseconds each time.
+    """
+    global _all_loaded
+    if not _all_loaded:
+        for module in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{module.name}")
+        _all_loaded = True
     return ACC_KERNELS
 
 

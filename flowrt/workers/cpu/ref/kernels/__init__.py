@@ -30,8 +30,18 @@ def ref_kernel(*names: str) -> Callable[[RefKernel], RefKernel]:
     return register
 
 
+_all_loaded = False
+
+
 def load_all() -> dict[str, RefKernel]:
-    """Import every kernel module (registering its kernels) and return the table."""
-    for module in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{module.name}")
+    """Import every kernel module (registering its kernels) and return the table.
+
+    The modules are listed and imported once: layer support asks for the table per layer,
+    and listing a package's directory costs a few hundred microseconds each time.
+    """
+    global _all_loaded
+    if not _all_loaded:
+        for module in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{module.name}")
+        _all_loaded = True
     return REF_KERNELS
