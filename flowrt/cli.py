@@ -22,6 +22,7 @@ from flowrt.progress import load_progress
 from flowrt.registry import BackendRegistry
 from flowrt.registry.dynamic import format_report, load_dynamic_backends
 from flowrt.types import TensorInfo
+from flowrt.workers.cpu import threading_layer
 
 
 def _backends(text: str) -> list[str]:
@@ -287,6 +288,7 @@ def cmd_backends(args: argparse.Namespace) -> int:
         major, minor = backend.version
         caps = ", ".join(f"{k}={v}" for k, v in backend.capabilities.items())
         print(f"{bid}  version {major}.{minor}  capabilities: {caps}")
+    print(f"CpuAcc's parallel regions: numba's {threading_layer.requested()!r} threading layer")
     if dynamic.found or dynamic.skipped:
         print("dynamic backends:")
         print("\n".join(f"  {line}" for line in format_report(dynamic).splitlines()))

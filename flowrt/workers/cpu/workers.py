@@ -42,7 +42,11 @@ paused. Kernels that plan their split per call ask ``job_threads()`` for the sha
 stepped down to one thread runs a conv as one slice, with GEMMs twice as wide as two slices'
 run one after the other.
 
-OpenMP (numba's threading layer, libgomp) threads, in two rules:
+numba's threading layer is TBB where the ``tbb`` package is installed (a dependency on x86-64;
+see ``threading_layer.py``): a parallel region's slices are tasks that whichever threads run
+take, the calling worker included, so a region never waits for a helper thread that another
+process keeps off the cores. Without TBB numba falls back to OpenMP (libgomp), and two rules
+keep its teams cheap:
 
 - One team: a thread's first parallel region starts a team of helper threads that lives as
   long as that thread. Once libgomp's threads outnumber the cores it stops spinning between
@@ -77,9 +81,12 @@ import trio
 from flowrt.engine.memory.lending import PriorityLender
 from flowrt.errors import FlowrtError, ResourceError
 from flowrt.types import Priority
+from flowrt.workers.cpu import threading_layer
 
 logger = logging.getLogger(__name__)
 
+# Before any worker starts numba's threading layer: TBB where installed.
+threading_layer.select()
 # Read by libgomp when numba first starts its threading layer, after this import.
 os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 
