@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
+from flowrt.engine.memory.conflicts import conflict_masks, set_bits
+
 
 @attrs.frozen
 class Step:
@@ -45,10 +47,18 @@ class Lifetimes:
     at the same moment of some execution) when neither is dead before the other.
     """
 
-    def __init__(self, tensors: list[TensorLifetime], ancestors: list[int], num_steps: int) -> None:
+    def __init__(
+        self,
+        tensors: list[TensorLifetime],
+        ancestors: list[int],
+        num_steps: int,
+        children: list[list[int]] | None = None,
+    ) -> None:
         self.tensors = tensors
         self._ancestors = ancestors
         self.num_steps = num_steps
+        # The schedule's dependency edges; without them, every ancestor is taken as a parent.
+        self._children = children if children is not None else _children_of(ancestors)
         self._index = {t.tensor: i for i, t in enumerate(tensors)}
         self._uses = [
             0 if t.pinned else sum(1 << s for s in {t.producer, *t.readers, *t.part_producers})
@@ -70,6 +80,14 @@ class Lifetimes:
         uses = self._uses[self._index[earlier.tensor]]
         return uses & ~self._before[self._index[later.tensor]] == 0
 
+    def uses_mask(self, tensor: TensorLifetime) -> int | None:
+        """The steps that write or read ``tensor``; None when it is pinned (never dead)."""
+        return None if tensor.pinned else self._uses[self._index[tensor.tensor]]
+
+    def before_mask(self, tensor: TensorLifetime) -> int:
+        """The steps that happen before every write of ``tensor``."""
+        return self._before[self._index[tensor.tensor]]
+
     def may_share(self, a: TensorLifetime, b: TensorLifetime) -> bool:
         return not self.conflicts_with(a) >> self._index[b.tensor] & 1
 
@@ -80,14 +98,7 @@ class Lifetimes:
         return self._conflicts[self._index[tensor.tensor]]
 
     def _conflict_masks(self) -> list[int]:
-        masks = [0] * len(self.tensors)
-        for i, a in enumerate(self.tensors):
-            for j in range(i + 1, len(self.tensors)):
-                b = self.tensors[j]
-                if not (self.dead_before(a, b) or self.dead_before(b, a)):
-                    masks[i] |= 1 << j
-                    masks[j] |= 1 << i
-        return masks
+        return conflict_masks(self.tensors, self._before, self._children)
 
     def lower_bound_bytes(self) -> int:
         """The largest total of tensors that can be live at one moment: no packing that keeps
@@ -100,21 +111,41 @@ class Lifetimes:
         if not self.tensors:
             return 0
         by_size = sorted(range(len(self.tensors)), key=lambda i: -self.tensors[i].nbytes)
-        best = 0
+        rank = {i: r for r, i in enumerate(by_size)}
+        born: list[list[int]] = [[] for _ in range(self.num_steps + 1)]
+        dies: list[list[int]] = [[] for _ in range(self.num_steps + 1)]
+        for i, t in enumerate(self.tensors):
+            if t.pinned or t.first <= t.last:
+                born[t.first].append(i)
+            if not t.pinned:
+                dies[t.last + 1].append(i)
+        live: set[int] = set()
+        best, alone = 0, None  # alone: the greedy total of a step with nothing live (the same for all)
         for step in range(self.num_steps):
-            members = [
-                i for i, t in enumerate(self.tensors) if t.first <= step and (t.pinned or step <= t.last)
-            ]
-            candidates = ~0
-            for i in members:
-                candidates &= self.conflicts_with(self.tensors[i])
-            total = sum(self.tensors[i].nbytes for i in members)
-            for i in by_size:
-                if candidates >> i & 1:
-                    total += self.tensors[i].nbytes
-                    candidates &= self.conflicts_with(self.tensors[i])
+            live.update(born[step])
+            live.difference_update(dies[step])
+            if not live and alone is not None:
+                best = max(best, alone)
+                continue
+            total = self._greedy_total(live, by_size, rank)
+            if not live:
+                alone = total
             best = max(best, total)
         return best
+
+    def _greedy_total(self, members: set[int], by_size: list[int], rank: dict[int, int]) -> int:
+        """``members``' bytes plus those of the tensors, largest first, that conflict with all
+        of them and with each one taken before."""
+        candidates = ~0
+        for i in members:
+            candidates &= self.conflicts_with(self.tensors[i])
+        total = sum(self.tensors[i].nbytes for i in members)
+        order = by_size if candidates < 0 else sorted(set_bits(candidates), key=rank.__getitem__)
+        for i in order:
+            if candidates >> i & 1:
+                total += self.tensors[i].nbytes
+                candidates &= self.conflicts_with(self.tensors[i])
+        return total
 
     def no_reuse_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
@@ -149,12 +180,14 @@ def analyze(
     producer: dict[int, int] = {}
     readers: dict[int, list[int]] = {}
     ancestors: list[int] = []
+    children: list[list[int]] = [[] for _ in steps]
     for index, step in enumerate(steps):
         before = 0
         for tid in step.reads:
             if tid in producer:
                 p = producer[tid]
                 before |= ancestors[p] | (1 << p)
+                children[p].append(index)
             readers.setdefault(root(tid), []).append(index)
         ancestors.append(before)
         for tid in step.writes:
@@ -181,4 +214,13 @@ def analyze(
                 writes,
             )
         )
-    return Lifetimes(tensors, ancestors, len(steps))
+    return Lifetimes(tensors, ancestors, len(steps), children)
+
+
+def _children_of(ancestors: Sequence[int]) -> list[list[int]]:
+    """Edges from every ancestor of a step to it (the transitive closure: the same reach)."""
+    children: list[list[int]] = [[] for _ in ancestors]
+    for step, mask in enumerate(ancestors):
+        for parent in set_bits(mask):
+            children[parent].append(step)
+    return children

@@ -10,6 +10,7 @@ from __future__ import annotations
 import attrs
 
 from flowrt.engine.memory.allocator import align_up
+from flowrt.engine.memory.conflicts import set_bits
 from flowrt.engine.memory.lifetime import Lifetimes, TensorLifetime
 
 
@@ -50,24 +51,23 @@ class OffsetLifetimeManager:
         return min(plans, key=lambda p: p.arena_bytes)
 
     def _pack(self, lifetimes: Lifetimes, order: list[TensorLifetime]) -> MemoryPlan:
-        placed: list[tuple[int, TensorLifetime, int]] = []
         position = {t.tensor: i for i, t in enumerate(lifetimes.tensors)}
+        spans: dict[int, tuple[int, int]] = {}  # position -> (offset, end) of the placed
+        placed_mask = 0
         placements: dict[int, Placement] = {}
         arena = 0
         for tensor in order:
             size = align_up(max(tensor.nbytes, 1), self.alignment)
-            conflicts = lifetimes.conflicts_with(tensor)
-            taken = sorted(
-                (offset, offset + align_up(max(other.nbytes, 1), self.alignment))
-                for position, other, offset in placed
-                if conflicts >> position & 1
-            )
+            # Only the placed tensors that conflict with this one are looked at.
+            taken = sorted(spans[p] for p in set_bits(lifetimes.conflicts_with(tensor) & placed_mask))
             offset = 0
             for start, end in taken:
                 if offset + size <= start:
                     break
                 offset = max(offset, end)
-            placed.append((position[tensor.tensor], tensor, offset))
+            here = position[tensor.tensor]
+            spans[here] = (offset, offset + size)
+            placed_mask |= 1 << here
             placements[tensor.tensor] = Placement(offset, tensor.nbytes)
             arena = max(arena, offset + size)
         return MemoryPlan(placements, arena)
@@ -81,30 +81,28 @@ class BlobLifetimeManager:
         self.alignment = alignment
 
     def plan(self, lifetimes: Lifetimes) -> MemoryPlan:
-        blobs: list[tuple[list[TensorLifetime], list[int]]] = []  # (members, [size])
+        sizes: list[int] = []  # per blob: its largest tensor
+        # Per blob: the steps that use any of its tensors, or -1 when one is pinned (then it is
+        # never dead before anything): a blob is free for a tensor when all of them come first.
+        used: list[int] = []
         assignment: dict[int, int] = {}
         for tensor in sorted(lifetimes.tensors, key=lambda t: t.first):
-            free = [
-                i
-                for i, (members, _) in enumerate(blobs)
-                if all(lifetimes.dead_before(m, tensor) for m in members)
-            ]
+            before = lifetimes.before_mask(tensor)
+            free = [i for i, steps in enumerate(used) if steps >= 0 and steps & ~before == 0]
             if free:
-                fits = [i for i in free if blobs[i][1][0] >= tensor.nbytes]
-                i = (
-                    min(fits, key=lambda k: blobs[k][1][0])
-                    if fits
-                    else max(free, key=lambda k: blobs[k][1][0])
-                )
-                blobs[i][0].append(tensor)
-                blobs[i][1][0] = max(blobs[i][1][0], tensor.nbytes)
+                fits = [i for i in free if sizes[i] >= tensor.nbytes]
+                i = min(fits, key=sizes.__getitem__) if fits else max(free, key=sizes.__getitem__)
+                sizes[i] = max(sizes[i], tensor.nbytes)
             else:
-                i = len(blobs)
-                blobs.append(([tensor], [tensor.nbytes]))
+                i = len(sizes)
+                sizes.append(tensor.nbytes)
+                used.append(0)
+            uses = lifetimes.uses_mask(tensor)
+            used[i] = -1 if used[i] < 0 or uses is None else used[i] | uses
             assignment[tensor.tensor] = i
         offsets, arena = [], 0
-        for _, size in blobs:
+        for size in sizes:
             offsets.append(arena)
-            arena += align_up(max(size[0], 1), self.alignment)
+            arena += align_up(max(size, 1), self.alignment)
         placements = {t.tensor: Placement(offsets[assignment[t.tensor]], t.nbytes) for t in lifetimes.tensors}
         return MemoryPlan(placements, arena)
