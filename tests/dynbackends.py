@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +15,24 @@ import pytest
 import flowrt
 import flowrt.registry
 import flowrt.registry.dynamic as dynamic
+from flowrt.trusted_paths import untrusted_reason
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "backends"
+
+
+@pytest.fixture(name="trusted_tmp_path")
+def trusted_tmp_path_fixture() -> Iterator[Path]:
+    """A fresh empty directory that flowrt trusts for backend code (pytest's tmp_path lies below
+    the world-writable /tmp, which it does not): under ~/.cache, removed afterwards."""
+    root = Path.home() / ".cache" / "flowrt-tests"
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    directory = Path(tempfile.mkdtemp(dir=root))
+    problem = untrusted_reason(directory)
+    if problem:
+        shutil.rmtree(directory, ignore_errors=True)
+        pytest.skip(f"no trusted directory for backend files: {problem}")
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def backend_source(backend_id: str = "Test_Tiny", version: object = (1, 0), factory: str = "") -> str:

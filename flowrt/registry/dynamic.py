@@ -7,7 +7,10 @@ Two sources, scanned in this order:
   must exist and be given by an absolute path. A file is a candidate when its name is
   ``<Vendor>_<Name>_backend.py`` with both fields ASCII alphanumeric; a symbolic link counts by
   its own name, as in Arm NN. A candidate is imported by file path under a private module name
-  (never through ``sys.path``);
+  (never through ``sys.path``). Directories and files are trusted as ssh trusts its files
+  (:mod:`flowrt.trusted_paths`): a directory or file that someone other than you or root owns
+  or may write, itself or any directory above it (after following symbolic links, ``/tmp``
+  included), is skipped with the reason;
 - the ``flowrt.backends`` entry-point group of installed distributions; an entry point loads a
   module or object.
 
@@ -36,6 +39,7 @@ from typing import Any
 import attrs
 
 import flowrt.registry as registry_package
+from flowrt import trusted_paths
 from flowrt.registry.backend_registry import BackendRegistry, backend_registry
 from flowrt.registry.protocols import Backend
 
@@ -153,7 +157,12 @@ def _path_problem(path: Path) -> str | None:
         return "the path does not exist"
     if not path.is_dir():
         return "the path is not a directory"
-    return None
+    return _untrusted(path)
+
+
+def _untrusted(path: Path) -> str | None:
+    problem = trusted_paths.untrusted_reason(path)
+    return f"untrusted, others could write code there: {problem}" if problem else None
 
 
 def _configured_paths(backend_paths: BackendPaths) -> list[Path]:
@@ -196,6 +205,8 @@ def _backend_files(directories: Iterable[Path], scan: _Scan) -> list[Path]:
                 scan.skip(str(entry), f"dangling symbolic link to {os.readlink(entry)}")
             elif not entry.is_file():
                 scan.skip(str(entry), "not a regular file")
+            elif problem := _untrusted(entry):
+                scan.skip(str(entry), problem)
             elif entry.resolve() in targets:
                 scan.skip(str(entry), f"the same file as {targets[entry.resolve()]}")
             else:

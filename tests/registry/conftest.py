@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from dynbackends import trusted_tmp_path_fixture  # noqa: F401  (the trusted_tmp_path fixture)
 
 import flowrt
 import flowrt.registry
@@ -20,3 +23,9 @@ def isolated_discovery(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def registry() -> flowrt.BackendRegistry:
     return backend_registry().copy()
+
+
+@pytest.fixture
+def tmp_path(trusted_tmp_path: Path) -> Path:
+    """Backend files must lie where flowrt trusts them: not below /tmp, as pytest's own would."""
+    return trusted_tmp_path

@@ -6,6 +6,13 @@ directory (``FLOWRT_CACHE_DIR``, else ``~/.cache/flowrt``, under ``opencl/``); t
 holds the device name, the driver version and a hash of the source and build options, so a
 driver update or an edited kernel never loads a stale binary. A later process builds from
 that binary and skips the compiler. A binary the driver refuses is logged and rebuilt.
+
+A binary is code the driver runs, so the cache is trusted as ssh trusts its files
+(:mod:`flowrt.trusted_paths`): its directory is made with mode 0o700 and checked before every
+read. One that someone other than you or root owns or may write (itself or a directory
+above it; a sticky one like ``/tmp`` above it is fine) is neither read nor written: programs
+are built from source, with a warning. A cache file that is not a regular file you own,
+writable by you alone, is ignored (logged) and replaced.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from flowrt import trusted_paths
 from flowrt.errors import BackendError
 from flowrt.workers.gpu.device import cl
 
@@ -28,6 +36,8 @@ logger = logging.getLogger(__name__)
 CACHE_ENV = "FLOWRT_CACHE_DIR"
 BUILD_OPTIONS = "-cl-mad-enable"
 _PRELUDE = "common"
+# Cache directories already warned about, so that each program's build does not warn again.
+_warned_directories: set[tuple[Path, str]] = set()
 
 
 def cache_dir() -> Path:
@@ -82,10 +92,12 @@ class ProgramCache:
     def _build(self, name: str) -> Any:
         source = kernel_source(name)
         path = binary_path(name, self.device, source, BUILD_OPTIONS)
-        if path.exists():
+        cache_trusted = _cache_directory_trusted(path.parent)
+        binary = _read_binary(path) if cache_trusted else None
+        if binary is not None:
             try:
-                program = cl.Program(self.context, [self.device], [path.read_bytes()]).build(BUILD_OPTIONS)
-            except (cl.Error, OSError) as e:
+                program = cl.Program(self.context, [self.device], [binary]).build(BUILD_OPTIONS)
+            except cl.Error as e:
                 logger.info("cached OpenCL binary %s is unusable, rebuilding from source: %s", path, e)
             else:
                 self.builds[name] = "binary"
@@ -95,7 +107,8 @@ class ProgramCache:
         except cl.Error as e:
             raise BackendError(f"GpuAcc failed to build {name}.cl on {self.device.name!r}: {e}") from e
         self.builds[name] = "source"
-        self._store(path, program)
+        if cache_trusted:
+            self._store(path, program)
         return program
 
     def _store(self, path: Path, program: Any) -> None:
@@ -103,10 +116,46 @@ class ProgramCache:
         only logged (the next process compiles again)."""
         try:
             (binary,) = program.get_info(cl.program_info.BINARIES)
-            path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
             with os.fdopen(fd, "wb") as f:
                 f.write(binary)
             os.replace(tmp, path)
         except (OSError, cl.Error, ValueError) as e:
             logger.info("could not cache OpenCL binary at %s: %s", path, e)
+
+
+def _cache_directory_trusted(directory: Path) -> bool:
+    """Make ``directory`` (mode 0o700) if missing; True when only you or root can write it."""
+    problem = trusted_paths.private_directory(directory)
+    if problem is None:
+        return True
+    if (directory, problem) not in _warned_directories:
+        _warned_directories.add((directory, problem))
+        logger.warning(
+            "not using the OpenCL binary cache %s, building programs from source: %s", directory, problem
+        )
+    return False
+
+
+def _read_binary(path: Path) -> bytes | None:
+    """The cached binary at ``path``, or None when there is none or it is not to be trusted
+    (not a regular file you own and alone may write; a symbolic link is refused too)."""
+    try:
+        # No symbolic link, and never block on a FIFO put in its place.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        logger.info("cached OpenCL binary %s is unusable, rebuilding from source: %s", path, e)
+        return None
+    with os.fdopen(fd, "rb") as f:
+        # Judged on the open file, so that nothing can be swapped in between check and read.
+        problem = trusted_paths.owned_file_problem(os.fstat(f.fileno()))
+        if problem:
+            logger.warning("ignoring cached OpenCL binary %s, rebuilding from source: %s", path, problem)
+            return None
+        try:
+            return f.read()
+        except OSError as e:
+            logger.info("cached OpenCL binary %s is unusable, rebuilding from source: %s", path, e)
+            return None

@@ -4,7 +4,7 @@ back its dynamic backends, and raises ResourceError saying how many it wanted an
 import threading
 
 import pytest
-from dynbackends import assert_runs, write_backend
+from dynbackends import assert_runs, trusted_tmp_path_fixture, write_backend  # noqa: F401
 
 import flowrt
 from flowrt.errors import ResourceError
@@ -32,8 +32,9 @@ def _fail_cpu_thread_start(monkeypatch: pytest.MonkeyPatch, fail_at: int) -> Non
 
 @pytest.mark.parametrize("fail_at", [1, 2, 4])  # 2 workers: 2 threads and 2 reserve ones for HIGH
 async def test_a_runtime_whose_workers_cannot_all_start_stops_those_it_started(
-    monkeypatch, tmp_path, fail_at
+    monkeypatch, trusted_tmp_path, fail_at
 ):
+    tmp_path = trusted_tmp_path  # backend files must lie where flowrt trusts them
     before = _cpu_threads()
     write_backend(tmp_path / "backends")
     registry = BackendRegistry()
