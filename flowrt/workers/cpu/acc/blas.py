@@ -5,7 +5,7 @@ CpuAcc kernels split their window across workers themselves (``prange``), so eac
 must run on the calling thread alone: :func:`pin_scipy_blas` limits scipy's OpenBLAS (the one
 numba links to) to one thread. numpy's own OpenBLAS is left alone; CpuRef uses it.
 
-:func:`sgemm` calls the ``numba_xxgemm`` helper that numba's own ``np.dot`` uses. Unlike
+:func:`sgemm` calls single-threaded BLAS (``openblas.py``: numpy's OpenBLAS, else scipy's). Unlike
 ``np.dot``, it takes strided views (a column block of a matrix, a transposed operand) and
 ``beta``, so a slice can write straight into its block of the output.
 
@@ -32,6 +32,8 @@ from numba._dispatcher import compute_fingerprint
 from numba.core import cgutils
 from numba.core.cpu_options import ParallelOptions
 from numba.extending import intrinsic
+
+from flowrt.workers.cpu.acc.openblas import gemm, gemv, openblas_architecture
 
 logger = logging.getLogger(__name__)
 
@@ -145,22 +147,7 @@ def pin_scipy_blas() -> None:
     _pinned = True
 
 
-# int numba_xxgemm(kind, transa, transb, m, n, k, *alpha, *a, lda, *b, ldb, *beta, *c, ldc):
-# column-major, as Fortran BLAS. A named symbol (not a function pointer) keeps callers cacheable.
-_f32p = types.CPointer(types.float32)
-_xxgemm = types.ExternalFunction(
-    "numba_xxgemm",
-    types.intc(
-        types.char, types.char, types.char, types.intp, types.intp, types.intp,
-        _f32p, _f32p, types.intp, _f32p, types.intp, _f32p, _f32p, types.intp,
-    ),
-)  # fmt: skip
-# int numba_xxgemv(kind, trans, m, n, *alpha, *a, lda, *x, *beta, *y), unit increments.
-_xxgemv = types.ExternalFunction(
-    "numba_xxgemv",
-    types.intc(types.char, types.char, types.intp, types.intp, _f32p, _f32p, types.intp, _f32p, _f32p, _f32p),
-)
-_SINGLE, _NO_TRANS, _TRANS = ord("s"), ord("N"), ord("T")
+_NO_TRANS, _TRANS = ord("N"), ord("T")
 
 # OpenBLAS computes a GEMM whose m * n * k is at most SMALL_GEMM by kernels that skip packing
 # the operands (its "small matrix" path, in its builds for AVX-512 machines): on the shapes of
@@ -180,6 +167,10 @@ SMALL_GEMM_COLUMNS = 16
 # slower than packed.
 FEW_ROWS = 16
 FEW_ROWS_COLUMNS = 4
+# Whether the OpenBLAS called has that small path: its kernels for AVX-512 machines. Without
+# it, blocks of columns only pay the packing again: (16, 2048) @ (2048, 2048) on one thread
+# of a Haswell-kernel build took 4.2-4.5 ms in blocks of 30 columns.
+SMALL_PATH = openblas_architecture() in ("SkylakeX", "Cooperlake", "SapphireRapids")
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -207,41 +198,37 @@ def sgemm(trans_a, trans_b, alpha, a, b, beta, c):
         # GEMM would first copy all of it into packed panels. op(a)'s one row is contiguous
         # (a row of a, or a column of a one-column a); c's row is contiguous.
         # Row-major op(b) (k, n) is the column-major matrix (n, k) when not transposed.
-        _xxgemv(
-            _SINGLE,
+        gemv(
             _TRANS if trans_b else _NO_TRANS,
             k if trans_b else n,
             n if trans_b else k,
-            scalars[0:].ctypes,
-            b.ctypes,
+            scalars,
+            b,
             leading_dimension(b),
-            a.ctypes,
-            scalars[1:].ctypes,
-            c.ctypes,
+            a,
+            c,
         )
         return
     step = n
     columns = FEW_ROWS_COLUMNS if m <= FEW_ROWS and trans_b else SMALL_GEMM_COLUMNS
-    if m * n * k > SMALL_GEMM and m * k * columns <= SMALL_GEMM:
+    if SMALL_PATH and m * n * k > SMALL_GEMM and m * k * columns <= SMALL_GEMM:
         step = SMALL_GEMM // (m * k)
     ldb, ldc = leading_dimension(b), leading_dimension(c)
     for j0 in range(0, n, step):
         j1 = min(j0 + step, n)
         # Row-major C = op(A) op(B) is column-major C' = op(B)' op(A)': the operands swap
         # places. Columns j0:j1 of C come from those of op(B).
-        _xxgemm(
-            _SINGLE,
+        gemm(
             _TRANS if trans_b else _NO_TRANS,
             _TRANS if trans_a else _NO_TRANS,
             j1 - j0,
             m,
             k,
-            scalars[0:].ctypes,
-            (b[j0:j1] if trans_b else b[:, j0:j1]).ctypes,
+            scalars,
+            b[j0:j1] if trans_b else b[:, j0:j1],
             ldb,
-            a.ctypes,
+            a,
             leading_dimension(a),
-            scalars[1:].ctypes,
-            c[:, j0:j1].ctypes,
+            c[:, j0:j1],
             ldc,
         )
