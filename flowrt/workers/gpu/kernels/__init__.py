@@ -16,8 +16,6 @@ launched with :meth:`GpuKernel.launch`, which takes its local work size from the
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from flowrt.registry import FusedActivation, Support, WorkloadInfo
+from flowrt.registry.kernel_modules import import_kernel_modules
 from flowrt.workers.gpu.tensor import GpuTensor
 from flowrt.workers.gpu.tuner import DEFAULT_LOCAL_SIZE, Tuner
 
@@ -121,18 +120,7 @@ def gpu_kernel(*names: str) -> Callable[[type[GpuKernel]], type[GpuKernel]]:
     return register
 
 
-_all_loaded = False
-
-
 def load_all() -> dict[str, type[GpuKernel]]:
-    """Import every kernel module (registering its kernels) and return the table.
-
-    The modules are listed and imported once: layer support asks for the table per layer,
-    and listing the package's directory costs milliseconds each time.
-    """
-    global _all_loaded
-    if not _all_loaded:
-        for module in pkgutil.iter_modules(__path__):
-            importlib.import_module(f"{__name__}.{module.name}")
-        _all_loaded = True
+    """Import every kernel module (registering its kernels), once, and return the table."""
+    import_kernel_modules(__name__)
     return GPU_KERNELS

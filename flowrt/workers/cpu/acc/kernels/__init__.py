@@ -22,11 +22,10 @@ A kernel whose layer has a fused activation (``info.activation``) applies it wit
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 
 from flowrt.registry import Support, WorkloadInfo
+from flowrt.registry.kernel_modules import import_kernel_modules
 from flowrt.types import DataType
 
 AccKernel = type
@@ -47,20 +46,9 @@ def acc_kernel(*names: str) -> Callable[[AccKernel], AccKernel]:
     return register
 
 
-_all_loaded = False
-
-
 def load_all() -> dict[str, AccKernel]:
-    """Import every kernel module (registering its kernels) and return the table.
-
-    The modules are listed and imported once: layer support asks for the table per layer,
-    and listing the package's directory costs milliseconds each time.
-    """
-    global _all_loaded
-    if not _all_loaded:
-        for module in pkgutil.iter_modules(__path__):
-            importlib.import_module(f"{__name__}.{module.name}")
-        _all_loaded = True
+    """Import every kernel module (registering its kernels), once, and return the table."""
+    import_kernel_modules(__name__)
     return ACC_KERNELS
 
 

@@ -7,10 +7,10 @@ optional input) and returns an array or a tuple of arrays, one per output.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from typing import Any
+
+from flowrt.registry.kernel_modules import import_kernel_modules
 
 RefKernel = Callable[..., Any]
 
@@ -30,18 +30,7 @@ def ref_kernel(*names: str) -> Callable[[RefKernel], RefKernel]:
     return register
 
 
-_all_loaded = False
-
-
 def load_all() -> dict[str, RefKernel]:
-    """Import every kernel module (registering its kernels) and return the table.
-
-    The modules are listed and imported once: layer support asks for the table per layer,
-    and listing a package's directory costs a few hundred microseconds each time.
-    """
-    global _all_loaded
-    if not _all_loaded:
-        for module in pkgutil.iter_modules(__path__):
-            importlib.import_module(f"{__name__}.{module.name}")
-        _all_loaded = True
+    """Import every kernel module (registering its kernels), once, and return the table."""
+    import_kernel_modules(__name__)
     return REF_KERNELS
