@@ -4,10 +4,10 @@ The rule is OpenSSH's StrictModes: the path is resolved (symbolic links followed
 file itself and every directory above it up to ``/`` must be owned by the current user or
 root and be writable by neither group nor others. A directory that others may write lets
 them replace what lies below it, so one such directory anywhere above makes the whole path
-untrusted. Dynamic backends (code that is imported) take the rule as it is: a sticky,
-world-writable directory like ``/tmp`` above them makes them untrusted too. A cache of data
-we wrote ourselves may sit below a sticky directory owned by root or us (``allow_sticky``):
-its sticky bit stops others from renaming what we own there.
+untrusted. One exception (``allow_sticky``), for backend code and caches alike: a sticky
+directory owned by root or us, like ``/tmp``, may sit *above* the path (never be the
+directory itself), since its sticky bit stops others from renaming or replacing what we own
+in it; a repository cloned into ``/tmp/x`` is then as trusted as one in a home directory.
 
 On a platform without POSIX owners (Windows) nothing is checked.
 """

@@ -70,9 +70,17 @@ async def test_a_directory_above_that_others_can_write_makes_the_backend_path_un
         assert f"directory {backends.parent} is writable by others" in _skipped(rt)[str(backends)]
 
 
-def test_a_backend_below_tmp_is_refused_because_tmp_is_world_writable(tmp_path, registry):
-    write_backend(tmp_path)  # pytest's tmp_path: private, but below the sticky /tmp
+def test_a_private_backend_directory_below_the_sticky_tmp_loads(tmp_path, registry):
+    write_backend(tmp_path)  # pytest's tmp_path: private, below the sticky, root-owned /tmp
     report = dynamic.load_dynamic_backends(registry, [tmp_path])
+    assert list(report.ids) == ["Test_Tiny"] and not report.skipped
+
+
+def test_a_sticky_world_writable_backend_directory_itself_is_refused(tmp_path, registry):
+    backends = tmp_path / "shared"
+    write_backend(backends)
+    backends.chmod(0o1777)
+    report = dynamic.load_dynamic_backends(registry, [backends])
     assert report.ids == []
     assert "is writable by others (mode 0o1777)" in report.skipped[0].reason
 

@@ -161,7 +161,7 @@ def _path_problem(path: Path) -> str | None:
 
 
 def _untrusted(path: Path) -> str | None:
-    problem = trusted_paths.untrusted_reason(path)
+    problem = trusted_paths.untrusted_reason(path, allow_sticky=True)
     return f"untrusted, others could write code there: {problem}" if problem else None
 
 
