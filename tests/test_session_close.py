@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +53,16 @@ def _in_thread(fn, *args) -> tuple[threading.Thread, list]:
     return thread, outcome
 
 
+def _within(seconds: float, condition) -> bool:
+    """Whether ``condition()`` holds within ``seconds`` of real time (polled)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
 @pytest.fixture
 def no_loop_crash(caplog):
     """Fails the test if a session's trio loop crashed (the old 'Nursery stack corrupted')."""
@@ -86,6 +97,8 @@ def test_a_thread_inside_run_gets_a_closed_error_when_the_session_closes(no_loop
         first, first_outcome = _in_thread(session.run, None, ONE)
         assert gate.wait_started()
         second, second_outcome = _in_thread(session.run, None, ONE)  # waits for the only pool
+        # Close only once the second call is a task of the loop; before, it is refused instead.
+        assert _within(10, lambda: len(session._thread._nursery.child_tasks) == 2)
         closer, _ = _in_thread(session.close)
         second.join(10)
         assert not second.is_alive()
