@@ -127,6 +127,15 @@ def test_matmul_with_constant_weights_splits_a_single_matrix():
     assert len(kernel.plan(a.shape, b.shape).split.cols) == 3
 
 
+def test_matmul_by_one_matrix_stacks_the_batch_into_one_product():
+    rng = np.random.default_rng(0)
+    a, b = _array(rng, (2, 3, 5, 16)), _array(rng, (16, 7))
+    kernel, got, expected = run_both("MatMul", None, [a, b], constant=True)
+    close(got, expected)
+    plan = kernel.plan(a.shape, b.shape)
+    assert (plan.rows, len(plan.a_index)) == (30, 1)
+
+
 @pytest.mark.parametrize("kind", ["Gemm", "MatMul"])
 def test_non_float32_products_are_declined_with_a_reason(kind):
     support = flowrt.backend_registry().get("CpuAcc").layer_support()

@@ -200,6 +200,7 @@ class _Batches(NamedTuple):
     b_index: np.ndarray
     out_shape: tuple[int, ...]
     split: _Split
+    rows: int  # rows of each entry's product: A's batch rows folded in when B is one matrix
 
 
 @acc_kernel("MatMul")
@@ -238,10 +239,18 @@ class MatMulKernel:
             entries = np.arange(int(np.prod(operand_batch)), dtype=np.int64).reshape(operand_batch)
             return np.ascontiguousarray(np.broadcast_to(entries, batch).reshape(-1))
 
-        count = int(np.prod(batch))
-        cached = self._plans[(a_shape, b_shape)] = _Batches(
-            index(a2[:-2]), index(b2[:-2]), out_shape, plan_split(count, m, n, self.workers)
-        )
+        if len(b_shape) == 2 and len(a_shape) > 2:
+            # One matrix B for every entry (a Linear layer on a sequence, a 1x1 conv written
+            # as MatMul): A's entries stack into one tall product, one GEMM instead of many.
+            rows = int(np.prod(a_shape[:-1]))
+            whole = np.zeros(1, np.int64)
+            cached = _Batches(whole, whole, out_shape, plan_split(1, rows, n, self.workers), rows)
+        else:
+            count = int(np.prod(batch))
+            cached = _Batches(
+                index(a2[:-2]), index(b2[:-2]), out_shape, plan_split(count, m, n, self.workers), m
+            )
+        self._plans[(a_shape, b_shape)] = cached
         return cached
 
     def execute(self, inputs, outputs=None):
@@ -250,9 +259,9 @@ class MatMulKernel:
         plan = self.plan(a.shape, b.shape)
         out = np.empty(plan.out_shape, np.float32) if outputs is None else outputs[0]
         k = a.shape[-1]
-        a3 = a.reshape(-1, 1 if a.ndim == 1 else a.shape[-2], k)
+        a3 = a.reshape(-1, plan.rows, k)
         b3 = b.reshape(-1, k, 1 if b.ndim == 1 else b.shape[-1])
-        y3 = out.reshape(-1, a3.shape[1], b3.shape[2])
+        y3 = out.reshape(-1, plan.rows, b3.shape[2])
         _batched_gemm(
             a3, plan.a_index, b3, plan.b_index, y3, False, False, np.float32(1), _NO_C, np.float32(0),
             plan.split.rows, plan.split.cols, self.code != NONE, self.code, self.act_a, self.act_b,
