@@ -13,6 +13,10 @@ on the stored tile.
 On one Zen 4 core, for the 1x1 convs of DenseNet-121 (M=128, K=64-1024, N=196-3136 pixels),
 this runs at 100-117 GFLOP/s where OpenBLAS's packed SGEMM on the same operands runs at 66-100.
 
+:func:`_row_tile` is the same micro-kernel the other way round, for weights that are the
+right operand (``packed_gemm.py``): it reads the rows of ``a`` in place and the weights from
+panels of ``TILE_COLUMNS`` columns, with a bias per column.
+
 The tile is 8 x 32 on machines with AVX-512 (16 zmm accumulators), 6 x 16 with AVX2 and FMA
 (12 ymm); elsewhere :data:`AVAILABLE` is False and callers use BLAS. ``FLOWRT_TILES=off`` in
 the environment (read once at import) makes CpuAcc use BLAS everywhere. ``avx512`` and ``avx2``
@@ -69,12 +73,18 @@ def _intrinsic_function(builder, name, return_type, argument_types):
     )
 
 
-def _emit_tile(context, builder, signature, args, masked: bool):
+def _emit_tile(context, builder, signature, args, masked: bool, rows_in_place: bool = False):
     """The micro-kernel's IR (see :func:`_tile`); ``masked``: only the first ``columns``
-    columns are read and written."""
+    columns are read and written. ``rows_in_place`` (:func:`_row_tile`): ``a`` is read in
+    place, row i from ``a_at + i * lda``, ``b`` is a packed panel, and the bias is per column."""
+    if rows_in_place:
+        lda, args = args[2], (*args[:2], *args[3:])
+        signature_args = (*signature.args[:2], *signature.args[3:])
+    else:
+        signature_args = signature.args
     a_arr, a_at, b_arr, b_at, ldb, c_arr, c_at, ldc, k, bias_arr, bias_at, relu = args[:12]
     a_ptr, b_ptr, c_ptr, bias_ptr = (
-        builder.gep(context.make_array(signature.args[i])(context, builder, args[i]).data, [args[i + 1]])
+        builder.gep(context.make_array(signature_args[i])(context, builder, args[i]).data, [args[i + 1]])
         for i in (0, 2, 5, 9)
     )
     f32, i1, i32, i64 = ir.FloatType(), ir.IntType(1), ir.IntType(32), ir.IntType(64)
@@ -121,7 +131,14 @@ def _emit_tile(context, builder, signature, args, masked: bool):
         else:
             builder.store(value, at(ptr, v * _LANES), align=4)
 
-    start = [broadcast(builder.load(builder.gep(bias_ptr, [ir.Constant(i64, i)]))) for i in range(TILE_ROWS)]
+    if rows_in_place:
+        column_bias = [builder.load(at(bias_ptr, v * _LANES), align=4) for v in range(_VECTORS)]
+        starts = [column_bias for _ in range(TILE_ROWS)]
+    else:
+        starts = [
+            [broadcast(builder.load(builder.gep(bias_ptr, [ir.Constant(i64, i)])))] * _VECTORS
+            for i in range(TILE_ROWS)
+        ]
     entry = builder.block
     loop = builder.append_basic_block("tile.loop")
     done = builder.append_basic_block("tile.done")
@@ -130,10 +147,17 @@ def _emit_tile(context, builder, signature, args, masked: bool):
     builder.position_at_end(loop)
     step = builder.phi(i64)
     sums = [[builder.phi(vec) for _ in range(_VECTORS)] for _ in range(TILE_ROWS)]
-    a_row = builder.gep(a_ptr, [builder.mul(step, ir.Constant(i64, TILE_ROWS))])
+    if rows_in_place:
+        a_values = [
+            builder.gep(a_ptr, [builder.add(builder.mul(ir.Constant(i64, i), lda), step)])
+            for i in range(TILE_ROWS)
+        ]
+    else:
+        a_row = builder.gep(a_ptr, [builder.mul(step, ir.Constant(i64, TILE_ROWS))])
+        a_values = [builder.gep(a_row, [ir.Constant(i64, i)]) for i in range(TILE_ROWS)]
     b_row = builder.gep(b_ptr, [builder.mul(step, ldb)])
     b_vecs = [load(b_row, v) for v in range(_VECTORS)]
-    if not masked:
+    if not masked and not rows_in_place:  # a packed panel is read in order: no need
         for line in range(0, TILE_COLUMNS * 4, 64):
             ahead = builder.bitcast(
                 builder.gep(b_row, [ir.Constant(i64, PREFETCH_AHEAD + line // 4)]), i8_ptr
@@ -141,7 +165,7 @@ def _emit_tile(context, builder, signature, args, masked: bool):
             builder.call(prefetch, [ahead, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
     updated = []
     for i in range(TILE_ROWS):
-        a_vec = broadcast(builder.load(builder.gep(a_row, [ir.Constant(i64, i)])))
+        a_vec = broadcast(builder.load(a_values[i]))
         updated.append([builder.call(fmuladd, [a_vec, b_vecs[v], sums[i][v]]) for v in range(_VECTORS)])
     following = builder.add(step, ir.Constant(i64, 1))
     tail = builder.block
@@ -149,7 +173,7 @@ def _emit_tile(context, builder, signature, args, masked: bool):
     step.add_incoming(following, tail)
     for i in range(TILE_ROWS):
         for v in range(_VECTORS):
-            sums[i][v].add_incoming(start[i], entry)
+            sums[i][v].add_incoming(starts[i][v], entry)
             sums[i][v].add_incoming(updated[i][v], tail)
     builder.cbranch(builder.icmp_signed("<", following, k), loop, done)
 
@@ -160,7 +184,7 @@ def _emit_tile(context, builder, signature, args, masked: bool):
         c_row = builder.gep(c_ptr, [builder.mul(ir.Constant(i64, i), ldc)])
         for v in range(_VECTORS):
             total = totals[i][v]
-            total.add_incoming(start[i], entry)
+            total.add_incoming(starts[i][v], entry)
             total.add_incoming(updated[i][v], tail)
             # ReLU as activate(): NaN stays NaN (unordered compare), -0.0 becomes +0.0
             rectified = builder.select(builder.fcmp_unordered(">", total, zero), total, zero)
@@ -182,6 +206,26 @@ def _tile_part(typingctx, a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at,
     """:func:`_tile` on the first ``columns`` (< TILE_COLUMNS) columns only."""
     sig = types.void(a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu, columns)
     return sig, lambda context, builder, signature, args: _emit_tile(context, builder, signature, args, True)
+
+
+@intrinsic
+def _row_tile(typingctx, a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu):
+    """``c[c_at + i*ldc + j] = act(bias[bias_at + j] + sum_p a[a_at + i*lda + p] *
+    b[b_at + p*ldb + j])`` for ``i < TILE_ROWS``, ``j < TILE_COLUMNS``: :func:`_tile` with
+    the rows of ``a`` read in place and the packed operand on the right."""
+    sig = types.void(a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu)
+    return sig, lambda context, builder, signature, args: _emit_tile(
+        context, builder, signature, args, False, True
+    )
+
+
+@intrinsic
+def _row_tile_part(typingctx, a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu, columns):
+    """:func:`_row_tile` on the first ``columns`` (< TILE_COLUMNS) columns only."""
+    sig = types.void(a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu, columns)
+    return sig, lambda context, builder, signature, args: _emit_tile(
+        context, builder, signature, args, True, True
+    )
 
 
 def pack_panels(w: np.ndarray) -> np.ndarray:

@@ -4,13 +4,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernelcases import close, run_on_acc
+from kernelcases import ACTIVATIONS, close, run_on_acc
 
 import flowrt
 from flowrt.errors import ShapeError
 from flowrt.registry import FusedActivation
 from flowrt.types import TensorInfo
+from flowrt.workers.cpu.acc import packed_gemm
 from flowrt.workers.cpu.acc.blas import SMALL_GEMM, sgemm
+from flowrt.workers.cpu.acc.kernels.gemm import MIN_PARALLEL_WORK
 from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
 
 RELU = FusedActivation("Relu")
@@ -77,10 +79,42 @@ def test_gemm_splits_the_longer_side_across_workers(m, n, trans_b):
     a = _array(rng, (m, 50))
     b = _array(rng, (n, 50) if trans_b else (50, n))
     desc = flowrt.descriptors.Gemm(transB=trans_b)
-    kernel, got, expected = run_both("Gemm", desc, [a, b, _array(rng, (n,))], activation=RELU, constant=True)
+    kernel, got, expected = run_both("Gemm", desc, [a, b, _array(rng, (n,))], activation=RELU)
     close(got, expected)
     split = kernel._splits[(m, n)]
     assert (len(split.rows), len(split.cols)) == ((2, 3) if n > m else (3, 2))
+
+
+@pytest.mark.skipif(not packed_gemm.AVAILABLE, reason="no vector tiles on this machine")
+@pytest.mark.parametrize("m, n", [(1, 1000), (300, 20), (64, 64), (600, 500)])
+@pytest.mark.parametrize("trans_a, trans_b", [(0, 0), (0, 1), (1, 1)])
+def test_gemm_by_constant_weights_packs_them_once_and_splits_the_longer_side(m, n, trans_a, trans_b):
+    rng = np.random.default_rng(0)
+    a = _array(rng, (50, m) if trans_a else (m, 50))
+    b = _array(rng, (n, 50) if trans_b else (50, n))
+    desc = flowrt.descriptors.Gemm(alpha=0.5, beta=2.0, transA=trans_a, transB=trans_b)
+    kernel, got, expected = run_both("Gemm", desc, [a, b, _array(rng, (n,))], activation=RELU, constant=True)
+    close(got, expected)
+    assert kernel.b is None and kernel.packed is not None
+    split = kernel.packed._plans[m]
+    work = m * 50 * n
+    if work < MIN_PARALLEL_WORK:
+        assert (len(split.rows), len(split.panels)) == (2, 2)
+    else:
+        assert (len(split.rows), len(split.panels)) == ((2, 3) if n >= m else (3, 2))
+
+
+@pytest.mark.parametrize("activation", [a for a in ACTIVATIONS if a is not None])
+@pytest.mark.parametrize("kind", ["Gemm", "MatMul"])
+def test_products_by_packed_weights_apply_every_fused_activation(activation, kind):
+    rng = np.random.default_rng(1)
+    a, b = _array(rng, (37, 70)), _array(rng, (70, 45))
+    inputs = [a, b, _array(rng, (45,))] if kind == "Gemm" else [a, b]
+    expected = ACTIVATIONS[activation](a @ b + (inputs[2] if kind == "Gemm" else 0))
+    desc = flowrt.descriptors.Gemm() if kind == "Gemm" else None
+    kernel, got = run_on_acc(kind, desc, inputs, expected, tuple(inputs), activation, workers=2)
+    close(got, expected)
+    assert kernel.packed is not None or not packed_gemm.AVAILABLE
 
 
 def test_gemm_without_broadcast_rejects_a_smaller_c():
@@ -108,21 +142,23 @@ def matmul_shapes(draw):
     workers=st.integers(1, 3),
     relu=st.booleans(),
     given_out=st.booleans(),
+    constant=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_matmul_matches_cpuref(shapes, workers, relu, given_out, seed):
+def test_matmul_matches_cpuref(shapes, workers, relu, given_out, constant, seed):
     rng = np.random.default_rng(seed)
     a, b = _array(rng, shapes[0]), _array(rng, shapes[1])
     _, got, expected = run_both(
-        "MatMul", None, [a, b], workers=workers, activation=RELU if relu else None, given_out=given_out
-    )
+        "MatMul", None, [a, b], workers=workers, activation=RELU if relu else None, given_out=given_out,
+        constant=constant,
+    )  # fmt: skip
     close(got, expected)
 
 
-def test_matmul_with_constant_weights_splits_a_single_matrix():
+def test_matmul_by_a_run_matrix_splits_a_single_product():
     rng = np.random.default_rng(0)
     a, b = _array(rng, (1, 2, 512)), _array(rng, (512, 300))
-    kernel, got, expected = run_both("MatMul", None, [a, b], constant=True)
+    kernel, got, expected = run_both("MatMul", None, [a, b])
     close(got, expected)
     assert len(kernel.plan(a.shape, b.shape).split.cols) == 3
 
@@ -130,7 +166,7 @@ def test_matmul_with_constant_weights_splits_a_single_matrix():
 def test_matmul_by_one_matrix_stacks_the_batch_into_one_product():
     rng = np.random.default_rng(0)
     a, b = _array(rng, (2, 3, 5, 16)), _array(rng, (16, 7))
-    kernel, got, expected = run_both("MatMul", None, [a, b], constant=True)
+    kernel, got, expected = run_both("MatMul", None, [a, b])
     close(got, expected)
     plan = kernel.plan(a.shape, b.shape)
     assert (plan.rows, len(plan.a_index)) == (30, 1)

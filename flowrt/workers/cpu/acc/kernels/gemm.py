@@ -17,6 +17,7 @@ from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.errors import ShapeError
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
+from flowrt.workers.cpu.acc import packed_gemm
 from flowrt.workers.cpu.acc.blas import PRANGE_ONLY, pin_scipy_blas, read_only, sgemm
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 from flowrt.workers.cpu.acc.kernels.epilogue import NONE, activate, activation_args
@@ -128,6 +129,29 @@ def plan_split(batch: int, m: int, n: int, workers: int) -> _Split:
     return _Split(whole_rows, split_bounds(n, SplitHint(axis=2, min_slice=MIN_COLUMNS), share))
 
 
+# Below this many multiply-adds a product runs as one slice, on the calling thread.
+MIN_PARALLEL_WORK = 1 << 18
+
+
+class _Packed:
+    """A product by constant weights packed once (:mod:`packed_gemm`), with its plans."""
+
+    def __init__(self, w: np.ndarray, bias: np.ndarray | None, workers: int) -> None:
+        self.weights = packed_gemm.pack(w, bias)
+        self.k = w.shape[0]
+        self.workers = workers
+        self._plans: dict[int, packed_gemm.Plan] = {}
+
+    def run(self, a: np.ndarray, out: np.ndarray, code: int, act_a, act_b) -> None:
+        """``out = activation(a @ w + bias)``; ``a`` (M, K), ``out`` (M, N) row-major."""
+        m = a.shape[0]
+        split = self._plans.get(m)
+        if split is None:
+            workers = self.workers if m * self.k * self.weights.n >= MIN_PARALLEL_WORK else 1
+            split = self._plans[m] = packed_gemm.plan(m, self.weights, workers)
+        packed_gemm.multiply(a, self.weights, out, split, code, act_a, act_b)
+
+
 def _float32_only(info: WorkloadInfo, kind: str) -> Support:
     if any(t is not None and t.dtype is not DataType.FLOAT32 for t in info.inputs):
         return Support.no(f"CpuAcc {kind} takes float32 only")
@@ -156,6 +180,27 @@ class GemmKernel:
         self.b = None if constants[1] is None else _matrix(constants[1])
         self.c = None if constants[2] is None else self._as_c(constants[2])
         self._splits: dict[tuple[int, int], _Split] = {}
+        self.packed = self._pack(info, constants[2]) if packed_gemm.AVAILABLE else None
+        if self.packed is not None:
+            self.b = None  # the packed copy serves every run
+
+    def _pack(self, info: WorkloadInfo, c) -> _Packed | None:
+        """Constant B packed as ``alpha * op(B)``, with ``beta * C`` as its bias where C is
+        constant and one row (or absent, or beta 0); None where the run must use BLAS."""
+        desc = self.desc
+        if self.b is None or self.b.ndim != 2:
+            return None
+        n = self.b.shape[0] if desc.transB else self.b.shape[1]
+        bias = None
+        if c is not None and desc.beta != 0:
+            row = self._as_c(c)
+            if row.shape[0] != 1 or (not desc.broadcasts_c and row.shape != (1, n)):
+                return None
+            bias = np.broadcast_to(np.float32(desc.beta) * row[0], (n,))
+        elif len(info.inputs) > 2 and info.inputs[2] is not None and desc.beta != 0:
+            return None  # C comes with each run
+        w = (self.b.T if desc.transB else self.b) * np.float32(desc.alpha)
+        return _Packed(w.astype(np.float32), bias, self.workers)
 
     @staticmethod
     def _as_c(c) -> np.ndarray:
@@ -166,6 +211,11 @@ class GemmKernel:
     def execute(self, inputs, outputs=None):
         desc = self.desc
         a = _matrix(inputs[0])
+        if self.packed is not None:
+            a = np.ascontiguousarray(a.T) if desc.transA else a
+            out = np.empty((a.shape[0], self.packed.weights.n), np.float32) if outputs is None else outputs[0]
+            self.packed.run(a, out, self.code, self.act_a, self.act_b)
+            return [out]
         b = self.b if self.b is not None else _matrix(inputs[1])
         m = a.shape[1] if desc.transA else a.shape[0]
         n = b.shape[0] if desc.transB else b.shape[1]
@@ -219,6 +269,10 @@ class MatMulKernel:
         constants = tuple(info.constants) + (None,) * 2
         self.b = None if constants[1] is None else _matrix(constants[1])
         self._plans: dict[tuple[tuple[int, ...], tuple[int, ...]], _Batches] = {}
+        self.packed = None
+        if packed_gemm.AVAILABLE and self.b is not None and self.b.ndim == 2:
+            self.packed = _Packed(self.b, None, workers)
+            self.weights_shape, self.b = self.b.shape, None  # the packed copy serves every run
 
     def plan(self, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> _Batches:
         """Batch index maps and the split for one pair of shapes (computed once per pair)."""
@@ -255,6 +309,15 @@ class MatMulKernel:
 
     def execute(self, inputs, outputs=None):
         a = _matrix(inputs[0])
+        if self.packed is not None:
+            k, n = self.weights_shape
+            if a.shape[-1] != k:
+                raise ShapeError(
+                    f"MatMul expects A's last dim to equal B's row count, got {a.shape} and {(k, n)}"
+                )
+            out = np.empty((*a.shape[:-1], n), np.float32) if outputs is None else outputs[0]
+            self.packed.run(a.reshape(-1, k), out.reshape(-1, n), self.code, self.act_a, self.act_b)
+            return [out]
         b = self.b if self.b is not None else _matrix(inputs[1])
         plan = self.plan(a.shape, b.shape)
         out = np.empty(plan.out_shape, np.float32) if outputs is None else outputs[0]

@@ -1,0 +1,153 @@
+"""A float32 GEMM by weights packed once at load: ``c = activation(a @ w + bias)`` for a
+fully connected layer or a MatMul by a constant matrix, where ``a`` is the run's input.
+
+The weights (K, N) are packed into panels of ``TILE_COLUMNS`` columns, each stored k-major
+((K, TILE_COLUMNS), the last zero-padded): one step of the micro-kernel
+(:func:`~flowrt.workers.cpu.acc.tiles._row_tile`) reads a panel's row of ``TILE_COLUMNS``
+values and ``TILE_ROWS`` values of ``a``, one from each of its rows, in place. BLAS would copy
+the weights into its own panels on every call: for a batch of 16 rows by a (2048, 2048)
+weight matrix, that copy is as long as the multiply.
+
+Rows of ``a`` are taken in chunks that stay in L2 while every panel passes over them (the
+last rows, fewer than a tile, ride with the last chunk); a
+slice of the output is a range of rows by a range of panels (:func:`plan`), so each worker
+streams its own share of the larger operand.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from flowrt.engine.scheduler.window import SplitHint, split_bounds
+from flowrt.workers.cpu.acc.blas import SliceFunction, leading_dimension, read_only, run_tasks
+from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, NONE, RELU, activate_row
+from flowrt.workers.cpu.acc.tiles import AVAILABLE, TILE_COLUMNS, TILE_ROWS, _row_tile, _row_tile_part
+
+__all__ = ["AVAILABLE", "PackedWeights", "Plan", "multiply", "pack", "plan"]
+
+# Bytes of ``a``'s rows a chunk keeps in L2 while the panels pass over it.
+CHUNK_BYTES = 256 * 1024
+
+
+class PackedWeights(NamedTuple):
+    """Weights (K, N) packed as panels, and the bias (zeros where none) padded to them."""
+
+    panels: np.ndarray  # (ceil(N / TILE_COLUMNS), K, TILE_COLUMNS)
+    bias: np.ndarray  # (panels * TILE_COLUMNS,)
+    n: int
+
+
+def pack(w: np.ndarray, bias: np.ndarray | None = None) -> PackedWeights:
+    """``w`` (K, N) as panels (:class:`PackedWeights`); ``bias`` is (N,) or None."""
+    k, n = w.shape
+    count = -(-n // TILE_COLUMNS)
+    padded = np.zeros((k, count * TILE_COLUMNS), np.float32)
+    padded[:, :n] = w
+    panels = np.ascontiguousarray(padded.reshape(k, count, TILE_COLUMNS).transpose(1, 0, 2))
+    column_bias = np.zeros(count * TILE_COLUMNS, np.float32)
+    if bias is not None:
+        column_bias[:n] = bias
+    return PackedWeights(read_only(panels), read_only(column_bias), n)
+
+
+class Plan(NamedTuple):
+    """Row and panel boundaries of the slices: slice (i, j) is rows ``rows[i]:rows[i+1]`` by
+    panels ``panels[j]:panels[j+1]``."""
+
+    rows: np.ndarray
+    panels: np.ndarray
+
+
+def plan(m: int, weights: PackedWeights, workers: int) -> Plan:
+    """Split the longer side across ``workers``: rows (in whole tiles) when ``a`` has more
+    rows than the weights have columns, else panels."""
+    count = weights.panels.shape[0]
+    whole_rows, whole_panels = np.array([0, m], np.int64), np.array([0, count], np.int64)
+    if workers <= 1:
+        return Plan(whole_rows, whole_panels)
+    if m > weights.n:
+        tiles = -(-m // TILE_ROWS)
+        bounds = np.minimum(split_bounds(tiles, SplitHint(axis=0, min_slice=1), workers) * TILE_ROWS, m)
+        return Plan(bounds.astype(np.int64), whole_panels)
+    return Plan(whole_rows, split_bounds(count, SplitHint(axis=1, min_slice=1), workers).astype(np.int64))
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _block(a, a_at, lda, panels, q, c, c_at, ldc, k, bias, relu, columns):
+    """Rows ``a_at ..`` of ``a`` (one tile's) times panel ``q`` into ``c`` from ``c_at`` on."""
+    if columns == TILE_COLUMNS:
+        _row_tile(
+            a, a_at, lda, panels, q * k * TILE_COLUMNS, TILE_COLUMNS, c, c_at, ldc, k, bias, q * TILE_COLUMNS,
+            relu,
+        )  # fmt: skip
+    else:
+        _row_tile_part(
+            a, a_at, lda, panels, q * k * TILE_COLUMNS, TILE_COLUMNS, c, c_at, ldc, k, bias, q * TILE_COLUMNS,
+            relu, columns,
+        )  # fmt: skip
+
+
+@njit(nogil=True, cache=True)
+def multiply_block(a, panels, bias, c, r0, r1, q0, q1, code, alpha, beta):
+    """``c[r0:r1]``'s columns of panels ``q0:q1`` = activation(``a[r0:r1] @ w + bias``);
+    ``a`` (M, K) and ``c`` (M, N) are float32 with unit column stride."""
+    n = c.shape[1]
+    k = a.shape[1]
+    if r1 <= r0 or q1 <= q0:
+        return
+    lda, ldc = leading_dimension(a), leading_dimension(c)
+    relu = 1 if code == RELU else 0
+    full_end = r0 + (r1 - r0) // TILE_ROWS * TILE_ROWS
+    tail = r1 - full_end
+    spare = np.zeros((TILE_ROWS, k if tail > 0 else 0), np.float32)  # the last rows, zero-padded
+    if tail > 0:
+        spare[:tail] = a[full_end:r1]
+    out = np.empty((TILE_ROWS, TILE_COLUMNS), np.float32)
+    # Rows in equal chunks of at most CHUNK_BYTES: every panel passes over a chunk in L2 once.
+    chunks = max(1, -(-(r1 - r0) * k * 4 // CHUNK_BYTES))
+    per_chunk = max(1, -(-(full_end - r0) // TILE_ROWS // chunks)) * TILE_ROWS
+    c0 = r0
+    while True:
+        c1 = min(c0 + per_chunk, full_end)
+        last = c1 >= full_end
+        for q in range(q0, q1):
+            columns = min(TILE_COLUMNS, n - q * TILE_COLUMNS)
+            for r in range(c0, c1, TILE_ROWS):
+                _block(a, r * lda, lda, panels, q, c, r * ldc + q * TILE_COLUMNS, ldc, k, bias, relu, columns)
+            if last and tail > 0:
+                _block(spare, 0, k, panels, q, out, 0, TILE_COLUMNS, k, bias, relu, columns)
+                c[full_end:r1, q * TILE_COLUMNS : q * TILE_COLUMNS + columns] = out[:tail, :columns]
+        if last:
+            break
+        c0 = c1
+    if code != NONE and code != RELU:
+        for i in range(r0, r1):
+            row = c[i, q0 * TILE_COLUMNS : min(q1 * TILE_COLUMNS, n)]
+            activate_row(row, row, NO_BIAS, code, alpha, beta)
+
+
+@njit(nogil=True, cache=True)
+def _slice(task, step, a, panels, bias, c, rows, panel_bounds, code, alpha, beta):
+    """One slice of :func:`multiply`: a range of rows by a range of panels."""
+    i, j = divmod(task, panel_bounds.shape[0] - 1)
+    multiply_block(
+        a, panels, bias, c, rows[i], rows[i + 1], panel_bounds[j], panel_bounds[j + 1], code, alpha, beta
+    )
+
+
+_SLICE = SliceFunction(_slice)
+
+
+def multiply(
+    a: np.ndarray, weights: PackedWeights, c: np.ndarray, split: Plan, code: int, alpha, beta
+) -> None:
+    """``c = activation(a @ w + bias)``, one slice per (row range, panel range) of ``split``,
+    in parallel; ``alpha`` and ``beta`` are the activation's parameters."""
+    args = (
+        read_only(a), weights.panels, weights.bias, c, split.rows, split.panels, np.int64(code),
+        np.float32(alpha), np.float32(beta),
+    )  # fmt: skip
+    run_tasks(_SLICE.address(args), (split.rows.shape[0] - 1) * (split.panels.shape[0] - 1), args)
