@@ -25,6 +25,7 @@ from tqdm import tqdm
 import flowrt
 from flowrt.errors import InputError
 from flowrt.models import pattern_input
+from flowrt.validate import check_seconds
 
 
 @attrs.frozen
@@ -147,10 +148,13 @@ def run_bench(
     """Benchmark flowrt (and ONNX Runtime when asked) on one model; returns one result each.
 
     With ``duration`` (seconds), flowrt runs for that long in all (``iterations`` is ignored)
-    and ONNX Runtime runs as many requests as flowrt did in each round. With ``batch`` N > 1
+    and ONNX Runtime runs as many requests as flowrt did in each round (ArgumentError unless it
+    is a positive finite number: an infinite one would never end). With ``batch`` N > 1
     a request is N samples: the model is re-batched (ShapeError when it cannot be), and ONNX
     Runtime runs N batch-1 runs per request when it refuses the batch (see the module docstring).
     """
+    if duration is not None:
+        duration = check_seconds("duration", duration, where="run_bench")
     per_round = [iterations // rounds + (1 if r < iterations % rounds else 0) for r in range(rounds)]
     engines = 2 if vs_onnxruntime else 1
     bar = tqdm(

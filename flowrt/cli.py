@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -201,8 +202,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from flowrt.bench import format_results, plot_latencies, run_bench
 
     path = args.model or str(default_model())
-    if args.duration is not None and not args.duration > 0:
-        raise InputError(f"--duration must be a positive number of seconds, got {args.duration}")
+    if args.duration is not None and not 0 < args.duration < math.inf:  # NaN fails both
+        never = "" if args.duration <= 0 else " (a finite one: the benchmark would never end)"
+        raise InputError(f"--duration must be a positive number of seconds, got {args.duration}{never}")
     if args.iterations < 1 or args.concurrency < 1:
         raise InputError(
             f"--iterations and --concurrency must be at least 1, got {args.iterations} and {args.concurrency}"

@@ -5,6 +5,7 @@ the CPU workers once per segment (see ``flowrt.engine.scheduler.executor``)."""
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,11 @@ from flowrt.workers.cpu.workers import CpuWorkerPool, share_cores
 
 if TYPE_CHECKING:
     from flowrt.runtime import Runtime
+
+logger = logging.getLogger(__name__)
+
+# Seconds a cancelled unload (or runtime close) still waits for the runs in flight.
+UNLOAD_GRACE = 10.0
 
 
 def _bindings(dataflow: Dataflow, layout: MemoryLayout) -> dict[int, Binding]:
@@ -206,12 +212,36 @@ class LoadedNetwork:
         await self._runtime.unload(self)
 
     async def _release(self) -> None:
-        """Refuse new runs, wait for the runs in flight, then let go of the memory pools."""
+        """Refuse new runs, wait for the runs in flight, then let go of the memory pools.
+
+        Cancelled while it waits, it waits on, shielded, for at most ``UNLOAD_GRACE`` seconds
+        (runs cancelled too stop at their next workload), lets go all the same (a run still in
+        flight gives its pool back to the manager it took it from; logged) and then raises
+        the Cancelled: an unload never stops halfway.
+        """
         self.unloaded = True
-        if self._in_flight:
+        try:
+            await self._wait_drained()
+        except trio.Cancelled:
+            with trio.move_on_after(UNLOAD_GRACE, shield=True) as grace:
+                await self._wait_drained()
+            if grace.cancelled_caught:
+                logger.warning(
+                    "network %s: %d run(s) still in flight %s s after its unload was cancelled; "
+                    "unloaded without waiting for them",
+                    self.network_id,
+                    self._in_flight,
+                    UNLOAD_GRACE,
+                )
+            raise
+        finally:
+            self.pools = PoolManager(0, {}, {})
+
+    async def _wait_drained(self) -> None:
+        """Wait until no run is in flight (new ones are refused by then)."""
+        while self._in_flight:
             self._drained = trio.Event()
             await self._drained.wait()
-        self.pools = PoolManager(0, {}, {})
 
     def memory_report(self) -> dict[str, dict[str, int]]:
         """Per backend: ``arena_bytes`` (one pool), ``no_reuse_bytes`` (all intermediate

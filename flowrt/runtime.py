@@ -87,7 +87,10 @@ class Runtime:
     """Owns the backend registry and the worker capacity; loads optimized networks.
 
     Use as ``async with Runtime() as rt``, which starts ``cpu_workers`` CPU worker actors
-    (default: the cores this process may use) and stops them at its end; they bound how many
+    (default: the cores this process may use) and stops them at its end (also when the
+    block is cancelled with runs in flight: the end still unloads every network, closes the
+    runtime's nursery and joins the workers' threads, each wait bounded, and then the
+    cancellation goes on); they bound how many
     segments run at once, and CpuAcc kernels split their windows into that many slices. A run
     crosses into a worker once: its workloads run back to back, each spread over the cores;
     ``parallel_branches=True`` instead runs independent branches as segments of their own, on
@@ -212,27 +215,55 @@ class Runtime:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        # Each step runs however the one before it ended, cancellation included: a nursery
+        # left open, or threads not joined, would outlive the block (trio's "Nursery stack
+        # corrupted"). The waits are bounded (see ``_unload_all`` and ``CpuWorkerPool``), and
+        # a cancellation goes on once the last step is done.
         workers, self._workers = self._workers, None
         stack, self._stack = self._stack, None
         try:
-            for model in list(self._loaded.values()):
+            await self._unload_all()
+        finally:
+            try:
+                await self._close_contexts(stack)
+            finally:
+                self._backends.clear()
+                try:
+                    if workers is not None:
+                        await workers.__aexit__(*exc_info)
+                finally:
+                    self._unload_dynamic_backends()
+
+    async def _unload_all(self) -> None:
+        """Unload every network still loaded. All refuse new runs first, so that their runs
+        in flight end together; each unload runs to its end even when cancelled (bounded:
+        see ``LoadedNetwork._release``), and the cancellation goes on after the last."""
+        models = list(self._loaded.values())
+        for model in models:
+            model.unloaded = True
+        cancelled: trio.Cancelled | None = None
+        for model in models:
+            try:
                 await self.unload(model)
+            except trio.Cancelled as e:
+                cancelled = cancelled or e
+        if cancelled is not None:
+            raise cancelled
+
+    async def _close_contexts(self, stack: contextlib.AsyncExitStack | None) -> None:
+        """Close the backend contexts, then the nursery their tasks run in (always: its tasks
+        end once their contexts are closed, or are cancelled with the block)."""
+        try:
             for context in self._contexts.values():
                 if hasattr(context, "close"):
                     context.close()
+        finally:
+            self._contexts.clear()
+            self._nursery = None
             if stack is not None:
                 # Not handed the body's exception: the nursery would wrap it in an exception
-                # group. Its tasks end once their contexts are closed.
+                # group.
                 await stack.aclose()
-        finally:
-            self._nursery = None
-            self._contexts.clear()
-            self._backends.clear()
-            try:
-                if workers is not None:
-                    await workers.__aexit__(*exc_info)
-            finally:
-                self._unload_dynamic_backends()
 
     def _unload_dynamic_backends(self) -> None:
         """Unregister the dynamic backends this runtime registered (once), as Arm NN does when
@@ -251,8 +282,11 @@ class Runtime:
     ) -> LoadedNetwork:
         """Build and prepare every workload and plan memory; heavy one-time work happens here.
 
-        ``max_in_flight`` pools are allocated (default: the runtime's ``cpu_workers``): that
-        many runs of this network execute at once, each in its own memory. ``batch`` re-shapes
+        ``max_in_flight`` memory pools (default: the runtime's ``cpu_workers``): that many
+        runs of this network execute at once, each in its own memory. All of them are held to
+        the memory budget here; the first ``flowrt.engine.memory.pool.EAGER_POOLS`` are
+        allocated here, any more when runs first need them (a huge ``max_in_flight`` costs
+        only what runs in flight at once use). ``batch`` re-shapes
         a network exported for a batch of 1 to run that many samples per run (as OpenVINO's
         ``model.reshape``; see ``flowrt.set_batch``): every input's leading dim becomes
         ``batch``, weights are shared; ShapeError when the network cannot be re-batched.
@@ -300,7 +334,9 @@ class Runtime:
 
     async def unload(self, model: LoadedNetwork) -> None:
         """Unload a network this runtime loaded: later runs raise FlowrtError, runs in flight
-        finish first, then its memory pools are released. Backend contexts' ``before_unload``
+        finish first, then its memory pools are released. Cancelled, it still finishes (it
+        waits for the runs in flight ``flowrt.loaded_network.UNLOAD_GRACE`` seconds at
+        most), then raises the Cancelled. Backend contexts' ``before_unload``
         and ``after_unload`` hooks are called around it with the network id. The runtime's
         close unloads the networks still loaded."""
         if self._loaded.get(model.network_id) is not model:  # type: ignore[arg-type]
@@ -310,8 +346,10 @@ class Runtime:
             )
         call_hooks(self._contexts, "before_unload", model.network_id)  # type: ignore[arg-type]
         del self._loaded[model.network_id]  # type: ignore[arg-type]
-        await model._release()
-        call_hooks(self._contexts, "after_unload", model.network_id)  # type: ignore[arg-type]
+        try:
+            await model._release()  # runs to its end, cancelled or not
+        finally:
+            call_hooks(self._contexts, "after_unload", model.network_id)  # type: ignore[arg-type]
 
     @staticmethod
     def _backends_of(optimized: OptimizedNetwork) -> list[str]:
@@ -374,7 +412,7 @@ class Runtime:
             progress.end()
             return workload
 
-        held = sum(pool.nbytes for model in list(self._loaded.values()) for pool in model.pools.pools)
+        held = sum(model.pools.nbytes for model in list(self._loaded.values()))
         budget = MemoryBudget(
             self.memory_budget, "Runtime(memory_budget=...)", held, "networks loaded before"
         )

@@ -147,7 +147,9 @@ def claim_arenas(budget: MemoryBudget, plans: Mapping[str, Any], order: Iterable
     )
     detail = ", ".join(f"{b} {n:,} bytes" for b, n in arenas.items())
     budget.claim(
-        total, f"the working memory of the network ({pools} memory pool(s) of arenas: {detail}{largest})"
+        total,
+        f"the working memory of the network ({pools:,} memory pool(s) of arenas: {detail}{largest}; "
+        "one pool per run in flight, as many as Runtime.load's max_in_flight)",
     )
 
 

@@ -75,9 +75,21 @@ class PriorityLender(Generic[T]):
         """Borrow a free item at once (when none is free, or others wait for one: None),
         without a checkpoint, so that the caller decides in the same step of trio what to do
         when there is none."""
+        if not self._free and not self._waiting:
+            self._make_more()
         if self._free and not self._waiting:
             return self._free.pop()
         return None
+
+    def _more(self) -> T | None:
+        """A new item, made when one is asked for and none is free; None when no more may be
+        made (here: never any; ``PoolManager`` makes its pools so, up to its count)."""
+        return None
+
+    def _make_more(self) -> None:
+        item = self._more()
+        if item is not None:
+            self._free.append(item)
 
     async def take(self, priority: int = 1, on_lent: Callable[[T], None] | None = None) -> T:
         """Borrow an item, waiting while none is free (or others wait before this one);
@@ -90,6 +102,8 @@ class PriorityLender(Generic[T]):
         raised all the same.
         """
         await trio.sleep(0)
+        if not self._free and not self._waiting:
+            self._make_more()
         if self._free and not self._waiting:
             item = self._free.pop()
             if on_lent is not None:

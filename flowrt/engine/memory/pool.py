@@ -1,6 +1,7 @@
 """Memory pools lent to runs: a PoolManager holds N pools; a run awaits one and gives it back.
 
-A pool is one arena per backend (its bytes allocated once, at load). Waiting runs are served
+A pool is one arena per backend (its bytes allocated once, at load, for the first
+``EAGER_POOLS`` pools; any more when runs first need them). Waiting runs are served
 by priority, first-in first-out within a priority. Release is structural: ``async with
 manager.acquire(priority) as pool`` gives the pool back on success, error and cancellation.
 
@@ -20,6 +21,10 @@ import numpy as np
 
 from flowrt.engine.memory.allocator import Allocator, HostAllocator
 from flowrt.engine.memory.lending import PriorityLender
+from flowrt.errors import ResourceError
+
+# Pools a PoolManager allocates when it is made; it makes any more on demand (see its doc).
+EAGER_POOLS = 64
 
 
 class MemoryPool:
@@ -65,7 +70,12 @@ class MemoryPool:
 
 class PoolManager(PriorityLender[MemoryPool]):
     """Holds ``count`` pools of the given per-backend arena sizes and lends them to runs
-    (by priority, with aging: see ``flowrt.engine.memory.lending``)."""
+    (by priority, with aging: see ``flowrt.engine.memory.lending``).
+
+    The first ``EAGER_POOLS`` pools are allocated here (at load); a manager of more makes
+    each further one when a run first finds every pool made lent, so that a huge ``count``
+    costs only the pools that runs in flight at once use. ``pools`` lists those made.
+    """
 
     def __init__(
         self,
@@ -76,16 +86,38 @@ class PoolManager(PriorityLender[MemoryPool]):
         zero_on_release: bool = False,
         aging_interval: float = 1.0,
     ) -> None:
-        self.pools = [
-            MemoryPool(i, {b: allocators[b].allocate(n) for b, n in arena_bytes.items()}, allocators)
-            for i in range(count)
-        ]
-        super().__init__(self.pools, aging_interval=aging_interval)
+        self.count = count
+        self._arena_bytes = dict(arena_bytes)
+        self._allocators = allocators
+        self.pools: list[MemoryPool] = []
+        super().__init__(
+            [self._make_pool() for _ in range(min(count, EAGER_POOLS))], aging_interval=aging_interval
+        )
         self.zero_on_release = zero_on_release
 
+    def _make_pool(self) -> MemoryPool:
+        try:
+            arenas = {b: self._allocators[b].allocate(n) for b, n in self._arena_bytes.items()}
+        except MemoryError as e:  # within the memory budget, which load checked, yet refused
+            detail = ", ".join(f"{b} {n:,} bytes" for b, n in self._arena_bytes.items())
+            raise ResourceError(
+                f"out of memory allocating memory pool {len(self.pools)} of {self.count} ({detail}): {e}"
+            ) from e
+        self.pools.append(MemoryPool(len(self.pools), arenas, self._allocators))
+        return self.pools[-1]
+
+    def _more(self) -> MemoryPool | None:
+        return self._make_pool() if len(self.pools) < self.count else None
+
     @property
-    def count(self) -> int:
-        return len(self.pools)
+    def free_count(self) -> int:
+        """Pools not lent now, those not made yet included."""
+        return super().free_count + self.count - len(self.pools)
+
+    @property
+    def nbytes(self) -> int:
+        """The arena bytes of all ``count`` pools, made or not: what the memory budget holds."""
+        return self.count * sum(self._arena_bytes.values())
 
     @asynccontextmanager
     async def acquire(self, priority: int = 1) -> AsyncIterator[MemoryPool]:

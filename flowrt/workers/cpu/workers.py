@@ -90,6 +90,10 @@ threading_layer.select()
 # Read by libgomp when numba first starts its threading layer, after this import.
 os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 
+# Seconds a pool's close waits for its threads: they are idle then, unless a run outlived the
+# runtime's own bounded wait for it (see ``flowrt.loaded_network.UNLOAD_GRACE``).
+JOIN_GRACE = 10.0
+
 # CFS gives a thread of nice +10 about a tenth of the share of one at 0.
 LOW_PRIORITY_NICE = 10
 
@@ -298,11 +302,27 @@ class CpuWorkerPool:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        """Stop every worker and join its thread, also when the block is cancelled: shielded,
+        for at most ``JOIN_GRACE`` seconds (a job that never ends keeps its thread, logged)."""
         self._started = False
         for worker in self._workers + self._reserve:
             worker.inbox.put(None)
-        # Every job finishes before its caller returns, so the workers are idle by now.
-        await trio.to_thread.run_sync(self._join)
+        # Every job finishes before its caller returns, so the workers are idle by now, unless
+        # a run outlived the runtime's bounded wait for it. Shielded: a cancelled block must
+        # not leave before its threads are joined (trio's to_thread would not even start).
+        with trio.CancelScope(shield=True):
+            try:
+                alive = await trio.to_thread.run_sync(self._join, JOIN_GRACE)
+            except RuntimeError:  # no thread can start (the interpreter is exiting)
+                alive = self._join(JOIN_GRACE)
+        if alive:
+            logger.warning(
+                "%d CPU worker thread(s) did not end within %s s of the pool's close, each still "
+                "running a job: %s; each ends when its job does",
+                len(alive),
+                JOIN_GRACE,
+                ", ".join(alive),
+            )
 
     def _start_threads(self) -> list[_Worker]:
         """Start every worker's thread, or none: when the process cannot start one (its thread
@@ -335,9 +355,13 @@ class CpuWorkerPool:
         for worker in self._workers + self._reserve:
             worker.ready.wait()
 
-    def _join(self) -> None:
+    def _join(self, timeout: float) -> list[str]:
+        """Join every worker's thread within ``timeout`` seconds in all; the names of those
+        still alive."""
+        deadline = time.monotonic() + timeout
         for worker in self._workers + self._reserve:
-            worker.thread.join()
+            worker.thread.join(max(0.0, deadline - time.monotonic()))
+        return [w.thread.name for w in self._workers + self._reserve if w.thread.is_alive()]
 
     async def _borrow(self, priority: int, start: Callable[..., None]) -> None:
         """Wait for an idle worker for a call of ``priority`` and ``start(worker, reserve)`` the
