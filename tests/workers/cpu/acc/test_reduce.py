@@ -71,3 +71,13 @@ def test_empty_axes_with_noop_flag_is_the_identity():
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     got, expected = _run_both("ReduceSum", [x, np.array([], np.int64)], 2, noop_with_empty_axes=1)
     np.testing.assert_array_equal(got, expected)
+
+
+def test_a_global_pooling_reduces_each_contiguous_run_nan_included():
+    x = np.random.default_rng(0).standard_normal((2, 96, 14, 14), dtype=np.float32)
+    x[1, 5, 3, 7] = np.nan
+    for kind in KINDS:
+        got, expected = _run_both(kind, [x], 2, axes=[2, 3], keepdims=1)
+        assert got.shape == (2, 96, 1, 1)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+        assert np.isnan(got[1, 5, 0, 0]) and np.isfinite(np.delete(got.ravel(), 96 + 5)).all()

@@ -29,6 +29,17 @@ BLOCK = 1024
 def _reduce_tasks(x, out, reduced, inner, op, first, last):
     """Tasks ``first`` to ``last``: task ``t`` is outer index ``t // blocks``, a block of up to
     ``BLOCK`` of its ``inner`` outputs."""
+    if inner == 1:  # each output reduces one contiguous run (a global pooling)
+        for o in range(first, last):
+            run = x[o * reduced : (o + 1) * reduced]
+            total = -np.inf if op == MAX else 0.0
+            for v in run:
+                if op != MAX:
+                    total += v
+                elif v > total or v != v:  # a NaN wins, as in np.max
+                    total = v
+            out[o] = np.float32(total / reduced if op == MEAN else total)
+        return
     blocks = -(-inner // BLOCK)
     acc = np.empty(min(inner, BLOCK), np.float64)
     for t in range(first, last):
