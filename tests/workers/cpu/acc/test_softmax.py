@@ -71,3 +71,15 @@ def test_non_float32_is_declined_with_a_reason():
     x = TensorInfo((2, 3), "float16")
     answer = support.is_layer_supported("LogSoftmax", flowrt.descriptors.Softmax(), [x], [x])
     assert not answer.supported and "float32 only" in answer.reason
+
+
+def test_an_attention_mask_of_lowest_floats_and_infinities_gives_zeros_where_masked():
+    x = np.random.default_rng(3).standard_normal((2, 4, 33, 33), dtype=np.float32)
+    causal = np.triu(np.ones((33, 33), bool), 1)
+    x[0][:, causal] += np.finfo(np.float32).min  # as torch's exporters write the mask
+    x[1][:, causal] = -np.inf
+    for kind in ("Softmax", "LogSoftmax"):
+        got, expected = _run_both(kind, x, 2, axis=-1)
+        np.testing.assert_allclose(got, expected, rtol=2e-6, atol=1e-7)
+        if kind == "Softmax":
+            assert (got[:, :, causal] == 0).all()

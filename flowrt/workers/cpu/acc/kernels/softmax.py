@@ -16,6 +16,7 @@ from numba import njit, prange
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
+from flowrt.workers.cpu.acc.kernels.fastmath import exp as fast_exp
 
 # Below this many elements per slice, a second thread costs more than it saves.
 MIN_SLICE = 16384
@@ -23,28 +24,46 @@ MIN_SLICE = 16384
 BLOCK = 256
 
 
+@njit(inline="always", nogil=True, cache=True, fastmath={"reassoc", "nsz"})
+def _row_max(x):
+    """The largest value of ``x``, NaN if it holds one (as np.max)."""
+    top = x[0]
+    nan = False
+    for k in range(x.shape[0]):
+        v = x[np.uint64(k)]
+        top = v if v > top else top
+        nan |= v != v
+    return np.float32(np.nan) if nan else top
+
+
+@njit(inline="always", nogil=True, cache=True, fastmath={"reassoc"})
+def _row_sum(x):
+    """The sum of ``x`` in float32, in as many running sums as the vector has lanes."""
+    total = np.float32(0)
+    for k in range(x.shape[0]):
+        total += x[np.uint64(k)]
+    return total
+
+
 @njit(inline="always", nogil=True, cache=True)
 def _row(x, out, log):
-    """One distribution laid out contiguously (``inner`` is 1)."""
-    top = x[0]
-    for k in range(1, x.shape[0]):
-        top = np.maximum(top, x[np.uint64(k)])  # NaN wins, as with np.max
-    total = 0.0  # float64: long sums keep their precision
+    """One distribution laid out contiguously (``inner`` is 1): a loop per step, so that
+    each vectorizes (exp is ``fastmath``'s; the sum may reassociate, the exp may not)."""
+    top = _row_max(x)
     for k in range(x.shape[0]):
         j = np.uint64(k)
-        e = np.exp(x[j] - top)
-        total += e
-        out[j] = e
+        out[j] = fast_exp(x[j] - top)
+    total = _row_sum(out)
     if log:
-        shift = np.float32(math.log(np.float32(total)))
+        shift = np.float32(math.log(total))
         for k in range(x.shape[0]):
             j = np.uint64(k)
             out[j] = (x[j] - top) - shift
     else:
-        norm = np.float32(total)
+        scale = np.float32(1) / total
         for k in range(x.shape[0]):
             j = np.uint64(k)
-            out[j] = out[j] / norm
+            out[j] = out[j] * scale
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -62,7 +81,7 @@ def _columns(x, out, top, total, log):
         row, dst = x[k], out[k]
         for i in range(width):
             j = np.uint64(i)
-            e = np.exp(row[j] - top[j])
+            e = fast_exp(row[j] - top[j])
             total[j] += e
             dst[j] = e
     for i in range(width):
@@ -81,15 +100,17 @@ def _columns(x, out, top, total, log):
 def _softmax_units(x, out, blocks, log, first_unit, last_unit):
     """Units ``first_unit`` to ``last_unit`` (one slice of the window)."""
     inner = x.shape[2]
+    if inner == 1:  # as 2-D: each row is then typed contiguous, and its loops vectorize
+        rows, out_rows = x.reshape(x.shape[:2]), out.reshape(out.shape[:2])
+        for o in range(first_unit, last_unit):
+            _row(rows[o], out_rows[o], log)
+        return
     top = np.empty(BLOCK, np.float32)
     total = np.empty(BLOCK, np.float64)
     for unit in range(first_unit, last_unit):
         o, first = unit // blocks, (unit % blocks) * BLOCK
-        if inner == 1:
-            _row(x[o, :, 0], out[o, :, 0], log)
-        else:
-            last = min(inner, first + BLOCK)
-            _columns(x[o, :, first:last], out[o, :, first:last], top, total, log)
+        last = min(inner, first + BLOCK)
+        _columns(x[o, :, first:last], out[o, :, first:last], top, total, log)
 
 
 @njit(parallel=True, nogil=True, cache=True)
