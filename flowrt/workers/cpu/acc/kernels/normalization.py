@@ -18,6 +18,7 @@ from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels.epilogue import activation_args, affine_row
+from flowrt.workers.cpu.acc.kernels.row_sums import row_sum, row_sum_of_squares
 
 # Below this many elements per slice, a second thread costs more than it saves.
 MIN_SLICE = 16384
@@ -225,15 +226,8 @@ def _layer_normalization_rows(x, out, mean, inv_std, scale, bias, epsilon, first
     for r in range(first, last):
         row, dst = x[r], out[r]
         # Sums in float64; the statistics themselves in float32, as CpuRef keeps them.
-        total = 0.0
-        for i in range(length):
-            total += row[np.uint64(i)]
-        m = np.float32(total / length)
-        total = 0.0
-        for i in range(length):
-            d = row[np.uint64(i)] - m
-            total += d * d
-        inv = np.float32(1) / np.sqrt(np.float32(total / length) + epsilon)
+        m = np.float32(row_sum(row) / length)
+        inv = np.float32(1) / np.sqrt(np.float32(row_sum_of_squares(row, m) / length) + epsilon)
         mean[r], inv_std[r] = m, inv
         for i in range(length):
             k = np.uint64(i)

@@ -14,6 +14,7 @@ from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
+from flowrt.workers.cpu.acc.kernels.row_sums import row_sum_of_squares
 
 # Below this many elements per slice, a second thread costs more than it saves.
 MIN_SLICE = 16384
@@ -24,10 +25,7 @@ def _rms_rows(x, out, first, stop, length, scale, epsilon):
     for r in range(first, stop):
         start = r * length
         # The sum of squares in float64; the mean square itself in float32, as CpuRef keeps it.
-        total = 0.0
-        for i in range(length):
-            v = x[np.uint64(start + i)]
-            total += v * v
+        total = row_sum_of_squares(x[start : start + length], np.float32(0))
         # One reciprocal per row, then multiplies: within an ulp of CpuRef's division.
         inv = np.float32(1) / np.sqrt(np.float32(total / length) + epsilon)
         for i in range(length):

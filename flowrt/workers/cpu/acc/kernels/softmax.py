@@ -24,7 +24,7 @@ MIN_SLICE = 16384
 BLOCK = 256
 
 
-@njit(inline="always", nogil=True, cache=True, fastmath={"reassoc", "nsz"})
+@njit(nogil=True, cache=True, fastmath={"reassoc", "nsz"})
 def _row_max(x):
     """The largest value of ``x``, NaN if it holds one (as np.max)."""
     top = x[0]
@@ -36,7 +36,7 @@ def _row_max(x):
     return np.float32(np.nan) if nan else top
 
 
-@njit(inline="always", nogil=True, cache=True, fastmath={"reassoc"})
+@njit(nogil=True, cache=True, fastmath={"reassoc"})
 def _row_sum(x):
     """The sum of ``x`` in float32, in as many running sums as the vector has lanes."""
     total = np.float32(0)
