@@ -77,9 +77,11 @@ def _emit_tile(context, builder, signature, args, masked: bool, rows_in_place: b
     """The micro-kernel's IR (see :func:`_tile`); ``masked``: only the first ``columns``
     columns are read and written. ``rows_in_place`` (:func:`_row_tile`): ``a`` is read in
     place, row i from ``a_at + i * lda``, ``b`` is a packed panel, and the bias is per column."""
-    if rows_in_place:
-        lda, args = args[2], (*args[:2], *args[3:])
-        signature_args = (*signature.args[:2], *signature.args[3:])
+    accumulate = None
+    if rows_in_place:  # lda and accumulate come out; the rest reads as _tile's arguments
+        lda, accumulate = args[2], args[13]
+        args = (*args[:2], *args[3:13], *args[14:])
+        signature_args = (*signature.args[:2], *signature.args[3:13], *signature.args[14:])
     else:
         signature_args = signature.args
     a_arr, a_at, b_arr, b_at, ldb, c_arr, c_at, ldc, k, bias_arr, bias_at, relu = args[:12]
@@ -132,8 +134,11 @@ def _emit_tile(context, builder, signature, args, masked: bool, rows_in_place: b
             builder.store(value, at(ptr, v * _LANES), align=4)
 
     if rows_in_place:
+        # From the bias; or (accumulate) from zero, the sum then added to what c holds: a
+        # product summed in blocks of k, each block's sum rounded on its own.
         column_bias = [builder.load(at(bias_ptr, v * _LANES), align=4) for v in range(_VECTORS)]
-        starts = [column_bias for _ in range(TILE_ROWS)]
+        onto_c = builder.icmp_signed("!=", accumulate, ir.Constant(i64, 0))
+        starts = [[builder.select(onto_c, zero, column_bias[v]) for v in range(_VECTORS)]] * TILE_ROWS
     else:
         starts = [
             [broadcast(builder.load(builder.gep(bias_ptr, [ir.Constant(i64, i)])))] * _VECTORS
@@ -186,6 +191,8 @@ def _emit_tile(context, builder, signature, args, masked: bool, rows_in_place: b
             total = totals[i][v]
             total.add_incoming(starts[i][v], entry)
             total.add_incoming(updated[i][v], tail)
+            if rows_in_place:
+                total = builder.select(onto_c, builder.fadd(total, load(c_row, v)), total)
             # ReLU as activate(): NaN stays NaN (unordered compare), -0.0 becomes +0.0
             rectified = builder.select(builder.fcmp_unordered(">", total, zero), total, zero)
             store(builder.select(with_relu, rectified, total), c_row, v)
@@ -209,20 +216,23 @@ def _tile_part(typingctx, a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at,
 
 
 @intrinsic
-def _row_tile(typingctx, a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu):
-    """``c[c_at + i*ldc + j] = act(bias[bias_at + j] + sum_p a[a_at + i*lda + p] *
-    b[b_at + p*ldb + j])`` for ``i < TILE_ROWS``, ``j < TILE_COLUMNS``: :func:`_tile` with
-    the rows of ``a`` read in place and the packed operand on the right."""
-    sig = types.void(a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu)
+def _row_tile(typingctx, a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu, accumulate):
+    """``c[c_at + i*ldc + j] = act(start + sum_p a[a_at + i*lda + p] * b[b_at + p*ldb + j])``
+    for ``i < TILE_ROWS``, ``j < TILE_COLUMNS``, ``start`` being ``bias[bias_at + j]``, or
+    what ``c`` holds there when ``accumulate`` is non-zero: :func:`_tile` with the rows of
+    ``a`` read in place and the packed operand on the right."""
+    sig = types.void(a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu, accumulate)
     return sig, lambda context, builder, signature, args: _emit_tile(
         context, builder, signature, args, False, True
     )
 
 
 @intrinsic
-def _row_tile_part(typingctx, a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu, columns):
+def _row_tile_part(
+    typingctx, a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu, accumulate, columns
+):
     """:func:`_row_tile` on the first ``columns`` (< TILE_COLUMNS) columns only."""
-    sig = types.void(a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu, columns)
+    sig = types.void(a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu, accumulate, columns)
     return sig, lambda context, builder, signature, args: _emit_tile(
         context, builder, signature, args, True, True
     )

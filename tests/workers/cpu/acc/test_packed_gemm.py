@@ -70,3 +70,13 @@ def test_the_plan_splits_the_longer_side_in_whole_tiles():
     assert list(tall.panels) == [0, weights.panels.shape[0]] and tall.rows[1] % TILE_ROWS == 0
     wide = packed_gemm.plan(10, weights, 2)
     assert list(wide.rows) == [0, 10] and len(wide.panels) == 3
+
+
+def test_a_long_dot_product_is_summed_in_blocks_as_accurately_as_blas():
+    rng = np.random.default_rng(0)
+    a, w = rng.standard_normal((6, 9216), dtype=np.float32), rng.standard_normal((9216, 16), dtype=np.float32)
+    c = np.empty((6, 16), np.float32)
+    multiply(a, w, None, c, NONE, 1)
+    exact = a.astype(np.float64) @ w
+    # one running sum over all 9216 products was 5.2e-4 off; numpy's BLAS is 7e-5 off
+    assert np.abs(c - exact).max() < 1.5e-4
