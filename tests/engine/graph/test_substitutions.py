@@ -53,6 +53,46 @@ def test_matmul_add_becomes_one_gemm(backend, fused_kinds):
     assert f"{backend}: MatMul 'mm' + Add 'add'" in opt.report()
 
 
+def sequence_linear_relu(bias_shape=(5,)) -> tuple[flowrt.Network, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((8, 5)).astype(np.float32)
+    b = rng.standard_normal(bias_shape).astype(np.float32)
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, 6, 8)))
+    mm = net.add_layer("MatMul", inputs=[x, w], name="mm")
+    add = net.add_layer("Add", inputs=[b, mm], name="add")
+    net.add_output("y", net.add_layer("Relu", inputs=[add], name="relu"))
+    return net, w, b
+
+
+@pytest.mark.parametrize(
+    "backend, fused_kinds", [("CpuAcc", ("MatMul", "Add", "Relu")), ("CpuRef", ("MatMul", "Add"))]
+)
+def test_a_linear_layer_on_a_sequence_becomes_one_matmul_bias(backend, fused_kinds, tmp_path):
+    net, w, b = sequence_linear_relu()
+    opt = flowrt.optimize(net, backends=[backend])
+    (record,) = opt.substitutions
+    assert (record.replaced_kinds, record.kind) == (fused_kinds, "MatMulBias")
+    assert "add" not in opt.graph.layers
+    x = np.random.default_rng(0).standard_normal((1, 6, 8)).astype(np.float32)
+    expected = np.maximum(x @ w + b, 0)
+    np.testing.assert_allclose(run(opt, {"x": x})["y"], expected, rtol=1e-5, atol=1e-5)
+    serialize.save(opt, tmp_path / "m.flowrt")
+    np.testing.assert_allclose(
+        run(serialize.load(tmp_path / "m.flowrt"), {"x": x})["y"], expected, rtol=1e-5, atol=1e-5
+    )
+    batched = flowrt.set_batch(opt, 3)
+    x3 = np.random.default_rng(1).standard_normal((3, 6, 8)).astype(np.float32)
+    np.testing.assert_allclose(run(batched, {"x": x3})["y"], np.maximum(x3 @ w + b, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_a_bias_that_is_not_one_vector_along_the_columns_stays_an_add():
+    net, _, _ = sequence_linear_relu(bias_shape=(6, 5))
+    opt = flowrt.optimize(net, backends=["CpuAcc"])
+    assert "MatMulBias" not in {layer.kind for layer in opt.graph}
+    assert opt.graph.layers["add"].kind == "Add"
+
+
 def test_conv_relu_substitution_on_cpuacc_gives_the_unfused_outputs():
     net = flowrt.onnx.load(light_model("squeezenet"))
     opt = flowrt.optimize(net, backends=["CpuAcc"])

@@ -123,6 +123,23 @@ def infer_matmul(desc, inputs, consts):
     return [TensorInfo(matmul_shape(a, b, "MatMul"), a.dtype)]
 
 
+@layer_kind("MatMulBias", NoDescriptor, min_inputs=3, max_inputs=3)
+def infer_matmul_bias(desc, inputs, consts):
+    """flowrt's own: ``MatMul(A, B) + bias`` with B a matrix and bias a vector along its
+    columns (what the optimizer fuses a Linear layer on a sequence into)."""
+    a, b, bias = inputs
+    expect_types([a, b, bias], frozenset({D.FLOAT32}), "MatMulBias")
+    if b.shape is not None and len(b.shape) != 2:
+        raise ShapeError(f"MatMulBias expects B of rank 2, got {b.format_shape()}")
+    if bias.shape is not None and (
+        len(bias.shape) != 1 or (b.shape is not None and not _same_dim(bias.shape[0], b.shape[1]))
+    ):
+        raise ShapeError(
+            f"MatMulBias expects a bias of B's {b.shape[1] if b.shape else 'N'} columns, got {bias.format_shape()}"
+        )
+    return [TensorInfo(matmul_shape(a, b, "MatMulBias"), a.dtype)]
+
+
 @layer_kind("MatMulInteger", NoDescriptor, min_inputs=2, max_inputs=4)
 def infer_matmul_integer(desc, inputs, consts):
     a, b = inputs[0], inputs[1]

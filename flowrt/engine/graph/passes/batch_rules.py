@@ -224,7 +224,7 @@ def gemm(layer: Layer, axes: list[Axis]) -> Axis:
     return 0
 
 
-@batch_rule("MatMul")
+@batch_rule("MatMul", "MatMulBias")
 def matmul(layer: Layer, axes: list[Axis]) -> Axis:
     batch = batched_first(axes)
     a, b = input_shape(layer, 0), input_shape(layer, 1)

@@ -3,7 +3,8 @@ is handed, each answered as a substitution by one fused layer (Arm NN's backend-
 ``FuseLayer`` optimizations).
 
 - ``MatMul`` of two matrices + ``Add`` of a constant bias (+ an activation) -> one ``Gemm``
-  (with the activation fused), as ONNX Runtime's MatMulAddFusion;
+  (with the activation fused), as ONNX Runtime's MatMulAddFusion; of a batch or sequence of
+  rows by a matrix + a constant vector along its columns -> one ``MatMulBias``;
 - a layer of ``activation_kinds`` (Conv, Gemm, ...) + the activation reading it -> that
   layer with the activation fused (Conv + bias + Relu is one Conv);
 - the ``patterns`` a backend passes, tried first (CpuAcc's ``PATTERN_FUSIONS``: SiLU, GELU,
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 
 from flowrt.engine.graph.graph import Layer, constant_value
+from flowrt.engine.graph.layer_kind import NoDescriptor
 from flowrt.engine.graph.layers.gemm import GemmDescriptor
 from flowrt.engine.graph.passes.fuse_activation import as_fused_activation
 from flowrt.registry import ACTIVATION_KINDS, LayerSupport, OptimizationViews, ReplacementLayer
@@ -65,20 +67,39 @@ def _bias_of(add: Layer, product: Layer) -> np.ndarray | None:
         return None
 
 
-def matmul_add(layer: Layer, members: set[str], with_activation: bool = True) -> Fusion | None:
-    """MatMul (matrices) + Add (constant bias) [+ activation] -> Gemm."""
+def _is_column_vector(add: Layer, product: Layer, columns) -> bool:
+    """Whether ``add`` adds to ``product``'s output a constant float32 vector of ``columns``."""
+    if add.kind != "Add" or len(add.inputs) != 2 or getattr(add.descriptor, "legacy", False):
+        return False
+    slots = [s.source for s in add.inputs]
+    bias = constant_value(slots[1] if slots[0] is product.outputs[0] else slots[0])
+    return bias is not None and bias.dtype == np.float32 and bias.shape == (columns,)
+
+
+def matmul_add(
+    layer: Layer, members: set[str], activation_kinds: frozenset[str] = frozenset()
+) -> Fusion | None:
+    """MatMul (matrices) + Add (constant bias) [+ activation] -> Gemm; MatMul (A of any
+    other rank by a matrix) + Add (a constant vector along the columns) -> MatMulBias.
+    The activation is fused where the resulting kind is one of ``activation_kinds``."""
     infos = layer.input_infos
-    if layer.kind != "MatMul" or any(i is None or i.shape is None or len(i.shape) != 2 for i in infos):
+    if layer.kind != "MatMul" or any(i is None or i.shape is None for i in infos) or len(infos[1].shape) != 2:
         return None
+    kind = "Gemm" if len(infos[0].shape) == 2 else "MatMulBias"
     add = _only_reader(layer, members)
-    if add is None or _bias_of(add, layer) is None:
+    if add is None:
+        return None
+    if kind == "Gemm" and _bias_of(add, layer) is None:
+        return None
+    if kind == "MatMulBias" and not _is_column_vector(add, layer, infos[1].shape[1]):
         return None
     bias_slot = next(s.source for s in add.inputs if s.source is not layer.outputs[0])
     after = _only_reader(add, members)
-    activation = _activation_of(after) if with_activation else None
+    activation = _activation_of(after) if kind in activation_kinds else None
     fused = [layer, add, after] if activation is not None else [layer, add]
     sources = (layer.inputs[0].source, layer.inputs[1].source, bias_slot)
-    return fused, ReplacementLayer("Gemm", GemmDescriptor(), sources, activation, layer.name)  # type: ignore[list-item]
+    descriptor = GemmDescriptor() if kind == "Gemm" else NoDescriptor()
+    return fused, ReplacementLayer(kind, descriptor, sources, activation, layer.name)  # type: ignore[list-item]
 
 
 def fused_activation(layer: Layer, members: set[str], kinds: frozenset[str]) -> Fusion | None:
@@ -119,7 +140,7 @@ def offer_fusions(
     views = OptimizationViews()
     for find in (
         *(lambda layer, pattern=pattern: pattern(layer, members) for pattern in patterns),
-        lambda layer: matmul_add(layer, members, with_activation and "Gemm" in activation_kinds),
+        lambda layer: matmul_add(layer, members, activation_kinds if with_activation else frozenset()),
         lambda layer: fused_activation(layer, members, activation_kinds),
     ):
         for layer in layers:

@@ -13,7 +13,7 @@ from flowrt.workers.cpu.acc.workload_factory import AccWorkloadFactory
 from flowrt.workers.cpu.workers import default_cpu_workers
 
 FUSED_ACTIVATION_KINDS = frozenset(
-    {"Conv", "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Sum", "BatchNormalization"}
+    {"Conv", "Gemm", "MatMul", "MatMulBias", "Add", "Sub", "Mul", "Div", "Sum", "BatchNormalization"}
 )
 
 

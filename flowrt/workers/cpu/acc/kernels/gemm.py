@@ -253,9 +253,10 @@ class _Batches(NamedTuple):
     rows: int  # rows of each entry's product: A's batch rows folded in when B is one matrix
 
 
-@acc_kernel("MatMul")
+@acc_kernel("MatMul", "MatMulBias")
 class MatMulKernel:
-    """numpy's matmul: 1-D operands promoted, batch dims broadcast."""
+    """numpy's matmul: 1-D operands promoted, batch dims broadcast. MatMulBias (A by a
+    matrix, plus a vector along its columns) is one with the bias added as it is stored."""
 
     split_hint = SplitHint(axis=0, min_slice=1)
 
@@ -270,8 +271,15 @@ class MatMulKernel:
         self.b = None if constants[1] is None else _matrix(constants[1])
         self._plans: dict[tuple[tuple[int, ...], tuple[int, ...]], _Batches] = {}
         self.packed = None
-        if packed_gemm.AVAILABLE and self.b is not None and self.b.ndim == 2:
-            self.packed = _Packed(self.b, None, workers)
+        self.with_bias = info.kind == "MatMulBias"
+        bias = constants[2] if self.with_bias and len(constants) > 2 else None
+        if (
+            packed_gemm.AVAILABLE
+            and self.b is not None
+            and self.b.ndim == 2
+            and (bias is not None or not self.with_bias)
+        ):
+            self.packed = _Packed(self.b, None if bias is None else _matrix(bias), workers)
             self.weights_shape, self.b = self.b.shape, None  # the packed copy serves every run
 
     def plan(self, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> _Batches:
@@ -325,8 +333,10 @@ class MatMulKernel:
         a3 = a.reshape(-1, plan.rows, k)
         b3 = b.reshape(-1, k, 1 if b.ndim == 1 else b.shape[-1])
         y3 = out.reshape(-1, plan.rows, b3.shape[2])
+        bias = _matrix(inputs[2]).reshape(1, -1) if self.with_bias else _NO_C
         _batched_gemm(
-            a3, plan.a_index, b3, plan.b_index, y3, False, False, np.float32(1), _NO_C, np.float32(0),
-            plan.split.rows, plan.split.cols, self.code != NONE, self.code, self.act_a, self.act_b,
+            a3, plan.a_index, b3, plan.b_index, y3, False, False, np.float32(1), bias,
+            np.float32(1 if self.with_bias else 0), plan.split.rows, plan.split.cols,
+            self.with_bias or self.code != NONE, self.code, self.act_a, self.act_b,
         )  # fmt: skip
         return [out]

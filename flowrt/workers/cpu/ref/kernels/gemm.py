@@ -1,4 +1,4 @@
-"""Gemm, MatMul, MatMulInteger and QLinearMatMul kernels: numpy's matmul (BLAS) does the work."""
+"""Gemm, MatMul, MatMulBias, MatMulInteger and QLinearMatMul kernels: numpy's matmul (BLAS) does the work."""
 
 from __future__ import annotations
 
@@ -30,6 +30,11 @@ def gemm(desc, a, b, c=None):
 def matmul(desc, a, b):
     work = compute_dtype(a.dtype)
     return np.matmul(a.astype(work, copy=False), b.astype(work, copy=False)).astype(a.dtype, copy=False)
+
+
+@ref_kernel("MatMulBias")
+def matmul_bias(desc, a, b, bias):
+    return (np.matmul(a, b) + bias).astype(a.dtype, copy=False)
 
 
 def _per_row(values: np.ndarray, a: np.ndarray) -> np.ndarray:
