@@ -189,6 +189,29 @@ def test_few_output_channels_run_tap_by_tap(x_shape, w_shape, attrs, constant, w
         assert kernel.plan(x.shape, w.shape).taps is taps
 
 
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("activation", [None, FusedActivation("Relu"), FusedActivation("Clip", -1.0, 2.0)])
+@pytest.mark.parametrize(
+    "x_shape, w_shape, attrs, direct",
+    [
+        ((2, 32, 14, 14), (32, 8, 3, 3), dict(group=4, pads=(1, 1, 1, 1)), True),
+        ((1, 48, 15, 17), (24, 16, 3, 3), dict(group=3, strides=(2, 2), pads=(1, 1, 1, 1)), True),
+        ((1, 12, 9, 11), (6, 4, 5, 3), dict(group=3, pads=(2, 1, 2, 0), dilations=(1, 2)), True),
+        ((1, 40, 10, 10), (8, 20, 3, 3), dict(group=2, pads=(1, 1, 1, 1)), False),
+    ],
+)
+def test_groups_of_few_channels_run_as_direct_windows(x_shape, w_shape, attrs, direct, activation, workers):
+    """A grouped conv (not depthwise) of at most MAX_GROUP_CHANNELS input channels per group
+    runs as direct sliding windows over each group's planes; wider groups use im2col."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(x_shape, dtype=np.float32)
+    w = rng.standard_normal(w_shape, dtype=np.float32)
+    b = rng.standard_normal(w_shape[0], dtype=np.float32)
+    kernel, got, expected = conv_case(x, w, b, workers=workers, activation=activation, **attrs)
+    close(got, expected)
+    assert (kernel.plan(x.shape, w.shape).group_bounds is not None) is direct
+
+
 @pytest.mark.parametrize("threads", [1, 2, None])
 def test_a_conv_splits_its_window_by_the_threads_its_job_has_now(monkeypatch, threads):
     # A run that shares the cores with others has one thread: one slice, not two in a row.

@@ -37,6 +37,7 @@ from flowrt.workers.cpu.acc.kernels.conv_columns import conv_by_columns, conv_by
 from flowrt.workers.cpu.acc.kernels.conv_packed import conv_packed
 from flowrt.workers.cpu.acc.kernels.depthwise import depthwise, depthwise_same3
 from flowrt.workers.cpu.acc.kernels.epilogue import NONE, activation_args
+from flowrt.workers.cpu.acc.kernels.grouped import MAX_GROUP_CHANNELS, grouped_direct
 from flowrt.workers.cpu.acc.kernels.taps import conv_by_taps
 from flowrt.workers.cpu.acc.kernels.winograd import (
     BLOCK_TILES,
@@ -101,6 +102,7 @@ class _Plan(NamedTuple):
     tile_block: int  # Winograd: tile rows per block
     tile_group: int  # Winograd: images transformed together
     phase_shape: np.ndarray  # strided, by columns: rows and pitch of the phase planes (else zeros)
+    group_bounds: np.ndarray | None  # few channels per group: (image, group) tasks per slice
 
 
 @acc_kernel("Conv")
@@ -277,6 +279,9 @@ class ConvKernel:
                 else [0, 0],
                 np.int64,
             ),
+            split_bounds(x_shape[0] * groups, SplitHint(0, 1), workers)
+            if 1 < groups < x_shape[1] and w_shape[1] <= MAX_GROUP_CHANNELS and kernel != (1, 1)
+            else None,
         )
         return cached
 
@@ -301,6 +306,9 @@ class ConvKernel:
                 depthwise_same3(x, filters, bias, out, *args, plan.plane_bounds)
             else:
                 depthwise(x, filters, bias, out, plan.geo, *args, plan.plane_bounds)
+            return [out]
+        if plan.group_bounds is not None:
+            grouped_direct(x, w.reshape(w_shape), bias, out, plan.geo, *args, plan.group_bounds)
             return [out]
         if plan.winograd:
             u = self._winograd_weights(w, w_shape, plan.winograd)

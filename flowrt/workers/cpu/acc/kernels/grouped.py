@@ -1,0 +1,100 @@
+"""Grouped Conv with few channels per group (RegNet's and ResNeXt's 3x3 convs): a direct
+sliding window, as the depthwise kernel runs, over each group's input channels.
+
+im2col and GEMM run such a conv as one small GEMM per group (8 output channels by 72 taps in
+RegNet), whose tiles are mostly border and whose column matrix is copied for every group:
+RegNet-Y-400MF's grouped convs ran at 5-9 GFLOP/s. Here a task is one (image, group): its
+``cg`` input channels are copied once into zero-bordered (or phase) planes, and each of its
+output planes is the sum of ``cg`` depthwise passes, every kernel row's taps one vectorized
+loop over the plane (``depthwise._row_taps``). :class:`~flowrt.workers.cpu.acc.kernels.conv.ConvKernel`
+picks it for groups of at most ``MAX_GROUP_CHANNELS`` input channels and kernels larger than
+1x1 (a grouped 1x1 conv is a GEMM per group, which register tiles run better).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from flowrt.workers.cpu.acc.blas import PRANGE_ONLY
+from flowrt.workers.cpu.acc.kernels.depthwise import _row_taps, _source_shape, _tap_start
+from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, RELU, activate_row
+from flowrt.workers.cpu.acc.kernels.phases import fill_phase_planes
+
+# Input channels per group up to which a grouped conv runs here rather than by im2col.
+MAX_GROUP_CHANNELS = 16
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _output_plane(src, plane, cg, wm, b, acc, total, geo, rows, pitch, relu):
+    """``acc[:total]`` = ``b`` plus the taps of ``wm`` (cg, kh, kw) over the ``cg`` planes in
+    ``src`` (each ``plane`` long), on the planes' row pitch; through Relu when ``relu``."""
+    kh, kw = geo[0], geo[1]
+    for j in range(cg):
+        base = j * plane
+        for ki in range(kh):
+            last = relu and j == cg - 1 and ki == kh - 1
+            if kw == 3:
+                s0 = base + _tap_start(geo, rows, pitch, ki, 0)
+                s1 = base + _tap_start(geo, rows, pitch, ki, 1)
+                s2 = base + _tap_start(geo, rows, pitch, ki, 2)
+                w0, w1, w2 = wm[j, ki, 0], wm[j, ki, 1], wm[j, ki, 2]
+                if j == 0 and ki == 0:
+                    _row_taps(acc, b, False, w0, w1, w2, src, s0, s1, s2, total)
+                else:
+                    _row_taps(acc, None, last, w0, w1, w2, src, s0, s1, s2, total)
+            else:
+                if j == 0 and ki == 0:
+                    for i in range(total):
+                        acc[i] = b
+                for kj in range(kw):
+                    wv = wm[j, ki, kj]
+                    start = np.uint64(base + _tap_start(geo, rows, pitch, ki, kj))
+                    for i in range(np.uint64(total)):
+                        acc[i] += wv * src[start + i]
+                if last:
+                    activate_row(acc[:total], acc[:total], NO_BIAS, RELU, np.float32(0), np.float32(0))
+
+
+@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
+def grouped_direct(x, w, bias, out, geo, code, alpha, beta, bounds):
+    """Tasks are (image, group) pairs, cut into slices by ``bounds``; ``w`` is (M, cg, kh,
+    kw), output channel m belonging to group ``m // (M // groups)``."""
+    sh, sw, ph, pw = geo[2], geo[3], geo[6], geo[7]
+    channels, height, width = x.shape[1], x.shape[2], x.shape[3]
+    m_count, oh_count, ow_count = out.shape[1], out.shape[2], out.shape[3]
+    cg = w.shape[1]
+    groups = channels // cg
+    mg = m_count // groups
+    rows, pitch = _source_shape(geo, height, width, oh_count, ow_count)
+    plane = sh * sw * rows * pitch
+    total = (oh_count - 1) * pitch + ow_count
+    relu = code == RELU
+    for s in prange(bounds.shape[0] - 1):
+        # scratch per slice: the group's padded or phase planes (pad cells stay zero), the run
+        src = np.zeros(cg * plane, np.float32)
+        acc = np.empty(oh_count * pitch, np.float32)
+        for task in range(bounds[s], bounds[s + 1]):
+            n, g = divmod(task, groups)
+            for j in range(cg):
+                fill_phase_planes(
+                    src[j * plane : (j + 1) * plane],
+                    x[n, g * cg + j],
+                    rows,
+                    pitch,
+                    rows * pitch,
+                    sh,
+                    sw,
+                    ph,
+                    pw,
+                )
+            for mm in range(mg):
+                m = g * mg + mm
+                _output_plane(src, plane, cg, w[m], bias[m], acc, total, geo, rows, pitch, relu)
+                if not relu:
+                    activate_row(acc[:total], acc[:total], NO_BIAS, code, alpha, beta)
+                un, um = np.uint64(n), np.uint64(m)
+                for oh in range(np.uint64(oh_count)):
+                    line = oh * np.uint64(pitch)
+                    for ow in range(np.uint64(ow_count)):
+                        out[un, um, oh, ow] = acc[line + ow]
