@@ -64,6 +64,76 @@ def _row_taps(dst, first, relu, w0, w1, w2, src, s0, s1, s2, n):
 
 
 @njit(inline="always", nogil=True, cache=True)
+def _row_taps5(dst, first, relu, wr, src, s0, s1, s2, s3, s4, n):
+    """:func:`_row_taps` for a 5-wide kernel row (MobileNetV3's and EfficientNet's 5x5
+    depthwise convs): its five taps ``wr[0..4]`` in one loop, not five passes over ``dst``."""
+    w0, w1, w2, w3, w4 = wr[0], wr[1], wr[2], wr[3], wr[4]
+    s0, s1, s2, s3, s4 = np.uint64(s0), np.uint64(s1), np.uint64(s2), np.uint64(s3), np.uint64(s4)
+    if first is not None:
+        for i in range(np.uint64(n)):
+            dst[i] = first + (
+                (w0 * src[s0 + i] + w1 * src[s1 + i])
+                + (w2 * src[s2 + i] + w3 * src[s3 + i])
+                + w4 * src[s4 + i]
+            )
+    elif relu:
+        zero = np.float32(0)
+        for i in range(np.uint64(n)):
+            v = dst[i] + (
+                (w0 * src[s0 + i] + w1 * src[s1 + i])
+                + (w2 * src[s2 + i] + w3 * src[s3 + i])
+                + w4 * src[s4 + i]
+            )
+            dst[i] = activate(v, RELU, zero, zero)
+    else:
+        for i in range(np.uint64(n)):
+            dst[i] += (
+                (w0 * src[s0 + i] + w1 * src[s1 + i])
+                + (w2 * src[s2 + i] + w3 * src[s3 + i])
+                + w4 * src[s4 + i]
+            )
+
+
+@njit(inline="always", nogil=True, cache=True)
+def kernel_row(acc, first, is_first, relu, wm_row, kw, src, base, geo, rows, pitch, ki, total):
+    """One kernel row's taps of a depthwise pass into ``acc[:total]``, from the planes at
+    ``src[base:]``: onto ``first`` (the bias) when ``is_first``, else added, through Relu when
+    ``relu``. 3- and 5-wide rows are one loop each; other widths one loop per tap."""
+    if kw == 3:
+        s0 = base + _tap_start(geo, rows, pitch, ki, 0)
+        s1 = base + _tap_start(geo, rows, pitch, ki, 1)
+        s2 = base + _tap_start(geo, rows, pitch, ki, 2)
+        if is_first:
+            _row_taps(acc, first, False, wm_row[0], wm_row[1], wm_row[2], src, s0, s1, s2, total)
+        else:
+            _row_taps(acc, None, relu, wm_row[0], wm_row[1], wm_row[2], src, s0, s1, s2, total)
+        return
+    if kw == 5:
+        s0 = base + _tap_start(geo, rows, pitch, ki, 0)
+        s1 = base + _tap_start(geo, rows, pitch, ki, 1)
+        s2 = base + _tap_start(geo, rows, pitch, ki, 2)
+        s3 = base + _tap_start(geo, rows, pitch, ki, 3)
+        s4 = base + _tap_start(geo, rows, pitch, ki, 4)
+        if is_first:
+            _row_taps5(acc, first, False, wm_row, src, s0, s1, s2, s3, s4, total)
+        else:
+            _row_taps5(acc, None, relu, wm_row, src, s0, s1, s2, s3, s4, total)
+        return
+    if is_first:
+        for i in range(np.uint64(total)):
+            acc[i] = first
+    for kj in range(kw):
+        wv = wm_row[kj]
+        start = np.uint64(base + _tap_start(geo, rows, pitch, ki, kj))
+        for i in range(np.uint64(total)):
+            acc[i] += wv * src[start + i]
+    if relu:
+        zero = np.float32(0)
+        for i in range(np.uint64(total)):
+            acc[i] = activate(acc[i], RELU, zero, zero)
+
+
+@njit(inline="always", nogil=True, cache=True)
 def _depthwise_plane(src, x, wm, b, out, n, m, acc, geo, rows, pitch, code, alpha, beta):
     """Output plane ``out[n, m]`` of a depthwise conv from its input plane ``x``.
 
@@ -77,30 +147,13 @@ def _depthwise_plane(src, x, wm, b, out, n, m, acc, geo, rows, pitch, code, alph
     fill_phase_planes(src, x, rows, pitch, rows * pitch, sh, sw, ph, pw)
     total = (oh_count - 1) * pitch + ow_count
     relu = code == RELU
-    if kw == 3:  # a kernel row's three taps in one loop (_row_taps), the bias with the first
-        for ki in range(kh):
-            s0 = _tap_start(geo, rows, pitch, ki, 0)
-            s1 = _tap_start(geo, rows, pitch, ki, 1)
-            s2 = _tap_start(geo, rows, pitch, ki, 2)
-            w0, w1, w2 = wm[ki, 0], wm[ki, 1], wm[ki, 2]
-            if ki == 0:
-                _row_taps(acc, b, False, w0, w1, w2, src, s0, s1, s2, total)
-            else:
-                _row_taps(acc, None, relu and ki == kh - 1, w0, w1, w2, src, s0, s1, s2, total)
-        if kh == 1 or not relu:
-            activate_row(acc[:total], acc[:total], NO_BIAS, code, alpha, beta)
-    else:
-        run = acc[:total]
-        for i in range(total):
-            run[i] = b
-        for ki in range(kh):
-            for kj in range(kw):
-                wv = wm[ki, kj]
-                start = _tap_start(geo, rows, pitch, ki, kj)
-                tap = src[start : start + total]
-                for i in range(total):
-                    run[i] += wv * tap[i]
-        activate_row(run, run, NO_BIAS, code, alpha, beta)
+    # a kernel row's taps in one loop (kernel_row), the bias with the first, Relu with the last
+    for ki in range(kh):
+        kernel_row(
+            acc, b, ki == 0, relu and ki == kh - 1 and kh > 1, wm[ki], kw, src, 0, geo, rows, pitch, ki, total
+        )
+    if kh == 1 or not relu:
+        activate_row(acc[:total], acc[:total], NO_BIAS, code, alpha, beta)
     n, m = np.uint64(n), np.uint64(m)
     for oh in range(np.uint64(oh_count)):
         line = oh * np.uint64(pitch)

@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit, prange
 
 from flowrt.workers.cpu.acc.blas import PRANGE_ONLY
-from flowrt.workers.cpu.acc.kernels.depthwise import _row_taps, _source_shape, _tap_start
+from flowrt.workers.cpu.acc.kernels.depthwise import _source_shape, kernel_row
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, RELU, activate_row
 from flowrt.workers.cpu.acc.kernels.phases import fill_phase_planes
 
@@ -31,29 +31,11 @@ def _output_plane(src, plane, cg, wm, b, acc, total, geo, rows, pitch, relu):
     ``src`` (each ``plane`` long), on the planes' row pitch; through Relu when ``relu``."""
     kh, kw = geo[0], geo[1]
     for j in range(cg):
-        base = j * plane
         for ki in range(kh):
             last = relu and j == cg - 1 and ki == kh - 1
-            if kw == 3:
-                s0 = base + _tap_start(geo, rows, pitch, ki, 0)
-                s1 = base + _tap_start(geo, rows, pitch, ki, 1)
-                s2 = base + _tap_start(geo, rows, pitch, ki, 2)
-                w0, w1, w2 = wm[j, ki, 0], wm[j, ki, 1], wm[j, ki, 2]
-                if j == 0 and ki == 0:
-                    _row_taps(acc, b, False, w0, w1, w2, src, s0, s1, s2, total)
-                else:
-                    _row_taps(acc, None, last, w0, w1, w2, src, s0, s1, s2, total)
-            else:
-                if j == 0 and ki == 0:
-                    for i in range(total):
-                        acc[i] = b
-                for kj in range(kw):
-                    wv = wm[j, ki, kj]
-                    start = np.uint64(base + _tap_start(geo, rows, pitch, ki, kj))
-                    for i in range(np.uint64(total)):
-                        acc[i] += wv * src[start + i]
-                if last:
-                    activate_row(acc[:total], acc[:total], NO_BIAS, RELU, np.float32(0), np.float32(0))
+            kernel_row(
+                acc, b, j == 0 and ki == 0, last, wm[j, ki], kw, src, j * plane, geo, rows, pitch, ki, total
+            )
 
 
 @njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
