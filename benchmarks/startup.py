@@ -1,0 +1,90 @@
+"""Time to a model's first output in a fresh process: flowrt cold and warm, ONNX Runtime.
+
+    python benchmarks/startup.py [--model resnet50] [--backends CpuAcc,CpuRef] [--repeat 3]
+
+Each measurement is a new Python process that imports the engine, loads the model (flowrt:
+``flowrt.onnx.load``, ``optimize``, ``Runtime``, ``rt.load``; ONNX Runtime: an
+``InferenceSession``) and runs it once; the time is the process's wall time from its start
+to that first output, and its CPU time (user + system, all threads) as the OS counts it.
+
+- ``flowrt cold``: numba's kernel cache empty (``NUMBA_CACHE_DIR`` a new directory), so every
+  kernel the model needs is compiled: what a first install pays once, with the progress bar.
+- ``flowrt warm``: the same cache again, now full: what every later process pays.
+- ``onnxruntime``: the peer, which compiles nothing (its process imports numpy and
+  onnxruntime only).
+
+Prints a table and the ratio warm / ONNX Runtime (the median of ``--repeat`` processes each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from flowrt.models import light_model
+
+FLOWRT = """
+import sys, trio, flowrt
+from flowrt.models import pattern_input
+async def main():
+    opt = flowrt.optimize(flowrt.onnx.load(sys.argv[1]), backends=sys.argv[2].split(","))
+    async with flowrt.Runtime() as rt:
+        model = await rt.load(opt)
+        await model.run({n: pattern_input(i) for n, i in model.inputs.items()})
+trio.run(main)
+"""
+
+ORT = """
+import sys, numpy as np, onnxruntime as ort
+session = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+shapes = {i.name: [d if isinstance(d, int) else 1 for d in i.shape] for i in session.get_inputs()}
+session.run(None, {name: np.full(shape, 0.5, np.float32) for name, shape in shapes.items()})
+"""
+
+
+def _process(code: str, args: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one process running ``code``."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code, *args], env=env, check=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--backends", default="CpuAcc,CpuRef")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    path = str(light_model(args.model))
+    rows = []
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+        rows.append(("flowrt cold", *_process(FLOWRT, [path, args.backends], env)))
+        warm = [_process(FLOWRT, [path, args.backends], env) for _ in range(args.repeat)]
+    theirs = [_process(ORT, [path], dict(os.environ)) for _ in range(args.repeat)]
+    rows.append(("flowrt warm", statistics.median(w for w, _ in warm), statistics.median(c for _, c in warm)))
+    rows.append(
+        ("onnxruntime", statistics.median(w for w, _ in theirs), statistics.median(c for _, c in theirs))
+    )
+    print(
+        f"{args.model}, backends {args.backends}; fresh process to first output (median of {args.repeat})\n"
+    )
+    print("| engine | wall s | CPU s |")
+    print("| --- | ---: | ---: |")
+    for name, wall, cpu in rows:
+        print(f"| {name} | {wall:.2f} | {cpu:.2f} |")
+    print(f"\nwarm flowrt / ONNX Runtime: {rows[1][1] / rows[2][1]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
