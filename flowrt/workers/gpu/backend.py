@@ -69,7 +69,9 @@ class GpuAccBackend:
             self.opencl_device = spec
         mode = getattr(options, "tuning_mode", None) or "none"
         self.tuner = Tuner(mode, getattr(options, "tuning_file", None))
-        return GpuBackendContext(device_context(self.opencl_device))
+        context = device_context(self.opencl_device)
+        self.tuner.check_device(context.device)
+        return GpuBackendContext(context)
 
     def create_memory_manager(self) -> MemoryManager:
         """One device buffer per pool arena, tensors at the device's base-address alignment."""

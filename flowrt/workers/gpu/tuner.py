@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextvars
 import enum
 import logging
+import math
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -109,6 +110,27 @@ class Tuner:
                     "read: give a mode such as 'rapid' to create it"
                 )
 
+    def check_device(self, device: Any) -> None:
+        """BackendError naming the tuning file and the entry when an entry for ``device`` asks
+        for a work-group larger than the device runs: only a corrupt or hand-edited file does
+        (the tuner never times a size past the kernel's limit). Called when GpuAcc's context
+        is made, so such a file fails there, as any other corrupt file, and not in a run."""
+        identity = device_identity(device)
+        largest = int(device.max_work_group_size)
+        per_dim = [int(s) for s in device.max_work_item_sizes]
+        for key, local in self.entries.items():
+            fits = len(local) <= len(per_dim) and all(s <= most for s, most in zip(local, per_dim))
+            if key[:2] == identity and not (fits and math.prod(local) <= largest):
+                limit = f"at most {per_dim[: len(local)]}, {largest} in all, on {identity[0]!r}"
+                raise self._entry_problem(
+                    key, local, f"expected a local size of {limit}; found {list(local)}"
+                )
+
+    def _entry_problem(self, key: TuningKey, local: tuple[int, ...], problem: str) -> BackendError:
+        entry = [*key[:3], list(key[3]), list(local)]
+        where = f"tuning file {self.path}" if self.path is not None else "tuning table"
+        return BackendError(f"{where}: entry {entry!r:.200} {problem}")
+
     @property
     def tunes(self) -> bool:
         """Whether loads time candidates (any mode but none)."""
@@ -148,7 +170,14 @@ class Tuner:
         if local is None and self.tunes and queue in self._queues.values():
             local = self._tune(kernel, queue, device, key, args)
         local = local or DEFAULT_LOCAL_SIZE
-        return kernel(queue, (rounded_up(n, local),), (local,), *args)
+        try:
+            return kernel(queue, (rounded_up(n, local),), (local,), *args)
+        except cl.Error as e:
+            if found is None:
+                raise
+            # A kernel may take fewer work-items than its device (check_device's limit).
+            problem = f"has a local size kernel {key[2]!r} cannot launch with ({e})"
+            raise self._entry_problem(key, found, problem) from e
 
     def _tune(self, kernel: Any, queue: Any, device: Any, key: TuningKey, args: tuple) -> int:
         (n,) = key[3]
