@@ -154,10 +154,17 @@ def _depthwise_plane(src, x, wm, b, out, n, m, acc, geo, rows, pitch, code, alph
         )
     if kh == 1 or not relu:
         activate_row(acc[:total], acc[:total], NO_BIAS, code, alpha, beta)
+    store_plane(acc, out, n, m, pitch)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def store_plane(acc, out, n, m, pitch):
+    """Output plane ``out[n, m]`` from the run ``acc`` computed on a row pitch of ``pitch``
+    (the last ``pitch - width`` cells of each row dropped)."""
     n, m = np.uint64(n), np.uint64(m)
-    for oh in range(np.uint64(oh_count)):
+    for oh in range(np.uint64(out.shape[2])):
         line = oh * np.uint64(pitch)
-        for ow in range(np.uint64(ow_count)):
+        for ow in range(np.uint64(out.shape[3])):
             out[n, m, oh, ow] = acc[line + ow]
 
 

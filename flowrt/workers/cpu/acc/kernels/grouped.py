@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit, prange
 
 from flowrt.workers.cpu.acc.blas import PRANGE_ONLY
-from flowrt.workers.cpu.acc.kernels.depthwise import _source_shape, kernel_row
+from flowrt.workers.cpu.acc.kernels.depthwise import _source_shape, kernel_row, store_plane
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, RELU, activate_row
 from flowrt.workers.cpu.acc.kernels.phases import fill_phase_planes
 
@@ -75,8 +75,4 @@ def grouped_direct(x, w, bias, out, geo, code, alpha, beta, bounds):
                 _output_plane(src, plane, cg, w[m], bias[m], acc, total, geo, rows, pitch, relu)
                 if not relu:
                     activate_row(acc[:total], acc[:total], NO_BIAS, code, alpha, beta)
-                un, um = np.uint64(n), np.uint64(m)
-                for oh in range(np.uint64(oh_count)):
-                    line = oh * np.uint64(pitch)
-                    for ow in range(np.uint64(ow_count)):
-                        out[un, um, oh, ow] = acc[line + ow]
+                store_plane(acc, out, n, m, pitch)
