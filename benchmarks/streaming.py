@@ -1,7 +1,7 @@
 """Streams, pipelines and priorities on flowrt, against ONNX Runtime, in one process.
 
     python benchmarks/streaming.py [--quick] [--cases streaming,pipeline,priority]
-        [--models NAME ...] [--requests 128] [--backends CpuAcc,CpuRef] [--rounds 2]
+        [--models NAME ...] [--zoo NAME ...] [--requests 128] [--backends CpuAcc,CpuRef] [--rounds 2]
 
 Three cases, each printing requests/s and p50/p99 latency:
 
@@ -11,7 +11,11 @@ Three cases, each printing requests/s and p50/p99 latency:
   doing one ``run()`` per request in a loop with ``intra_op_num_threads`` = the cores. The
   requests are sent as fast as the stream takes them; a request's latency runs from the
   moment the stream accepted it to the moment its result is received. Then the geometric mean
-  of the requests/s ratios.
+  of the requests/s ratios. ``--zoo`` runs the same case on models of the public model zoo
+  (``benchmarks/zoo.py``: random weights, seeded inputs, its exporter chosen by
+  ``--zoo-exporter``; a file not yet in the zoo's cache is exported first, which needs the
+  zoo extra), with their own geometric mean. A model that cannot be re-batched (a layer
+  without a batching rule) streams with ``max_batch=1``, and says so.
 - pipeline: squeezenet, then a function stage feeding densenet121 the request's original
   image, then densenet121: ``flowrt.Pipeline`` against running the two models one after the
   other per request, on the same loaded models.
@@ -27,8 +31,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -40,6 +46,8 @@ import flowrt
 from flowrt.bench import BenchResult, ort_session
 from flowrt.models import LIGHT_MODELS, light_model, pattern_input
 from flowrt.workers.cpu.workers import default_cpu_workers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # zoo.py and zoo_models.py, beside this file
 
 Feeds = Mapping[str, np.ndarray]
 
@@ -130,13 +138,23 @@ HEADER = f"{'':<26} {'req/s':>9} {'p50 ms':>9} {'p99 ms':>9}"
 
 
 # -- streaming ------------------------------------------------------------------------------
-async def _streaming(name: str, backends: list[str], settings: StreamSettings, requests: int, rounds: int):
-    path = str(light_model(name))
+async def _streaming(
+    path: str, feeds: Feeds | None, backends: list[str], settings: StreamSettings, requests: int, rounds: int
+):
+    """flowrt's stream against ONNX Runtime's loop on the model at ``path``, with ``feeds``
+    (None: the light models' pattern inputs)."""
     opt = flowrt.optimize(flowrt.onnx.load(path), backends=backends)
     async with flowrt.Runtime() as rt:
         model = await rt.load(opt, max_in_flight=settings.pools)
-        feeds = {n: pattern_input(info) for n, info in model.inputs.items()}
+        if feeds is None:
+            feeds = {n: pattern_input(info) for n, info in model.inputs.items()}
         session = ort_session(path, rt.cpu_workers)
+
+        try:
+            model.stream(max_in_flight=1, max_batch=settings.max_batch)
+        except flowrt.errors.ShapeError as e:  # a model that cannot be re-batched streams unbatched
+            print(f"  ({Path(path).stem}: no batches: {e})", flush=True)
+            settings = attrs.evolve(settings, max_batch=1, max_delay=0.0)
 
         def open_stream() -> Any:
             return model.stream(
@@ -156,27 +174,54 @@ async def _streaming(name: str, backends: list[str], settings: StreamSettings, r
     return _merge("flowrt", ours), _merge("onnxruntime", theirs)
 
 
-def run_streaming(args: argparse.Namespace, backends: list[str]) -> None:
+def _zoo_models(names: list[str], exporter: str) -> dict[str, tuple[str, Feeds]]:
+    """Each zoo model's file (exported first when the zoo's cache lacks it) and seeded feeds."""
+    from zoo import DEFAULT_CACHE, cached_path, export_zoo
+    from zoo_models import ZOO, make_feeds
+
+    unknown = [n for n in names if n not in ZOO]
+    if unknown:
+        raise SystemExit(f"--zoo: unknown model(s) {', '.join(unknown)}; the zoo has {', '.join(ZOO)}")
+    failed = export_zoo(names, [exporter], DEFAULT_CACHE)
+    if failed:
+        raise SystemExit(f"--zoo: export failed: {failed}")
+    return {n: (str(cached_path(DEFAULT_CACHE, n, exporter)), make_feeds(ZOO[n].inputs)) for n in names}
+
+
+def _stream_table(
+    title: str, models: Mapping[str, tuple[str, Feeds | None]], args: argparse.Namespace, backends: list[str]
+) -> dict[str, float]:
+    """One streaming table over ``models`` (name -> path, feeds); flowrt/ORT requests/s each."""
     settings = StreamSettings(args.pools, args.max_in_flight, args.max_batch, args.max_delay)
-    print(f"\n== streaming: {args.requests} requests of batch 1 per model")
+    print(f"\n== streaming: {args.requests} requests of batch 1 per model, {title}")
     print(f"flowrt: {settings.describe()}; ONNX Runtime: run() in a loop, {default_cpu_workers()} threads")
-    print(f"{'model':<14} {'flowrt req/s':>12} {'p50 ms':>8} {'p99 ms':>8}   {'ORT req/s':>9} {'p50 ms':>8} "
+    print(f"{'model':<18} {'flowrt req/s':>12} {'p50 ms':>8} {'p99 ms':>8}   {'ORT req/s':>9} {'p50 ms':>8} "
           f"{'p99 ms':>8}   {'ratio':>6}")  # fmt: skip
     ratios = {}
-    for name in args.models:
-        ours, theirs = trio.run(_streaming, name, backends, settings, args.requests, args.rounds)
+    for name, (path, feeds) in models.items():
+        ours, theirs = trio.run(_streaming, path, feeds, backends, settings, args.requests, args.rounds)
         ratios[name] = ours.throughput / theirs.throughput
         print(
-            f"{name:<14} {ours.throughput:>12.1f} {ours.percentile_ms(50):>8.1f} {ours.percentile_ms(99):>8.1f}"
+            f"{name:<18} {ours.throughput:>12.1f} {ours.percentile_ms(50):>8.1f} {ours.percentile_ms(99):>8.1f}"
             f"   {theirs.throughput:>9.1f} {theirs.percentile_ms(50):>8.1f} {theirs.percentile_ms(99):>8.1f}"
             f"   {ratios[name]:>6.2f}",
             flush=True,
         )
     geomean = math.exp(sum(math.log(r) for r in ratios.values()) / len(ratios))
-    print(f"geometric mean of flowrt/ORT requests/s: {geomean:.2f} (target >= 1.2)")
-    named = [f"{m} {ratios[m]:.2f}" for m in ("shufflenet", "bvlc_alexnet", "densenet121") if m in ratios]
-    if named:
-        print(f"  {', '.join(named)} (target >= 1.3 each)")
+    print(f"geometric mean of flowrt/ORT requests/s, {title}: {geomean:.2f} (target >= 1.2)")
+    return ratios
+
+
+def run_streaming(args: argparse.Namespace, backends: list[str]) -> None:
+    if args.models:
+        light = {name: (str(light_model(name)), None) for name in args.models}
+        ratios = _stream_table("light models", light, args, backends)
+        named = [f"{m} {ratios[m]:.2f}" for m in ("shufflenet", "bvlc_alexnet", "densenet121") if m in ratios]
+        if named:
+            print(f"  {', '.join(named)} (target >= 1.3 each)")
+    if args.zoo:
+        zoo = _zoo_models(args.zoo, args.zoo_exporter)
+        _stream_table(f"zoo models ({args.zoo_exporter} exports)", zoo, args, backends)
 
 
 # -- pipeline -------------------------------------------------------------------------------
@@ -304,7 +349,9 @@ CASES: dict[str, Callable[[argparse.Namespace, list[str]], None]] = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated, of: " + ", ".join(CASES))
-    parser.add_argument("--models", nargs="+", default=list(LIGHT_MODELS), help="streaming: light models")
+    parser.add_argument("--models", nargs="*", default=list(LIGHT_MODELS), help="streaming: light models")
+    parser.add_argument("--zoo", nargs="*", default=[], help="streaming: zoo models too (benchmarks/zoo.py)")
+    parser.add_argument("--zoo-exporter", choices=("torchscript", "dynamo"), default="dynamo")
     parser.add_argument("--requests", type=int, default=128, help="streaming: requests per model")
     parser.add_argument("--quick", action="store_true", help="16 requests per case and model")
     parser.add_argument("--backends", default="CpuAcc,CpuRef")
