@@ -9,6 +9,8 @@
         outputs = await model.run({"data": x})
 """
 
+from typing import Any
+
 from flowrt import descriptors, errors, onnx, profiling
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.optimizer import OptimizedNetwork, OptimizerOptions, optimize
@@ -22,13 +24,29 @@ from flowrt.session import InferenceSession
 from flowrt.types import DataType, Priority, TensorInfo
 from flowrt.workers.cpu.acc import AccBackend
 from flowrt.workers.cpu.ref import RefBackend
-from flowrt.workers.gpu import GpuAccBackend
 
 __version__ = "0.1.0"
 
-for _backend in (RefBackend, AccBackend, GpuAccBackend):
-    if not backend_registry().is_registered(_backend.id):
-        backend_registry().register(_backend.id, _backend)
+
+def _gpu_acc() -> Any:
+    """GpuAcc's factory: OpenCL is imported when a GpuAcc backend is first made, not here."""
+    from flowrt.workers.gpu.backend import GpuAccBackend
+
+    return GpuAccBackend()
+
+
+for _id, _factory in (("CpuRef", RefBackend), ("CpuAcc", AccBackend), ("GpuAcc", _gpu_acc)):
+    if not backend_registry().is_registered(_id):
+        backend_registry().register(_id, _factory)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GpuAccBackend":
+        from flowrt.workers.gpu.backend import GpuAccBackend
+
+        return GpuAccBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AccBackend",

@@ -46,7 +46,7 @@ from flowrt.validate import (
     check_seconds,
 )
 from flowrt.workers.cpu.workers import CpuWorkerPool, default_cpu_workers
-from flowrt.workers.gpu.tuner import TuningMode
+from flowrt.workers.gpu.tuning_mode import TuningMode
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ and written, atomically, after each load that tuned something new.
 from __future__ import annotations
 
 import contextvars
-import enum
 import logging
 import math
 import threading
@@ -28,6 +27,7 @@ from typing import Any
 from flowrt.errors import BackendError
 from flowrt.workers.gpu.device import cl
 from flowrt.workers.gpu.tuning_file import TuningEntries, TuningKey, read_tuning_file, write_tuning_file
+from flowrt.workers.gpu.tuning_mode import TuningMode
 
 logger = logging.getLogger(__name__)
 
@@ -39,26 +39,6 @@ _LARGEST = 1024  # no candidate beyond this: no GPU gains from larger 1-D work-g
 tuning_progress: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
     "tuning_progress", default=None
 )
-
-
-class TuningMode(enum.Enum):
-    """How hard the tuner looks: CLTuner's levels."""
-
-    NONE = "none"
-    RAPID = "rapid"
-    NORMAL = "normal"
-    EXHAUSTIVE = "exhaustive"
-
-    @classmethod
-    def parse(cls, value: Any) -> TuningMode:
-        """A mode from a TuningMode or its name (any case); BackendError for anything else."""
-        if isinstance(value, TuningMode):
-            return value
-        try:
-            return cls(str(value).lower())
-        except ValueError:
-            names = ", ".join(m.value for m in cls)
-            raise BackendError(f"tuning_mode must be one of {names}; got {value!r}") from None
 
 
 def device_identity(device: Any) -> tuple[str, str]:

@@ -77,6 +77,22 @@ def test_flowrt_imports_and_gpuacc_declines_when_pyopencl_cannot_load():
     assert done.stdout.startswith("False GpuAcc is unavailable: pyopencl failed to import")
 
 
+def test_import_flowrt_and_a_cpu_run_leave_pyopencl_unloaded_until_gpuacc_is_made():
+    script = (
+        "import sys, numpy as np, flowrt\n"
+        "net = flowrt.Network()\n"
+        "x = net.add_input('x', flowrt.TensorInfo((2, 3), flowrt.DataType.FLOAT32))\n"
+        "net.add_output('y', net.add_layer('Relu', inputs=[x]))\n"
+        "with flowrt.InferenceSession(flowrt.optimize(net, backends=['CpuRef'])) as s:\n"
+        "    y = s.run(None, {'x': np.full((2, 3), -1.0, np.float32)})[0]\n"
+        "print(float(y.sum()), 'pyopencl' in sys.modules)\n"
+        "flowrt.backend_registry().get('GpuAcc')\n"
+        "print('pyopencl' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["0.0", "False", "True"]
+
+
 def test_flowrt_backends_lists_opencl_devices_with_memory_and_priority_hints(gpu, capsys):
     from flowrt.cli import main
 
