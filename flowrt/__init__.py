@@ -16,11 +16,26 @@ from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.optimizer import OptimizedNetwork, OptimizerOptions, optimize
 from flowrt.engine.graph.passes.batch import set_batch
 from flowrt.loaded_network import LoadedNetwork
+from flowrt.ort_compat import (
+    ExecutionMode,
+    ExecutionOrder,
+    GraphOptimizationLevel,
+    IOBinding,
+    ModelMetadata,
+    OrtValue,
+    RunOptions,
+    SessionOptions,
+    get_all_providers,
+    get_available_providers,
+    get_device,
+    get_version_string,
+    set_default_logger_severity,
+)
 from flowrt.pipeline import Pipeline
 from flowrt.registry import BackendId, BackendRegistry, backend_registry
 from flowrt.runtime import Runtime
 from flowrt.serialize import load, save
-from flowrt.session import InferenceSession
+from flowrt.session import InferenceSession, NodeArg
 from flowrt.types import DataType, Priority, TensorInfo
 from flowrt.workers.cpu.acc import AccBackend
 from flowrt.workers.cpu.ref import RefBackend
@@ -53,24 +68,38 @@ __all__ = [
     "BackendId",
     "BackendRegistry",
     "DataType",
+    "ExecutionMode",
+    "ExecutionOrder",
     "GpuAccBackend",
+    "GraphOptimizationLevel",
+    "IOBinding",
     "InferenceSession",
     "LoadedNetwork",
+    "ModelMetadata",
     "Network",
+    "NodeArg",
     "OptimizedNetwork",
     "OptimizerOptions",
+    "OrtValue",
     "Pipeline",
     "Priority",
     "RefBackend",
+    "RunOptions",
     "Runtime",
+    "SessionOptions",
     "TensorInfo",
     "backend_registry",
     "descriptors",
     "errors",
+    "get_all_providers",
+    "get_available_providers",
+    "get_device",
+    "get_version_string",
     "load",
     "onnx",
     "optimize",
     "profiling",
     "save",
     "set_batch",
+    "set_default_logger_severity",
 ]

@@ -25,26 +25,31 @@ class UnsupportedLayerError(FlowrtError):
     """No backend in the preference list accepts a layer, or the front end does not know an op."""
 
 
-class ShapeError(FlowrtError):
-    """A tensor shape does not match what a layer or a network input expects."""
+class ShapeError(FlowrtError, ValueError):
+    """A tensor shape does not match what a layer or a network input expects. Also a
+    ValueError, as a bad value is in Python (and as ONNX Runtime's users catch bad feeds)."""
 
 
-class DataTypeError(FlowrtError):
-    """A tensor data type does not match what a layer or a network input expects."""
+class DataTypeError(FlowrtError, ValueError):
+    """A tensor data type does not match what a layer or a network input expects. Also a
+    ValueError, as ShapeError is."""
 
 
-class InputError(FlowrtError):
-    """Feeds name an input the network does not have, or miss one it needs."""
+class InputError(FlowrtError, ValueError):
+    """Feeds name an input the network does not have, or miss one it needs. Also a ValueError,
+    which ONNX Runtime raises for a missing input."""
 
 
-class BackendError(FlowrtError):
-    """A backend failed to register, load or build."""
+class BackendError(FlowrtError, RuntimeError):
+    """A backend failed to register, load or build. Also a RuntimeError, which ONNX Runtime
+    raises for a provider it cannot use."""
 
 
-class RunError(FlowrtError):
+class RunError(FlowrtError, RuntimeError):
     """A workload failed while running; names the layer, its backend and the cause — and the
     pipeline stage, for a run through a ``flowrt.Pipeline`` (``layer`` and ``backend`` are
-    None when the stage is a function, or failed before a layer ran)."""
+    None when the stage is a function, or failed before a layer ran). Also a RuntimeError,
+    as a failure while running is in Python."""
 
     def __init__(
         self, layer: str | None, backend: str | None, cause: BaseException, *, stage: str | None = None

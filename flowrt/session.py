@@ -1,14 +1,22 @@
-"""InferenceSession: a synchronous, ONNX Runtime-style front door for people coming from it.
+"""InferenceSession: ONNX Runtime's synchronous session, with its names, arguments and types.
 
 ::
 
-    sess = flowrt.InferenceSession("model.onnx", backends=["CpuRef"])
+    import flowrt as ort
+    sess = ort.InferenceSession("model.onnx", providers=["CPUExecutionProvider"])
     (probs,) = sess.run(None, {"data": x})
     sess.run_async(None, {"data": x}, callback, user_data)   # returns at once
+
+flowrt's own arguments stay as keywords: ``backends=["CpuRef"]``, ``options=``, ``cpu_workers=``.
+The pieces of ONNX Runtime's API other than the session live in ``flowrt.ort_compat``.
 """
 
 from __future__ import annotations
 
+import copy
+import datetime
+import functools
+import logging
 import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -21,67 +29,158 @@ import trio
 
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.optimizer import OptimizedNetwork, OptimizerOptions, optimize
-from flowrt.errors import InputError
+from flowrt.errors import ArgumentError, InputError
 from flowrt.frontends.onnx import load as load_onnx
 from flowrt.loaded_network import LoadedNetwork
+from flowrt.ort_compat import metadata
+from flowrt.ort_compat.free_dims import override_free_dims
+from flowrt.ort_compat.io_binding import IOBinding
+from flowrt.ort_compat.ortvalue import OrtValue
+from flowrt.ort_compat.providers import providers_of
+from flowrt.ort_compat.run_options import RunOptions, run_terminable
+from flowrt.ort_compat.session_config import SessionConfig, resolve, split_positional
+from flowrt.ort_compat.session_options import SessionOptions
+from flowrt.ort_compat.types import type_name
+from flowrt.profiling import write_chrome_trace
 from flowrt.runtime import Runtime
+from flowrt.serialize import is_flowrt_file
+from flowrt.serialize import load as load_flowrt
+from flowrt.serialize import save as save_flowrt
 from flowrt.trio_thread import TrioThread
 from flowrt.validate import argument_error
+
+logger = logging.getLogger(__name__)
 
 
 @attrs.frozen
 class NodeArg:
-    """Name, shape and dtype of a session input or output (ONNX Runtime's NodeArg)."""
+    """Name, shape and type of a session input or output (ONNX Runtime's NodeArg): ``shape`` a
+    list of dims (an int, the model's name for a symbolic one, or None), ``type`` as ONNX
+    Runtime writes it (``tensor(float)``)."""
 
     name: str
-    shape: tuple | None
+    shape: list | None
     type: str
 
 
 class InferenceSession:
     """Load a model once and run it synchronously; each ``run`` blocks until outputs are ready.
 
-    ``model`` is a path, ONNX bytes, an onnx ModelProto, a Network or an OptimizedNetwork.
+    ``path_or_bytes`` is a path (an ONNX or a .flowrt file), ONNX bytes, an onnx ModelProto, a
+    Network or an OptimizedNetwork. ``sess_options`` is a ``flowrt.SessionOptions``;
+    ``providers`` and ``provider_options`` are ONNX Runtime's (see ``flowrt.ort_compat.providers``:
+    CPUExecutionProvider is CpuAcc then CpuRef, the default). Instead of providers, flowrt's
+    ``backends`` (a list of backend ids, or one) and ``options`` (OptimizerOptions) may be
+    given, as keywords; ``cpu_workers`` wins over ``intra_op_num_threads``. An
+    OptimizedNetwork (or a .flowrt file) runs on the backends it was optimized for.
     The session owns a runtime in a thread of its own until ``close()`` (or garbage collection,
     or interpreter exit, whichever comes first).
     """
 
     def __init__(
         self,
-        model: str | os.PathLike | bytes | Any,
-        backends: Sequence[str] = ("CpuRef",),
-        options: OptimizerOptions | None = None,
+        path_or_bytes: str | os.PathLike | bytes | Any,
+        sess_options: SessionOptions | None = None,
+        providers: Sequence[str | tuple[str, dict]] | None = None,
+        provider_options: Sequence[dict] | None = None,
         *,
+        backends: Sequence[str] | str | None = None,
+        options: OptimizerOptions | None = None,
         cpu_workers: int | None = None,
+        **kwargs: Any,
     ) -> None:
-        self.optimized = _optimized(model, backends, options)
-        runtime = Runtime(cpu_workers=cpu_workers)
+        # flowrt's old positional order was (model, backends, options): still taken.
+        sess_options, providers, backends, options = split_positional(
+            sess_options, providers, backends, options
+        )
+        self._options, self._cpu_workers = options, cpu_workers
+        config = resolve(sess_options, providers, provider_options, backends, options, cpu_workers, kwargs)
+        self._network, self._metadata = _read(path_or_bytes)
+        self._thread: TrioThread | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._start(config)
+
+    def _start(self, config: SessionConfig) -> None:
+        """Optimize for ``config``, start a runtime in a thread and load; then the session
+        runs there (a runtime it ran in before is closed)."""
+        optimized = self._optimize(config)
+        runtime = Runtime(**config.runtime)
         # The session's runtime lives in a trio loop of its own until close(): its CPU workers
         # serve every run, whichever thread (or trio loop) the caller is in.
-        self._thread = TrioThread(name="flowrt-session", resource=runtime, what="InferenceSession")
-        # At garbage collection or interpreter exit: runs in flight end with an error.
-        self._finalizer = weakref.finalize(self, self._thread.close)
+        thread = TrioThread(name="flowrt-session", resource=runtime, what="InferenceSession")
         try:
-            self._model: LoadedNetwork = self._thread.run(runtime.load, self.optimized)
+            model: LoadedNetwork = thread.run(runtime.load, optimized)
         except BaseException:
-            self.close()
+            thread.close()
             raise
+        old = self._finalizer
+        self._config, self.optimized, self._model, self._thread = config, optimized, model, thread
+        # At garbage collection or interpreter exit: runs in flight end with an error.
+        self._finalizer = weakref.finalize(self, thread.close)
+        if old is not None:
+            old()  # the runtime of set_providers' previous providers
+
+    def _optimize(self, config: SessionConfig) -> OptimizedNetwork:
+        if isinstance(self._network, OptimizedNetwork):
+            return self._network
+        network = override_free_dims(self._network, config.sess_options.free_dimension_overrides)
+        optimized = optimize(network, backends=list(config.backends), options=config.options)
+        if config.sess_options.optimized_model_filepath:
+            save_flowrt(optimized, config.sess_options.optimized_model_filepath)
+        return optimized
 
     def get_inputs(self) -> list[NodeArg]:
-        return [NodeArg(n, i.shape, f"tensor({i.dtype.name.lower()})") for n, i in self._model.inputs.items()]
+        return [NodeArg(n, _shape(i.shape), type_name(i.dtype)) for n, i in self._model.inputs.items()]
 
     def get_outputs(self) -> list[NodeArg]:
         return [
-            NodeArg(
-                n,
-                None if i is None else i.shape,
-                "unknown" if i is None else f"tensor({i.dtype.name.lower()})",
-            )
+            NodeArg(n, None, "unknown") if i is None else NodeArg(n, _shape(i.shape), type_name(i.dtype))
             for n, i in self._model.outputs.items()
         ]
 
+    def get_overridable_initializers(self) -> list[NodeArg]:
+        """Empty: flowrt folds a model's initializers into its network as constants."""
+        return []
+
+    def get_modelmeta(self) -> metadata.ModelMetadata:
+        """The ONNX model's metadata (read from its file on first call); empty for a model
+        that is not ONNX."""
+        if not isinstance(self._metadata, metadata.ModelMetadata):
+            self._metadata = metadata.read(self._metadata) if self._metadata else metadata.ModelMetadata()
+        return self._metadata
+
+    def get_session_options(self) -> SessionOptions:
+        """A copy of the session's options."""
+        return copy.deepcopy(self._config.sess_options)
+
+    def get_providers(self) -> list[str]:
+        """The providers of the backends this session runs on, in preference order."""
+        return providers_of(self.optimized.backends)
+
+    def get_provider_options(self) -> dict[str, dict[str, str]]:
+        return {name: dict(self._config.provider_options.get(name, {})) for name in self.get_providers()}
+
+    def set_providers(
+        self, providers: Sequence[Any] | None = None, provider_options: Sequence[dict] | None = None
+    ) -> None:
+        """Run on other providers from now on (None: the default): the model is optimized and
+        loaded again, in a new runtime; runs in flight on the old one end with an error."""
+        if isinstance(self._network, OptimizedNetwork):
+            raise ArgumentError(
+                f"set_providers: this session runs a network optimized for {self.optimized.backends} "
+                "(an OptimizedNetwork or a .flowrt file); make a session of the ONNX model to choose providers"
+            )
+        so = self._config.sess_options
+        self._start(resolve(so, providers, provider_options, None, self._options, self._cpu_workers, {}))
+
+    def disable_fallback(self) -> None:
+        """Nothing to disable: flowrt never changes providers after a failed run."""
+
+    def enable_fallback(self) -> None:
+        """Nothing to enable: a layer a backend lacks falls back when the model is optimized."""
+
     def _output_names(self, output_names: Sequence[str] | None) -> list[str]:
-        names = list(self._model.outputs) if output_names is None else list(output_names)
+        names = list(output_names) if output_names else list(self._model.outputs)
         unknown = [n for n in names if n not in self._model.outputs]
         if unknown:
             raise InputError(
@@ -89,15 +188,64 @@ class InferenceSession:
             )
         return names
 
-    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any]) -> list[np.ndarray]:
-        """Run once; returns the requested outputs (all, in model order, when None) as a list.
+    def _run(
+        self,
+        input_feed: Any,
+        run_options: RunOptions | None,
+        outputs: Mapping[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
+        feeds = _arrays(input_feed)
+        run = functools.partial(self._model.run, outputs=outputs) if outputs else self._model.run
+        if not _check_run_options(run_options):
+            return self._thread.run(run, feeds)  # type: ignore[union-attr]
+        return self._thread.run(run_terminable, run_options, run, feeds)  # type: ignore[union-attr]
+
+    def run(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, Any],
+        run_options: RunOptions | None = None,
+    ) -> list[np.ndarray]:
+        """Run once; returns the requested outputs (all, in model order, when None or empty) as
+        a list. Feeds are arrays (or OrtValues). ``run_options.terminate`` ends the run.
 
         Blocks the calling thread, which may be any thread (a ``run_async`` callback's too).
         FlowrtError if the session is closed, or closes while the run is in flight.
         """
         names = self._output_names(output_names)
-        results = self._thread.run(self._model.run, input_feed)
+        results = self._run(input_feed, run_options)
         return [results[n] for n in names]
+
+    def run_with_ort_values(
+        self,
+        output_names: Sequence[str] | None,
+        input_dict_ort_values: Mapping[str, OrtValue],
+        run_options: RunOptions | None = None,
+    ) -> list[OrtValue]:
+        """``run`` with OrtValues in and out (their arrays are read in place)."""
+        return [OrtValue(a) for a in self.run(output_names, input_dict_ort_values, run_options)]
+
+    def io_binding(self) -> IOBinding:
+        """A new IOBinding for ``run_with_iobinding``."""
+        return IOBinding(self)
+
+    def run_with_iobinding(self, iobinding: IOBinding, run_options: RunOptions | None = None) -> None:
+        """Run on ``iobinding``'s inputs; outputs bound to arrays are written into them, all
+        are then in ``iobinding.get_outputs()``."""
+        if not isinstance(iobinding, IOBinding) or iobinding.session is not self:
+            raise argument_error(
+                "iobinding",
+                "an IOBinding of this session (session.io_binding())",
+                iobinding,
+                "run_with_iobinding",
+            )
+
+        def run(feeds: Any, names: list[str], targets: dict[str, np.ndarray]) -> list[np.ndarray]:
+            names = self._output_names(names)
+            results = self._run(feeds, run_options, targets)
+            return [results[n] for n in names]
+
+        iobinding.run(run)
 
     def run_async(
         self,
@@ -105,6 +253,7 @@ class InferenceSession:
         input_feed: Mapping[str, Any],
         callback: Callable[[list[np.ndarray] | None, Any, str], None],
         user_data: Any = None,
+        run_options: RunOptions | None = None,
     ) -> None:
         """Start a run and return at once; ``callback(outputs, user_data, error)`` is called
         when it ends: ``outputs`` a list in the order of ``output_names`` and ``error`` "" on
@@ -122,20 +271,24 @@ class InferenceSession:
                 callback,
                 where="InferenceSession.run_async",
             )
-        self._thread.start_soon(self._run_and_call_back, names, input_feed, callback, user_data)
+        _check_run_options(run_options)
+        thread, model = self._thread, self._model
+        call = (thread, model, names, _arrays(input_feed), callback, user_data, run_options)
+        thread.start_soon(_run_and_call_back, *call)  # type: ignore[union-attr]
 
-    async def _run_and_call_back(self, names, input_feed, callback, user_data) -> None:
-        try:
-            results = await self._model.run(input_feed)
-        except trio.Cancelled:
-            error = "FlowrtError: this InferenceSession was closed before the run finished"
-            await self._thread.call_in_thread(callback, None, user_data, error)
-            raise
-        except Exception as e:
-            outputs, error = None, f"{type(e).__name__}: {e}"
-        else:
-            outputs, error = [results[n] for n in names], ""
-        await self._thread.call_in_thread(callback, outputs, user_data, error)
+    def end_profiling(self) -> str:
+        """Write the workloads' timings since profiling began (``enable_profiling``) as a Chrome
+        trace, ``<profile_file_prefix>_<date>_<time>.json``, and stop profiling; returns the
+        file's path, or "" when the session is not profiling (as ONNX Runtime does)."""
+        if not self._model.profiling:
+            return ""
+        self._model.profiling = False
+        records = self._model.profile(clear=True)
+        now = datetime.datetime.now()
+        stamp = f"{now:%Y-%m-%d_%H-%M-%S}_{now.microsecond // 1000:03d}"
+        path = f"{self._config.sess_options.profile_file_prefix}_{stamp}.json"
+        write_chrome_trace(records, path)
+        return path
 
     def close(self) -> None:
         """Stop the session's runtime and its thread; idempotent, safe from any thread.
@@ -144,8 +297,8 @@ class InferenceSession:
         ``run_async`` callbacks are called with the error. Returns once the thread has ended,
         except from a callback, where it returns at once and the session ends after it.
         """
-        self._finalizer.detach()
-        self._thread.close()
+        self._finalizer.detach()  # type: ignore[union-attr]
+        self._thread.close()  # type: ignore[union-attr]
 
     def __enter__(self) -> InferenceSession:
         return self
@@ -154,17 +307,63 @@ class InferenceSession:
         self.close()
 
 
+async def _run_and_call_back(thread, model, names, feeds, callback, user_data, run_options) -> None:
+    """A ``run_async`` run, in the session's loop; ``callback`` is called in a worker thread."""
+    try:
+        if run_options is None:
+            results = await model.run(feeds)
+        else:
+            results = await run_terminable(run_options, model.run, feeds)
+    except trio.Cancelled:
+        error = "FlowrtError: this InferenceSession was closed before the run finished"
+        await thread.call_in_thread(callback, None, user_data, error)
+        raise
+    except Exception as e:
+        outputs, error = None, f"{type(e).__name__}: {e}"
+    else:
+        outputs, error = [results[n] for n in names], ""
+    await thread.call_in_thread(callback, outputs, user_data, error)
+
+
+def _check_run_options(run_options: Any) -> bool:
+    """True for RunOptions; False for None; ArgumentError for anything else."""
+    if run_options is not None and not isinstance(run_options, RunOptions):
+        raise argument_error(
+            "run_options", "a flowrt.RunOptions or None", run_options, "InferenceSession.run"
+        )
+    return run_options is not None
+
+
+def _shape(shape: tuple | None) -> list | None:
+    return None if shape is None else list(shape)
+
+
+def _arrays(input_feed: Any) -> Any:
+    """The feeds with each OrtValue as its array (the run checks the rest)."""
+    if isinstance(input_feed, Mapping) and any(isinstance(v, OrtValue) for v in input_feed.values()):
+        return {k: v.numpy() if isinstance(v, OrtValue) else v for k, v in input_feed.items()}
+    return input_feed
+
+
 _MODEL_TYPES = "a path (str or os.PathLike), ONNX bytes, an onnx.ModelProto, a flowrt.Network or a flowrt.OptimizedNetwork"
 
 
-def _optimized(model: Any, backends: Sequence[str], options: OptimizerOptions | None) -> OptimizedNetwork:
-    """The session's model, optimized for ``backends``; ArgumentError (also a TypeError)
-    naming ``model`` when it is none of the types a session takes."""
-    if isinstance(model, OptimizedNetwork):
-        return model
-    if isinstance(model, (bytearray, memoryview)):
+def _read(model: Any) -> tuple[Network | OptimizedNetwork, Any]:
+    """The session's model as a Network (or an OptimizedNetwork, which is not optimized again)
+    and what its metadata comes from: ModelMetadata, a path read when asked for, or None.
+    ArgumentError (also a TypeError) naming ``path_or_bytes`` when it is none of the types a
+    session takes."""
+    if isinstance(model, OptimizedNetwork | Network):
+        return model, None
+    if isinstance(model, bytearray | memoryview):
         model = bytes(model)
-    if not isinstance(model, (Network, str, os.PathLike, bytes, onnx.ModelProto)):
-        raise argument_error("model", _MODEL_TYPES, model, where="InferenceSession")
-    net = model if isinstance(model, Network) else load_onnx(model)
-    return optimize(net, backends=backends, options=options)
+    if isinstance(model, str | os.PathLike):
+        if is_flowrt_file(model):
+            return load_flowrt(model), None
+        return load_onnx(model), os.fspath(model)
+    if isinstance(model, bytes):
+        network = load_onnx(model)  # first, so that bad bytes get its ModelLoadError
+        return network, metadata.read(model)
+    if isinstance(model, onnx.ModelProto):
+        return load_onnx(model), metadata.from_model(model)
+    raise argument_error("path_or_bytes", _MODEL_TYPES, model, where="InferenceSession")

@@ -25,7 +25,7 @@ def _results_of(session, count):
 
 
 def test_run_async_calls_back_with_outputs_in_order_for_each_request():
-    with flowrt.InferenceSession(branchy_network()) as session:
+    with flowrt.InferenceSession(branchy_network(), backends=["CpuRef"]) as session:
         results, threads, done, callback = _results_of(session, 6)
         inputs = {i: np.full((2, 4), i / 4 - 0.5, np.float32) for i in range(6)}
         for i, x in inputs.items():
@@ -42,7 +42,7 @@ def test_run_async_calls_back_with_outputs_in_order_for_each_request():
 
 
 def test_run_async_reports_errors_through_the_callback():
-    with flowrt.InferenceSession(branchy_network()) as session:
+    with flowrt.InferenceSession(branchy_network(), backends=["CpuRef"]) as session:
         results, _, done, callback = _results_of(session, 1)
         session.run_async(None, {"x": np.zeros((2, 4))}, callback, "bad")
         assert done.wait(10)
@@ -55,13 +55,13 @@ def test_run_async_checks_output_names_at_once():
     net = flowrt.Network()
     x = net.add_input("x", TensorInfo((1,)))
     net.add_output("y", net.add_layer("Relu", inputs=[x]))
-    with flowrt.InferenceSession(net) as session:
+    with flowrt.InferenceSession(net, backends=["CpuRef"]) as session:
         with pytest.raises(flowrt.errors.InputError, match="unknown output 'z'"):
             session.run_async(["z"], {"x": np.zeros(1, np.float32)}, lambda *a: None)
 
 
 def test_close_stops_the_runtime_thread():
-    session = flowrt.InferenceSession(branchy_network())
+    session = flowrt.InferenceSession(branchy_network(), backends=["CpuRef"])
     results, _, done, callback = _results_of(session, 1)
     session.run_async(None, {"x": np.ones((1, 4), np.float32)}, callback, 0)
     assert done.wait(10)
@@ -73,7 +73,7 @@ def test_close_stops_the_runtime_thread():
 
 
 async def test_run_works_from_inside_a_trio_loop():
-    with flowrt.InferenceSession(branchy_network()) as session:
+    with flowrt.InferenceSession(branchy_network(), backends=["CpuRef"]) as session:
         x = np.ones((1, 4), np.float32)
         (y,) = session.run(None, {"x": x})
     np.testing.assert_allclose(y, branchy_expected(x), rtol=1e-6)

@@ -33,7 +33,7 @@ def _call_back_into(session, body, count: int = 1) -> tuple[dict, threading.Even
 
 
 def test_a_callback_can_run_its_session_synchronously():
-    with flowrt.InferenceSession(branchy_network()) as session:
+    with flowrt.InferenceSession(branchy_network(), backends=["CpuRef"]) as session:
         outcomes, done = _call_back_into(session, lambda outputs, error: session.run(None, {"x": 2 * X}))
         assert done.wait(10), "the nested run deadlocked"
         # and the session still serves other threads
@@ -44,14 +44,14 @@ def test_a_callback_can_run_its_session_synchronously():
 
 
 def test_many_callbacks_blocked_in_nested_runs_at_once_all_finish():
-    with flowrt.InferenceSession(branchy_network()) as session:
+    with flowrt.InferenceSession(branchy_network(), backends=["CpuRef"]) as session:
         outcomes, done = _call_back_into(session, lambda o, e: session.run(None, {"x": X}), count=40)
         assert done.wait(10), "nested runs deadlocked"
     assert all(isinstance(v, list) for v in outcomes.values()), outcomes
 
 
 def test_a_callback_can_start_another_run_async():
-    with flowrt.InferenceSession(branchy_network()) as session:
+    with flowrt.InferenceSession(branchy_network(), backends=["CpuRef"]) as session:
         second = threading.Event()
         outcomes, done = _call_back_into(
             session, lambda o, e: session.run_async(None, {"x": X}, lambda *args: second.set())
@@ -61,7 +61,7 @@ def test_a_callback_can_start_another_run_async():
 
 
 def test_close_from_a_callback_returns_and_the_session_ends_after_it():
-    session = flowrt.InferenceSession(branchy_network())
+    session = flowrt.InferenceSession(branchy_network(), backends=["CpuRef"])
     loop_thread = session._thread._thread
     outcomes, done = _call_back_into(session, lambda o, e: session.close())
     assert done.wait(10), "close() from a callback deadlocked"
@@ -73,7 +73,7 @@ def test_close_from_a_callback_returns_and_the_session_ends_after_it():
 
 
 def test_a_callback_running_while_the_session_closes_gets_a_closed_error_from_its_nested_run():
-    session = flowrt.InferenceSession(branchy_network())
+    session = flowrt.InferenceSession(branchy_network(), backends=["CpuRef"])
     entered = threading.Event()
 
     def run_until_closed(outputs, error):
@@ -98,7 +98,7 @@ def test_a_callback_that_raises_is_logged_and_the_session_goes_on(caplog):
     def boom(outputs, user_data, error):
         raise ValueError("the caller's bug")
 
-    with flowrt.InferenceSession(branchy_network()) as session:
+    with flowrt.InferenceSession(branchy_network(), backends=["CpuRef"]) as session:
         session.run_async(None, {"x": X}, boom)
         outcomes, done = _call_back_into(session, lambda o, e: o)
         assert done.wait(10)
@@ -108,7 +108,7 @@ def test_a_callback_that_raises_is_logged_and_the_session_goes_on(caplog):
 
 
 def test_run_async_refuses_a_callback_that_cannot_be_called():
-    with flowrt.InferenceSession(branchy_network()) as session:
+    with flowrt.InferenceSession(branchy_network(), backends=["CpuRef"]) as session:
         with pytest.raises(
             ArgumentError, match="callback must be a callable .*, got 'not a function' \\(str\\)"
         ):

@@ -117,7 +117,7 @@ def test_a_thread_inside_run_gets_a_closed_error_when_the_session_closes(no_loop
 def test_close_from_several_threads_at_once_returns_in_each_and_calls_every_callback_once(
     no_loop_crash,
 ):
-    session = flowrt.InferenceSession(branchy_network())
+    session = flowrt.InferenceSession(branchy_network(), backends=["CpuRef"])
     callbacks = Callbacks()
     for i in range(40):
         session.run_async(None, {"x": np.full((2, 4), i, np.float32)}, callbacks, i)
@@ -136,7 +136,7 @@ def test_close_from_several_threads_at_once_returns_in_each_and_calls_every_call
 
 
 def test_a_session_dropped_with_runs_pending_calls_back_and_ends_its_thread(no_loop_crash):
-    session = flowrt.InferenceSession(branchy_network())
+    session = flowrt.InferenceSession(branchy_network(), backends=["CpuRef"])
     loop_thread = session._thread._thread
     callbacks = Callbacks()
     for i in range(10):
@@ -157,7 +157,7 @@ def test_interpreter_exit_with_runs_pending_calls_every_callback_and_prints_no_t
         from netbuild import branchy_network
         import flowrt
 
-        session = flowrt.InferenceSession(branchy_network())
+        session = flowrt.InferenceSession(branchy_network(), backends=["CpuRef"])
         x = {{"x": np.ones((1, 4), np.float32)}}
 
         def callback(outputs, i, error):  # one write per line: callbacks run in several threads
