@@ -1,6 +1,7 @@
 """LoadedNetwork: a network loaded by a ``Runtime``, ready for ``await model.run(feeds)``,
 ``model.stream()`` and ``model.profile()``; its runs take a memory pool each and cross to
-the CPU workers once per segment (see ``flowrt.engine.scheduler.executor``)."""
+the runtime's host runner (its CPU workers) once per segment, and to its device runners (see
+``flowrt.engine.scheduler.executor``)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,13 @@ from flowrt.engine.graph.optimizer import OptimizedNetwork
 from flowrt.engine.memory.planner import MemoryLayout
 from flowrt.engine.memory.pool import PoolManager
 from flowrt.engine.scheduler.dataflow import Dataflow
-from flowrt.engine.scheduler.executor import Binding, DeviceRunner, execute
+from flowrt.engine.scheduler.executor import Binding, DeviceRunner, HostRunner, execute
 from flowrt.engine.scheduler.feeds import check_feeds, check_output_buffers
 from flowrt.errors import FlowrtError
 from flowrt.profiling import ProfileRecord
 from flowrt.stream import BatchingStream, Stream
 from flowrt.types import Priority, TensorInfo
 from flowrt.validate import check_bool, check_int, check_priority, check_seconds
-from flowrt.workers.cpu.workers import CpuWorkerPool, share_cores
 
 if TYPE_CHECKING:
     from flowrt.runtime import Runtime
@@ -48,14 +48,15 @@ class LoadedNetwork:
     """A network ready to run: workloads built and prepared, dataflow compiled, memory planned.
 
     ``run`` may be awaited from any trio run. Up to ``max_in_flight`` runs execute at once,
-    each in a pool of its own; further runs wait for a pool.
+    each in a pool of its own; further runs wait for a pool. Its host segments run on
+    ``host`` (the runtime's CPU worker pool), its device segments on ``devices``.
     """
 
     def __init__(
         self,
         optimized: OptimizedNetwork,
         dataflow: Dataflow,
-        workers: CpuWorkerPool,
+        host: HostRunner,
         layout: MemoryLayout,
         pools: PoolManager,
         profiling: bool = False,
@@ -65,7 +66,7 @@ class LoadedNetwork:
         self.dataflow = dataflow
         self.layout = layout
         self.pools = pools
-        self._workers = workers
+        self._host = host
         self._devices = dict(devices or {})
         self._bindings = _bindings(dataflow, layout)
         self.profiling = profiling
@@ -129,13 +130,12 @@ class LoadedNetwork:
                 results = await execute(
                     self.dataflow,
                     arrays,
-                    self._workers.run_sync,
+                    self._host,
                     pool,
                     self._bindings,
                     record,
                     devices=self._devices,
                     priority=int(priority),
-                    between_workloads=share_cores,
                 )
         finally:
             self._in_flight -= 1

@@ -45,7 +45,7 @@ from flowrt.validate import (
     check_paths,
     check_seconds,
 )
-from flowrt.workers.cpu.workers import CpuWorkerPool, default_cpu_workers
+from flowrt.workers.cpu.workers import CpuWorkerPool, default_cpu_workers, job_context
 from flowrt.workers.gpu.tuning_mode import TuningMode
 
 logger = logging.getLogger(__name__)
@@ -390,6 +390,9 @@ class Runtime:
         factories: dict[str, Any] = {}
         managers: dict[str, MemoryManager] = {}
         devices = self._device_runners(self._backends_of(optimized))
+        # This load's job on the CPU worker: the workloads that take a job's context warm up
+        # in it, planning as a run with as many threads would.
+        job = job_context()
 
         def make_workload(layer: Layer, info: WorkloadInfo):
             bid: str = layer.backend  # type: ignore[assignment]
@@ -402,7 +405,10 @@ class Runtime:
             progress.begin(layer.name)
             try:
                 workload = factories[bid].create_workload(info)
-                workload.prepare()
+                if getattr(workload, "takes_job", False):
+                    workload.prepare(job)
+                else:
+                    workload.prepare()
             except FlowrtError:
                 raise
             except Exception as e:

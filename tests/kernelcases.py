@@ -19,15 +19,27 @@ ACTIVATIONS = {
 
 
 def run_on_acc(
-    kind, desc, inputs, expected, constants, activation=None, *, workers=2, given_out=False, tune=None
+    kind,
+    desc,
+    inputs,
+    expected,
+    constants,
+    activation=None,
+    *,
+    workers=2,
+    given_out=False,
+    tune=None,
+    **options,
 ):
     """CpuAcc's kernel for one ``kind`` layer and its result on ``inputs``, checked for
-    ``expected``'s shape and float32 (and, with ``given_out``, written into the output given)."""
+    ``expected``'s shape and float32 (and, with ``given_out``, written into the output given).
+    ``options`` are passed to the kernel's constructor (Conv's ``tuning``); ``tune(kernel)``
+    may set knobs on it before the run."""
     info = WorkloadInfo(
         kind.lower(), kind, desc, tuple(TensorInfo.of(a) for a in inputs), (TensorInfo.of(expected),), constants,
         activation,
     )  # fmt: skip
-    kernel = acc_kernels()[kind](info, workers)
+    kernel = acc_kernels()[kind](info, workers, **options)
     if tune:
         tune(kernel)
     outputs = [np.full(expected.shape, np.nan, np.float32)] if given_out else None
@@ -39,15 +51,17 @@ def run_on_acc(
 
 
 def conv_case(
-    x, w, b=None, *, workers=2, activation=None, constant=True, given_out=False, tune=None, **attrs
+    x, w, b=None, *, workers=2, activation=None, constant=True, given_out=False, tuning=None, **attrs
 ):
-    """CpuAcc's and CpuRef's results (CpuRef's followed by the activation) for one conv."""
+    """CpuAcc's and CpuRef's results (CpuRef's followed by the activation) for one conv;
+    ``tuning``: the kernel's ``ConvTuning`` (default: its own)."""
     desc = flowrt.descriptors.Conv(**attrs)
     inputs = [x, w] if b is None else [x, w, b]
     expected = ACTIVATIONS[activation](np.asarray(ref_kernels()["Conv"](desc, *inputs)))
     constants = (None, w, b) if constant else (None, None, None)
+    options = {} if tuning is None else {"tuning": tuning}
     kernel, got = run_on_acc(
-        "Conv", desc, inputs, expected, constants, activation, workers=workers, given_out=given_out, tune=tune
+        "Conv", desc, inputs, expected, constants, activation, workers=workers, given_out=given_out, **options
     )
     return kernel, got, expected
 

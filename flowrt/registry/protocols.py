@@ -90,6 +90,11 @@ class Workload(Protocol):
     results there and returns those arrays. The executor passes ``outputs`` only to workloads
     whose ``writes_in_place`` attribute is true.
 
+    A host workload whose ``takes_job`` attribute is true is called ``execute(inputs, outputs,
+    job)`` instead (``outputs`` None where it does not write in place) and ``prepare(job)`` at
+    load: ``job`` is the running job's ``flowrt.engine.scheduler.job.JobContext`` (the threads
+    it has now), or None off a job.
+
     A host workload may also offer ``bind(inputs, outputs)``: the arrays it will read and
     write in every run of one memory pool (constants and pool tensors; ``outputs`` None where
     unplanned). It answers None, or a bound call with ``outputs`` (the arrays its outputs will

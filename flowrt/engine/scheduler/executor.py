@@ -1,7 +1,11 @@
 """The trio executor: one run of a dataflow as a nursery of segment tasks.
 
-Each segment waits for the segments it depends on. A host segment then crosses once into a
-worker thread that runs its workloads in order. A device segment is one submission to its
+Each segment waits for the segments it depends on, then goes to its runner, which the runtime
+hands the executor: a :class:`HostRunner` (the CPU worker pool) for host segments, a
+:class:`DeviceRunner` per device backend. A host segment crosses once into a worker thread
+that runs its workloads in order; before each one the runner's ``between_workloads`` shares
+the cores out again and gives the job's context (:class:`~.job.JobContext`), which the
+workloads that take one (``takes_job``) receive. A device segment is one submission to its
 backend's device runner (GpuAcc's queue actor of the run's priority): its uploads, its
 workloads and its downloads are enqueued together on one in-order queue, and the task
 wakes when the device has finished them — no thread waits per kernel. Workloads that write
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -29,6 +33,7 @@ import trio
 from flowrt.engine.memory.pool import MemoryPool
 from flowrt.engine.scheduler.binding import BoundStep, bind_segment
 from flowrt.engine.scheduler.dataflow import Dataflow, Segment, WorkloadNode, host_slots
+from flowrt.engine.scheduler.job import JobContext
 from flowrt.errors import FlowrtError, RunError
 
 
@@ -58,6 +63,28 @@ class DeviceRunner(Protocol):
     def download(self, queue: Any, tensor: Any) -> tuple[np.ndarray, Any]: ...
 
 
+class HostRunner(Protocol):
+    """What runs host segments for the executor (``CpuWorkerPool``).
+
+    ``run_sync(fn, *args, priority=..., on_cancel=...)`` runs a blocking function on a worker
+    thread and returns its result; it must not return before ``fn`` has finished, even when
+    cancelled, and calls ``on_cancel`` (in trio) when cancelled while ``fn`` runs.
+    ``between_workloads()`` is called on that thread before each workload of a host segment:
+    it may wait (for work of a higher priority) and returns the job's context now (None where
+    there is none), which the workloads that take one receive.
+    """
+
+    async def run_sync(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        priority: int = ...,
+        on_cancel: Callable[[], None] | None = None,
+    ) -> Any: ...
+
+    def between_workloads(self) -> JobContext | None: ...
+
+
 class _RunState:
     """The tensors of one run, and what lets its threads stop early.
 
@@ -75,7 +102,7 @@ class _RunState:
         self.pool = pool
         self.bindings = bindings if pool is not None else {}
         # Each workload's output views, worked out on the first run that borrows the pool.
-        self.placements: dict[str, tuple[list[Any] | None, tuple[Any, ...], int]] = (
+        self.placements: dict[str, tuple[list[Any] | None, tuple[Any, ...], int, bool]] = (
             pool.placements if pool is not None else {}
         )
         self.constants = dataflow.constants
@@ -89,7 +116,7 @@ class _RunState:
         self.stop = threading.Event()
         self.error: RunError | None = None
         self.record: Callable[..., None] | None = None
-        self.between: Callable[[], None] | None = None
+        self.between: Callable[[], JobContext | None] = lambda: None
 
     def run_segment(self, segment: Segment) -> None:
         """Run a segment's workloads in order (in a worker thread): as the pool's program for
@@ -100,8 +127,7 @@ class _RunState:
         steps = segment.nodes if record is not None or self.pool is None else self.program(segment)
         start = 0
         for node in steps:
-            if between is not None:
-                between()  # it may wait (for HIGH work), during which the run may be cancelled
+            job = between()  # it may wait (for HIGH work), during which the run may be cancelled
             if stop.is_set():
                 return
             if type(node) is BoundStep:
@@ -111,8 +137,11 @@ class _RunState:
             if record is not None:
                 start = time.perf_counter_ns()
             try:
-                targets, views, produced = self._placement(node)
-                results = node.workload.execute(args, targets) if targets else node.workload.execute(args)
+                targets, views, produced, takes_job = self._placement(node)
+                if takes_job:
+                    results = node.workload.execute(args, targets, job)
+                else:
+                    results = node.workload.execute(args, targets) if targets else node.workload.execute(args)
                 if len(results) < produced:
                     raise FlowrtError(f"workload returned {len(results)} outputs, expected {produced}")
                 for tid, value, view in zip(node.outputs, results, views):
@@ -174,10 +203,11 @@ class _RunState:
             if tid is not None:
                 values[tid] = value
 
-    def _placement(self, node: WorkloadNode) -> tuple[list[Any] | None, tuple[Any, ...], int]:
+    def _placement(self, node: WorkloadNode) -> tuple[list[Any] | None, tuple[Any, ...], int, bool]:
         """``node``'s output targets (its outputs' planned views, when it writes in place and
-        all are planned; else None), each output's planned view (None: unplanned), and how
-        many outputs it must return."""
+        all are planned; else None), each output's planned view (None: unplanned), how many
+        outputs it must return, and whether it takes the job's context (``takes_job``: it is
+        called ``execute(inputs, targets, job)``)."""
         placement = self.placements.get(node.layer)
         if placement is None:
             views = tuple(self._view(tid) for tid in node.outputs)
@@ -187,6 +217,7 @@ class _RunState:
                 list(views) if in_place and views else None,
                 views,
                 produced,
+                bool(getattr(node.workload, "takes_job", False)),
             )
         return placement
 
@@ -226,44 +257,35 @@ class _RunState:
 async def execute(
     dataflow: Dataflow,
     feeds: Mapping[str, np.ndarray],
-    run_sync: Callable[..., Awaitable[Any]],
+    host: HostRunner,
     pool: MemoryPool | None = None,
     bindings: Mapping[int, Binding] | None = None,
     record: Callable[..., None] | None = None,
     *,
     devices: Mapping[str, DeviceRunner] | None = None,
     priority: int = 1,
-    between_workloads: Callable[[], None] | None = None,
 ) -> dict[str, np.ndarray]:
     """Run the dataflow once on checked feeds; return fresh output arrays by name.
 
-    ``run_sync(fn, *args, priority=..., on_cancel=...)`` runs a blocking function on a CPU
-    worker (``CpuWorkerPool.run_sync``); it must not return before ``fn`` has finished, even
-    when cancelled, and calls ``on_cancel`` when cancelled while ``fn`` runs. ``devices`` maps
-    each device segment's backend to its runner; ``priority`` is passed to ``run_sync`` and
-    to the runners' ``submit``.
+    Host segments run on ``host`` (see :class:`HostRunner`), device segments on the runner
+    of their backend in ``devices`` (see :class:`DeviceRunner`); ``priority`` is passed to
+    both (``run_sync``, ``submit``).
 
     With a ``pool``, planned intermediate tensors live at their ``bindings`` in it; the pool
     must stay lent until this returns (it does not touch the pool afterwards). ``record``,
     when given, is called from the worker after each workload with
-    ``(node, worker name, start_ns, end_ns)``. ``between_workloads``, when given, is called
-    in the worker before each workload of a host segment (the pool's ``share_cores``).
+    ``(node, worker name, start_ns, end_ns)``.
     """
     state = _RunState(dataflow, feeds, pool, bindings or {})
     state.record = record
-    state.between = between_workloads
+    state.between = host.between_workloads
     done = [trio.Event() for _ in dataflow.segments]
 
     async def run(segment: Segment, cancel_scope: trio.CancelScope | None) -> None:
         for dep in segment.depends_on:
             await done[dep].wait()
         try:
-            if segment.device:
-                await run_on_device(segment)
-            else:
-                # Cancelled from outside while the worker runs it, the segment stops at its
-                # next workload.
-                await run_sync(state.run_segment, segment, priority=priority, on_cancel=state.stop.set)
+            await (run_on_device if segment.device else run_on_host)(segment)
         except RunError as e:
             if state.error is None:
                 state.error = e
@@ -272,6 +294,11 @@ async def execute(
                 cancel_scope.cancel()
             return
         done[segment.index].set()
+
+    async def run_on_host(segment: Segment) -> None:
+        # Cancelled from outside while the worker runs it, the segment stops at its next
+        # workload.
+        await host.run_sync(state.run_segment, segment, priority=priority, on_cancel=state.stop.set)
 
     async def run_on_device(segment: Segment) -> None:
         runner = (devices or {}).get(segment.backend)

@@ -38,9 +38,10 @@ each on two cores wait at each other's barriers: one thread each streams small m
 soon as another starts beside it, rather than keeping the cores of both for the rest of the
 run; it does not step back up within the job (its helper threads would wake for one layer and
 then spin beside the other run). Reserve jobs use every thread, the jobs around them having
-paused. Kernels that plan their split per call ask ``job_threads()`` for the share: a run
-stepped down to one thread runs a conv as one slice, with GEMMs twice as wide as two slices'
-run one after the other.
+paused. ``share_cores`` returns the job's :class:`~flowrt.engine.scheduler.job.JobContext`
+(its threads now), which the executor hands to the kernels that plan their split per call: a
+run stepped down to one thread runs a conv as one slice, with GEMMs twice as wide as two
+slices' run one after the other.
 
 numba's threading layer is TBB where the ``tbb`` package is installed (a dependency on x86-64;
 see ``threading_layer.py``): a parallel region's slices are tasks that whichever threads run
@@ -79,6 +80,7 @@ import outcome
 import trio
 
 from flowrt.engine.memory.lending import PriorityLender
+from flowrt.engine.scheduler.job import JobContext
 from flowrt.errors import FlowrtError, ResourceError
 from flowrt.types import Priority
 from flowrt.workers.cpu import threading_layer
@@ -153,21 +155,24 @@ class _Job:
 _current = threading.local()
 
 
-def share_cores() -> None:
+def share_cores() -> JobContext | None:
     """Between two workloads of a job on a CPU worker: pause while HIGH jobs run, if this one
     is of lower priority, then use no more threads than the job's share of the cores now (see
-    the module doc). Elsewhere, and for reserve jobs, it does nothing."""
+    the module doc); return the job's context now, for the next workload. Elsewhere (None),
+    and for reserve jobs (also None: they keep every thread), it does nothing."""
     worker = getattr(_current, "worker", None)
-    if worker is not None:
-        worker.share_cores()
+    if worker is None:
+        return None
+    worker.share_cores()
+    return worker.context
 
 
-def job_threads() -> int | None:
-    """The threads that the job running on this CPU worker has now (its share of the cores),
-    so that a kernel can split its window into as many slices; None off the workers (a worker
-    thread runs nothing but its jobs)."""
+def job_context() -> JobContext | None:
+    """The context of the job running on this CPU worker now, without sharing the cores again
+    (as a load's warm-up of its kernels needs it); None off the workers and on reserve ones (a
+    worker thread runs nothing but its jobs)."""
     worker = getattr(_current, "worker", None)
-    return None if worker is None else worker.threads_now
+    return None if worker is None else worker.context
 
 
 class _Worker:
@@ -184,6 +189,7 @@ class _Worker:
         self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self.ready = threading.Event()
         self.threads_now = threads  # numba's thread count on this thread
+        self.context = JobContext(threads)  # the running job's, as the kernels are told it
         self.priority = int(Priority.MEDIUM)  # the running job's
         self.pause_left = 0.0  # seconds the running job may still pause for HIGH work
         self.cancelled = threading.Event()  # the running job's
@@ -204,6 +210,7 @@ class _Worker:
         if threads != self.threads_now:
             numba.set_num_threads(threads)
             self.threads_now = threads
+            self.context = JobContext(threads)
 
     def share_cores(self) -> None:
         """Pause while HIGH jobs run (if this job's priority is lower and it may still pause),
@@ -266,6 +273,11 @@ class CpuWorkerPool:
         self.high_changed = threading.Condition()
         self._renice = False
         self._started = False
+
+    # The executor's hook before each workload of a host segment, on the worker running it
+    # (``flowrt.engine.scheduler.executor.HostRunner``): share_cores itself, with no call around
+    # it (it runs once per layer).
+    between_workloads = staticmethod(share_cores)
 
     def busy(self, priority: int) -> int:
         """The running jobs that a job of ``priority`` shares the cores with, itself included:

@@ -33,13 +33,14 @@ async def test_a_run_is_one_segment_by_default():
 
 
 async def test_the_workers_share_the_cores_again_before_every_workload(monkeypatch):
-    """A run takes its share of the cores before each workload (``share_cores``), so one that
-    started alone gives a core up when another run starts beside it."""
-    import flowrt.loaded_network
+    """A run takes its share of the cores before each workload (the host runner's
+    ``between_workloads``, ``share_cores``), so one that started alone gives a core up when
+    another run starts beside it."""
+    from flowrt.workers.cpu.workers import CpuWorkerPool
 
     calls: list[str] = []
     monkeypatch.setattr(
-        flowrt.loaded_network, "share_cores", lambda: calls.append(threading.current_thread().name)
+        CpuWorkerPool, "between_workloads", lambda self: calls.append(threading.current_thread().name)
     )
     opt = flowrt.optimize(branchy_network(), backends=["CpuRef"])
     x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)

@@ -23,7 +23,7 @@ from flowrt.types import Priority
 from flowrt.workers.cpu.workers import (
     LOW_PRIORITY_NICE,
     CpuWorkerPool,
-    job_threads,
+    job_context,
     nice_is_reversible,
     share_cores,
 )
@@ -273,7 +273,8 @@ async def test_runs_in_flight_together_share_the_cores_instead_of_oversubscribin
 
 async def test_a_job_that_started_alone_steps_down_when_another_starts_beside_it(autojump_clock):
     """Between its workloads (``share_cores``) a job takes its share of the cores now: the
-    cores of both while alone, one once a second job runs, and not both again in that job."""
+    cores of both while alone, one once a second job runs, and not both again in that job;
+    the context it returns (what the kernels split their windows by) says as much."""
     async with CpuWorkerPool(2) as pool:
         jobs = GatedJobs()
         seen: list[int] = []
@@ -281,9 +282,10 @@ async def test_a_job_that_started_alone_steps_down_when_another_starts_beside_it
 
         def long_run() -> None:
             for name in ("alone", "beside", "after"):
-                share_cores()
+                context = share_cores()
                 seen.append(numba.get_num_threads())
-                shares.append(job_threads())  # what kernels split their windows by
+                shares.append(None if context is None else context.threads)
+                assert job_context() is context
                 jobs.job(name)()  # one workload's worth, until the test releases it
 
         async with trio.open_nursery() as nursery:
@@ -299,10 +301,11 @@ async def test_a_job_that_started_alone_steps_down_when_another_starts_beside_it
             jobs.release("beside")
             await jobs.wait_started(4)
             jobs.release("after")
-        share_cores()  # outside a worker: nothing to share
-        assert job_threads() is None
+        assert share_cores() is None  # outside a worker: nothing to share
+        assert job_context() is None
         assert await pool.run_sync(numba.get_num_threads) == pool.threads
-        assert await pool.run_sync(job_threads) == pool.threads
+        assert (await pool.run_sync(job_context)).threads == pool.threads
+        assert (await pool.run_sync(pool.between_workloads)).threads == pool.threads
     half = max(1, pool.threads // 2)
     assert seen == shares == [pool.threads, half, half]
 

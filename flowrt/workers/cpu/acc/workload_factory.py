@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from flowrt.engine.scheduler.job import JobContext
 from flowrt.errors import BackendError
 from flowrt.registry import WorkloadInfo
 from flowrt.workers.cpu.acc.kernels import load_all
@@ -18,20 +19,25 @@ logger = logging.getLogger(__name__)
 
 class AccWorkload:
     """One layer's numba kernel, prepared at load; ``execute`` runs all its slices and may
-    write straight into the run's planned memory."""
+    write straight into the run's planned memory. A kernel that plans its split per call
+    says so with ``takes_job``; the workload then takes the job's context too (``execute(
+    inputs, outputs, job)``, see ``flowrt.engine.scheduler.job``) and hands it on; other
+    kernels are called as ``execute(inputs, outputs)``."""
 
     writes_in_place = True
 
     def __init__(self, kernel: Any, info: WorkloadInfo) -> None:
         self.kernel = kernel
         self.info = info
+        self.takes_job = bool(getattr(kernel, "takes_job", False))
 
-    def prepare(self) -> None:
+    def prepare(self, job: JobContext | None = None) -> None:
         """Run the kernel once on ones (constants as they are), so that its numba functions
-        are compiled, or loaded from numba's cache, at load rather than in the first run.
-        Layers whose shapes are not all static are left to warm up on their first run, and so
-        is a kernel that refuses ones (its values matter): that is logged, not raised, since
-        the real inputs decide whether the layer fails."""
+        are compiled, or loaded from numba's cache, at load rather than in the first run (in
+        ``job``, the context of the load's own job, for a kernel that takes one: it plans as
+        a run would). Layers whose shapes are not all static are left to warm up on their
+        first run, and so is a kernel that refuses ones (its values matter): that is logged,
+        not raised, since the real inputs decide whether the layer fails."""
         infos = self.info.inputs
         if not all(i is None or i.is_static for i in infos):
             return
@@ -41,16 +47,21 @@ class AccWorkload:
             for i, c in zip(infos, constants)
         ]
         try:
-            self.kernel.execute(inputs, None)
+            self.execute(inputs, None, job if self.takes_job else None)
         except Exception as e:
             logger.info(
                 "CpuAcc layer %r not warmed up at load: %s: %s", self.info.layer_name, type(e).__name__, e
             )
 
     def execute(
-        self, inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray] | None = None
+        self,
+        inputs: Sequence[np.ndarray | None],
+        outputs: Sequence[np.ndarray] | None = None,
+        job: JobContext | None = None,
     ) -> list[np.ndarray]:
-        return self.kernel.execute(inputs, outputs)
+        if job is None:
+            return self.kernel.execute(inputs, outputs)
+        return self.kernel.execute(inputs, outputs, job)
 
     def bind(
         self, inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray | None]

@@ -1,5 +1,8 @@
 """CpuAcc Conv against CpuRef: every geometry, both splits, fused activations, a whole model."""
 
+import functools
+
+import attrs
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -7,11 +10,15 @@ from hypothesis import strategies as st
 from kernelcases import ACTIVATIONS, close, conv_case
 
 import flowrt
+from flowrt.engine.scheduler.job import JobContext
 from flowrt.engine.scheduler.window import SplitHint
 from flowrt.models import expected_outputs, expected_tolerance, light_model, pattern_input
 from flowrt.registry import FusedActivation
 from flowrt.types import TensorInfo
-from flowrt.workers.cpu.acc.kernels import conv as conv_module
+from flowrt.workers.cpu.acc.conv.batched import Batched
+from flowrt.workers.cpu.acc.conv.columns import Columns
+from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
+from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
 from flowrt.workers.cpu.acc.tiles import AVAILABLE as TILES_AVAILABLE
 from flowrt.workers.cpu.acc.tiles import TILE_ROWS
 
@@ -41,16 +48,31 @@ def convolutions(draw):
     return x, w, b, attrs
 
 
-def _many_slices(kernel):
-    # One pixel or one channel per slice, and chunks of a few pixels: every boundary is crossed.
-    kernel.split_hint = SplitHint(axis=2, min_slice=1)
-    kernel.row_hint = SplitHint(axis=1, min_slice=1)
-    kernel.chunk_floats = 5
-    kernel.taps_block_floats = 1  # tap by tap: one output row per block
+# One pixel or one channel per slice, and chunks of a few pixels: every boundary is crossed;
+# tap by tap, one output row per block.
+_MANY_SLICES = dict(
+    column_hint=SplitHint(axis=2, min_slice=1), row_hint=SplitHint(axis=1, min_slice=1), chunk_floats=5,
+    taps_block_floats=1,
+)  # fmt: skip
+_BY_BLAS = dict(tiles_max_weights=-1)  # the column paths multiply by BLAS, not register tiles
+# Any batch as one GEMM, without register tiles, which a 1x1 conv would take instead (as on
+# CPUs without AVX2).
+_MERGE_ANY_BATCH = dict(merge_pixels=10**9, merge_weights=0, tiles_max_weights=-1)
 
 
-def _by_blas(kernel):
-    kernel.tiles_max_weights = -1  # the column path multiplies by BLAS, not register tiles
+def _tuning(*changes):
+    """The default ConvTuning with each of ``changes`` (dicts of fields) applied in turn."""
+    return functools.reduce(lambda t, c: attrs.evolve(t, **c), changes, ConvTuning())
+
+
+def _geometry(kernel, x_shape, w_shape, workers=None):
+    return ConvGeometry.of(kernel.desc, x_shape, w_shape, workers or kernel.workers)
+
+
+def _applies(algorithm, kernel, x_shape, w_shape):
+    """Whether ``algorithm`` takes the shape, under the kernel's tuning (an earlier one in the
+    order may take it first)."""
+    return algorithm.applies(_geometry(kernel, x_shape, w_shape), kernel.tuning)
 
 
 @settings(max_examples=30, deadline=None)
@@ -66,10 +88,12 @@ def _by_blas(kernel):
 )
 def test_conv_matches_cpuref(case, workers, activation, constant, given_out, tiny_slices, merged, blas):
     x, w, b, attrs = case
-    tunes = [t for t, on in ((_many_slices, tiny_slices), (_merge_any_batch, merged), (_by_blas, blas)) if on]
+    tuning = _tuning(
+        *[t for t, on in ((_MANY_SLICES, tiny_slices), (_MERGE_ANY_BATCH, merged), (_BY_BLAS, blas)) if on]
+    )
     _, got, expected = conv_case(
         x, w, b, workers=workers, activation=activation, constant=constant, given_out=given_out,
-        tune=lambda k: [t(k) for t in tunes], **attrs,
+        tuning=tuning, **attrs,
     )  # fmt: skip
     close(got, expected)
 
@@ -92,15 +116,12 @@ def test_large_layers_split_across_workers(x_shape, w_shape, attrs, split):
     b = rng.standard_normal(w_shape[0], dtype=np.float32)
     kernel, got, expected = conv_case(x, w, b, activation=FusedActivation("Relu"), **attrs)
     close(got, expected)
-    plan = kernel.plan(x.shape, w.shape)
-    assert (plan.column_bounds is not None) == (split == "columns")
-    bounds = plan.column_bounds if split == "columns" else plan.row_bounds
+    assert _applies(Columns, kernel, x.shape, w.shape) == (split == "columns")
+    geometry = _geometry(kernel, x.shape, w.shape)
+    bounds = (
+        geometry.column_bounds(kernel.tuning) if split == "columns" else geometry.row_bounds(kernel.tuning)
+    )
     assert len(bounds) == 3
-
-
-def _merge_any_batch(kernel):
-    # without register tiles, which a 1x1 conv would take instead (as on CPUs without AVX2)
-    kernel.merge_pixels, kernel.merge_weights, kernel.tiles_max_weights = 10**9, 0, -1
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
@@ -121,22 +142,18 @@ def test_a_batch_of_small_images_runs_as_one_gemm(x_shape, w_shape, attrs, worke
     x = rng.standard_normal(x_shape, dtype=np.float32)
     w = rng.standard_normal(w_shape, dtype=np.float32)
     b = rng.standard_normal(w_shape[0], dtype=np.float32)
-    for tune in (_merge_any_batch, lambda k: (_merge_any_batch(k), _many_slices(k))):
+    for tuning in (_tuning(_MERGE_ANY_BATCH), _tuning(_MERGE_ANY_BATCH, _MANY_SLICES)):
         kernel, got, expected = conv_case(
-            x, w, b, workers=workers, activation=FusedActivation("LeakyRelu", 0.1), tune=tune, **attrs
+            x, w, b, workers=workers, activation=FusedActivation("LeakyRelu", 0.1), tuning=tuning, **attrs
         )
         close(got, expected)
     # with one column per slice allowed, the batch splits over the workers as evenly as any split
-    assert kernel.plan(x.shape, w.shape).batched_bounds is not None
+    assert _applies(Batched, kernel, x.shape, w.shape)
     # one image, or weights small enough to stay in cache: image by image
-    kernel, got, expected = conv_case(x[:1], w, b, workers=workers, tune=_merge_any_batch, **attrs)
+    kernel, got, expected = conv_case(x[:1], w, b, workers=workers, tuning=_tuning(_MERGE_ANY_BATCH), **attrs)
     close(got, expected)
-    assert kernel.plan(x[:1].shape, w.shape).batched_bounds is None
-    assert conv_case(x, w, b, **attrs)[0].plan(x.shape, w.shape).batched_bounds is None
-
-
-def _no_tiles(kernel):
-    kernel.tiles_max_weights = -1
+    assert not _applies(Batched, kernel, x[:1].shape, w.shape)
+    assert not _applies(Batched, conv_case(x, w, b, **attrs)[0], x.shape, w.shape)
 
 
 def test_large_weights_on_few_pixels_merge_the_batch_by_default():
@@ -147,13 +164,14 @@ def test_large_weights_on_few_pixels_merge_the_batch_by_default():
     kernel, got, expected = conv_case(x, w, workers=2)
     close(got, expected)
     plan = kernel.plan(x.shape, w.shape)
-    assert (plan.batched_bounds is None) == TILES_AVAILABLE and len(plan.packed_bounds) == 3
-    kernel, got, expected = conv_case(x, w, workers=2, tune=_no_tiles)
+    assert plan.name == ("packed" if TILES_AVAILABLE else "batched") and len(plan.bounds) == 3
+    kernel, got, expected = conv_case(x, w, workers=2, tuning=_tuning(_BY_BLAS))
     close(got, expected)
-    assert len(kernel.plan(x.shape, w.shape).batched_bounds) == 3  # 196 pixels: one slice per worker
+    plan = kernel.plan(x.shape, w.shape)
+    assert plan.name == "batched" and len(plan.bounds) == 3  # 196 pixels: one slice per worker
     # 98 pixels are one slice: two workers split the output channels of each image instead
-    assert kernel.plan((2, 512, 7, 7), w.shape).batched_bounds is None
-    assert kernel.plan((4, 512, 17, 17), w.shape).batched_bounds is None  # 289 pixels each
+    assert kernel.plan((2, 512, 7, 7), w.shape).name == "rows"
+    assert kernel.plan((4, 512, 17, 17), w.shape).name != "batched"  # 289 pixels each
 
 
 @pytest.mark.parametrize("workers", [1, 3])
@@ -174,7 +192,11 @@ def test_few_output_channels_run_tap_by_tap(x_shape, w_shape, attrs, constant, w
     x = rng.standard_normal(x_shape, dtype=np.float32)
     w = rng.standard_normal(w_shape, dtype=np.float32)
     b = rng.standard_normal(w_shape[0], dtype=np.float32)
-    for tune, taps in [(None, True), (_many_slices, True), (lambda k: setattr(k, "taps_max_rows", 0), False)]:
+    for tuning, taps in [
+        (None, True),
+        (_tuning(_MANY_SLICES), True),
+        (_tuning(dict(taps_max_rows=0)), False),
+    ]:
         kernel, got, expected = conv_case(
             x,
             w,
@@ -182,11 +204,11 @@ def test_few_output_channels_run_tap_by_tap(x_shape, w_shape, attrs, constant, w
             workers=workers,
             activation=FusedActivation("Relu"),
             constant=constant,
-            tune=tune,
+            tuning=tuning,
             **attrs,
         )
         close(got, expected)
-        assert kernel.plan(x.shape, w.shape).taps is taps
+        assert (kernel.plan(x.shape, w.shape).name == "taps") is taps
 
 
 @pytest.mark.parametrize("workers", [1, 3])
@@ -209,31 +231,44 @@ def test_groups_of_few_channels_run_as_direct_windows(x_shape, w_shape, attrs, d
     b = rng.standard_normal(w_shape[0], dtype=np.float32)
     kernel, got, expected = conv_case(x, w, b, workers=workers, activation=activation, **attrs)
     close(got, expected)
-    assert (kernel.plan(x.shape, w.shape).group_bounds is not None) is direct
+    assert (kernel.plan(x.shape, w.shape).name == "grouped") is direct
 
 
 @pytest.mark.parametrize("threads", [1, 2, None])
-def test_a_conv_splits_its_window_by_the_threads_its_job_has_now(monkeypatch, threads):
+def test_a_conv_splits_its_window_by_the_threads_its_job_has_now(threads):
     # A run that shares the cores with others has one thread: one slice, not two in a row.
-    monkeypatch.setattr(conv_module, "job_threads", lambda: threads)
     rng = np.random.default_rng(8)
     x = rng.standard_normal((2, 16, 14, 14), dtype=np.float32)
     w = rng.standard_normal((32, 16, 3, 3), dtype=np.float32)
-    used = []
-
-    def record(kernel):
-        plan = kernel.plan
-
-        def recorded(x_shape, w_shape, workers=None):
-            got = plan(x_shape, w_shape, workers)
-            used.append((workers, len(got.tap_row_bounds) - 1))
-            return got
-
-        kernel.plan = recorded
-
-    _, got, expected = conv_case(x, w, None, workers=3, pads=(1, 1, 1, 1), tune=record)
+    kernel, first, expected = conv_case(x, w, None, workers=3, pads=(1, 1, 1, 1))
+    kernel._plans.clear()
+    (got,) = kernel.execute([x, w], None, None if threads is None else JobContext(threads))
     close(got, expected)
-    assert set(used) == {(threads, min(3, threads or 3))}  # None: the kernel's own 3
+    workers = min(3, threads or 3)  # None: the kernel's own 3
+    assert [key[-1] for key in kernel._plans] == [workers]
+    assert len(kernel.plan(x.shape, w.shape, workers).row_bounds) - 1 == workers
+
+
+async def test_a_conv_in_a_run_is_given_the_threads_its_job_has_now(monkeypatch):
+    """The executor hands a conv (a kernel that ``takes_job``) the context the host runner
+    gives before it; at load it warms up in the load's own job."""
+    from flowrt.workers.cpu.workers import CpuWorkerPool
+
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, 16, 14, 14), "float32"))
+    w = np.ones((32, 16, 3, 3), np.float32)
+    conv = net.add_layer("Conv", flowrt.descriptors.Conv(pads=(1, 1, 1, 1)), [x, w])
+    net.add_output("y", net.add_layer("Relu", inputs=[conv]))
+    opt = flowrt.optimize(net, backends=["CpuAcc", "CpuRef"])
+    async with flowrt.Runtime(cpu_workers=2) as rt:
+        model = await rt.load(opt)
+        (kernel,) = [n.workload.kernel for n in model.dataflow.order if n.kind == "Conv"]
+        assert [key[-1] for key in kernel._plans] == [min(kernel.workers, 2)]  # warmed up alone
+        kernel._plans.clear()
+        monkeypatch.setattr(CpuWorkerPool, "between_workloads", lambda self: JobContext(1))
+        out = await model.run({"x": np.ones((1, 16, 14, 14), np.float32)})
+    assert [key[-1] for key in kernel._plans] == [1]
+    np.testing.assert_allclose(out["y"][0, :, 5, 5], 16 * 9, rtol=1e-5)
 
 
 @pytest.mark.skipif(not TILES_AVAILABLE, reason="no register tiles on this CPU")
@@ -245,10 +280,10 @@ def test_the_column_path_multiplies_by_register_tiles_packed_once(bias):
     b = rng.standard_normal(13, dtype=np.float32) if bias else None
     kernel, got, expected = conv_case(x, w, b, workers=1, activation=FusedActivation("Relu"))
     close(got, expected)
-    panels = kernel._panels
+    panels = kernel.weights._panels
     assert panels is not None and panels[0].shape[:2] == (1, -(-13 // TILE_ROWS))
     (again,) = kernel.execute([x, w] if b is None else [x, w, b])
-    assert kernel._panels is panels  # constant weights and bias: packed at the first run only
+    assert kernel.weights._panels is panels  # constant weights and bias: packed at the first run only
     close(again, expected)
 
 
@@ -274,12 +309,12 @@ def test_1x1_convs_multiply_all_images_pixels_side_by_side(x_shape, group, tiny_
     for activation in (FusedActivation("Relu"), FusedActivation("Clip", -1.0, 2.0)):
         kernel, got, expected = conv_case(
             x, w, b, workers=workers, group=group, activation=activation,
-            tune=_many_slices if tiny_slices else None,
+            tuning=_tuning(_MANY_SLICES) if tiny_slices else None,
         )  # fmt: skip
         close(got, expected)
-        bounds = kernel.plan(x.shape, w.shape).packed_bounds
-        assert bounds is not None and bounds[-1] == x_shape[0] * x_shape[2] * x_shape[3]
-        assert kernel._panels is not None
+        plan = kernel.plan(x.shape, w.shape)
+        assert plan.name == "packed" and plan.bounds[-1] == x_shape[0] * x_shape[2] * x_shape[3]
+        assert kernel.weights._panels is not None
 
 
 def test_weights_past_the_tile_limit_multiply_by_blas():
@@ -287,12 +322,10 @@ def test_weights_past_the_tile_limit_multiply_by_blas():
     x = rng.standard_normal((1, 16, 8, 8), dtype=np.float32)
     w = rng.standard_normal((24, 16, 3, 3), dtype=np.float32)
 
-    def limit(kernel):
-        kernel.tiles_max_weights = 24 * 16 * 9 - 1
-
-    kernel, got, expected = conv_case(x, w, pads=(1, 1, 1, 1), strides=(2, 2), tune=limit)
+    limit = _tuning(dict(tiles_max_weights=24 * 16 * 9 - 1))
+    kernel, got, expected = conv_case(x, w, pads=(1, 1, 1, 1), strides=(2, 2), tuning=limit)
     close(got, expected)
-    assert kernel._panels is None
+    assert kernel.plan(x.shape, w.shape).name == "columns" and kernel.weights._panels is None
 
 
 def test_many_output_channels_or_strides_use_the_column_matrix():
@@ -300,11 +333,11 @@ def test_many_output_channels_or_strides_use_the_column_matrix():
         np.ones((1, 4, 9, 9), np.float32), np.ones((33, 4, 3, 3), np.float32), pads=(1, 1, 1, 1)
     )
     close(got, expected)
-    assert not kernel.plan((1, 4, 9, 9), (33, 4, 3, 3)).taps
+    assert kernel.plan((1, 4, 9, 9), (33, 4, 3, 3)).name == "rows"
     kernel, _, _ = conv_case(
         np.ones((1, 4, 9, 9), np.float32), np.ones((8, 4, 3, 3), np.float32), strides=(2, 2)
     )
-    assert not kernel.plan((1, 4, 9, 9), (8, 4, 3, 3)).taps
+    assert kernel.plan((1, 4, 9, 9), (8, 4, 3, 3)).name == "columns"
 
 
 @pytest.mark.parametrize(
@@ -316,17 +349,19 @@ def test_many_output_channels_or_strides_use_the_column_matrix():
         ((2, 4, 12, 9), (5, 4, 2, 3), dict(strides=(1, 2), pads=(0, 1, 0, 2))),
     ],
 )
-@pytest.mark.parametrize("tune", [None, _many_slices])
-def test_strided_convs_read_their_columns_from_phase_planes(x_shape, w_shape, attrs, tune):
+@pytest.mark.parametrize("tuning", [None, _tuning(_MANY_SLICES)])
+def test_strided_convs_read_their_columns_from_phase_planes(x_shape, w_shape, attrs, tuning):
     """Each image's padded channels split by the strides once; im2col copies unit-stride
     runs of them (pad cells are the planes' zeros, which later images leave untouched)."""
     rng = np.random.default_rng(7)
     x = rng.standard_normal(x_shape, dtype=np.float32)
     w = rng.standard_normal(w_shape, dtype=np.float32)
     b = rng.standard_normal(w_shape[0], dtype=np.float32)
-    kernel, got, expected = conv_case(x, w, b, activation=FusedActivation("Relu"), tune=tune, **attrs)
-    plan = kernel.plan(x.shape, w.shape)
-    assert plan.column_bounds is not None and plan.phase_shape.all()
+    kernel, got, expected = conv_case(x, w, b, activation=FusedActivation("Relu"), tuning=tuning, **attrs)
+    geometry = _geometry(kernel, x.shape, w.shape)
+    assert (
+        Columns.applies(geometry, kernel.tuning) and Columns.plan(geometry, kernel.tuning).phase_shape.all()
+    )
     close(got, expected)
 
 

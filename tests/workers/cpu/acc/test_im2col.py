@@ -5,7 +5,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowrt.workers.cpu.acc.kernels.im2col import fill_columns
+from flowrt.workers.cpu.acc.conv.im2col import fill_columns
 
 
 def _columns(x, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow):

@@ -5,7 +5,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowrt.workers.cpu.acc.kernels.phases import fill_phase_planes
+from flowrt.workers.cpu.acc.phases import fill_phase_planes
 
 
 def _phase_planes(x, rows, pitch, sh, sw, ph, pw):

@@ -1,23 +1,23 @@
 """CpuAcc's Winograd 3x3 convs against CpuRef: both tile sizes, blocks, groups of small
 images, and the rule that picks them."""
 
+import attrs
 import numpy as np
 import pytest
 from kernelcases import conv_case
 
 from flowrt.registry import FusedActivation
-from flowrt.workers.cpu.acc.kernels.winograd import WinogradRule, winograd_blocks
+from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
+from flowrt.workers.cpu.acc.conv.winograd import WinogradRule, winograd_blocks
 
 
-def _force_winograd(tile, small_blocks=False):
-    def tune(kernel):
-        kernel.winograd_rule = WinogradRule(
-            min_channels=0, min_pixels=0, min_work=0, f4_min_side=0 if tile == 4 else 10**9
-        )
-        if small_blocks:
-            kernel.winograd_block_tiles = 1  # one row of tiles per block
-
-    return tune
+def _force_winograd(tile, small_blocks=False, **more):
+    """A ConvTuning that runs every 3x3 stride-1 conv of one group by Winograd in ``tile`` x
+    ``tile`` output tiles (``small_blocks``: one row of tiles per block)."""
+    rule = WinogradRule(min_channels=0, min_pixels=0, min_work=0, f4_min_side=0 if tile == 4 else 10**9)
+    if small_blocks:
+        more["winograd_block_tiles"] = 1
+    return attrs.evolve(ConvTuning(), winograd_rule=rule, **more)
 
 
 @pytest.mark.parametrize("workers", [1, 3])
@@ -43,9 +43,10 @@ def test_3x3_stride_1_convs_run_by_winograd(x_shape, w_shape, attrs, tile, small
     b = rng.standard_normal(w_shape[0], dtype=np.float32)
     kernel, got, expected = conv_case(
         x, w, b, workers=workers, activation=FusedActivation("LeakyRelu", 0.1), constant=constant,
-        tune=_force_winograd(tile, small_blocks), **attrs,
+        tuning=_force_winograd(tile, small_blocks), **attrs,
     )  # fmt: skip
-    assert kernel.plan(x.shape, w.shape).winograd == tile
+    plan = kernel.plan(x.shape, w.shape)
+    assert plan.name == "winograd" and plan.tile == tile
     # F(4x4, 3x3)'s transforms round to about 1e-5 of the output's magnitude.
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=2e-5 * np.abs(expected).max())
     # A second image reuses the plan and the transformed weights.
@@ -68,15 +69,12 @@ def test_winograd_transforms_a_batch_of_small_images_in_groups(x_shape, block_ti
     w = rng.standard_normal((6, x_shape[1], 3, 3), dtype=np.float32)
     b = rng.standard_normal(6, dtype=np.float32)
 
-    def tune(kernel):
-        _force_winograd(tile)(kernel)
-        kernel.winograd_block_tiles, kernel.winograd_group_tiles = block_tiles, 10**6
-
+    tuning = _force_winograd(tile, winograd_block_tiles=block_tiles, winograd_group_tiles=10**6)
     kernel, got, expected = conv_case(
-        x, w, b, workers=workers, activation=FusedActivation("Relu"), tune=tune, pads=(1, 1, 1, 1)
+        x, w, b, workers=workers, activation=FusedActivation("Relu"), tuning=tuning, pads=(1, 1, 1, 1)
     )
     plan = kernel.plan(x.shape, w.shape)
-    assert (plan.winograd, plan.tile_group) == (tile, group)
+    assert (plan.name, plan.tile, plan.group) == ("winograd", tile, group)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=2e-5 * np.abs(expected).max())
 
 
@@ -114,5 +112,6 @@ def test_winograd_is_chosen_for_large_3x3_stride_1_convs(x_shape, w_shape, attrs
     x = rng.standard_normal(x_shape, dtype=np.float32)
     w = rng.standard_normal(w_shape, dtype=np.float32) / np.float32(np.sqrt(np.prod(w_shape[1:])))
     kernel, got, expected = conv_case(x, w, None, workers=2, activation=FusedActivation("Relu"), **attrs)
-    assert kernel.plan(x.shape, w.shape).winograd == winograd
+    plan = kernel.plan(x.shape, w.shape)
+    assert (plan.tile if plan.name == "winograd" else 0) == winograd
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=2e-5 * np.abs(expected).max())

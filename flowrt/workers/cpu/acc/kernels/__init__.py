@@ -15,6 +15,10 @@ A kernel is a class registered per layer kind with :func:`acc_kernel`:
 - ``execute(inputs, outputs=None) -> outputs``: one run, all slices, blocking. ``outputs``, when
   given, holds one preallocated C-contiguous array per output (planned pool memory) to write
   into; the kernel returns them. When None, the kernel allocates its outputs.
+- ``takes_job`` (optional, true): the kernel plans its split per call, by the threads the job
+  running it has now; it is then called ``execute(inputs, outputs, job)``, ``job`` the job's
+  ``flowrt.engine.scheduler.job.JobContext`` (None off a job: it splits over its own
+  ``workers``). Other kernels never see the job.
 
 A kernel whose layer has a fused activation (``info.activation``) applies it with
 ``epilogue.activate`` as it stores each value.

@@ -31,17 +31,17 @@ import numpy as np
 from numba import njit, prange
 
 from flowrt.engine.graph.layers.conv import conv_transpose_geometry
+from flowrt.engine.scheduler.job import JobContext
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.errors import BackendError
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
 from flowrt.workers.cpu.acc.blas import pin_scipy_blas, sgemm
+from flowrt.workers.cpu.acc.conv.tuning import TILES_MAX_WEIGHTS
 from flowrt.workers.cpu.acc.kernels import acc_kernel
-from flowrt.workers.cpu.acc.kernels.conv import TILES_MAX_WEIGHTS
 from flowrt.workers.cpu.acc.kernels.epilogue import NONE
 from flowrt.workers.cpu.acc.tiles import AVAILABLE as TILES_AVAILABLE
 from flowrt.workers.cpu.acc.tiles import TILE_ROWS, gemm_panels, pack_panels, pad_rows
-from flowrt.workers.cpu.workers import job_threads
 
 pin_scipy_blas()
 
@@ -235,6 +235,9 @@ class ConvTransposeKernel:
     """1-D and 2-D float32 ConvTranspose with groups, strides, dilations, pads, output_padding,
     output_shape and auto_pad; the bias is added as the output is stored."""
 
+    # Its split is planned per call, by the threads the job running it has now.
+    takes_job = True
+
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
         if any(t is not None and t.dtype is not DataType.FLOAT32 for t in info.inputs):
@@ -329,12 +332,11 @@ class ConvTransposeKernel:
         parallel = workers > 1 and tasks * (len(parts) - 1) > 1 and planes * macs >= 2 * self.min_slice_macs
         return bands, parts, parallel
 
-    def execute(self, inputs, outputs=None):
+    def execute(self, inputs, outputs=None, job: JobContext | None = None):
         x = np.ascontiguousarray(inputs[0], np.float32)
         w, panels, gemm_bias = self.weights if self.weights is not None else self._pack(inputs[1])
         w_shape = self.weights_shape if self.weights is not None else tuple(inputs[1].shape)
-        threads = job_threads()
-        workers = self.workers if threads is None else max(1, min(self.workers, threads))
+        workers = self.workers if job is None else max(1, min(self.workers, job.threads))
         plan = self.plan(x.shape, w_shape, workers)
         out = np.empty(plan.out_shape, np.float32) if outputs is None else outputs[0]
         bias = self._bias(inputs, out.shape[1])

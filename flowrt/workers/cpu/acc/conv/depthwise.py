@@ -1,7 +1,7 @@
 """Depthwise Conv for CpuAcc (one input channel per group, NCHW): a direct sliding window over
 a zero-padded copy of each input channel (split into phase planes when strided), one task per
-(image, output channel) plane.
-:class:`~flowrt.workers.cpu.acc.kernels.conv.ConvKernel` calls it for such convs.
+(image, output channel) plane. Its algorithms, :class:`DepthwiseSame3` and :class:`Depthwise`,
+take every depthwise conv (``algorithms.py``).
 
 The planes of depthwise layers are small (7x7 to 112x112), so what a plane costs besides its
 taps counts: the copies in and out are plain loops, the pad cells of the scratch are zeroed
@@ -16,12 +16,21 @@ over slices: 14x14 195 -> 77, 7x7 98 -> 32, 28x28 466 -> 265; stride 2 from 56x5
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
 import numpy as np
 from numba import njit, prange
 
+from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.workers.cpu.acc.blas import PRANGE_ONLY
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, RELU, activate, activate_row
-from flowrt.workers.cpu.acc.kernels.phases import cell_offset, fill_phase_planes
+from flowrt.workers.cpu.acc.phases import cell_offset, fill_phase_planes
+
+if TYPE_CHECKING:
+    from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
+    from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
+    from flowrt.workers.cpu.acc.conv.weights import ConvWeights
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -284,3 +293,62 @@ def depthwise_same3(x, w, bias, out, code, alpha, beta, bounds):
                 alpha,
                 beta,
             )
+
+
+@attrs.frozen(eq=False)
+class Depthwise:
+    """Plan of a depthwise conv (groups == input channels > 1): :func:`depthwise` over
+    (image, output channel) planes, ``plane_bounds`` of them per slice."""
+
+    name: ClassVar[str] = "depthwise"
+    geo: np.ndarray
+    plane_bounds: np.ndarray
+
+    @classmethod
+    def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:
+        """One input channel per group, more than one group."""
+        return geometry.groups == geometry.x_shape[1] > 1
+
+    @classmethod
+    def plan(cls, geometry: ConvGeometry, tuning: ConvTuning) -> Depthwise:
+        """The planes split over the workers."""
+        planes = geometry.x_shape[0] * geometry.w_shape[0]
+        return cls(geometry.geo(), split_bounds(planes, SplitHint(0, 1), geometry.workers))
+
+    def run(
+        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
+    ) -> None:
+        """See ``algorithms.ConvAlgorithm.run``."""
+        filters = w.reshape(w_shape[0], *w_shape[2:])
+        depthwise(x, filters, bias, out, self.geo, *act, self.plane_bounds)
+
+
+@attrs.frozen(eq=False)
+class DepthwiseSame3(Depthwise):
+    """Plan of a 3x3 depthwise conv with unit strides and dilations, one pad cell on every side
+    and planes of at least 2x2: :func:`depthwise_same3` (:func:`depthwise` where the output
+    given is not C-contiguous)."""
+
+    name: ClassVar[str] = "depthwise_same3"
+
+    @classmethod
+    def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:
+        """A depthwise conv of that shape."""
+        g = geometry.window
+        return (
+            Depthwise.applies(geometry, tuning)
+            and geometry.kernel == (3, 3)
+            and g.strides == g.dilations == (1, 1)
+            and g.pads_begin == g.pads_end == (1, 1)
+            and min(geometry.x_shape[2:]) >= 2
+        )
+
+    def run(
+        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
+    ) -> None:
+        """See ``algorithms.ConvAlgorithm.run``."""
+        if not out.flags.c_contiguous:
+            Depthwise.run(self, weights, x, w, w_shape, bias, out, finish, constant, act)
+            return
+        filters = w.reshape(w_shape[0], *w_shape[2:])
+        depthwise_same3(x, filters, bias, out, *act, self.plane_bounds)

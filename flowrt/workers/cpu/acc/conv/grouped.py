@@ -6,20 +6,29 @@ RegNet), whose tiles are mostly border and whose column matrix is copied for eve
 RegNet-Y-400MF's grouped convs ran at 5-9 GFLOP/s. Here a task is one (image, group): its
 ``cg`` input channels are copied once into zero-bordered (or phase) planes, and each of its
 output planes is the sum of ``cg`` depthwise passes, every kernel row's taps one vectorized
-loop over the plane (``depthwise._row_taps``). :class:`~flowrt.workers.cpu.acc.kernels.conv.ConvKernel`
-picks it for groups of at most ``MAX_GROUP_CHANNELS`` input channels and kernels larger than
-1x1 (a grouped 1x1 conv is a GEMM per group, which register tiles run better).
+loop over the plane (``depthwise._row_taps``). Its algorithm, :class:`Grouped`, takes groups of
+at most ``MAX_GROUP_CHANNELS`` input channels and kernels larger than 1x1 (a grouped 1x1 conv
+is a GEMM per group, which register tiles run better).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
 import numpy as np
 from numba import njit, prange
 
+from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.workers.cpu.acc.blas import PRANGE_ONLY
-from flowrt.workers.cpu.acc.kernels.depthwise import _source_shape, kernel_row, store_plane
+from flowrt.workers.cpu.acc.conv.depthwise import _source_shape, kernel_row, store_plane
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, RELU, activate_row
-from flowrt.workers.cpu.acc.kernels.phases import fill_phase_planes
+from flowrt.workers.cpu.acc.phases import fill_phase_planes
+
+if TYPE_CHECKING:
+    from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
+    from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
+    from flowrt.workers.cpu.acc.conv.weights import ConvWeights
 
 # Input channels per group up to which a grouped conv runs here rather than by im2col.
 MAX_GROUP_CHANNELS = 16
@@ -76,3 +85,35 @@ def grouped_direct(x, w, bias, out, geo, code, alpha, beta, bounds):
                 if not relu:
                     activate_row(acc[:total], acc[:total], NO_BIAS, code, alpha, beta)
                 store_plane(acc, out, n, m, pitch)
+
+
+@attrs.frozen(eq=False)
+class Grouped:
+    """Plan of a grouped conv of few channels per group: :func:`grouped_direct` over (image,
+    group) tasks, ``bounds`` of them per slice."""
+
+    name: ClassVar[str] = "grouped"
+    geo: np.ndarray
+    bounds: np.ndarray
+
+    @classmethod
+    def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:
+        """Groups (not depthwise) of at most ``MAX_GROUP_CHANNELS`` input channels, a kernel
+        larger than 1x1."""
+        return (
+            1 < geometry.groups < geometry.x_shape[1]
+            and geometry.w_shape[1] <= MAX_GROUP_CHANNELS
+            and geometry.kernel != (1, 1)
+        )
+
+    @classmethod
+    def plan(cls, geometry: ConvGeometry, tuning: ConvTuning) -> Grouped:
+        """The (image, group) tasks split over the workers."""
+        tasks = geometry.x_shape[0] * geometry.groups
+        return cls(geometry.geo(), split_bounds(tasks, SplitHint(0, 1), geometry.workers))
+
+    def run(
+        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
+    ) -> None:
+        """See ``algorithms.ConvAlgorithm.run``."""
+        grouped_direct(x, w.reshape(w_shape), bias, out, self.geo, *act, self.bounds)

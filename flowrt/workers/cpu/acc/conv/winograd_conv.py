@@ -5,24 +5,35 @@ tiles written back with bias and activation. The two differ only in their transf
 are functions of their own with their tile sizes as constants; the loop nest takes the side
 as an argument and is compiled once for both (on a cold cache a side's own loop nest took
 12-14 s of CPU, and the branches on the side are taken once per row of tiles). Its parallel
-loops call their tasks by address (``blas.run_stages``).
+loops call their tasks by address (``blas.run_stages``). :class:`Winograd` is the algorithm
+that runs it: the 3x3 stride-1 convs of one group that :class:`~.winograd.WinogradRule` picks.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
 import numpy as np
 from numba import njit
 
+from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.workers.cpu.acc.blas import SliceFunction, run_stages, sgemm
-from flowrt.workers.cpu.acc.kernels.epilogue import activate_row
-from flowrt.workers.cpu.acc.kernels.winograd import (
+from flowrt.workers.cpu.acc.conv.winograd import (
     fill_phases,
     input_transform2,
     interleave2,
     output_transform2,
     spread,
+    winograd_blocks,
 )
-from flowrt.workers.cpu.acc.kernels.winograd4 import input_transform4, interleave4, output_transform4
+from flowrt.workers.cpu.acc.conv.winograd4 import input_transform4, interleave4, output_transform4
+from flowrt.workers.cpu.acc.kernels.epilogue import activate_row
+
+if TYPE_CHECKING:
+    from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
+    from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
+    from flowrt.workers.cpu.acc.conv.weights import ConvWeights
 
 
 @njit(nogil=True, cache=True)
@@ -121,3 +132,52 @@ def winograd_conv(x, u, bias, out, pad_h, pad_w, bounds, block, group, code, alp
         bounds.shape[0] - 1,
         blocks,
     )
+
+
+def _tile(geometry: ConvGeometry, tuning: ConvTuning) -> int:
+    """The output tile's side Winograd takes ``geometry`` in (2 or 4), or 0 where it does not:
+    not 3x3 stride 1 in one group, or ``tuning.winograd_rule`` finds GEMM faster."""
+    g = geometry.window
+    if not (
+        geometry.groups == 1 and geometry.kernel == (3, 3) and g.strides == (1, 1) and g.dilations == (1, 1)
+    ):
+        return 0
+    blocks = (geometry.x_shape[0], tuning.winograd_block_tiles, tuning.winograd_group_tiles)
+    group = winograd_blocks(geometry.out_hw, 2, *blocks)[1]  # images per group with 2x2 tiles
+    return tuning.winograd_rule.tile(geometry.w_shape[1], geometry.mg, geometry.out_hw, group)
+
+
+@attrs.frozen(eq=False)
+class Winograd:
+    """Plan of a conv by :func:`winograd_conv`: output tiles of ``tile`` x ``tile``, ``group``
+    images transformed together, ``bounds`` rows of tiles per slice, ``block`` per block."""
+
+    name: ClassVar[str] = "winograd"
+    tile: int
+    geo: np.ndarray  # the pads are read from it
+    bounds: np.ndarray
+    block: int
+    group: int
+
+    @classmethod
+    def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:
+        """A 3x3 stride-1 conv of one group that the Winograd rule picks."""
+        return _tile(geometry, tuning) > 0
+
+    @classmethod
+    def plan(cls, geometry: ConvGeometry, tuning: ConvTuning) -> Winograd:
+        """Blocks and groups of tiles, the group's rows of tiles split over the workers."""
+        tile = _tile(geometry, tuning)
+        blocks = (geometry.x_shape[0], tuning.winograd_block_tiles, tuning.winograd_group_tiles)
+        block, group = winograd_blocks(geometry.out_hw, tile, *blocks)
+        rows = group * -(-geometry.out_hw[0] // tile)
+        return cls(tile, geometry.geo(), split_bounds(rows, SplitHint(0, 1), geometry.workers), block, group)
+
+    def run(
+        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
+    ) -> None:
+        """See ``algorithms.ConvAlgorithm.run``."""
+        u = weights.winograd(w, w_shape, self.tile)
+        pads = self.geo[6:8]
+        blocks = (self.bounds, self.block, self.group)
+        winograd_conv(x, u, bias, out, pads[0], pads[1], *blocks, *act, self.tile)

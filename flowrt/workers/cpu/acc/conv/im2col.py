@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from flowrt.workers.cpu.acc.kernels.phases import cell_offset, copy_run
+from flowrt.workers.cpu.acc.phases import cell_offset, copy_run
 
 
 @njit(inline="always", nogil=True, cache=True)

@@ -5,16 +5,25 @@ of that tap's weights by the padded planes read from the tap's offset, accumulat
 output block (outputs are computed on the padded plane's row pitch, the extra columns
 dropped). im2col writes and reads back kh*kw copies of the input for every output block, which
 costs more than the GEMM itself when there are only a few dozen output channels to share it.
-:class:`~flowrt.workers.cpu.acc.kernels.conv.ConvKernel` calls it for such convs.
+Its algorithm, :class:`Taps`, takes such convs.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
 import numpy as np
 from numba import njit, prange
 
+from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.workers.cpu.acc.blas import PRANGE_ONLY, sgemm
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, activate_row
+
+if TYPE_CHECKING:
+    from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
+    from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
+    from flowrt.workers.cpu.acc.conv.weights import ConvWeights
 
 
 @njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
@@ -56,3 +65,54 @@ def conv_by_taps(x, w_taps, bias, out, geo, padded_shape, row_bounds, block_rows
                     for r in range(r0, r1):
                         src = block[m, (r - r0) * pitch : (r - r0) * pitch + ow_count]
                         activate_row(out[n, m, r], src, b, code, alpha, beta)
+
+
+@attrs.frozen(eq=False)
+class Taps:
+    """Plan of a conv by :func:`conv_by_taps`: ``row_bounds`` output rows per slice,
+    ``block_rows`` per block, over planes padded to ``padded_shape`` (rows, pitch)."""
+
+    name: ClassVar[str] = "taps"
+    geo: np.ndarray
+    padded_shape: np.ndarray
+    row_bounds: np.ndarray
+    block_rows: int
+
+    @classmethod
+    def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:
+        """Stride 1, one group, not 1x1 unpadded, at most ``tuning.taps_max_rows`` output
+        channels."""
+        return (
+            geometry.groups == 1
+            and geometry.unit_strides
+            and not geometry.direct
+            and geometry.mg <= tuning.taps_max_rows
+        )
+
+    @classmethod
+    def plan(cls, geometry: ConvGeometry, tuning: ConvTuning) -> Taps:
+        """The padded plane, the output rows split over the workers, and blocks of them that
+        keep the output block near ``tuning.taps_block_floats``."""
+        g, (kh, kw), (oh, ow) = geometry.window, geometry.kernel, geometry.out_hw
+        x_shape = geometry.x_shape
+        padded_shape = np.array(
+            [
+                max(x_shape[2] + g.pads_begin[0], oh + (kh - 1) * g.dilations[0]),
+                max(x_shape[3] + g.pads_begin[1], ow + (kw - 1) * g.dilations[1]),
+            ],
+            np.int64,
+        )
+        row_bounds = split_bounds(oh, SplitHint(0, 1), geometry.workers)
+        block_rows = max(
+            1, min(int(row_bounds[1]), tuning.taps_block_floats // (geometry.mg * int(padded_shape[1])))
+        )
+        return cls(geometry.geo(), padded_shape, row_bounds, block_rows)
+
+    def run(
+        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
+    ) -> None:
+        """See ``algorithms.ConvAlgorithm.run``."""
+        w_taps = weights.taps(w, w_shape)
+        conv_by_taps(
+            x, w_taps, bias, out, self.geo, self.padded_shape, self.row_bounds, self.block_rows, finish, *act
+        )

@@ -1,17 +1,39 @@
 """Conv as im2col and GEMM over one image at a time: split over column slices (output
-pixels) or, when there are too few pixels for every worker, over output channels (GEMM
-rows) of one shared column matrix. ``conv.py`` plans which runs and passes the split."""
+pixels, :class:`Columns`) or, when there are too few pixels for every worker, over output
+channels (GEMM rows, :class:`Rows`) of one shared column matrix.
+
+Each column slice walks its columns in chunks: it copies the chunk's input windows into a
+column buffer of its own (im2col) and multiplies the weights by it straight into the output
+block, with bias and activation applied as the block is stored: by register tiles over
+weights packed at load (``tiles.py``), or by BLAS for weights past
+``tuning.TILES_MAX_WEIGHTS`` and on CPUs without AVX2. A 1x1 stride-1 unpadded conv reads its
+input as the column matrix itself, and a strided conv copies its columns from the phase
+planes of each image, split once (``im2col.im2col_phases``).
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
 import numpy as np
 from numba import njit
 
 from flowrt.workers.cpu.acc.blas import SliceFunction, run_stages, sgemm
+from flowrt.workers.cpu.acc.conv.im2col import fill_columns, im2col_phases
+from flowrt.workers.cpu.acc.conv.tuning import MIN_COLUMNS
 from flowrt.workers.cpu.acc.kernels.epilogue import activate_row
-from flowrt.workers.cpu.acc.kernels.im2col import fill_columns, im2col_phases
-from flowrt.workers.cpu.acc.kernels.phases import fill_phase_planes
-from flowrt.workers.cpu.acc.tiles import gemm_panels
+from flowrt.workers.cpu.acc.phases import fill_phase_planes
+from flowrt.workers.cpu.acc.tiles import TILE_COLUMNS, gemm_panels
+
+if TYPE_CHECKING:
+    from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
+    from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
+    from flowrt.workers.cpu.acc.conv.weights import ConvWeights
+
+# What conv_by_columns is passed for its panels when it multiplies by BLAS.
+_NO_PANELS = np.empty((0, 0, 0, 0), np.float32)
+_NO_BIAS = np.empty((0, 0), np.float32)
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -161,3 +183,89 @@ def conv_by_rows(x, x_flat, w, bias, out, geo, direct, row_bounds, finish, code,
         groups * (row_bounds.shape[0] - 1),
         slices,
     )
+
+
+@attrs.frozen(eq=False)
+class Columns:
+    """Plan of a conv by :func:`conv_by_columns`: ``bounds`` over each image's pixels, in
+    chunks of ``chunk`` columns, by register tiles when ``tiles`` (else BLAS); ``phase_shape``
+    the rows and pitch of a strided conv's phase planes (else zeros)."""
+
+    name: ClassVar[str] = "columns"
+    geo: np.ndarray
+    direct: bool
+    bounds: np.ndarray
+    chunk: int
+    tiles: bool
+    phase_shape: np.ndarray
+
+    @classmethod
+    def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:
+        """Splitting each image's pixels keeps the workers at least as busy as splitting its
+        output channels."""
+        return geometry.balance(geometry.column_bounds(tuning)) >= geometry.balance(
+            geometry.row_bounds(tuning)
+        )
+
+    @classmethod
+    def plan(cls, geometry: ConvGeometry, tuning: ConvTuning) -> Columns:
+        """The pixels split over the workers; chunks that keep the column buffer near
+        ``tuning.chunk_floats`` (whole tiles of columns when multiplying by tiles)."""
+        tiles = geometry.group_weights <= tuning.tiles_max_weights
+        chunk = max(
+            min(MIN_COLUMNS, tuning.chunk_floats), tuning.chunk_floats // max(geometry.rows, geometry.mg)
+        )
+        if tiles:
+            chunk = max(TILE_COLUMNS, chunk - chunk % TILE_COLUMNS)
+        g, kernel, (oh, ow) = geometry.window, geometry.kernel, geometry.out_hw
+        # A strided conv whose kernel spans at least its stride on both axes reads its columns
+        # from phase planes (a 1x1 stride-2 conv would split four planes to read one).
+        phased = g.strides != (1, 1) and all(k * d >= st for k, d, st in zip(kernel, g.dilations, g.strides))
+        phase_shape = np.array(
+            [
+                oh + (kernel[0] - 1) * g.dilations[0] // g.strides[0],
+                ow + (kernel[1] - 1) * g.dilations[1] // g.strides[1],
+            ]
+            if phased
+            else [0, 0],
+            np.int64,
+        )
+        return cls(geometry.geo(), geometry.direct, geometry.column_bounds(tuning), chunk, tiles, phase_shape)
+
+    def run(
+        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
+    ) -> None:
+        """See ``algorithms.ConvAlgorithm.run``."""
+        panels, panel_bias = weights.panels(w, bias, constant) if self.tiles else (_NO_PANELS, _NO_BIAS)
+        x_flat, out_flat = x.reshape(*x.shape[:2], -1), out.reshape(*out.shape[:2], -1)
+        conv_by_columns(
+            x, x_flat, w, bias, out_flat, self.geo, self.direct, self.bounds, self.chunk, finish, *act,
+            panels, panel_bias, self.phase_shape,
+        )  # fmt: skip
+
+
+@attrs.frozen(eq=False)
+class Rows:
+    """Plan of a conv by :func:`conv_by_rows`: ``bounds`` over each group's output channels."""
+
+    name: ClassVar[str] = "rows"
+    geo: np.ndarray
+    direct: bool
+    bounds: np.ndarray
+
+    @classmethod
+    def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:
+        """Every conv: the last algorithm tried."""
+        return True
+
+    @classmethod
+    def plan(cls, geometry: ConvGeometry, tuning: ConvTuning) -> Rows:
+        """The output channels split over the workers."""
+        return cls(geometry.geo(), geometry.direct, geometry.row_bounds(tuning))
+
+    def run(
+        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
+    ) -> None:
+        """See ``algorithms.ConvAlgorithm.run``."""
+        x_flat, out_flat = x.reshape(*x.shape[:2], -1), out.reshape(*out.shape[:2], -1)
+        conv_by_rows(x, x_flat, w, bias, out_flat, self.geo, self.direct, self.bounds, finish, *act)

@@ -5,7 +5,7 @@ The same scheme as ``winograd.py`` with 6x6 input tiles overlapping by two: sixt
 planes per channel, ``V = Bt d B`` per tile, thirty-six GEMMs, ``Y = At M A``. The transforms'
 larger coefficients cost accuracy: errors reach about 1e-5 of the output's magnitude (F(2x2,
 3x3): 1e-6), as in other engines' F(4x4, 3x3). It pays off where rows of tiles are long:
-:class:`~flowrt.workers.cpu.acc.kernels.conv.ConvKernel` uses it for outputs at least
+the algorithm ``winograd_conv.Winograd`` uses it for outputs at least
 ``WinogradRule.f4_min_side`` wide and high.
 """
 

@@ -8,16 +8,25 @@ plane one whole and one part-filled; here only the tile that holds the end of on
 the start of the next is part of neither: its columns are copied into a small buffer, and its
 product into each image's output through a scratch block. On one Zen 4 core, batch 4, M=128,
 K=256-1024: 14x14 90-98 -> 96-109 GFLOP/s, 7x7 84-86 -> 92-93, 28x28 and 56x56 unchanged.
+Its algorithm is :class:`Packed`.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
 import numpy as np
 from numba import njit
 
 from flowrt.workers.cpu.acc.blas import SliceFunction, run_tasks
-from flowrt.workers.cpu.acc.kernels.phases import copy_run
+from flowrt.workers.cpu.acc.phases import copy_run
 from flowrt.workers.cpu.acc.tiles import TILE_COLUMNS, gemm_panels
+
+if TYPE_CHECKING:
+    from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
+    from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
+    from flowrt.workers.cpu.acc.conv.weights import ConvWeights
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -98,3 +107,37 @@ def conv_packed(x_flat, panels, panel_bias, out, bounds, code, alpha, beta):
     the N * pixels columns), called by address (``blas.run_tasks``)."""
     args = (x_flat, panels, panel_bias, out, bounds, code, alpha, beta)
     run_tasks(_PACKED_TASK.address(args), panels.shape[0] * (bounds.shape[0] - 1), args)
+
+
+@attrs.frozen(eq=False)
+class Packed:
+    """Plan of a 1x1 stride-1 unpadded conv by :func:`conv_packed`: ``bounds`` over all the
+    images' pixels side by side."""
+
+    name: ClassVar[str] = "packed"
+    bounds: np.ndarray
+
+    @classmethod
+    def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:
+        """Such a conv whose weights the register tiles take (``tuning.tiles_max_weights``),
+        as long as splitting over all the pixels keeps the workers as busy as a split over
+        output channels would."""
+        return (
+            geometry.group_weights <= tuning.tiles_max_weights
+            and geometry.direct
+            and geometry.balance(geometry.batch_bounds(tuning))
+            >= geometry.balance(geometry.row_bounds(tuning))
+        )
+
+    @classmethod
+    def plan(cls, geometry: ConvGeometry, tuning: ConvTuning) -> Packed:
+        """All the images' pixels split over the workers."""
+        return cls(geometry.batch_bounds(tuning))
+
+    def run(
+        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
+    ) -> None:
+        """See ``algorithms.ConvAlgorithm.run``."""
+        panels, panel_bias = weights.panels(w, bias, constant)
+        x_flat, out_flat = x.reshape(*x.shape[:2], -1), out.reshape(*out.shape[:2], -1)
+        conv_packed(x_flat, panels, panel_bias, out_flat, self.bounds, *act)

@@ -5,8 +5,8 @@ channel where im2col and GEMM do 36.
 Each 4x4 input tile ``d`` (overlapping its neighbours by two) becomes ``V = Bt d B``, each
 3x3 filter ``g`` becomes ``U = G g Gt`` (once, at load), and the sixteen elements of the 4x4
 transformed tiles are sixteen independent GEMMs: ``Mx = Ux @ Vx`` over the channels. The
-output tile is ``Y = At M A``. :class:`~flowrt.workers.cpu.acc.kernels.conv.ConvKernel` calls
-it for the layers where it is faster (:class:`WinogradRule`).
+output tile is ``Y = At M A``. The algorithm ``winograd_conv.Winograd`` takes the layers
+where it is faster (:class:`WinogradRule`).
 
 Layout. The input is first copied, zero-padded, into four *phase planes* per channel (the
 padded pixels whose row and column are even or odd, each plane ``tiles_w + 1`` wide), so that
@@ -34,7 +34,7 @@ BLOCK_TILES = 256
 GROUP_TILES = 64
 
 
-@attrs.define
+@attrs.frozen
 class WinogradRule:
     """Which 3x3 stride-1 convs of one group run faster by Winograd than by im2col and GEMM
     (measured on 1 to 2 cores): enough input channels for the GEMMs to be deep, enough output

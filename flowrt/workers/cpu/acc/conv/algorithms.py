@@ -1,0 +1,83 @@
+"""CpuAcc's conv algorithms, in the order they are tried, and how one is chosen for a shape.
+
+As the Compute Library's ``NEConvolutionLayer`` picks among its functions, the first
+algorithm whose ``applies(geometry, tuning)`` holds takes the shape; the order is part of
+the rule (an algorithm's ``applies`` may leave out what an earlier one takes). ``Rows``
+applies to every shape, so one is always found.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from flowrt.workers.cpu.acc.conv.batched import Batched
+from flowrt.workers.cpu.acc.conv.columns import Columns, Rows
+from flowrt.workers.cpu.acc.conv.depthwise import Depthwise, DepthwiseSame3
+from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
+from flowrt.workers.cpu.acc.conv.grouped import Grouped
+from flowrt.workers.cpu.acc.conv.packed import Packed
+from flowrt.workers.cpu.acc.conv.taps import Taps
+from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
+from flowrt.workers.cpu.acc.conv.weights import ConvWeights
+from flowrt.workers.cpu.acc.conv.winograd_conv import Winograd
+
+
+class ConvAlgorithm(Protocol):
+    """One way to compute a conv. The class says which shapes it takes (``applies``) and makes
+    their plans (``plan``); a plan is a frozen instance holding only what its ``run`` needs
+    (splits, chunk sizes, geometry arrays), made once per input shape and worker count."""
+
+    name: ClassVar[str]
+
+    @classmethod
+    def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:
+        """Whether this algorithm takes ``geometry`` (the algorithms before it did not)."""
+        ...
+
+    @classmethod
+    def plan(cls, geometry: ConvGeometry, tuning: ConvTuning) -> ConvAlgorithm:
+        """The plan for ``geometry``."""
+        ...
+
+    def run(
+        self,
+        weights: ConvWeights,
+        x: np.ndarray,
+        w: np.ndarray,
+        w_shape: tuple[int, ...],
+        bias: np.ndarray,
+        out: np.ndarray,
+        finish: bool,
+        constant: bool,
+        act: tuple[Any, ...],
+    ) -> None:
+        """One call, blocking: ``out`` (N, M, oh, ow) from ``x`` (N, C, H, W), C-contiguous
+        float32, and ``w``, the weights packed as ``ConvWeights.pack`` does (of shape
+        ``w_shape`` before that); ``bias`` (M,) read-only, zeros when the layer has none;
+        ``finish``: bias or activation to apply; ``constant``: ``w`` and ``bias`` are the
+        layer's constants (what ``weights`` derives from them may be kept); ``act``: the
+        activation's (code, alpha, beta)."""
+        ...
+
+
+ALGORITHMS: tuple[type[ConvAlgorithm], ...] = (
+    DepthwiseSame3,
+    Depthwise,
+    Grouped,
+    Winograd,
+    Taps,
+    Batched,
+    Packed,
+    Columns,
+    Rows,
+)
+
+
+def choose(geometry: ConvGeometry, tuning: ConvTuning) -> ConvAlgorithm:
+    """The plan of the first algorithm of :data:`ALGORITHMS` that applies to ``geometry``."""
+    for algorithm in ALGORITHMS:
+        if algorithm.applies(geometry, tuning):
+            return algorithm.plan(geometry, tuning)
+    raise AssertionError("Rows applies to every conv")  # pragma: no cover

@@ -1,0 +1,55 @@
+"""The knobs of CpuAcc's conv algorithms: how each shape is split and which algorithm takes it.
+
+:class:`ConvTuning` holds them, frozen; ``ConvKernel`` is given one (the default unless a test
+builds another with ``attrs.evolve`` to force a path) and passes it to every algorithm's
+``applies`` and ``plan``.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from flowrt.engine.scheduler.window import SplitHint
+from flowrt.workers.cpu.acc.conv.winograd import BLOCK_TILES, GROUP_TILES, WinogradRule
+from flowrt.workers.cpu.acc.tiles import AVAILABLE as TILES_AVAILABLE
+
+# Fewest output pixels a slice should have: below it BLAS runs narrow and the channels are split.
+MIN_COLUMNS = 96
+# Fewest output channels per slice when the channels are split.
+MIN_ROWS = 16
+# The column buffer a chunk fills is kept near this many floats, so that it stays in L2.
+CHUNK_FLOATS = 512 * 1024
+# Most output channels (per group) for which a stride-1 conv runs one GEMM per kernel tap.
+TAPS_MAX_ROWS = 32
+# The output block a tap-by-tap slice accumulates into is kept near this many floats.
+TAPS_BLOCK_FLOATS = 16 * 1024
+# Most weights (floats per group) for which the column path multiplies by register tiles
+# (``tiles.py``) instead of BLAS: each block of columns reads every panel of weights again,
+# and past a few megabytes they come from L3 (512x4608, VGG's last convs: 0.93x BLAS).
+TILES_MAX_WEIGHTS = 1 << 20
+# A batch runs as one GEMM when each image has at most MERGE_PIXELS output pixels and the
+# layer's weights (per group) are at least MERGE_WEIGHTS floats: with fewer, they stay in L2
+# from one image to the next, and the copies cost more than the wider GEMM saves (measured on
+# the 14x14 and 13x13 layers of inception_v2 and squeezenet, where 1x1 convs of 32K-55K weights
+# ran 10-20% slower merged, those of 256K-2M weights 5-10% faster).
+MERGE_PIXELS = 256
+MERGE_WEIGHTS = 1 << 18
+
+
+@attrs.frozen
+class ConvTuning:
+    """How CpuAcc's convs split their work and choose their algorithm (see each field)."""
+
+    # The split over output pixels (columns), and over output channels (rows).
+    column_hint: SplitHint = SplitHint(axis=2, min_slice=MIN_COLUMNS)
+    row_hint: SplitHint = SplitHint(axis=1, min_slice=MIN_ROWS)
+    chunk_floats: int = CHUNK_FLOATS
+    merge_pixels: int = MERGE_PIXELS
+    merge_weights: int = MERGE_WEIGHTS
+    taps_max_rows: int = TAPS_MAX_ROWS
+    taps_block_floats: int = TAPS_BLOCK_FLOATS
+    winograd_rule: WinogradRule = WinogradRule()
+    winograd_block_tiles: int = BLOCK_TILES
+    winograd_group_tiles: int = GROUP_TILES
+    # -1 on CPUs without the register tiles (no AVX2): the column paths multiply by BLAS.
+    tiles_max_weights: int = TILES_MAX_WEIGHTS if TILES_AVAILABLE else -1

@@ -1,0 +1,63 @@
+"""A conv's weights as CpuAcc's algorithms read them, and what they make of constant ones once."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from flowrt.workers.cpu.acc.blas import read_only
+from flowrt.workers.cpu.acc.conv.winograd import winograd_weights
+from flowrt.workers.cpu.acc.conv.winograd4 import winograd4_weights
+from flowrt.workers.cpu.acc.tiles import pack_panels, pad_rows
+
+
+class ConvWeights:
+    """The weights of one conv layer: ``packed`` (groups, M / groups, C / groups * kh * kw), the
+    GEMMs' left operand, and ``shape`` (M, C / groups, kh, kw) when they are constant (None when
+    they are an input, packed per call by :meth:`pack`). The forms an algorithm derives from
+    them (one matrix per tap, Winograd transforms, register-tile panels) are kept for the
+    constant weights, made on first use; for others they are made per call."""
+
+    def __init__(self, groups: int, constant: np.ndarray | None) -> None:
+        self.groups = groups
+        self.packed = None if constant is None else self.pack(constant)
+        self.shape = None if constant is None else tuple(constant.shape)
+        self._taps: np.ndarray | None = None
+        self._winograd: dict[int, np.ndarray] = {}
+        self._panels: tuple[np.ndarray, np.ndarray] | None = None
+
+    def pack(self, w: np.ndarray) -> np.ndarray:
+        """Weights ``w`` (M, C / groups, kh, kw) as (groups, M / groups, C / groups * kh * kw)
+        float32, read-only."""
+        groups = self.groups
+        return read_only(np.ascontiguousarray(w, np.float32).reshape(groups, w.shape[0] // groups, -1))
+
+    def taps(self, w: np.ndarray, w_shape: tuple[int, ...]) -> np.ndarray:
+        """Packed weights (1, M, C*kh*kw) as one (M, C) matrix per kernel tap: (kh*kw, M, C)."""
+        if self._taps is not None and w is self.packed:
+            return self._taps
+        m, c, kh, kw = w_shape
+        taps = read_only(np.ascontiguousarray(w.reshape(m, c, kh * kw).transpose(2, 0, 1)))
+        if w is self.packed:
+            self._taps = taps
+        return taps
+
+    def winograd(self, w: np.ndarray, w_shape: tuple[int, ...], tile: int) -> np.ndarray:
+        """The filters' Winograd transforms for ``tile`` x ``tile`` outputs ((tile + 2)^2, M, C)."""
+        if w is self.packed and tile in self._winograd:
+            return self._winograd[tile]
+        u = read_only((winograd_weights if tile == 2 else winograd4_weights)(w.reshape(w_shape)))
+        if w is self.packed:
+            self._winograd[tile] = u
+        return u
+
+    def panels(self, w: np.ndarray, bias: np.ndarray, constant: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Packed weights ``w`` as register-tile panels per group, and the bias padded to match
+        (``tiles.py``); kept when both are ``constant``."""
+        if constant and self._panels is not None:
+            return self._panels
+        groups, mg = w.shape[0], w.shape[1]
+        panels = np.stack([pack_panels(w[g]) for g in range(groups)])
+        padded = np.stack([pad_rows(bias[g * mg : (g + 1) * mg]) for g in range(groups)])
+        if constant:
+            self._panels = (panels, padded)
+        return panels, padded
