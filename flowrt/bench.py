@@ -12,6 +12,8 @@ would with such a model, and the result carries a note saying so with ONNX Runti
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -109,8 +111,19 @@ def _ort_request(session, feeds: dict[str, np.ndarray], batch: int) -> tuple[Cal
     )
 
 
-def _ort_round(run_request: Callable[[], None], requests: int, concurrency: int, tick: Callable[[], None]):
-    def one(_: int) -> float:
+def _ort_round(
+    run_request: Callable[[], None],
+    requests: int,
+    concurrency: int,
+    tick: Callable[[], None],
+    stop: threading.Event,
+):
+    """``requests`` ONNX Runtime requests by ``concurrency`` threads; those not begun when
+    ``stop`` is set are skipped (Ctrl-C: the process must not wait for the whole round)."""
+
+    def one(_: int) -> float | None:
+        if stop.is_set():
+            return None
         start = time.perf_counter()
         run_request()
         tick()
@@ -118,8 +131,18 @@ def _ort_round(run_request: Callable[[], None], requests: int, concurrency: int,
 
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        latencies = list(pool.map(one, range(requests)))
+        latencies = [t for t in pool.map(one, range(requests)) if t is not None]
     return latencies, time.perf_counter() - start
+
+
+async def _in_thread(round_fn: Callable[..., Any], *args: Any) -> Any:
+    """Run an ONNX Runtime round in a thread; on cancellation (Ctrl-C) tell it to stop and
+    return at once instead of waiting for every request of the round."""
+    stop = threading.Event()
+    try:
+        return await trio.to_thread.run_sync(round_fn, *args, stop, abandon_on_cancel=True)
+    finally:
+        stop.set()
 
 
 def ort_session(model_path: str, threads: int) -> Any:
@@ -144,27 +167,41 @@ def run_bench(
     progress: bool = True,
     duration: float | None = None,
     batch: int = 1,
+    optimized: flowrt.OptimizedNetwork | None = None,
+    cpu_workers: int | None = None,
 ) -> list[BenchResult]:
     """Benchmark flowrt (and ONNX Runtime when asked) on one model; returns one result each.
 
-    With ``duration`` (seconds), flowrt runs for that long in all (``iterations`` is ignored)
-    and ONNX Runtime runs as many requests as flowrt did in each round (ArgumentError unless it
-    is a positive finite number: an infinite one would never end). With ``batch`` N > 1
-    a request is N samples: the model is re-batched (ShapeError when it cannot be), and ONNX
-    Runtime runs N batch-1 runs per request when it refuses the batch (see the module docstring).
+    The ONNX model at ``model_path`` is optimized for ``backends``, unless the caller gives it
+    ``optimized`` (a .flowrt file's network, say: ``backends`` is then not used, and flowrt's
+    load time counts the load only). ``cpu_workers``: the Runtime's (None: its default);
+    ONNX Runtime gets as many intra-op threads. ``progress`` draws a bar over the requests
+    on stderr. With ``duration`` (seconds), flowrt runs for that long in all (``iterations``
+    is ignored) and ONNX Runtime runs as many requests as flowrt did in each round
+    (ArgumentError unless it is a positive finite number: an infinite one would never end).
+    With ``batch`` N > 1 a request is N samples: the model is re-batched (ShapeError when it
+    cannot be), and ONNX Runtime runs N batch-1 runs per request when it refuses the batch
+    (see the module docstring).
     """
     if duration is not None:
         duration = check_seconds("duration", duration, where="run_bench")
     per_round = [iterations // rounds + (1 if r < iterations % rounds else 0) for r in range(rounds)]
     engines = 2 if vs_onnxruntime else 1
     bar = tqdm(
-        total=None if duration else iterations * engines, unit="req", disable=not progress, leave=False
+        total=None if duration else iterations * engines,
+        desc="benchmarking",
+        unit="req",
+        disable=not progress,
+        leave=False,
+        file=sys.stderr,
     )
 
     async def main() -> list[BenchResult]:
         start = time.perf_counter()
-        async with flowrt.Runtime() as rt:
-            opt = flowrt.optimize(flowrt.onnx.load(model_path), backends=backends, registry=rt.registry)
+        async with flowrt.Runtime(cpu_workers=cpu_workers) as rt:
+            opt = optimized
+            if opt is None:
+                opt = flowrt.optimize(flowrt.onnx.load(model_path), backends=backends, registry=rt.registry)
             model = await rt.load(opt, max_in_flight=concurrency, batch=None if batch == 1 else batch)
             flowrt_load = time.perf_counter() - start
             feeds = {n: pattern_input(info) for n, info in model.inputs.items()}
@@ -187,7 +224,7 @@ def run_bench(
                 ours += lat
                 our_wall += wall
                 if ort_request is not None:
-                    lat, wall = await trio.to_thread.run_sync(
+                    lat, wall = await _in_thread(
                         _ort_round, ort_request, count, concurrency, lambda: bar.update()
                     )
                     theirs += lat

@@ -5,8 +5,13 @@ with a warm one it takes well under a second. ``rt.load(opt, progress=True)`` dr
 on stderr, "compiling kernels" over the model's layers with the one being prepared, once the
 load has run :data:`SHOW_AFTER` seconds, so a warm load prints nothing. Library use is quiet
 by default (``progress=None`` reads :data:`load_progress`, False unless set); the ``flowrt``
-command line sets :data:`load_progress` for its commands, so the loads they make, in
-``flowrt.bench`` too, show the bar.
+command line sets :data:`load_progress` for its commands when :func:`bars_wanted` says so, so
+the loads they make, in ``flowrt.bench`` too, show the bar.
+
+Every bar of the command line (this one, ``flowrt run --iterations``, ``flowrt bench``'s
+requests) goes to stderr, and only when stderr is a terminal: a log file or a pipe gets no
+carriage-return clutter. ``FLOWRT_PROGRESS=1`` in the environment draws them anyway,
+``FLOWRT_PROGRESS=0`` never.
 
 The loading thread only counts (:meth:`LoadProgress.begin`, :meth:`LoadProgress.end`); a
 trio task of the runtime's nursery draws, so a layer that compiles for seconds still shows
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -28,6 +34,20 @@ load_progress: contextvars.ContextVar[bool] = contextvars.ContextVar("load_progr
 # Seconds a load runs before its bar is shown, and between redraws while one layer compiles.
 SHOW_AFTER = 1.0
 REDRAW = 0.5
+# "1": draw the command line's bars even when stderr is not a terminal; "0": never.
+PROGRESS_ENV = "FLOWRT_PROGRESS"
+
+
+def bars_wanted() -> bool:
+    """Whether the command line draws progress bars: stderr is a terminal, unless
+    :data:`PROGRESS_ENV` says otherwise."""
+    forced = os.environ.get(PROGRESS_ENV, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced by an object without it, or closed
+        return False
 
 
 class LoadProgress:

@@ -7,17 +7,22 @@ import numpy as np
 import pytest
 
 from flowrt.cli import main
+from flowrt.cli.model import default_backends
 from flowrt.models import expected_outputs, light_model
 
 
-def test_run_default_model_prints_top5_backends_latency_and_match(capsys):
+def test_run_default_model_runs_on_the_fastest_backends_and_prints_top5_latency_and_check(capsys):
+    # The one test of `flowrt run` with no arguments: the default model on the default backends.
     assert main(["run"]) == 0
     out = capsys.readouterr().out
     assert "light_squeezenet.onnx" in out
-    assert "layers per backend: CpuRef=" in out
+    assert f"layers per backend: {default_backends()[0]}=" in out
     assert "top-5 of softmaxout_1:" in out
     assert "latency over 1 run(s)" in out
-    assert ": match (max abs diff" in out
+    check = next(line for line in out.splitlines() if "vs the model's shipped expected output" in line)
+    # squeezenet's shipped output is a uniform softmax over logits of 1e10: a GEMM that sums in
+    # another order than the reference turns it into a spike, and the run says so.
+    assert ": match (max abs diff" in check or "the expected output is uniform" in out
 
 
 def test_run_with_inputs_iterations_and_output_dir(tmp_path, capsys):
@@ -48,7 +53,7 @@ def test_run_with_inputs_iterations_and_output_dir(tmp_path, capsys):
 
 def test_run_with_a_bad_input_name_is_a_clear_error(tmp_path, capsys):
     np.save(tmp_path / "x.npy", np.zeros(3, np.float32))
-    assert main(["run", "--input", f"nope={tmp_path / 'x.npy'}"]) == 2
+    assert main(["run", "--input", f"nope={tmp_path / 'x.npy'}", "--backends", "CpuRef"]) == 2
     err = capsys.readouterr().err
     assert "InputError" in err and "'nope'" in err and "data_0" in err
 
@@ -59,7 +64,7 @@ def test_run_with_a_missing_model_is_a_clear_error(tmp_path, capsys):
 
 
 def test_inspect_lists_layers_types_shapes_and_backends(capsys):
-    assert main(["inspect", str(light_model("squeezenet")), "--backends", "CpuRef"]) == 0
+    assert main(["inspect", str(light_model("squeezenet")), "--backends", "CpuRef", "--layers"]) == 0
     out = capsys.readouterr().out
     assert "layers per backend: CpuRef=" in out
     conv_lines = [line for line in out.splitlines() if " Conv " in line]

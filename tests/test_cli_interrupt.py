@@ -38,13 +38,13 @@ async def _interrupt_in_a_nursery(*args, **kwargs):
 @pytest.mark.parametrize("interrupt", [_interrupt, _interrupt_in_a_nursery])
 def test_ctrl_c_during_flowrt_run_exits_130_with_one_line(tiny_model, monkeypatch, capsys, interrupt):
     monkeypatch.setattr(LoadedNetwork, "run", interrupt)
-    assert flowrt.cli.main(["run", tiny_model]) == 130
+    assert flowrt.cli.main(["run", tiny_model, "--backends", "CpuRef"]) == 130
     assert capsys.readouterr().err == "flowrt: interrupted\n"
 
 
 def test_ctrl_c_during_flowrt_bench_exits_130_with_one_line(tiny_model, monkeypatch, capsys):
     monkeypatch.setattr(flowrt.bench, "run_bench", _interrupt)
-    assert flowrt.cli.main(["bench", tiny_model]) == 130
+    assert flowrt.cli.main(["bench", tiny_model, "--backends", "CpuRef"]) == 130
     assert capsys.readouterr().err == "flowrt: interrupted\n"
 
 
@@ -54,7 +54,7 @@ def test_an_exception_group_without_ctrl_c_is_not_taken_for_one(tiny_model, monk
 
     monkeypatch.setattr(LoadedNetwork, "run", fail)
     with pytest.raises(BaseExceptionGroup):
-        flowrt.cli.main(["run", tiny_model])
+        flowrt.cli.main(["run", tiny_model, "--backends", "CpuRef"])
 
 
 def test_sigint_while_flowrt_run_runs_exits_130_with_one_line(tiny_model):
@@ -78,7 +78,7 @@ def test_sigint_while_flowrt_run_runs_exits_130_with_one_line(tiny_model):
         """
     )
     process = subprocess.Popen(
-        [sys.executable, "-c", child, "run", tiny_model, "--iterations", "100000000"],
+        [sys.executable, "-c", child, "run", tiny_model, "--backends", "CpuRef", "--iterations", "100000000"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

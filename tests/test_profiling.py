@@ -62,13 +62,25 @@ async def test_chrome_trace_has_one_complete_event_per_workload_and_a_track_per_
 def test_flowrt_run_profile_writes_the_trace_and_prints_top_layers(tmp_path, capsys):
     trace_path = tmp_path / "trace.json"
     assert (
-        main(["run", str(light_model("squeezenet")), "--iterations", "2", "--profile", str(trace_path)]) == 0
+        main(
+            [
+                "run",
+                str(light_model("squeezenet")),
+                "--backends",
+                "CpuRef",
+                "--iterations",
+                "2",
+                "--profile",
+                str(trace_path),
+            ]
+        )
+        == 0
     )
     out = capsys.readouterr().out
     assert "top layers by time:" in out
     trace = json.loads(trace_path.read_text())
     complete = [e for e in trace["traceEvents"] if e["ph"] == "X"]
-    opt = flowrt.optimize(flowrt.onnx.load(light_model("squeezenet")))
+    opt = flowrt.optimize(flowrt.onnx.load(light_model("squeezenet")), backends=["CpuRef"])
     assert len(complete) == 2 * len(opt.assignments())
     assert {e["name"] for e in complete} == set(opt.assignments())
     lines = out.splitlines()

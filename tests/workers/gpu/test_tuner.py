@@ -168,8 +168,15 @@ def _tiny_onnx(path) -> None:
     save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
 
 
-def test_cli_tune_writes_a_tuning_file_with_a_progress_bar(gpu, tmp_path, capsys):
+def test_cli_tune_writes_a_tuning_file_with_a_progress_bar(gpu, tmp_path, capsys, monkeypatch):
     from flowrt.cli import main
+    from flowrt.cli.model import gpu_device_present
+    from flowrt.progress import PROGRESS_ENV
+    from flowrt.workers.gpu.device import DEVICE_ENV
+
+    monkeypatch.setenv(PROGRESS_ENV, "1")  # the bar, though stderr is not a terminal here
+    if not gpu_device_present():  # a CPU OpenCL device (PoCL) runs GpuAcc only when named
+        monkeypatch.setenv(DEVICE_ENV, gpu.device.name.strip())
 
     model, output = tmp_path / "tiny.onnx", tmp_path / "tiny.msgpack"
     _tiny_onnx(model)

@@ -1,0 +1,43 @@
+"""``flowrt backends``: the registered backends, the dynamic ones found, and the OpenCL devices."""
+
+from __future__ import annotations
+
+import argparse
+
+import flowrt
+from flowrt.registry.dynamic import format_report, load_dynamic_backends
+from flowrt.workers.cpu import threading_layer
+
+
+def _print_opencl_devices() -> None:
+    """GpuAcc's candidate devices: what FLOWRT_OPENCL_DEVICE / Runtime(opencl_device=...) take."""
+    from flowrt.workers.gpu import device
+
+    found = device.describe_devices()
+    if not found:
+        print(f"OpenCL devices: none ({device.unavailable_reason()})")
+        return
+    print(f"OpenCL devices (GpuAcc takes the one marked *; pick with {device.DEVICE_ENV}=platform:device):")
+    for d in found:
+        hints = "yes" if d.priority_hints else "no"
+        print(
+            f" {'*' if d.chosen else ' '} {d.index}  {d.name}  [{d.type}]  {d.platform}, driver "
+            f"{d.driver_version}  memory {d.global_memory_bytes / 2**30:.1f} GiB  queue priority hints: {hints}"
+        )
+
+
+def command(args: argparse.Namespace) -> int:
+    """``flowrt backends``: see the module docstring."""
+    registry = flowrt.backend_registry().copy()
+    dynamic = load_dynamic_backends(registry)
+    for bid in registry.ids():
+        backend = registry.get(bid)
+        major, minor = backend.version
+        caps = ", ".join(f"{k}={v}" for k, v in backend.capabilities.items())
+        print(f"{bid}  version {major}.{minor}  capabilities: {caps}")
+    print(f"CpuAcc's parallel regions: numba's {threading_layer.requested()!r} threading layer")
+    if dynamic.found or dynamic.skipped:
+        print("dynamic backends:")
+        print("\n".join(f"  {line}" for line in format_report(dynamic).splitlines()))
+    _print_opencl_devices()
+    return 0

@@ -1,0 +1,61 @@
+"""``flowrt inspect``: where each layer runs and why, a summary first and every layer with --layers."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+import trio
+
+import flowrt
+from flowrt import serialize
+from flowrt.cli import checks
+from flowrt.cli.model import open_model
+from flowrt.engine.graph.report import format_details, format_summary
+from flowrt.errors import InputError
+from flowrt.models import default_model
+
+
+def _hints(items: Sequence[str]) -> dict[str, str]:
+    """``--hint LAYER=BACKEND`` arguments as ``{layer: backend}``."""
+    hints = {}
+    for item in items:
+        layer, sep, backend = item.rpartition("=")
+        if not sep or not layer or not backend:
+            raise InputError(f"--hint expects LAYER=BACKEND, got {item!r}")
+        hints[layer] = backend.strip()
+    return hints
+
+
+async def _memory_report(opt: flowrt.OptimizedNetwork) -> dict[str, dict[str, int]]:
+    async with flowrt.Runtime() as rt:
+        return (await rt.load(opt, max_in_flight=1)).memory_report()
+
+
+def _print_memory(opt: flowrt.OptimizedNetwork) -> None:
+    mib = 2**20
+    print("memory per run (MiB):")
+    print(f"  {'backend':<10} {'arena':>10} {'no reuse':>10} {'lower bound':>12} {'tensors':>8}")
+    for backend, r in trio.run(_memory_report, opt).items():
+        print(
+            f"  {backend:<10} {r['arena_bytes'] / mib:>10.3f} {r['no_reuse_bytes'] / mib:>10.3f} "
+            f"{r['lower_bound_bytes'] / mib:>12.3f} {r['tensors']:>8}"
+        )
+
+
+def command(args: argparse.Namespace) -> int:
+    """``flowrt inspect``: see the module docstring."""
+    path = checks.model_file(args.model or str(default_model()))
+    hints = _hints(args.hint)
+    if hints and serialize.is_flowrt_file(path):
+        raise InputError(f"--hint applies to .onnx models; {path} was optimized when it was converted")
+    opt = open_model(path, args.backends, options=flowrt.OptimizerOptions(layer_backend_hints=hints))
+    print(f"model: {path}")
+    print(format_summary(opt))
+    if args.layers:
+        print(format_details(opt))
+    else:
+        print("(every layer, the graph passes and substitutions: flowrt inspect --layers)")
+    if args.memory:
+        _print_memory(opt)
+    return 0

@@ -1,0 +1,142 @@
+"""The model a command works on: an .onnx file optimized for a backend list, or a .flowrt file
+as it was converted, with the backend list checked first.
+
+The default list is the fastest this machine has: CpuAcc then CpuRef, with GpuAcc first
+where OpenCL shows a GPU. GpuAcc runs on a CPU OpenCL device (PoCL) only when that device is
+named (``FLOWRT_OPENCL_DEVICE``): a CPU device runs most models slower than CpuAcc. Asking for
+GpuAcc where it cannot run is an error here, not a silent fallback to the next backend.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import numpy as np
+
+import flowrt
+from flowrt import serialize
+from flowrt.engine.scheduler.feeds import check_feeds
+from flowrt.errors import BackendError, FlowrtError, InputError
+from flowrt.models import pattern_input
+from flowrt.registry import BackendRegistry
+from flowrt.registry.dynamic import load_dynamic_backends
+from flowrt.types import TensorInfo
+
+GPU = "GpuAcc"
+CPU_DEFAULT = ["CpuAcc", "CpuRef"]
+
+
+def registry() -> BackendRegistry:
+    """The process's backends and the dynamic ones a Runtime would load (FLOWRT_BACKEND_PATHS and
+    the ``flowrt.backends`` entry points), for commands that optimize before any runtime exists."""
+    found = flowrt.backend_registry().copy()
+    load_dynamic_backends(found)
+    return found
+
+
+def gpu_device_present() -> bool:
+    """Whether OpenCL shows a GPU device (PoCL's CPU device does not count); probes once."""
+    from flowrt.ort_compat.providers import gpu_device_present as probe
+
+    return probe()
+
+
+def default_backends() -> list[str]:
+    """The fastest backends available: GpuAcc, CpuAcc, CpuRef where OpenCL shows a GPU, else CpuAcc, CpuRef."""
+    return [GPU, *CPU_DEFAULT] if gpu_device_present() else list(CPU_DEFAULT)
+
+
+def check_gpu(backends: list[str], origin: str) -> None:
+    """BackendError when ``backends`` has GpuAcc and it cannot run here, or would run on a CPU
+    OpenCL device nobody named. ``origin`` says where the list came from ("--backends names")."""
+    if GPU not in backends:
+        return
+    from flowrt.workers.gpu import device
+
+    reason = device.unavailable_reason()
+    if reason:
+        raise BackendError(
+            f"{origin} GpuAcc, which cannot run here: {reason}; leave GpuAcc out (CpuAcc,CpuRef "
+            "are the default) or install an OpenCL driver"
+        )
+    spec = os.environ.get(device.DEVICE_ENV)
+    if spec:
+        device.choose_device(spec)  # BackendError listing the devices when it names none
+        return
+    if not gpu_device_present():
+        found = ", ".join(f"{d.index} {d.name!r}" for d in device.describe_devices())
+        raise BackendError(
+            f"{origin} GpuAcc, but OpenCL shows no GPU, only CPU devices ({found}), which run "
+            f"models slower than CpuAcc; to use one anyway, name it: {device.DEVICE_ENV}=<platform:device "
+            "or name> (flowrt backends lists them), or leave GpuAcc out"
+        )
+
+
+def parse_backends(text: str, known: BackendRegistry) -> list[str]:
+    """A ``--backends`` value as a list of registered backend ids; InputError otherwise."""
+    names = list(dict.fromkeys(b.strip() for b in text.split(",") if b.strip()))
+    if not names:
+        raise InputError(f"--backends expects a comma-separated list of backends, got {text!r}")
+    unknown = [b for b in names if not known.is_registered(b)]
+    if unknown:
+        raise InputError(
+            f"--backends names {unknown[0]!r}, which is not a registered backend; "
+            f"registered: {', '.join(str(b) for b in known.ids())}"
+        )
+    return names
+
+
+def open_model(
+    path: str,
+    backends: str | None,
+    *,
+    default: list[str] | None = None,
+    options: flowrt.OptimizerOptions | None = None,
+) -> flowrt.OptimizedNetwork:
+    """A .flowrt file as it was converted (``--backends`` only an error when given and
+    different), or an ONNX model optimized for ``backends`` (default: ``default``, else
+    :func:`default_backends`)."""
+    known = registry()
+    chosen = None if backends is None else parse_backends(backends, known)
+    if chosen is not None:
+        check_gpu(chosen, "--backends names")
+    if serialize.is_flowrt_file(path):
+        opt = serialize.load(path, registry=known)
+        if chosen is not None and chosen != opt.backends:
+            raise InputError(
+                f"--backends {backends} differs from the backends {path} was converted for "
+                f"({','.join(opt.backends)}); leave --backends out, or convert the model again to change them"
+            )
+        check_gpu(opt.backends, f"{path} was converted for")
+        return opt
+    if chosen is None:
+        chosen = default or default_backends()
+        check_gpu(chosen, f"the default backends ({','.join(chosen)}) include")
+    return flowrt.optimize(flowrt.onnx.load(path), backends=chosen, options=options, registry=known)
+
+
+def input_infos(opt: flowrt.OptimizedNetwork) -> dict[str, TensorInfo]:
+    """The network's inputs as ``{name: TensorInfo}``, in order."""
+    return {layer.descriptor.name: layer.descriptor.info for layer in opt.graph.input_layers}
+
+
+def check_inputs(opt: flowrt.OptimizedNetwork, given: Mapping[str, np.ndarray]) -> None:
+    """Raise, naming the ``--input``, when a given array's name, dtype or shape does not fit
+    the model: checked before the model is loaded (a load can compile for minutes)."""
+    infos = input_infos(opt)
+    unknown = sorted(set(given) - set(infos))
+    if unknown:
+        raise InputError(
+            f"--input names {unknown[0]!r}, which the model does not have; its inputs: {', '.join(infos)}"
+        )
+    for name, array in given.items():
+        try:
+            check_feeds({name: infos[name]}, {name: array})
+        except FlowrtError as e:
+            raise type(e)(f"--input {name}: {e}") from None
+
+
+def feeds_for(infos: Mapping[str, TensorInfo], given: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The given arrays, and the deterministic pattern for every input not given."""
+    return {name: given[name] if name in given else pattern_input(info) for name, info in infos.items()}
