@@ -9,6 +9,9 @@ import flowrt.registry.dynamic as dynamic
 from flowrt.cli import main
 from flowrt.models import light_model
 
+# The sample backend runs squeezenet's Conv, Relu and Add: its layer counts are checked below.
+SQUEEZENET = str(light_model("squeezenet"))
+
 
 def test_inspect_shows_substitutions_fallbacks_and_copies(capsys, monkeypatch):
     from flowrt.cli.model import gpu_device_present
@@ -58,7 +61,7 @@ def acme_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_inspect_uses_the_dynamic_backends_on_the_backend_path(acme_on_path, capsys):
-    assert main(["inspect", "--backends", "Acme_Sample,CpuRef", "--layers"]) == 0
+    assert main(["inspect", SQUEEZENET, "--backends", "Acme_Sample,CpuRef", "--layers"]) == 0
     out = capsys.readouterr().out
     assert "layers per backend: Acme_Sample=26, CpuRef=13" in out
     assert "Acme_Sample: Conv 'n0' + Relu 'n1' -> Conv 'n0' (+Relu)" in out
@@ -70,7 +73,7 @@ def test_inspect_uses_the_dynamic_backends_on_the_backend_path(acme_on_path, cap
 
 
 def test_run_and_backends_list_the_dynamic_backends(acme_on_path, capsys):
-    assert main(["run", "--backends", "Acme_Sample,CpuRef"]) == 0
+    assert main(["run", SQUEEZENET, "--backends", "Acme_Sample,CpuRef"]) == 0
     out = capsys.readouterr().out
     assert "Acme_Sample" in out and "match (max abs diff" in out
     assert main(["backends"]) == 0

@@ -6,7 +6,7 @@ import argparse
 
 import flowrt
 
-MODEL_HELP = "an .onnx or .flowrt file (default: the squeezenet shipped with onnx)"
+MODEL_HELP = "an .onnx or .flowrt file (default: the shufflenet shipped with onnx)"
 BACKENDS_HELP = (
     "comma-separated backend preference list (default: the fastest available: "
     "GpuAcc,CpuAcc,CpuRef where OpenCL shows a GPU, else CpuAcc,CpuRef; a .flowrt file keeps "
@@ -43,7 +43,7 @@ def _threads(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_run(sub) -> None:
-    run = _command(sub, "run", "run a model and print latency and outputs (default: squeezenet)")
+    run = _command(sub, "run", "run a model and print latency and outputs (default: shufflenet)")
     run.add_argument("model", nargs="?", help=MODEL_HELP)
     run.add_argument(
         "--input",
