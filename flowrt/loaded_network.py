@@ -47,7 +47,8 @@ def _bindings(dataflow: Dataflow, layout: MemoryLayout) -> dict[int, Binding]:
 class LoadedNetwork:
     """A network ready to run: workloads built and prepared, dataflow compiled, memory planned.
 
-    ``run`` may be awaited from any trio run. Up to ``max_in_flight`` runs execute at once,
+    ``run`` may be awaited from any trio run; a runtime entered under asyncio returns its
+    asyncio face instead (``flowrt.aio.AioLoadedNetwork``, the same API). Up to ``max_in_flight`` runs execute at once,
     each in a pool of its own; further runs wait for a pool. Its host segments run on
     ``host`` (the runtime's CPU worker pool), its device segments on ``devices``.
     """

@@ -18,6 +18,10 @@ for the first) or a function, sync or async, ``fn(outputs)`` or ``fn(outputs, fe
 returns the next stage's feeds (``feeds``: the request's original feeds). A sync function runs
 in the trio loop itself: keep it light, or make it async and move heavy work off the loop.
 
+Under asyncio (models loaded by a runtime entered under ``asyncio.run``) the pipeline runs in
+that runtime's trio thread, as its models do: a sync function stage runs there, an async one
+as a task of the caller's asyncio loop.
+
 A failure in one request's stage reaches that request's receiver as a RunError naming the
 stage; the request skips the stages after it, and the other requests go on. Closing, and
 errors leaving the ``async with``, are as for a model's stream
@@ -33,6 +37,7 @@ from typing import Any
 import attrs
 import trio
 
+from flowrt.aio import AioStream, async_library, asyncio_stages
 from flowrt.errors import FlowrtError, RunError
 from flowrt.loaded_network import LoadedNetwork
 from flowrt.nursery import open_nursery
@@ -106,7 +111,9 @@ class Pipeline:
             raise FlowrtError(f"{len(names)} names given for {len(stages)} pipeline stages")
         for i, name in enumerate(names or []):
             check_instance(f"names[{i}]", name, str, "a str", where="Pipeline")
-        self.stages = [_stage_call(i, s, None if names is None else names[i]) for i, s in enumerate(stages)]
+        calls = [_stage_call(i, s, None if names is None else names[i]) for i, s in enumerate(stages)]
+        # Models loaded under asyncio: the stages run in their runtime's trio thread.
+        self.stages, self._aio = asyncio_stages(calls)
         self.priority = check_priority(priority, where="Pipeline")
 
     async def _through(self, call: _StageCall, request: Request) -> None:
@@ -120,6 +127,11 @@ class Pipeline:
 
     async def run(self, feeds: Mapping[str, Any]) -> Any:
         """One request through every stage in turn; its last stage's result."""
+        if self._aio is not None:
+            return await self._aio.call(self._run, feeds)
+        return await self._run(feeds)
+
+    async def _run(self, feeds: Mapping[str, Any]) -> Any:
         request = Request(feeds, feeds)
         for call in self.stages:
             await self._through(call, request)
@@ -127,7 +139,7 @@ class Pipeline:
                 raise request.error
         return request.values
 
-    def stream(self, *, max_in_flight: int | None = None) -> PipelineStream:
+    def stream(self, *, max_in_flight: int | None = None) -> PipelineStream | AioStream:
         """A bounded stream of requests through the stages, results in submission order.
 
         ``max_in_flight`` (default: twice the requests the stages work on at once) bounds the
@@ -135,7 +147,15 @@ class Pipeline:
         """
         if max_in_flight is None:
             max_in_flight = 2 * sum(call.concurrency for call in self.stages)
-        return PipelineStream(self, check_int("max_in_flight", max_in_flight, where="Pipeline.stream"))
+        stream = PipelineStream(self, check_int("max_in_flight", max_in_flight, where="Pipeline.stream"))
+        if self._aio is not None:
+            return AioStream(stream, self._aio)
+        if async_library() == "asyncio":
+            raise FlowrtError(
+                "Pipeline.stream under asyncio needs a model stage loaded by a Runtime entered under "
+                "asyncio (its stream runs in that runtime's trio thread); this pipeline has none"
+            )
+        return stream
 
 
 class PipelineStream(OrderedStream):

@@ -5,11 +5,14 @@
     async with flowrt.Runtime() as rt:
         model = await rt.load(flowrt.optimize(net, backends=["CpuRef"]))
         outputs = await model.run({"data": x})
+
+The same code runs under ``trio.run`` and ``asyncio.run`` (see ``flowrt.aio``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -20,6 +23,7 @@ from typing import Any
 import attrs
 import trio
 
+from flowrt.aio import AioLoadedNetwork, AsyncioBridge, async_library, trio_side
 from flowrt.engine.graph.graph import Layer
 from flowrt.engine.graph.optimizer import OptimizedNetwork
 from flowrt.engine.graph.passes.batch import set_batch
@@ -189,6 +193,7 @@ class Runtime:
         self._contexts: dict[str, Any] = {}
         self._stack: contextlib.AsyncExitStack | None = None
         self._nursery: trio.Nursery | None = None
+        self._aio: AsyncioBridge | None = None  # entered under asyncio: the trio thread it runs in
         # Loaded last, so a bad argument above never leaves backends registered.
         self.dynamic_backends = load_dynamic_backends(self.registry, backend_paths)
         self._owns_dynamic_backends = True
@@ -201,6 +206,10 @@ class Runtime:
         self._network_ids = itertools.count()
 
     async def __aenter__(self) -> Runtime:
+        if async_library() != "trio":
+            # Entered again, under trio, in the bridge's own thread.
+            self._aio = await AsyncioBridge.start(self)
+            return self
         try:
             pool = CpuWorkerPool(self.cpu_workers, aging_interval=self.priority_aging)
             self._workers = await pool.__aenter__()
@@ -215,6 +224,12 @@ class Runtime:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        if self._aio is not None and async_library() != "trio":
+            try:
+                await self._aio.close()  # exits the runtime in its trio thread
+            finally:
+                self._aio = None
+            return
         # Each step runs however the one before it ended, cancellation included: a nursery
         # left open, or threads not joined, would outlive the block (trio's "Nursery stack
         # corrupted"). The waits are bounded (see ``_unload_all`` and ``CpuWorkerPool``), and
@@ -295,6 +310,11 @@ class Runtime:
         cache), once the load has run a second (see ``flowrt.progress``); None (the default)
         means False, unless the ``flowrt`` command line asked for it.
         """
+        if self._aio is not None and async_library() != "trio":
+            load = functools.partial(
+                self.load, optimized, max_in_flight=max_in_flight, batch=batch, progress=progress
+            )
+            return AioLoadedNetwork(await self._aio.call(load), self._aio)
         if self._workers is None:
             raise FlowrtError("Runtime.load needs an active runtime: use 'async with Runtime() as rt'")
         where = "Runtime.load"
@@ -339,6 +359,8 @@ class Runtime:
         most), then raises the Cancelled. Backend contexts' ``before_unload``
         and ``after_unload`` hooks are called around it with the network id. The runtime's
         close unloads the networks still loaded."""
+        if self._aio is not None and async_library() != "trio":
+            return await self._aio.call(self.unload, trio_side(model))
         if self._loaded.get(model.network_id) is not model:  # type: ignore[arg-type]
             raise FlowrtError(
                 f"Runtime.unload expects a network loaded by this runtime and not yet unloaded; "

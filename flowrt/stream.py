@@ -19,6 +19,9 @@ would on a closed trio channel, with StreamClosedError (see
 ``flowrt.ordered_stream.OrderedStream``). An error leaving the block leaves as itself, not
 in an exception group.
 
+Under asyncio the same stream is used with ``asyncio.TaskGroup`` in place of the nursery (see
+``flowrt.aio.AioStream``).
+
 With ``max_batch`` > 1 (``model.stream(max_batch=8, max_delay=0.002)``) a stream is a dynamic
 batcher, as Triton's: requests that arrive within ``max_delay`` seconds of the first waiting
 one are stacked along the batch dimension, up to ``max_batch``, and run as one; each request

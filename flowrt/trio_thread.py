@@ -3,7 +3,9 @@
 The one place flowrt crosses between foreign threads and such a loop. Work is handed in through
 the loop's token with ``run_sync_soon`` (not ``trio.from_thread``, which refuses callers that are
 themselves in a trio loop); user code the loop calls back goes out to worker threads through
-``call_in_thread``, so a callback may block on the loop (``run``) without blocking it.
+``call_in_thread``, so a callback may block on the loop (``run``) without blocking it. A
+caller that must not block (an asyncio task, see ``flowrt.aio``) starts a call with
+``call_soon`` and awaits its future.
 
 Shutdown is ordered: the loop owns one *resource* (an async context manager, a ``Runtime``),
 entered before any task starts and exited after every task has ended. ``close()`` cancels the
@@ -33,6 +35,25 @@ logger = logging.getLogger(__name__)
 _owner = threading.local()
 
 
+class TrioCall:
+    """One call running as a task of a ``TrioThread``'s loop (see ``TrioThread.call_soon``).
+
+    ``future`` is settled by the loop only (its own ``cancel()`` does nothing: the future is
+    running from the start); ``cancel()``, from any thread, cancels the call's task, which
+    then settles the future with FlowrtError.
+    """
+
+    def __init__(self, thread: TrioThread) -> None:
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
+        self.future.set_running_or_notify_cancel()
+        self.scope = trio.CancelScope()
+        self._thread = thread
+
+    def cancel(self) -> None:
+        """Cancel the call (at its next checkpoint; nothing if it has ended)."""
+        self._thread.run_sync_soon(self.scope.cancel)
+
+
 class TrioThread:
     """Runs a trio loop in a daemon thread until ``close()``.
 
@@ -53,9 +74,10 @@ class TrioThread:
         self._closing = False  # no new work is accepted
         self._token: trio.lowlevel.TrioToken | None = None
         self._nursery: trio.Nursery | None = None
-        self._waiting: set[concurrent.futures.Future] = set()  # callers blocked in run()
+        self._waiting: set[concurrent.futures.Future] = set()  # calls not yet settled
         self._ready = threading.Event()
         self._start_error: BaseException | None = None
+        self.error: BaseException | None = None  # what ended the loop after it started, if anything
         self._callback_limiter: trio.CapacityLimiter | None = None
         self._thread = threading.Thread(target=self._thread_main, name=name, daemon=True)
         self._thread.start()
@@ -74,6 +96,7 @@ class TrioThread:
             trio.run(self._main)
         except BaseException as e:
             if self._ready.is_set():
+                self.error = e
                 logger.exception("the trio loop of %s crashed", self.what)
             else:
                 self._start_error = e
@@ -122,6 +145,42 @@ class TrioThread:
             except trio.RunFinishedError:
                 raise self._closed_error() from None
 
+    def call_soon(self, async_fn: Callable[..., Awaitable[Any]], *args: Any) -> TrioCall:
+        """Start ``async_fn(*args)`` as a task of the loop and return at once: its ``TrioCall``
+        gets the result or the error (FlowrtError if the loop closes before or while it runs).
+        """
+        call = TrioCall(self)
+        with self._lock:
+            self._waiting.add(call.future)
+        call.future.add_done_callback(self._forget)
+        try:
+            self._submit(self._nursery.start_soon, self._serve, call, async_fn, args)  # type: ignore[union-attr]
+        except BaseException as e:
+            call.future.set_exception(e)
+            raise
+        return call
+
+    def _forget(self, future: concurrent.futures.Future) -> None:
+        with self._lock:
+            self._waiting.discard(future)
+
+    async def _serve(self, call: TrioCall, async_fn: Callable[..., Awaitable[Any]], args: tuple) -> None:
+        """The task of one call: settles its future however it ends."""
+        future = call.future
+        try:
+            with call.scope:
+                future.set_result(await async_fn(*args))
+        except BaseException as e:
+            # The loop is closing: Cancelled, alone or in the group of a nursery it crossed.
+            closing = isinstance(e, trio.Cancelled) or (
+                isinstance(e, BaseExceptionGroup) and e.split(trio.Cancelled)[1] is None
+            )
+            future.set_exception(self._closed_error("while the call ran") if closing else e)
+            if closing:
+                raise
+        if not future.done():  # cancelled by its caller (call.cancel())
+            future.set_exception(FlowrtError(f"{self.what}: the call was interrupted"))
+
     def run(self, async_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run ``async_fn(*args)`` in the loop and block the calling thread for its result.
 
@@ -134,33 +193,19 @@ class TrioThread:
                 f"{self.what}: a blocking call from the {self.what}'s own thread would wait for "
                 "itself; make it from another thread"
             )
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        scope = trio.CancelScope()
-
-        async def runner() -> None:
-            try:
-                with scope:
-                    future.set_result(await async_fn(*args))
-            except trio.Cancelled:
-                future.set_exception(self._closed_error("while the call ran"))
-                raise
-            except BaseException as e:
-                future.set_exception(e)
-            if not future.done():  # cancelled by KeyboardInterrupt in the waiting thread
-                future.set_exception(FlowrtError(f"{self.what}: the call was interrupted"))
-
-        with self._lock:
-            self._waiting.add(future)
+        call = self.call_soon(async_fn, *args)
         try:
-            self._submit(self._nursery.start_soon, runner)  # type: ignore[union-attr]
-            return future.result()
+            return call.future.result()
         except KeyboardInterrupt:
-            with contextlib.suppress(trio.RunFinishedError):
-                self._token.run_sync_soon(scope.cancel)  # type: ignore[union-attr]
+            call.cancel()
             raise
-        finally:
-            with self._lock:
-                self._waiting.discard(future)
+
+    def run_sync_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Queue ``fn(*args)`` to run in the loop, also while it closes (calls queued from one
+        thread run in that order, before any later ``call_soon`` task starts); nothing once
+        the loop has ended. For wake-ups (``trio.Event.set``) and other quick sync work."""
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(fn, *args)  # type: ignore[union-attr]
 
     def start_soon(self, async_fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Start ``async_fn(*args)`` as a task of the loop's nursery; returns at once.
