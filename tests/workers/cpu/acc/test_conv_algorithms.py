@@ -175,8 +175,10 @@ def _kernel(x_shape, w_shape, attrs_, workers, tuning=None):
     w = np.zeros(w_shape, np.float32)
     inputs = (TensorInfo(x_shape, "float32"), TensorInfo(w_shape, "float32"))
     info = WorkloadInfo("conv", "Conv", desc, inputs, (None,), (None, w, None), None)
-    options = {} if tuning is None else {"tuning": attrs.evolve(ConvTuning(), **tuning)}
-    return load_all()["Conv"](info, workers, **options)
+    # The table was recorded before the tiles had a depth limit: it pins the choice by every
+    # other knob (test_the_tiles_take_dot_products_up_to_their_depth_limit pins that one).
+    unlimited = attrs.evolve(ConvTuning(), tiles_max_depth=1 << 30)
+    return load_all()["Conv"](info, workers, tuning=attrs.evolve(unlimited, **(tuning or {})))
 
 
 def _label(plan):
@@ -220,3 +222,20 @@ def test_winograd_tunings_force_the_tile_and_the_grouping(x_shape):
     assert (_label(plan), plan.block, plan.group) == ("winograd4", 1, 1)
     plan = _kernel(x_shape, w_shape, dict(pads=P1), 3, grouped).plan(x_shape, w_shape)
     assert _label(plan) == "winograd2" and plan.group == 5
+
+
+@pytest.mark.parametrize(
+    "x_shape, w_shape, attrs_, within, beyond",
+    [
+        ((1, 256, 14, 14), (64, 256, 1, 1), {}, "packed", "columns"),
+        ((4, 512, 7, 7), (512, 512, 1, 1), {}, "packed", "batched"),
+        ((1, 64, 28, 28), (64, 64, 3, 3), dict(strides=(2, 2), pads=(1, 1, 1, 1)), "columns", "columns"),
+    ],
+)
+def test_the_tiles_take_dot_products_up_to_their_depth_limit(x_shape, w_shape, attrs_, within, beyond):
+    depth = w_shape[1] * w_shape[2] * w_shape[3]
+    inside = _kernel(x_shape, w_shape, attrs_, 1, dict(tiles_max_depth=depth)).plan(x_shape, w_shape)
+    outside = _kernel(x_shape, w_shape, attrs_, 1, dict(tiles_max_depth=depth - 1)).plan(x_shape, w_shape)
+    assert (inside.name, outside.name) == (within, beyond)
+    if inside.name == "columns":  # the same path, by tiles or by BLAS
+        assert (inside.tiles, outside.tiles) == (True, False)

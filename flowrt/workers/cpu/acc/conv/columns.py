@@ -211,7 +211,7 @@ class Columns:
     def plan(cls, geometry: ConvGeometry, tuning: ConvTuning) -> Columns:
         """The pixels split over the workers; chunks that keep the column buffer near
         ``tuning.chunk_floats`` (whole tiles of columns when multiplying by tiles)."""
-        tiles = geometry.group_weights <= tuning.tiles_max_weights
+        tiles = tuning.tiles(geometry.group_weights, geometry.rows)
         chunk = max(
             min(MIN_COLUMNS, tuning.chunk_floats), tuning.chunk_floats // max(geometry.rows, geometry.mg)
         )

@@ -119,11 +119,11 @@ class Packed:
 
     @classmethod
     def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:
-        """Such a conv whose weights the register tiles take (``tuning.tiles_max_weights``),
+        """Such a conv whose weights the register tiles take (``tuning.tiles``),
         as long as splitting over all the pixels keeps the workers as busy as a split over
         output channels would."""
         return (
-            geometry.group_weights <= tuning.tiles_max_weights
+            tuning.tiles(geometry.group_weights, geometry.rows)
             and geometry.direct
             and geometry.balance(geometry.batch_bounds(tuning))
             >= geometry.balance(geometry.row_bounds(tuning))

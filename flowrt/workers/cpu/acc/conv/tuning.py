@@ -12,6 +12,7 @@ import attrs
 from flowrt.engine.scheduler.window import SplitHint
 from flowrt.workers.cpu.acc.conv.winograd import BLOCK_TILES, GROUP_TILES, WinogradRule
 from flowrt.workers.cpu.acc.tiles import AVAILABLE as TILES_AVAILABLE
+from flowrt.workers.cpu.acc.tiles import TILE_COLUMNS
 
 # Fewest output pixels a slice should have: below it BLAS runs narrow and the channels are split.
 MIN_COLUMNS = 96
@@ -27,6 +28,13 @@ TAPS_BLOCK_FLOATS = 16 * 1024
 # (``tiles.py``) instead of BLAS: each block of columns reads every panel of weights again,
 # and past a few megabytes they come from L3 (512x4608, VGG's last convs: 0.93x BLAS).
 TILES_MAX_WEIGHTS = 1 << 20
+# Longest dot product (C / groups * kh * kw) the register tiles take: each tile sums over the
+# whole depth, where BLAS blocks it. AVX2's 6x16 tiles lose to OpenBLAS past about 192 (on one
+# core of an AMD EPYC without AVX-512, a 1x1 conv of K=256 ran 1.06-1.68x BLAS's time and
+# one of K=512 1.11-1.49x, from 7x7 to 56x56 pixels; one of K<=96 0.71-1.03x; a 3x3 im2col
+# GEMM of K=144 0.69x, of K=576 and 1152 1.17x and 1.24x). AVX-512's 8x32 tiles were measured
+# ahead of BLAS at every depth on a Zen 4 core, and keep no limit.
+TILES_MAX_DEPTH = 192 if TILE_COLUMNS == 16 else 1 << 30
 # A batch runs as one GEMM when each image has at most MERGE_PIXELS output pixels and the
 # layer's weights (per group) are at least MERGE_WEIGHTS floats: with fewer, they stay in L2
 # from one image to the next, and the copies cost more than the wider GEMM saves (measured on
@@ -53,3 +61,9 @@ class ConvTuning:
     winograd_group_tiles: int = GROUP_TILES
     # -1 on CPUs without the register tiles (no AVX2): the column paths multiply by BLAS.
     tiles_max_weights: int = TILES_MAX_WEIGHTS if TILES_AVAILABLE else -1
+    tiles_max_depth: int = TILES_MAX_DEPTH
+
+    def tiles(self, group_weights: int, depth: int) -> bool:
+        """Whether a GEMM of ``group_weights`` weights and dot products ``depth`` long runs by
+        the register tiles (else BLAS)."""
+        return group_weights <= self.tiles_max_weights and depth <= self.tiles_max_depth
