@@ -197,6 +197,17 @@ BINDERS: dict[type, Callable[..., BoundCall | None]] = {
 }
 
 
+_TAPE_SIGNATURE = (types.int64[:, ::1], types.int64[::1], types.float32[:, ::1])
+
+
+def warm_up(kernel: Any) -> None:
+    """Compile :func:`run_tape` (or load it from numba's cache) when ``kernel`` may join a
+    tape, so that it happens at load, under the load's progress bar, not in the first run
+    (on an empty cache, 20 s). Its one signature serves every tape; once per process."""
+    if type(kernel) in BINDERS and _TAPE_SIGNATURE not in run_tape.overloads:
+        run_tape.compile(_TAPE_SIGNATURE)
+
+
 def bind(
     kernel: Any, inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray | None]
 ) -> BoundCall | None:

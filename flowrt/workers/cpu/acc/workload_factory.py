@@ -12,7 +12,7 @@ from flowrt.engine.scheduler.job import JobContext
 from flowrt.errors import BackendError
 from flowrt.registry import WorkloadInfo
 from flowrt.workers.cpu.acc.kernels import load_all
-from flowrt.workers.cpu.acc.tape import BoundCall, bind
+from flowrt.workers.cpu.acc.tape import BoundCall, bind, warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ class AccWorkload:
         a run would). Layers whose shapes are not all static are left to warm up on their
         first run, and so is a kernel that refuses ones (its values matter): that is logged,
         not raised, since the real inputs decide whether the layer fails."""
+        warm_up(self.kernel)
         infos = self.info.inputs
         if not all(i is None or i.is_static for i in infos):
             return

@@ -103,3 +103,21 @@ def test_workloads_the_tape_cannot_take_are_not_bound(why):
     else:
         kernel, inputs, outputs = _kernel("Sum", [a, a, a], a.shape), [a, a, a], [out]
     assert bind(kernel, inputs, outputs) is None
+
+
+def test_a_workload_that_may_join_a_tape_compiles_the_tape_when_it_is_prepared(monkeypatch):
+    import flowrt.workers.cpu.acc.tape as tape
+    from flowrt.workers.cpu.acc.workload_factory import AccWorkload
+
+    compiled = []
+    monkeypatch.setattr(tape.run_tape, "compile", lambda signature: compiled.append(signature))
+    monkeypatch.setattr(tape.run_tape, "overloads", {})
+    x = np.ones((2, 3), np.float32)
+    relu = _kernel("Relu", [x], (2, 3))
+    workload = AccWorkload(relu, relu.info)
+    workload.prepare()
+    # at load, then, not in the first run; a kernel the tape never takes compiles nothing
+    assert compiled == [tape._TAPE_SIGNATURE]
+    softmax = _kernel("Softmax", [x], (2, 3), descriptor=flowrt.descriptors.Softmax(axis=-1))
+    AccWorkload(softmax, softmax.info).prepare()
+    assert compiled == [tape._TAPE_SIGNATURE]
