@@ -9,46 +9,34 @@ numba links to) to one thread. numpy's own OpenBLAS is left alone; CpuRef uses i
 ``np.dot``, it takes strided views (a column block of a matrix, a transposed operand) and
 ``beta``, so a slice can write straight into its block of the output.
 
-The kernels' parallel loops are kept small to compile: on a cold cache numba turns each
-``prange`` loop into a gufunc of its own, wrapped twice, and every one of those libraries,
-and the kernel's, re-optimizes and re-emits the whole tree of functions the loop body calls.
-A kernel whose slice work is large therefore calls it by address instead
-(:class:`SliceFunction`, :func:`run_tasks`, :func:`run_stages`): the slice function is compiled
-once, on its own, and the parallel loop around it is a few calls (a MaxPool: 12.5 -> 8.6 s of
-CPU on a cold cache). ``PRANGE_ONLY`` keeps numba from making parallel loops of anything but
-``prange``, and :func:`read_only` gives weights one array type whatever their source.
+A kernel's parallel loop calls its slice function by address (``calls.py``: :class:`SliceFunction`,
+:func:`run_tasks`, :func:`run_stages`, re-exported here). ``PRANGE_ONLY`` keeps numba from
+making parallel loops of anything but ``prange``, and :func:`read_only` gives weights one array
+type whatever their source.
 """
 
 from __future__ import annotations
 
 import logging
 
-import numba
 import numpy as np
 import scipy.linalg.cython_blas  # noqa: F401  (loads the library numba's BLAS calls)
 import threadpoolctl
-from numba import njit, prange, types
-from numba._dispatcher import compute_fingerprint
-from numba.core import cgutils
-from numba.core.cpu_options import ParallelOptions
-from numba.extending import intrinsic
+from numba import njit
 
+from flowrt.workers.cpu.acc.calls import (  # noqa: F401  (re-exported: the kernels' launchers)
+    PRANGE_ONLY,
+    SliceFunction,
+    call_native,
+    native_address,
+    run_stages,
+    run_tasks,
+)
 from flowrt.workers.cpu.acc.openblas import gemm, gemv, openblas_architecture
 
 logger = logging.getLogger(__name__)
 
 _pinned = False
-
-# numba's ``parallel`` option for CpuAcc's kernels, ``@njit(parallel=PRANGE_ONLY)``: their
-# parallel loops are their prange loops, one task per slice, and nothing else. With
-# ``parallel=True`` numba also makes a parallel loop of every array allocation (np.zeros,
-# np.full) and array expression in the kernel, each one more gufunc to compile and link on a
-# cold cache (the Winograd loop nest: 23 -> 20 s), for work that a slice does in place, or
-# that is tiny beside the kernel's.
-PRANGE_ONLY = ParallelOptions(
-    {"comprehension": False, "reduction": False, "inplace_binop": False, "setitem": False, "numpy": False,
-     "stencil": False}
-)  # fmt: skip
 
 
 def read_only(a: np.ndarray) -> np.ndarray:
@@ -62,76 +50,6 @@ def read_only(a: np.ndarray) -> np.ndarray:
     view = a.view()
     view.flags.writeable = False
     return view
-
-
-@intrinsic
-def call_native(typingctx, address, args):
-    """Call the jitted function at ``address`` (from :meth:`SliceFunction.address`) with the
-    tuple ``args``, through numba's own calling convention; an exception it raises propagates.
-    The caller's code holds a call through a pointer, not the callee's code."""
-
-    def codegen(context, builder, signature, llargs):
-        argtypes = list(args.types)
-        function_type = context.call_conv.get_function_type(types.none, argtypes)
-        callee = builder.inttoptr(llargs[0], function_type.as_pointer())
-        values = [builder.extract_value(llargs[1], i) for i in range(len(argtypes))]
-        status, _ = context.call_conv.call_function(builder, callee, types.none, argtypes, values)
-        with cgutils.if_unlikely(builder, status.is_error):
-            context.call_conv.return_status_propagate(builder, status)
-        return context.get_dummy_value()
-
-    return types.none(address, args), codegen
-
-
-class SliceFunction:
-    """A jitted ``fn(task, step, *args)`` doing one task of a kernel's parallel loop, called by
-    address from :func:`run_tasks` or :func:`run_stages` (``task``, ``step``: int64)."""
-
-    def __init__(self, fn) -> None:
-        self.fn = fn
-        self._addresses: dict[tuple[bytes, ...], int] = {}
-
-    def address(self, args: tuple) -> int:
-        """``fn`` compiled (or loaded from numba's cache) for ``args``, the very tuple the
-        launcher is given: its types are those ``fn`` is called with, by construction."""
-        key = tuple(map(compute_fingerprint, args))
-        found = self._addresses.get(key)
-        if found is None:
-            signature = (types.int64, types.int64, *map(numba.typeof, args))
-            self.fn.compile(signature)
-            result = self.fn.overloads[signature]
-            found = result.library.get_pointer_to_function(result.fndesc.llvm_func_name)
-            self._addresses[key] = found
-        return found
-
-
-@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
-def run_tasks(address, tasks, args):
-    """Tasks ``0 .. tasks`` of a :class:`SliceFunction` at ``address`` (step 0), in parallel; a
-    single task on the calling thread, with no parallel region."""
-    if tasks == 1:
-        call_native(address, (np.int64(0), np.int64(0)) + args)
-        return
-    for task in prange(tasks):
-        call_native(address, (np.int64(task), np.int64(0)) + args)
-
-
-@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
-def run_stages(steps, first, first_tasks, first_args, second, second_tasks, second_args):
-    """For each step (an image, a group of images): the ``first_tasks`` tasks of the slice
-    function at address ``first`` in parallel (none when 0), then the ``second_tasks`` of
-    ``second``. A stage of one task runs on the calling thread."""
-    for step in range(steps):
-        if first_tasks == 1:
-            call_native(first, (np.int64(0), np.int64(step)) + first_args)
-        elif first_tasks > 1:
-            for task in prange(first_tasks):
-                call_native(first, (np.int64(task), np.int64(step)) + first_args)
-        if second_tasks == 1:
-            call_native(second, (np.int64(0), np.int64(step)) + second_args)
-        else:
-            for task in prange(second_tasks):
-                call_native(second, (np.int64(task), np.int64(step)) + second_args)
 
 
 def pin_scipy_blas() -> None:
@@ -193,6 +111,8 @@ def sgemm(trans_a, trans_b, alpha, a, b, beta, c):
     scalars = np.empty(2, np.float32)
     scalars[0] = alpha
     scalars[1] = beta
+    # The operands go to BLAS as addresses (see openblas.gemm).
+    a_at, b_at, c_at = np.int64(a.ctypes.data), np.int64(b.ctypes.data), np.int64(c.ctypes.data)
     if m == 1:
         # One output row (a fully connected layer at batch 1): GEMV reads op(b) once, where
         # GEMM would first copy all of it into packed panels. op(a)'s one row is contiguous
@@ -203,10 +123,10 @@ def sgemm(trans_a, trans_b, alpha, a, b, beta, c):
             k if trans_b else n,
             n if trans_b else k,
             scalars,
-            b,
+            b_at,
             leading_dimension(b),
-            a,
-            c,
+            a_at,
+            c_at,
         )
         return
     step = n
@@ -217,7 +137,7 @@ def sgemm(trans_a, trans_b, alpha, a, b, beta, c):
     for j0 in range(0, n, step):
         j1 = min(j0 + step, n)
         # Row-major C = op(A) op(B) is column-major C' = op(B)' op(A)': the operands swap
-        # places. Columns j0:j1 of C come from those of op(B).
+        # places. Columns j0:j1 of C come from those of op(B): rows j0:j1 of a transposed b.
         gemm(
             _TRANS if trans_b else _NO_TRANS,
             _TRANS if trans_a else _NO_TRANS,
@@ -225,10 +145,10 @@ def sgemm(trans_a, trans_b, alpha, a, b, beta, c):
             m,
             k,
             scalars,
-            b[j0:j1] if trans_b else b[:, j0:j1],
+            b_at + j0 * (b.strides[0] if trans_b else b.strides[1]),
             ldb,
-            a,
+            a_at,
             leading_dimension(a),
-            c[:, j0:j1],
+            c_at + j0 * c.strides[1],
             ldc,
         )

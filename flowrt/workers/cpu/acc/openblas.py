@@ -25,6 +25,8 @@ import llvmlite.binding
 import numpy as np
 import threadpoolctl
 from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 logger = logging.getLogger(__name__)
 
@@ -100,11 +102,33 @@ _xxgemv = types.ExternalFunction(
 _SINGLE = ord("s")
 
 
+@intrinsic
+def _pointer(typingctx, address):
+    """An int64 address as a ``void*``."""
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+
+    return types.voidptr(types.int64), codegen
+
+
+@intrinsic
+def _float_pointer(typingctx, address):
+    """An int64 address as a ``float*``."""
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(_f32p))
+
+    return _f32p(types.int64), codegen
+
+
+# The operands are addresses (int64), not arrays: one compiled specialization serves every
+# array type the callers have (layouts, read-only or not), each seconds on a cold cache.
 @njit(nogil=True, cache=True)
 def gemm(trans_a, trans_b, m, n, k, scalars, a, lda, b, ldb, c, ldc):
     """Column-major ``c = alpha * op(a) @ op(b) + beta * c``, Fortran sgemm's arguments but
-    for the operands (arrays, read from their first element) and ``scalars`` (alpha, beta):
-    ``trans_*`` are the characters N or T."""
+    for the operands (the int64 addresses of their first element) and ``scalars`` (alpha,
+    beta): ``trans_*`` are the characters N or T."""
     if NUMPY_OPENBLAS:
         ints = np.empty(6, np.int64)
         ints[0] = m
@@ -119,21 +143,21 @@ def gemm(trans_a, trans_b, m, n, k, scalars, a, lda, b, ldb, c, ldc):
         _threads_local(1)
         _sgemm64(
             flags[0:].ctypes, flags[1:].ctypes, ints[0:].ctypes, ints[1:].ctypes, ints[2:].ctypes,
-            scalars[0:].ctypes, a.ctypes, ints[3:].ctypes, b.ctypes, ints[4:].ctypes,
-            scalars[1:].ctypes, c.ctypes, ints[5:].ctypes,
+            scalars[0:].ctypes, _pointer(a), ints[3:].ctypes, _pointer(b), ints[4:].ctypes,
+            scalars[1:].ctypes, _pointer(c), ints[5:].ctypes,
         )  # fmt: skip
         _threads_local(0)  # the thread's own count again (0: the process's)
     else:
         _xxgemm(
-            _SINGLE, trans_a, trans_b, m, n, k, scalars[0:].ctypes, a.ctypes, lda, b.ctypes, ldb,
-            scalars[1:].ctypes, c.ctypes, ldc,
+            _SINGLE, trans_a, trans_b, m, n, k, scalars[0:].ctypes, _float_pointer(a), lda, _float_pointer(b),
+            ldb, scalars[1:].ctypes, _float_pointer(c), ldc,
         )  # fmt: skip
 
 
 @njit(nogil=True, cache=True)
 def gemv(trans, m, n, scalars, a, lda, x, y):
     """Column-major ``y = alpha * op(a) @ x + beta * y`` with unit increments, as
-    :func:`gemm` takes its arguments."""
+    :func:`gemm` takes its arguments (``a``, ``x``, ``y``: addresses)."""
     if NUMPY_OPENBLAS:
         ints = np.empty(4, np.int64)
         ints[0] = m
@@ -144,11 +168,12 @@ def gemv(trans, m, n, scalars, a, lda, x, y):
         flags[0] = trans
         _threads_local(1)
         _sgemv64(
-            flags.ctypes, ints[0:].ctypes, ints[1:].ctypes, scalars[0:].ctypes, a.ctypes, ints[2:].ctypes,
-            x.ctypes, ints[3:].ctypes, scalars[1:].ctypes, y.ctypes, ints[3:].ctypes,
+            flags.ctypes, ints[0:].ctypes, ints[1:].ctypes, scalars[0:].ctypes, _pointer(a), ints[2:].ctypes,
+            _pointer(x), ints[3:].ctypes, scalars[1:].ctypes, _pointer(y), ints[3:].ctypes,
         )  # fmt: skip
         _threads_local(0)  # the thread's own count again (0: the process's)
     else:
         _xxgemv(
-            _SINGLE, trans, m, n, scalars[0:].ctypes, a.ctypes, lda, x.ctypes, scalars[1:].ctypes, y.ctypes
-        )
+            _SINGLE, trans, m, n, scalars[0:].ctypes, _float_pointer(a), lda, _float_pointer(x),
+            scalars[1:].ctypes, _float_pointer(y),
+        )  # fmt: skip

@@ -22,8 +22,9 @@ import numpy as np
 from numba import njit
 
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
-from flowrt.workers.cpu.acc.blas import SliceFunction, leading_dimension, read_only, run_tasks
-from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, NONE, RELU, activate_row
+from flowrt.workers.cpu.acc.blas import leading_dimension, read_only
+from flowrt.workers.cpu.acc.calls import SliceFunction
+from flowrt.workers.cpu.acc.kernels.epilogue import NONE, RELU, activate_late
 from flowrt.workers.cpu.acc.tiles import AVAILABLE, TILE_COLUMNS, TILE_ROWS, _row_tile, _row_tile_part
 
 __all__ = ["AVAILABLE", "PackedWeights", "Plan", "multiply", "pack", "plan"]
@@ -97,9 +98,13 @@ def _block(a, a_at, lda, panels, q, k0, c, c_at, ldc, k, depth, bias, relu, accu
 
 
 @njit(nogil=True, cache=True)
-def multiply_block(a, panels, bias, c, r0, r1, q0, q1, code, alpha, beta):
-    """``c[r0:r1]``'s columns of panels ``q0:q1`` = activation(``a[r0:r1] @ w + bias``);
-    ``a`` (M, K) and ``c`` (M, N) are float32 with unit column stride."""
+def _slice(task, step, a, panels, bias, c, rows, panel_bounds, code, alpha, beta):
+    """One slice of :func:`multiply` (a :class:`SliceFunction`): ``c[r0:r1]``'s columns of
+    panels ``q0:q1`` = activation(``a[r0:r1] @ w + bias``), a range of rows by a range of
+    panels; ``a`` (M, K) and ``c`` (M, N) are float32 with unit column stride."""
+    row_slice, panel_slice = divmod(task, panel_bounds.shape[0] - 1)
+    r0, r1 = rows[row_slice], rows[row_slice + 1]
+    q0, q1 = panel_bounds[panel_slice], panel_bounds[panel_slice + 1]
     n = c.shape[1]
     k = a.shape[1]
     if r1 <= r0 or q1 <= q0:
@@ -109,8 +114,11 @@ def multiply_block(a, panels, bias, c, r0, r1, q0, q1, code, alpha, beta):
     full_end = r0 + (r1 - r0) // TILE_ROWS * TILE_ROWS
     tail = r1 - full_end
     spare = np.zeros((TILE_ROWS, k if tail > 0 else 0), np.float32)  # the last rows, zero-padded
-    if tail > 0:
-        spare[:tail] = a[full_end:r1]
+    # Loops, not slice assignments: those compile numba's formatted messages for shapes that
+    # do not broadcast (seconds on a cold cache).
+    for i in range(tail):
+        for j in range(k):
+            spare[i, j] = a[full_end + i, j]
     out = np.empty((TILE_ROWS, TILE_COLUMNS), np.float32)
     # Rows in equal chunks of at most CHUNK_BYTES: every panel passes over a chunk in L2 once.
     chunks = max(1, -(-(r1 - r0) * k * 4 // CHUNK_BYTES))
@@ -151,23 +159,16 @@ def multiply_block(a, panels, bias, c, r0, r1, q0, q1, code, alpha, beta):
                         columns,
                     )
             if last and tail > 0:
-                c[full_end:r1, q * TILE_COLUMNS : q * TILE_COLUMNS + columns] = out[:tail, :columns]
+                for i in range(tail):
+                    for j in range(columns):
+                        c[full_end + i, q * TILE_COLUMNS + j] = out[i, j]
         if last:
             break
         c0 = c1
     if code != NONE and code != RELU:
         for i in range(r0, r1):
             row = c[i, q0 * TILE_COLUMNS : min(q1 * TILE_COLUMNS, n)]
-            activate_row(row, row, NO_BIAS, code, alpha, beta)
-
-
-@njit(nogil=True, cache=True)
-def _slice(task, step, a, panels, bias, c, rows, panel_bounds, code, alpha, beta):
-    """One slice of :func:`multiply`: a range of rows by a range of panels."""
-    i, j = divmod(task, panel_bounds.shape[0] - 1)
-    multiply_block(
-        a, panels, bias, c, rows[i], rows[i + 1], panel_bounds[j], panel_bounds[j + 1], code, alpha, beta
-    )
+            activate_late(row, code, alpha, beta)
 
 
 _SLICE = SliceFunction(_slice)
@@ -182,4 +183,4 @@ def multiply(
         read_only(a), weights.panels, weights.bias, c, split.rows, split.panels, np.int64(code),
         np.float32(alpha), np.float32(beta),
     )  # fmt: skip
-    run_tasks(_SLICE.address(args), (split.rows.shape[0] - 1) * (split.panels.shape[0] - 1), args)
+    _SLICE.run((split.rows.shape[0] - 1) * (split.panels.shape[0] - 1), args)

@@ -284,8 +284,11 @@ def gemm_panels(panels, bias, b, c, code, alpha, beta):
             _block(panels, p, b, q, ldb, c, p * TILE_ROWS * ldc + q, ldc, k, bias, relu, columns)
         if full_rows * TILE_ROWS < m:  # the last panel's padding rows go to scratch
             _block(panels, full_rows, b, q, ldb, scratch, 0, TILE_COLUMNS, k, bias, relu, columns)
+            # A loop, not a slice assignment: that compiles numba's formatted messages for
+            # shapes that do not broadcast (seconds on a cold cache).
             for i in range(m - full_rows * TILE_ROWS):
-                c[full_rows * TILE_ROWS + i, q : q + columns] = scratch[i, :columns]
+                for j in range(columns):
+                    c[full_rows * TILE_ROWS + i, q + j] = scratch[i, j]
         if other:
             for i in range(m):
                 row = c[i, q : q + columns]

@@ -9,75 +9,35 @@ elementwise function of one input (``unary.py`` runs the math functions on it).
 
 from __future__ import annotations
 
+import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit, types
+from numba._dispatcher import compute_fingerprint
 
 from flowrt.engine.graph.passes.fuse_activation import as_fused_activation
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import ACTIVATION_KINDS, Support, WorkloadInfo
+from flowrt.workers.cpu.acc.calls import SliceFunction, call_native, native_address
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels import epilogue as ep
+from flowrt.workers.cpu.acc.kernels.epilogue import activate_slice
 
 # Below this many elements per slice, a second thread costs more than it saves.
 MIN_SLICE = 16384
 
 
-# error_model="numpy": no division-by-zero check, which would keep the loops from vectorizing.
-@njit(nogil=True, cache=True, error_model="numpy")
-def activate_slice(dst, src, code, alpha, beta):
-    """``dst = activate(src)`` with one loop per code over that code's curve (an intrinsic,
-    so that numba has nothing to inline and each loop vectorizes)."""
-    n = dst.shape[0]
-    if code == ep.RELU:
-        for j in range(n):
-            dst[j] = ep.relu(src[j], alpha, beta)
-    elif code == ep.LEAKY_RELU:
-        for j in range(n):
-            dst[j] = ep.leaky_relu(src[j], alpha, beta)
-    elif code == ep.CLIP:
-        for j in range(n):
-            dst[j] = ep.clip(src[j], alpha, beta)
-    elif code == ep.SIGMOID:
-        for j in range(n):
-            dst[j] = ep.sigmoid(src[j], alpha, beta)
-    elif code == ep.TANH:
-        for j in range(n):
-            dst[j] = ep.tanh(src[j], alpha, beta)
-    elif code == ep.HARD_SIGMOID:
-        for j in range(n):
-            dst[j] = ep.hard_sigmoid(src[j], alpha, beta)
-    elif code == ep.HARD_SWISH:
-        for j in range(n):
-            dst[j] = ep.hard_swish(src[j], alpha, beta)
-    elif code == ep.ELU:
-        for j in range(n):
-            dst[j] = ep.elu(src[j], alpha, beta)
-    elif code == ep.SOFTPLUS:
-        for j in range(n):
-            dst[j] = ep.softplus(src[j], alpha, beta)
-    elif code == ep.GELU:
-        for j in range(n):
-            dst[j] = ep.gelu(src[j], alpha, beta)
-    elif code == ep.GELU_TANH:
-        for j in range(n):
-            dst[j] = ep.gelu_tanh(src[j], alpha, beta)
-    elif code == ep.SWISH:
-        for j in range(n):
-            dst[j] = ep.swish(src[j], alpha, beta)
-    elif code == ep.MISH:
-        for j in range(n):
-            dst[j] = ep.mish(src[j], alpha, beta)
-    else:  # a loop, not dst[:] = src: that compiles numba's error formatting (seconds)
-        for j in range(n):
-            dst[j] = src[j]
+@njit(nogil=True, cache=True)
+def _flat_slice(task, step, function, x, out, bounds, code, alpha, beta):
+    """Slice ``task`` of a :class:`FlatKernel`'s window (a :class:`SliceFunction`), by its
+    ``run_slice`` at address ``function``: one slice function serves every FlatKernel."""
+    lo, hi = bounds[task], bounds[task + 1]
+    call_native(function, (out[lo:hi], x[lo:hi], code, alpha, beta))
 
 
-# The parallel region only hands out slices: numba compiles a parallel loop's body slowly.
-@njit(parallel=True, nogil=True, cache=True)
-def _activation(x, out, bounds, code, alpha, beta):
-    for s in prange(bounds.shape[0] - 1):
-        lo, hi = bounds[s], bounds[s + 1]
-        activate_slice(out[lo:hi], x[lo:hi], code, alpha, beta)
+_FLAT_SLICE = SliceFunction(_flat_slice)
+_SCALARS = (types.int64, types.float32, types.float32)  # run_slice's code, alpha and beta
+# run_slice's address, by function and the types of (dst, src)
+_RUN_SLICE_ADDRESSES: dict[tuple[object, bytes], int] = {}
 
 
 def clip_bounds(info: WorkloadInfo) -> list[float | None]:
@@ -119,12 +79,12 @@ class FlatKernel:
     """An elementwise float32 function over every element of the flattened tensor: one slice
     per worker in one parallel region, or the whole on the calling thread when it is small.
 
-    A subclass gives ``run_slice(dst, src, code, alpha, beta)`` (njit) and ``run_slices``
-    (its parallel region over ``bounds``), and sets ``code``, ``alpha`` and ``beta``."""
+    A subclass gives ``run_slice(dst, src, code, alpha, beta)`` (njit), and sets ``code``,
+    ``alpha`` and ``beta``; the slices run it by address (no parallel loop of its own to
+    compile)."""
 
     split_hint = SplitHint(axis=0, min_slice=MIN_SLICE)
     run_slice = staticmethod(activate_slice)
-    run_slices = staticmethod(_activation)
 
     def __init__(self, info: WorkloadInfo, workers: int) -> None:
         self.info = info
@@ -156,7 +116,12 @@ class FlatKernel:
         if bounds.shape[0] <= 2:
             self.run_slice(flat_out, flat, self.code, alpha, beta)
         else:
-            self.run_slices(flat, flat_out, bounds, self.code, alpha, beta)
+            key = (self.run_slice, compute_fingerprint((flat_out, flat)))
+            address = _RUN_SLICE_ADDRESSES.get(key)
+            if address is None:
+                signature = (numba.typeof(flat_out), numba.typeof(flat), *_SCALARS)
+                address = _RUN_SLICE_ADDRESSES[key] = native_address(self.run_slice, signature)
+            _FLAT_SLICE.run(bounds.shape[0] - 1, (address, flat, flat_out, bounds, self.code, alpha, beta))
         return [out]
 
 

@@ -14,14 +14,24 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit, types
+from numba._dispatcher import compute_fingerprint
 
 from flowrt.engine.graph.layers.elementwise import legacy_b_shape
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
+from flowrt.workers.cpu.acc.calls import (
+    LateFunction,
+    SliceFunction,
+    call_late,
+    call_native,
+    native_address,
+    run_tasks,
+)
 from flowrt.workers.cpu.acc.kernels import acc_kernel
-from flowrt.workers.cpu.acc.kernels.epilogue import NONE, RELU, activate, activation_args
+from flowrt.workers.cpu.acc.kernels.epilogue import NONE, RELU, activate_late, activation_args
 from flowrt.workers.cpu.acc.kernels.strided import (
     as_index,
     broadcast_strides,
@@ -40,8 +50,10 @@ FLAT_ROW = 4096
 
 # error_model="numpy" on every function here: a division by zero gives inf or nan, as in
 # numpy, instead of raising.
-@njit(inline="always", nogil=True, cache=True, error_model="numpy")
+@njit(nogil=True, cache=True, error_model="numpy")
 def _apply(op, x, y):
+    """``x op y``; called with ``op`` a constant, so compiled once per op and folded (LLVM
+    inlines it into the loops)."""
     if op == ADD:
         return x + y
     if op == SUB:
@@ -50,174 +62,166 @@ def _apply(op, x, y):
         return x * y
     if op == DIV:
         return x / y
-    if op >= POW:
-        return _pow_max_min_of(op, x, y)
-    return x
-
-
-# Called, not inlined, from _apply: in the loops of the four arithmetic ops its branch is dead,
-# and numba's inlining would cost each of them compile time (seconds in all). LLVM inlines it.
-@njit(nogil=True, cache=True, error_model="numpy")
-def _pow_max_min_of(op, x, y):
     if op == POW:
         return x**y
     # as np.maximum and np.minimum: NaN from either side; y when they are equal (-0.0 and 0.0)
     if op == MAX:
         return x if x > y or x != x else y
-    return x if x < y or x != x else y
+    if op == MIN:
+        return x if x < y or x != x else y
+    return x
+
+
+def _rows_for(op: int):
+    """The row walk of one ``op``, compiled for that op alone (``op`` is a constant of the
+    closure: numba drops the other ops' branches before typing them, and each loop is
+    branch-free, so that it vectorizes; with ``op`` read at run time it is five times slower).
+
+    The function does rows ``first`` to ``last`` (one slice of the window) of
+    ``out = activation(a op b)``. Add fuses Relu into its loop (residual Add + Relu); any
+    other activation is a second pass over the row, still in cache. Pow with an exponent
+    repeated along the row may take :func:`_scalar_power`. When both operands repeat along
+    the row (one element each), the one result fills it."""
+    commutative = op == ADD or op == MUL
+
+    @njit(nogil=True, cache=True, error_model="numpy")
+    def rows(a, a_strides, a_step, b, b_strides, b_step, out, outer, inner, first, last, code, alpha, beta):  # fmt: skip
+        size = out.shape[0]
+        fused = op == ADD and code == RELU
+        for r in range(first, last):
+            lo = r * inner
+            n = min(inner, size - lo)
+            ai = row_offset(r, outer, a_strides)
+            bi = row_offset(r, outer, b_strides)
+            x = a[ai : ai + (n if a_step else 1)]
+            y = b[bi : bi + (n if b_step else 1)]
+            row = out[lo : lo + n]
+            if x.shape[0] == 1 and y.shape[0] == 1 and n > 1:
+                v = _apply(op, x[0], y[0])
+                for j in range(n):
+                    row[j] = v
+                _activate(row, code, alpha, beta)
+                continue
+            if commutative:
+                if x.shape[0] < y.shape[0]:
+                    x, y = y, x
+                if y.shape[0] < x.shape[0]:
+                    v = y[0]
+                    if fused:
+                        for j in range(n):
+                            row[j] = _relu(_apply(op, x[j], v))
+                    else:
+                        for j in range(n):
+                            row[j] = _apply(op, x[j], v)
+                elif fused:
+                    for j in range(n):
+                        row[j] = _relu(_apply(op, x[j], y[j]))
+                else:
+                    for j in range(n):
+                        row[j] = _apply(op, x[j], y[j])
+            elif op == POW and y.shape[0] < x.shape[0] and _scalar_power(x, y[0], row):
+                pass
+            elif y.shape[0] < x.shape[0]:
+                v = y[0]
+                for j in range(n):
+                    row[j] = _apply(op, x[j], v)
+            elif x.shape[0] < y.shape[0]:
+                v = x[0]
+                for j in range(n):
+                    row[j] = _apply(op, v, y[j])
+            else:
+                for j in range(n):
+                    row[j] = _apply(op, x[j], y[j])
+            if not fused:
+                _activate(row, code, alpha, beta)
+
+    return rows
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _scalar_power(x, e, row):
+    """``row = x ** e`` for an exponent ``e`` of 2, 0.5, 1 or 3, without powf, as numpy does
+    for a scalar exponent (so 0.5 is sqrt(x) exactly: -0.0 for -0.0, NaN for -inf); False
+    for any other ``e``, leaving ``row`` as it was."""
+    if e == 2:
+        for j in range(row.shape[0]):
+            row[j] = x[j] * x[j]
+    elif e == 0.5:
+        for j in range(row.shape[0]):
+            row[j] = math.sqrt(x[j])
+    elif e == 1:
+        for j in range(row.shape[0]):
+            row[j] = x[j]
+    elif e == 3:
+        for j in range(row.shape[0]):
+            row[j] = x[j] * x[j] * x[j]
+    else:
+        return False
+    return True
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _relu(v, relu):
+def _relu(v):
     # np.maximum(v, 0) as CpuRef's Relu: a NaN stays NaN, -inf gives 0
-    return (np.float32(0) if v <= 0 else v) if relu else v
+    return np.float32(0) if v <= 0 else v
 
 
-@njit(inline="always", nogil=True, cache=True, error_model="numpy")
-def _commutative(x, y, out, op, relu):
-    """``out = x op y`` (then Relu when ``relu``) for a commutative ``op``; a one-element
-    operand repeats."""
-    if x.shape[0] < y.shape[0]:
-        x, y = y, x
-    if y.shape[0] < x.shape[0]:
-        v = y[0]
-        for j in range(out.shape[0]):
-            out[j] = _relu(_apply(op, x[j], v), relu)
-    else:
-        for j in range(out.shape[0]):
-            out[j] = _relu(_apply(op, x[j], y[j]), relu)
-
-
-@njit(inline="always", nogil=True, cache=True, error_model="numpy")
-def _ordered(x, y, out, op):
-    """``out = x op y``; a one-element operand repeats."""
-    if y.shape[0] < x.shape[0]:
-        v = y[0]
-        for j in range(out.shape[0]):
-            out[j] = _apply(op, x[j], v)
-    elif x.shape[0] < y.shape[0]:
-        v = x[0]
-        for j in range(out.shape[0]):
-            out[j] = _apply(op, v, y[j])
-    else:
-        for j in range(out.shape[0]):
-            out[j] = _apply(op, x[j], y[j])
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def _pow_max_min_loops(x, y, out, op):
-    """``out = x op y``; a one-element operand repeats. Called with ``op`` a constant, numba
-    compiles this once per op (a literal argument), each loop with its op folded in."""
-    if y.shape[0] < x.shape[0]:
-        v = y[0]
-        for j in range(out.shape[0]):
-            out[j] = _pow_max_min_of(op, x[j], v)
-    elif x.shape[0] < y.shape[0]:
-        v = x[0]
-        for j in range(out.shape[0]):
-            out[j] = _pow_max_min_of(op, v, y[j])
-    else:
-        for j in range(out.shape[0]):
-            out[j] = _pow_max_min_of(op, x[j], y[j])
-
-
-# Called, not inlined, from _segment: numba's inlining costs about a second per loop, paid
-# again for each specialization of _binary_rows; called, these loops are compiled once.
-@njit(nogil=True, cache=True, error_model="numpy")
-def _pow_max_min(x, y, out, op):
-    """``out = x op y`` for Pow, Max or Min. An exponent repeated along the row of 2, 0.5, 1
-    or 3 is computed without powf, as numpy does for a scalar exponent (so 0.5 is sqrt(x)
-    exactly: -0.0 for -0.0, NaN for -inf)."""
-    if op == MAX:
-        _pow_max_min_loops(x, y, out, MAX)
-    elif op == MIN:
-        _pow_max_min_loops(x, y, out, MIN)
-    elif y.shape[0] < x.shape[0] and y[0] == 2:
-        for j in range(out.shape[0]):
-            out[j] = x[j] * x[j]
-    elif y.shape[0] < x.shape[0] and y[0] == 0.5:
-        for j in range(out.shape[0]):
-            out[j] = math.sqrt(x[j])
-    elif y.shape[0] < x.shape[0] and y[0] == 1:
-        for j in range(out.shape[0]):
-            out[j] = x[j]
-    elif y.shape[0] < x.shape[0] and y[0] == 3:
-        for j in range(out.shape[0]):
-            out[j] = x[j] * x[j] * x[j]
-    else:
-        _pow_max_min_loops(x, y, out, POW)
-
-
-@njit(inline="always", nogil=True, cache=True, error_model="numpy")
-def _segment(x, y, out, op, code, alpha, beta):
-    """``out = activation(x op y)``.
-
-    Each loop is compiled with its ``op`` constant, so that it is branch-free and vectorizes
-    (with ``op`` read at run time it is five times slower). Add fuses Relu into its loop
-    (residual Add + Relu); any other activation is a second pass over ``out``, still in cache.
-    When both operands repeat along the row (one element each), the one result fills it.
-    """
-    if x.shape[0] == 1 and y.shape[0] == 1 and out.shape[0] > 1:
-        v = _apply(op, x[0], y[0])
-        v = _relu(v, True) if code == RELU else activate(v, code, alpha, beta)
-        for j in range(out.shape[0]):
-            out[j] = v
-        return
-    if op == ADD and code == RELU:
-        _commutative(x, y, out, ADD, True)
-        return
-    if op == ADD:
-        _commutative(x, y, out, ADD, False)
-    elif op == MUL:
-        _commutative(x, y, out, MUL, False)
-    elif op == SUB:
-        _ordered(x, y, out, SUB)
-    elif op == DIV:
-        _ordered(x, y, out, DIV)
-    elif op >= POW:
-        _pow_max_min(x, y, out, op)
-    else:
-        for j in range(out.shape[0]):
-            out[j] = x[j]
+@njit(nogil=True, cache=True)
+def _activate(row, code, alpha, beta):
+    """``row = activate(row)``: Relu in a loop of its own, any other activation (rare after
+    an elementwise op) through its slot."""
     if code == RELU:
-        for j in range(out.shape[0]):
-            out[j] = _relu(out[j], True)
+        for j in range(row.shape[0]):
+            row[j] = _relu(row[j])
     elif code != NONE:
-        for j in range(out.shape[0]):
-            out[j] = activate(out[j], code, alpha, beta)
+        activate_late(row, code, alpha, beta)
+
+
+_ROWS = [_rows_for(op) for op in range(MIN + 1)]
+# The row walks as the tape calls them (flat float32 operands, int64 walks, scalars), each
+# reached through a slot: a tape compiles none of them, and a model only those of its ops.
+_F, _I, _INT, _FLOAT = types.float32[::1], types.int64[::1], types.int64, types.float32
+_ROW_TYPES = (_F, _I, _INT, _F, _I, _INT, _F, _I, _INT, _INT, _INT, _INT, _FLOAT, _FLOAT)
+_LATE_ROWS = [LateFunction(rows, _ROW_TYPES, f"flowrt_binary_rows_{op}") for op, rows in enumerate(_ROWS)]
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def _binary_rows(
     a, a_strides, a_step, b, b_strides, b_step, out, outer, inner, first, last, op, code, alpha, beta
 ):
-    """Rows ``first`` to ``last`` (one slice of the window)."""
-    size = out.shape[0]
-    for r in range(first, last):
-        lo = r * inner
-        n = min(inner, size - lo)
-        ai = row_offset(r, outer, a_strides)
-        bi = row_offset(r, outer, b_strides)
-        x = a[ai : ai + (n if a_step else 1)]
-        y = b[bi : bi + (n if b_step else 1)]
-        _segment(x, y, out[lo : lo + n], op, code, alpha, beta)
+    """Rows ``first`` to ``last`` of ``out = activation(a op b)``, ``op`` read at run time (the
+    tape's instructions), by the row walk of that op through its slot (``_LATE_ROWS``)."""
+    walk = (a, a_strides, a_step, b, b_strides, b_step, out, outer, inner, np.int64(first), np.int64(last))
+    args = walk + (np.int64(code), np.float32(alpha), np.float32(beta))
+    if op == ADD:
+        call_late("flowrt_binary_rows_0", args)
+    elif op == SUB:
+        call_late("flowrt_binary_rows_1", args)
+    elif op == MUL:
+        call_late("flowrt_binary_rows_2", args)
+    elif op == DIV:
+        call_late("flowrt_binary_rows_3", args)
+    elif op == FIRST:
+        call_late("flowrt_binary_rows_4", args)
+    elif op == POW:
+        call_late("flowrt_binary_rows_5", args)
+    elif op == MAX:
+        call_late("flowrt_binary_rows_6", args)
+    else:
+        call_late("flowrt_binary_rows_7", args)
 
 
-# The parallel region only hands out slices: numba compiles a parallel loop's body slowly,
-# so the work lives in plain functions.
-@njit(parallel=True, nogil=True, cache=True)
-def _binary(a, a_strides, a_step, b, b_strides, b_step, out, outer, inner, bounds, op, code, alpha, beta):
-    if bounds.shape[0] == 2:  # one slice: no parallel region
-        _binary_rows(
-            a, a_strides, a_step, b, b_strides, b_step,
-            out, outer, inner, bounds[0], bounds[1], op, code, alpha, beta,
-        )  # fmt: skip
-        return
-    for s in prange(bounds.shape[0] - 1):
-        _binary_rows(
-            a, a_strides, a_step, b, b_strides, b_step,
-            out, outer, inner, bounds[s], bounds[s + 1], op, code, alpha, beta,
-        )  # fmt: skip
+@njit(nogil=True, cache=True)
+def _binary_slice(
+    task, step, rows, a, a_strides, a_step, b, b_strides, b_step, out, outer, inner, bounds, code, alpha, beta
+):
+    """Slice ``task`` of the window, by the row walk of the op at address ``rows``: one
+    launcher and one slice function serve every op."""
+    args = (a, a_strides, a_step, b, b_strides, b_step, out, outer, inner, bounds[task], bounds[task + 1])
+    call_native(rows, args + (code, alpha, beta))
+
+
+_BINARY_SLICE = SliceFunction(_binary_slice)
 
 
 class BroadcastWalk:
@@ -244,10 +248,34 @@ class BroadcastWalk:
 
     def run(self, a, b, out, op, code, alpha, beta) -> None:
         """``out = activation(a op b)``, all arrays flat."""
-        _binary(
+        if self.bounds.shape[0] == 2:  # one slice: the row walk, called on this thread
+            _ROWS[op](
+                a, self.a_strides, self.a_step, b, self.b_strides, self.b_step,
+                out, self.outer, self.inner, 0, self.bounds[1], code, alpha, beta,
+            )  # fmt: skip
+            return
+        args = (
             a, self.a_strides, self.a_step, b, self.b_strides, self.b_step,
-            out, self.outer, self.inner, self.bounds, op, code, alpha, beta,
+            out, self.outer, self.inner, self.bounds, code, alpha, beta,
         )  # fmt: skip
+        key = (op, compute_fingerprint(args))
+        found = _ADDRESSES.get(key)
+        if found is None:
+            found = _ADDRESSES[key] = _addresses(op, args)
+        rows, address = found
+        run_tasks(address, self.bounds.shape[0] - 1, (rows, *args))
+
+
+# (row walk, slice function) addresses by op and argument types
+_ADDRESSES: dict[tuple[int, bytes], tuple[int, int]] = {}
+
+
+def _addresses(op: int, args: tuple) -> tuple[int, int]:
+    """The addresses of ``op``'s row walk and of the slice function, compiled (or loaded from
+    numba's cache) for the arguments ``args`` of :meth:`BroadcastWalk.run`."""
+    first_last = (np.int64(0), np.int64(0))
+    rows = native_address(_ROWS[op], tuple(map(numba.typeof, args[:9] + first_last + args[10:])))
+    return rows, _BINARY_SLICE.address((rows, *args))
 
 
 @acc_kernel("Add", "Sub", "Mul", "Div", "Pow", "Sum", "Max", "Min")
@@ -267,10 +295,13 @@ class ElementwiseKernel:
         self.op = OPS[info.kind]
         self.legacy = bool(getattr(info.descriptor, "legacy", False))
         self.activation = activation_args(info.activation)
+        # The row walk a tape would call, compiled at load (the kernel's own calls use it too).
+        _LATE_ROWS[self.op].address()
         # Constant operands (a Pow's exponent, a bias), copied once into writable arrays:
         # numba types a read-only array apart, and would compile the whole walk for it again.
         self.constants = [None if c is None else np.array(c, np.float32, order="C") for c in info.constants]
         self._walks: dict[tuple, BroadcastWalk] = {}
+        self._shapes: dict[tuple, tuple[int, ...]] = {}  # output shape by input shapes
 
     def walk(self, a_shape, b_shape, out_shape) -> BroadcastWalk:
         """The walk for these shapes (planned once per shape triple)."""
@@ -287,7 +318,10 @@ class ElementwiseKernel:
             arrays[1] = arrays[1].reshape(
                 legacy_b_shape(arrays[0].shape, arrays[1].shape, self.info.descriptor)
             )
-        shape = np.broadcast_shapes(*(x.shape for x in arrays))
+        shapes = tuple(x.shape for x in arrays)
+        shape = self._shapes.get(shapes)
+        if shape is None:  # np.broadcast_shapes takes microseconds: once per input shapes
+            shape = self._shapes[shapes] = np.broadcast_shapes(*shapes)
         out = np.empty(shape, np.float32) if outputs is None else outputs[0]
         if out.size == 0:
             return [out]

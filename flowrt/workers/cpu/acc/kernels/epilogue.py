@@ -16,9 +16,10 @@ past Tanh (HardSigmoid to Mish) are not fused by the graph yet: no FusedActivati
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
 
 from flowrt.registry import FusedActivation
+from flowrt.workers.cpu.acc.calls import LateFunction, call_late
 from flowrt.workers.cpu.acc.kernels import fastmath as fm
 from flowrt.workers.cpu.acc.kernels.fastmath import Value, where
 
@@ -36,10 +37,14 @@ CODES = {
 
 
 def activation_args(activation: FusedActivation | None) -> tuple[int, np.float32, np.float32]:
-    """``(code, alpha, beta)`` for :func:`activate`; ``NONE`` when there is no activation."""
+    """``(code, alpha, beta)`` for :func:`activate`; ``NONE`` when there is no activation.
+    An activation that the kernels apply by :func:`activate_late` is compiled now (at load)."""
     if activation is None:
         return NONE, np.float32(0), np.float32(0)
-    return CODES[activation.kind], np.float32(activation.alpha), np.float32(activation.beta)
+    code = CODES[activation.kind]
+    if code not in (RELU, CLIP):
+        ACTIVATE_SLICE.address()
+    return code, np.float32(activation.alpha), np.float32(activation.beta)
 
 
 # The curves: CpuRef's formulas in float32, as selects (no branch, no libm call).
@@ -138,23 +143,89 @@ def activate(v, code, alpha, beta):
     return mish(v, alpha, beta)
 
 
+# error_model="numpy": no division-by-zero check, which would keep the loops from vectorizing.
+@njit(nogil=True, cache=True, error_model="numpy")
+def activate_slice(dst, src, code, alpha, beta):
+    """``dst = activate(src)`` with one loop per code over that code's curve (an intrinsic,
+    so that numba has nothing to inline and each loop vectorizes)."""
+    n = dst.shape[0]
+    if code == RELU:
+        for j in range(n):
+            dst[j] = relu(src[j], alpha, beta)
+    elif code == LEAKY_RELU:
+        for j in range(n):
+            dst[j] = leaky_relu(src[j], alpha, beta)
+    elif code == CLIP:
+        for j in range(n):
+            dst[j] = clip(src[j], alpha, beta)
+    elif code == SIGMOID:
+        for j in range(n):
+            dst[j] = sigmoid(src[j], alpha, beta)
+    elif code == TANH:
+        for j in range(n):
+            dst[j] = tanh(src[j], alpha, beta)
+    elif code == HARD_SIGMOID:
+        for j in range(n):
+            dst[j] = hard_sigmoid(src[j], alpha, beta)
+    elif code == HARD_SWISH:
+        for j in range(n):
+            dst[j] = hard_swish(src[j], alpha, beta)
+    elif code == ELU:
+        for j in range(n):
+            dst[j] = elu(src[j], alpha, beta)
+    elif code == SOFTPLUS:
+        for j in range(n):
+            dst[j] = softplus(src[j], alpha, beta)
+    elif code == GELU:
+        for j in range(n):
+            dst[j] = gelu(src[j], alpha, beta)
+    elif code == GELU_TANH:
+        for j in range(n):
+            dst[j] = gelu_tanh(src[j], alpha, beta)
+    elif code == SWISH:
+        for j in range(n):
+            dst[j] = swish(src[j], alpha, beta)
+    elif code == MISH:
+        for j in range(n):
+            dst[j] = mish(src[j], alpha, beta)
+    else:  # a loop, not dst[:] = src: that compiles numba's error formatting (seconds)
+        for j in range(n):
+            dst[j] = src[j]
+
+
+_ROW = types.Array(types.float32, 1, "C")
+ACTIVATE_SLICE_NAME = "flowrt_activate_slice"
+ACTIVATE_SLICE = LateFunction(
+    activate_slice, (_ROW, _ROW, types.int64, types.float32, types.float32), ACTIVATE_SLICE_NAME
+)
+
+
 @njit(inline="always", nogil=True, cache=True)
 def affine_row(dst, src, a, b, code, alpha, beta):
-    """``dst[j] = activate(src[j] * a + b)`` over a row (``dst`` may be ``src``); the branch
-    on ``code`` is taken once, so that the loops of the common activations vectorize."""
-    # Each loop passes activate() a literal code: inlined, its branch folds away.
-    if code == NONE:
+    """``dst[j] = activate(src[j] * a + b)`` over a row (``dst`` may be ``src``; ``dst`` has
+    unit stride): one loop for none, Relu and Clip; any other activation is a second pass
+    over ``dst`` (:func:`activate_late`), so that every loop vectorizes."""
+    # Each loop calls its curve, not activate(): inlining activate's fourteen branches at
+    # each loop cost every kernel using this a second of compile time on a cold cache.
+    if code == RELU:
         for j in range(dst.shape[0]):
-            dst[j] = src[j] * a + b
-    elif code == RELU:
-        for j in range(dst.shape[0]):
-            dst[j] = activate(src[j] * a + b, RELU, alpha, beta)
+            dst[j] = relu(src[j] * a + b, alpha, beta)
     elif code == CLIP:
         for j in range(dst.shape[0]):
-            dst[j] = activate(src[j] * a + b, CLIP, alpha, beta)
+            dst[j] = clip(src[j] * a + b, alpha, beta)
     else:
         for j in range(dst.shape[0]):
-            dst[j] = activate(src[j] * a + b, code, alpha, beta)
+            dst[j] = src[j] * a + b
+        if code != NONE:
+            activate_late(dst, code, alpha, beta)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def activate_late(row, code, alpha, beta):
+    """``row = activate(row)`` (a 1-D float32 row with unit stride) by :func:`activate_slice`,
+    called through its slot (``ACTIVATE_SLICE``): a kernel that only might need an activation
+    other than Relu and Clip neither compiles nor links it."""
+    call_late(ACTIVATE_SLICE_NAME, (row, row, np.int64(code), np.float32(alpha), np.float32(beta)))
 
 
 @njit(inline="always", nogil=True, cache=True)

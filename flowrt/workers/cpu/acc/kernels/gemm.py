@@ -11,16 +11,17 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.errors import ShapeError
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
 from flowrt.workers.cpu.acc import packed_gemm
-from flowrt.workers.cpu.acc.blas import PRANGE_ONLY, pin_scipy_blas, read_only, sgemm
+from flowrt.workers.cpu.acc.blas import pin_scipy_blas, read_only, sgemm
+from flowrt.workers.cpu.acc.calls import SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel
-from flowrt.workers.cpu.acc.kernels.epilogue import NONE, activate, activation_args
+from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, NONE, activate_row, activation_args
 
 pin_scipy_blas()
 
@@ -33,11 +34,12 @@ _NO_C = read_only(np.zeros((1, 1), np.float32))
 
 @njit(nogil=True, cache=True)
 def _gemm_task(
-    a, a_index, b, b_index, y, trans_a, trans_b, alpha, c, beta, rows, cols, finish, code, act_a, act_b, task
-):
-    """One task of :func:`_batched_gemm`: one (entry, row slice, column slice) block."""
+    task, step, a, a_index, b, b_index, y, trans_a, trans_b, alpha, c, beta, rows, cols, finish, code, act_a, act_b
+):  # fmt: skip
+    """One task of :func:`batched_gemm` (a :class:`SliceFunction`): one (entry, row slice,
+    column slice) block."""
     row_slices, col_slices = rows.shape[0] - 1, cols.shape[0] - 1
-    t, block_index = divmod(np.int64(task), row_slices * col_slices)
+    t, block_index = divmod(task, row_slices * col_slices)
     i, j = divmod(block_index, col_slices)
     r0, r1, c0, c1 = rows[i], rows[i + 1], cols[j], cols[j + 1]
     left = a[a_index[t]]
@@ -57,59 +59,23 @@ def _gemm_task(
             c_row = c[min(r0 + r, c.shape[0] - 1)]
             out_row = block[r]
             for k in range(c1 - c0):
-                v = out_row[k] + beta * c_row[min(c0 + k, c.shape[1] - 1)]
-                out_row[k] = activate(v, code, act_a, act_b)
+                out_row[k] = out_row[k] + beta * c_row[min(c0 + k, c.shape[1] - 1)]
+            if code != NONE:  # a pass of its own, each curve's loop vectorized
+                activate_row(out_row, out_row, NO_BIAS, code, act_a, act_b)
 
 
-@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
-def _batched_gemm(
+_GEMM_TASK = SliceFunction(_gemm_task)
+
+
+def batched_gemm(
     a, a_index, b, b_index, y, trans_a, trans_b, alpha, c, beta, rows, cols, finish, code, act_a, act_b
-):
+) -> None:
     """``y[t] = activation(alpha * op(a[a_index[t]]) @ op(b[b_index[t]]) + beta * c)`` for every
     batch entry t, one task per (entry, row slice, column slice); ``c`` is (1 or M, 1 or N).
     A single task runs on the calling thread, with no parallel region."""
     tasks = y.shape[0] * (rows.shape[0] - 1) * (cols.shape[0] - 1)
-    if tasks == 1:
-        _gemm_task(
-            a,
-            a_index,
-            b,
-            b_index,
-            y,
-            trans_a,
-            trans_b,
-            alpha,
-            c,
-            beta,
-            rows,
-            cols,
-            finish,
-            code,
-            act_a,
-            act_b,
-            np.int64(0),
-        )
-        return
-    for task in prange(tasks):
-        _gemm_task(
-            a,
-            a_index,
-            b,
-            b_index,
-            y,
-            trans_a,
-            trans_b,
-            alpha,
-            c,
-            beta,
-            rows,
-            cols,
-            finish,
-            code,
-            act_a,
-            act_b,
-            np.int64(task),  # int64, as above: one specialization, not a literal's and a uint64's too
-        )
+    args = (a, a_index, b, b_index, y, trans_a, trans_b, alpha, c, beta, rows, cols, finish, code, act_a, act_b)  # fmt: skip
+    _GEMM_TASK.run(tasks, args)
 
 
 class _Split(NamedTuple):
@@ -235,7 +201,7 @@ class GemmKernel:
         if split is None:
             split = self._splits[(m, n)] = plan_split(1, m, n, self.workers)
         index = np.zeros(1, np.int64)
-        _batched_gemm(
+        batched_gemm(
             a[None], index, b[None], index, out.reshape(1, m, n), bool(desc.transA), bool(desc.transB),
             np.float32(desc.alpha), _NO_C if c is None else c, beta, split.rows, split.cols,
             beta != 0 or self.code != NONE, self.code, self.act_a, self.act_b,
@@ -334,7 +300,7 @@ class MatMulKernel:
         b3 = b.reshape(-1, k, 1 if b.ndim == 1 else b.shape[-1])
         y3 = out.reshape(-1, plan.rows, b3.shape[2])
         bias = _matrix(inputs[2]).reshape(1, -1) if self.with_bias else _NO_C
-        _batched_gemm(
+        batched_gemm(
             a3, plan.a_index, b3, plan.b_index, y3, False, False, np.float32(1), bias,
             np.float32(1 if self.with_bias else 0), plan.split.rows, plan.split.cols,
             self.with_bias or self.code != NONE, self.code, self.act_a, self.act_b,

@@ -6,11 +6,11 @@ GlobalAveragePool adds in numpy's pairwise order, bit for bit what CpuRef's ``np
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import Support, WorkloadInfo
-from flowrt.workers.cpu.acc.blas import PRANGE_ONLY
+from flowrt.workers.cpu.acc.calls import SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 
 # Below this many input reads per slice, a second thread costs more than it saves.
@@ -83,26 +83,19 @@ def pairwise_sum(a, first, n, nodes, sums):
 
 
 @njit(nogil=True, cache=True)
-def _average_planes(x, out, first, last):
+def _average_planes(task, step, x, out, bounds):
+    """The planes of slice ``task`` (a :class:`SliceFunction`)."""
     size = x.shape[1]
     nodes = np.empty((128, 3), np.int64)
     sums = np.empty(128, np.float32)
-    for p in range(first, last):
+    for p in range(bounds[task], bounds[task + 1]):
         out[p] = pairwise_sum(x[p], 0, size, nodes, sums) / np.float32(size)
 
 
-@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
-def global_average_pool(x, out, bounds):
-    if bounds.shape[0] == 2:  # one slice: no parallel region
-        _average_planes(x, out, bounds[0], bounds[1])
-        return
-    for s in prange(bounds.shape[0] - 1):
-        _average_planes(x, out, bounds[s], bounds[s + 1])
-
-
 @njit(nogil=True, cache=True)
-def _max_planes(x, out, first, last):
-    for p in range(first, last):
+def _max_planes(task, step, x, out, bounds):
+    """The planes of slice ``task`` (a :class:`SliceFunction`)."""
+    for p in range(bounds[task], bounds[task + 1]):
         best = x[p, 0]
         for i in range(1, x.shape[1]):
             v = x[p, i]
@@ -111,13 +104,19 @@ def _max_planes(x, out, first, last):
         out[p] = best
 
 
-@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
-def global_max_pool(x, out, bounds):
-    if bounds.shape[0] == 2:  # one slice: no parallel region
-        _max_planes(x, out, bounds[0], bounds[1])
-        return
-    for s in prange(bounds.shape[0] - 1):
-        _max_planes(x, out, bounds[s], bounds[s + 1])
+_AVERAGE_PLANES = SliceFunction(_average_planes)
+_MAX_PLANES = SliceFunction(_max_planes)
+
+
+def global_average_pool(x: np.ndarray, out: np.ndarray, bounds: np.ndarray) -> None:
+    """``out[p]`` = the mean of plane ``x[p]`` (``x`` (planes, size)), slices of planes in
+    parallel (``bounds``)."""
+    _AVERAGE_PLANES.run(bounds.shape[0] - 1, (x, out, bounds))
+
+
+def global_max_pool(x: np.ndarray, out: np.ndarray, bounds: np.ndarray) -> None:
+    """``out[p]`` = the largest value of plane ``x[p]`` (NaN if it holds one)."""
+    _MAX_PLANES.run(bounds.shape[0] - 1, (x, out, bounds))
 
 
 class _GlobalPool:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
+from flowrt.workers.cpu.acc.calls import SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels.epilogue import activation_args, affine_row
 from flowrt.workers.cpu.acc.kernels.row_sums import row_sum, row_sum_of_squares
@@ -48,8 +49,9 @@ class _Bounds:
 
 
 @njit(nogil=True, cache=True)
-def _batch_normalization_span(x, out, scale, shift, channels, plane, code, alpha, beta, first, last):
-    i = first
+def _batch_normalization_slice(task, step, x, out, bounds, scale, shift, channels, plane, code, alpha, beta):
+    """Slice ``task`` of the flat window (a :class:`SliceFunction`), plane by plane."""
+    i, last = bounds[task], bounds[task + 1]
     while i < last:
         p = i // plane
         end = min(last, (p + 1) * plane)
@@ -58,17 +60,7 @@ def _batch_normalization_span(x, out, scale, shift, channels, plane, code, alpha
         i = end
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def _batch_normalization(x, out, bounds, scale, shift, channels, plane, code, alpha, beta):
-    if bounds.shape[0] == 2:  # one slice: no parallel region
-        _batch_normalization_span(
-            x, out, scale, shift, channels, plane, code, alpha, beta, bounds[0], bounds[1]
-        )
-        return
-    for s in prange(bounds.shape[0] - 1):
-        _batch_normalization_span(
-            x, out, scale, shift, channels, plane, code, alpha, beta, bounds[s], bounds[s + 1]
-        )
+_BATCH_NORMALIZATION = SliceFunction(_batch_normalization_slice)
 
 
 def folded(scale, bias, mean, var, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
@@ -121,26 +113,18 @@ class BatchNormalizationKernel:
         channels = x.shape[1]
         plane = x.size // max(1, x.shape[0] * channels)
         if x.size:
-            _batch_normalization(
-                x.reshape(-1),
-                out.reshape(-1),
-                self.bounds(x.size, MIN_SLICE),
-                scale,
-                shift,
-                channels,
-                plane,
-                self.code,
-                self.alpha,
-                self.beta,
-            )
+            bounds = self.bounds(x.size, MIN_SLICE)
+            args = (x.reshape(-1), out.reshape(-1), bounds, scale, shift, channels, plane)
+            _BATCH_NORMALIZATION.run(bounds.shape[0] - 1, args + (self.code, self.alpha, self.beta))
         return [out]
 
 
 @njit(nogil=True, cache=True)
-def _lrn_units(x, out, blocks, before, after, bias, alpha, beta, first_unit, last_unit):
+def _lrn_units(task, step, x, out, bounds, blocks, before, after, bias, alpha, beta):
+    """The (sample, block) units of slice ``task`` (a :class:`SliceFunction`)."""
     channels, positions = x.shape[1], x.shape[2]
     square_sum = np.empty(LRN_BLOCK, np.float32)
-    for unit in range(first_unit, last_unit):
+    for unit in range(bounds[task], bounds[task + 1]):
         n, first = unit // blocks, (unit % blocks) * LRN_BLOCK
         width = min(LRN_BLOCK, positions - first)
         for c in range(channels):
@@ -165,13 +149,7 @@ def _lrn_units(x, out, blocks, before, after, bias, alpha, beta, first_unit, las
                     dst[k] = src[k] / (bias + alpha * square_sum[k]) ** beta
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def _lrn(x, out, bounds, blocks, before, after, bias, alpha, beta):
-    if bounds.shape[0] == 2:  # one slice: no parallel region
-        _lrn_units(x, out, blocks, before, after, bias, alpha, beta, bounds[0], bounds[1])
-        return
-    for s in prange(bounds.shape[0] - 1):
-        _lrn_units(x, out, blocks, before, after, bias, alpha, beta, bounds[s], bounds[s + 1])
+_LRN_UNITS = SliceFunction(_lrn_units)
 
 
 @acc_kernel("LRN")
@@ -206,24 +184,16 @@ class LRNKernel:
         if x.size:
             work = c * (self.before + self.after + 2) * min(LRN_BLOCK, columns.shape[2])
             bounds = self.bounds(n * blocks, -(-MIN_SLICE // work))
-            _lrn(
-                columns,
-                out.reshape(columns.shape),
-                bounds,
-                blocks,
-                self.before,
-                self.after,
-                self.bias,
-                self.alpha,
-                self.beta,
-            )
+            args = (columns, out.reshape(columns.shape), bounds, blocks, self.before, self.after)
+            _LRN_UNITS.run(bounds.shape[0] - 1, args + (self.bias, self.alpha, self.beta))
         return [out]
 
 
 @njit(nogil=True, cache=True)
-def _layer_normalization_rows(x, out, mean, inv_std, scale, bias, epsilon, first, last):
+def _layer_normalization_rows(task, step, x, out, mean, inv_std, bounds, scale, bias, epsilon):
+    """The rows of slice ``task`` (a :class:`SliceFunction`)."""
     length = x.shape[1]
-    for r in range(first, last):
+    for r in range(bounds[task], bounds[task + 1]):
         row, dst = x[r], out[r]
         # Sums in float64; the statistics themselves in float32, as CpuRef keeps them.
         m = np.float32(row_sum(row) / length)
@@ -234,13 +204,7 @@ def _layer_normalization_rows(x, out, mean, inv_std, scale, bias, epsilon, first
             dst[k] = (row[k] - m) * inv * scale[k] + bias[k]
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def _layer_normalization(x, out, mean, inv_std, bounds, scale, bias, epsilon):
-    if bounds.shape[0] == 2:  # one slice: no parallel region
-        _layer_normalization_rows(x, out, mean, inv_std, scale, bias, epsilon, bounds[0], bounds[1])
-        return
-    for s in prange(bounds.shape[0] - 1):
-        _layer_normalization_rows(x, out, mean, inv_std, scale, bias, epsilon, bounds[s], bounds[s + 1])
+_LAYER_NORMALIZATION_ROWS = SliceFunction(_layer_normalization_rows)
 
 
 @acc_kernel("LayerNormalization")
@@ -265,6 +229,7 @@ class LayerNormalizationKernel:
         has_bias = len(info.inputs) > 2 and info.inputs[2] is not None
         self.constant = constants[1] is not None and (constants[2] is not None or not has_bias)
         self._params: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._plans: dict[tuple[int, ...], tuple[int, int, int]] = {}
 
     def params(self, inputs, normalized: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         """Scale and bias broadcast to the normalized dims, flat float32 (kept when constant)."""
@@ -279,12 +244,20 @@ class LayerNormalizationKernel:
                 self._params[normalized] = cached
         return cached
 
+    def plan(self, shape: tuple[int, ...]) -> tuple[int, int, int]:
+        """``(axis, rows, row length)`` for an input of ``shape`` (once per shape: np.prod
+        takes microseconds)."""
+        cached = self._plans.get(shape)
+        if cached is None:
+            axis = self.info.descriptor.axis % len(shape)
+            rows = int(np.prod(shape[:axis], dtype=np.int64))
+            cached = self._plans[shape] = (axis, rows, int(np.prod(shape[axis:], dtype=np.int64)))
+        return cached
+
     def execute(self, inputs, outputs=None):
         x = np.ascontiguousarray(inputs[0])
         desc = self.info.descriptor
-        axis = desc.axis % x.ndim
-        rows = int(np.prod(x.shape[:axis], dtype=np.int64))
-        length = int(np.prod(x.shape[axis:], dtype=np.int64))
+        axis, rows, length = self.plan(x.shape)
         if outputs is None:
             stat_shape = x.shape[:axis] + (1,) * (x.ndim - axis)
             outputs = [np.empty_like(x)] + [
@@ -298,5 +271,6 @@ class LayerNormalizationKernel:
             scale, bias = self.params(inputs, x.shape[axis:])
             bounds = self.bounds(rows, MIN_SLICE // max(1, length))
             y = outputs[0].reshape(rows, length)
-            _layer_normalization(x.reshape(rows, length), y, mean, inv_std, bounds, scale, bias, self.epsilon)
+            args = (x.reshape(rows, length), y, mean, inv_std, bounds, scale, bias, self.epsilon)
+            _LAYER_NORMALIZATION_ROWS.run(bounds.shape[0] - 1, args)
         return list(outputs)

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import attrs
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from flowrt.engine.graph.layers.pooling import pool_geometry
 from flowrt.engine.scheduler.window import SplitHint
 from flowrt.registry import Support, WorkloadInfo
-from flowrt.workers.cpu.acc.blas import PRANGE_ONLY, SliceFunction, run_tasks
+from flowrt.workers.cpu.acc.calls import SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels.global_pooling import global_average_pool, global_max_pool, plane_bounds
-from flowrt.workers.cpu.acc.kernels.phases import split_pairs
 from flowrt.workers.cpu.acc.kernels.stacked_pooling import FLAT_FLOATS, larger, max_plane_exact, pool_flat
+from flowrt.workers.cpu.acc.phases import split_pairs
 
 
 @attrs.frozen(eq=False)
@@ -243,37 +243,41 @@ def _add_along(row, line, first, last, sw, offset):
             dst[o] += src[o * sw]
 
 
-@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
-def _average_halves(x, out, bounds):
-    """The mean of each 2x2 cell block, added in CpuRef's row-major order; the stride-2 reads
-    of one loop over the output row are an interleaved group that LLVM vectorizes: 4-7x the
-    stacked path on DenseNet's transitions. Times 0.25 is CpuRef's division by 4: exact."""
+@njit(nogil=True, cache=True)
+def _average_halves(task, step, x, out, bounds):
+    """Slice ``task`` of planes (a :class:`SliceFunction`): the mean of each 2x2 cell block,
+    added in CpuRef's row-major order; the stride-2 reads of one loop over the output row
+    are an interleaved group that LLVM vectorizes: 4-7x the stacked path on DenseNet's
+    transitions. Times 0.25 is CpuRef's division by 4: exact."""
     quarter = np.float32(0.25)
-    for s in prange(bounds.shape[0] - 1):
-        for p in range(bounds[s], bounds[s + 1]):
-            for oh in range(out.shape[1]):
-                top, bottom, row = x[p, 2 * oh], x[p, 2 * oh + 1], out[p, oh]
-                for ow in range(row.shape[0]):
-                    c = 2 * ow
-                    row[ow] = (((top[c] + top[c + 1]) + bottom[c]) + bottom[c + 1]) * quarter
+    for p in range(bounds[task], bounds[task + 1]):
+        for oh in range(out.shape[1]):
+            top, bottom, row = x[p, 2 * oh], x[p, 2 * oh + 1], out[p, oh]
+            for ow in range(row.shape[0]):
+                c = 2 * ow
+                row[ow] = (((top[c] + top[c + 1]) + bottom[c]) + bottom[c + 1]) * quarter
 
 
-@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
-def _average_pool(x, out, bounds, hs, hlo, hhi, hcount, dh, wfirst, wlast, wcount, sw, dw, pw):
-    for s in prange(bounds.shape[0] - 1):
-        for p in range(bounds[s], bounds[s + 1]):
-            for oh in range(out.shape[1]):
-                # Row by row, kernel cell by kernel cell: each output still adds its cells in
-                # CpuRef's row-major kernel order.
-                row = out[p, oh]
-                row[:] = 0
-                for kh in range(hlo[oh], hhi[oh]):
-                    line = x[p, hs[oh] + kh * dh]
-                    for kw in range(wfirst.shape[0]):
-                        _add_along(row, line, wfirst[kw], wlast[kw], sw, kw * dw - pw)
-                for ow in range(row.shape[0]):
-                    # Divided in float64, as CpuRef divides its float32 sums by int64 counts.
-                    row[ow] = np.float64(row[ow]) / (hcount[oh] * wcount[ow])
+@njit(nogil=True, cache=True)
+def _average_pool(task, step, x, out, bounds, hs, hlo, hhi, hcount, dh, wfirst, wlast, wcount, sw, dw, pw):
+    """Slice ``task`` of planes (a :class:`SliceFunction`) of any other AveragePool."""
+    for p in range(bounds[task], bounds[task + 1]):
+        for oh in range(out.shape[1]):
+            # Row by row, kernel cell by kernel cell: each output still adds its cells in
+            # CpuRef's row-major kernel order.
+            row = out[p, oh]
+            row[:] = 0
+            for kh in range(hlo[oh], hhi[oh]):
+                line = x[p, hs[oh] + kh * dh]
+                for kw in range(wfirst.shape[0]):
+                    _add_along(row, line, wfirst[kw], wlast[kw], sw, kw * dw - pw)
+            for ow in range(row.shape[0]):
+                # Divided in float64, as CpuRef divides its float32 sums by int64 counts.
+                row[ow] = np.float64(row[ow]) / (hcount[oh] * wcount[ow])
+
+
+_AVERAGE_HALVES = SliceFunction(_average_halves)
+_AVERAGE_POOL = SliceFunction(_average_pool)
 
 
 class _WindowedPool:
@@ -370,7 +374,7 @@ class MaxPoolKernel(_WindowedPool):
                 w.dilation,
                 w.begin,
             )
-            run_tasks(_MAX_PLANES.address(args), plan.bounds.shape[0] - 1, args)
+            _MAX_PLANES.run(plan.bounds.shape[0] - 1, args)
         return [out]
 
 
@@ -383,7 +387,7 @@ class AveragePoolKernel(_WindowedPool):
         if plan.whole:
             global_average_pool(x.reshape(x.shape[0], -1), y.reshape(-1), plan.bounds)
         elif plan.halving:
-            _average_halves(x, y, plan.bounds)
+            _AVERAGE_HALVES.run(plan.bounds.shape[0] - 1, (x, y, plan.bounds))
         elif plan.flat:
             pool_flat(x, y, plan.bounds, plan.taps, plan.group, False, plan.table)
         else:
@@ -401,5 +405,5 @@ class AveragePoolKernel(_WindowedPool):
                 w.dilation,
                 w.begin,
             )
-            _average_pool(x, y, plan.bounds, *args)
+            _AVERAGE_POOL.run(plan.bounds.shape[0] - 1, (x, y, plan.bounds, *args))
         return [out]

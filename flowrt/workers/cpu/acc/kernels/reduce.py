@@ -9,13 +9,14 @@ not merge into one reduced band are first moved last by a copy. Sums accumulate 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from flowrt.engine.graph.layers.reduce import reduce_axes, reduced_shape
 from flowrt.engine.graph.layers.reshape import const_ints
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.errors import BackendError
 from flowrt.registry import Support, WorkloadInfo
+from flowrt.workers.cpu.acc.calls import SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels.strided import MIN_SLICE
 
@@ -26,9 +27,10 @@ BLOCK = 1024
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _reduce_tasks(x, out, reduced, inner, op, first, last):
-    """Tasks ``first`` to ``last``: task ``t`` is outer index ``t // blocks``, a block of up to
-    ``BLOCK`` of its ``inner`` outputs."""
+def _reduce_tasks(task, step, x, out, reduced, inner, op, bounds):
+    """The tasks of slice ``task`` (a :class:`SliceFunction`): task ``t`` is outer index
+    ``t // blocks``, a block of up to ``BLOCK`` of its ``inner`` outputs."""
+    first, last = bounds[task], bounds[task + 1]
     if inner == 1:  # each output reduces one contiguous run (a global pooling)
         for o in range(first, last):
             run = x[o * reduced : (o + 1) * reduced]
@@ -66,14 +68,7 @@ def _reduce_tasks(x, out, reduced, inner, op, first, last):
             d[j] = np.float32(a[j])
 
 
-# The parallel region only hands out slices: numba compiles a parallel loop's body slowly.
-@njit(parallel=True, nogil=True, cache=True)
-def _reduce(x, out, reduced, inner, op, bounds):
-    if bounds.shape[0] == 2:  # one slice: no parallel region
-        _reduce_tasks(x, out, reduced, inner, op, bounds[0], bounds[1])
-        return
-    for s in prange(bounds.shape[0] - 1):
-        _reduce_tasks(x, out, reduced, inner, op, bounds[s], bounds[s + 1])
+_REDUCE_TASKS = SliceFunction(_reduce_tasks)
 
 
 class ReduceWalk:
@@ -130,5 +125,6 @@ class ReduceKernel:
         x = np.asarray(x if walk.order is None else np.transpose(x, walk.order), order="C")
         out = np.empty(walk.shape, np.float32) if outputs is None else outputs[0]
         if out.size:
-            _reduce(x.reshape(-1), out.reshape(-1), walk.reduced, walk.inner, self.op, walk.bounds)
+            args = (x.reshape(-1), out.reshape(-1), walk.reduced, walk.inner, self.op, walk.bounds)
+            _REDUCE_TASKS.run(walk.bounds.shape[0] - 1, args)
         return [out]

@@ -8,11 +8,12 @@ serves every shape.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
+from flowrt.workers.cpu.acc.calls import SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels.row_sums import row_sum_of_squares
 
@@ -21,8 +22,9 @@ MIN_SLICE = 16384
 
 
 @njit(nogil=True, cache=True)
-def _rms_rows(x, out, first, stop, length, scale, epsilon):
-    for r in range(first, stop):
+def _rms_rows(task, step, x, out, bounds, length, scale, epsilon):
+    """The rows of slice ``task`` (a :class:`SliceFunction`)."""
+    for r in range(bounds[task], bounds[task + 1]):
         start = r * length
         # The sum of squares in float64; the mean square itself in float32, as CpuRef keeps it.
         total = row_sum_of_squares(x[start : start + length], np.float32(0))
@@ -33,10 +35,7 @@ def _rms_rows(x, out, first, stop, length, scale, epsilon):
             out[k] = x[k] * inv * scale[np.uint64(i)]
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def _rms_slices(x, out, bounds, length, scale, epsilon):
-    for s in prange(bounds.shape[0] - 1):
-        _rms_rows(x, out, bounds[s], bounds[s + 1], length, scale, epsilon)
+_RMS_ROWS = SliceFunction(_rms_rows)
 
 
 @acc_kernel("RMSNormalization")
@@ -60,6 +59,7 @@ class RMSNormalizationKernel:
         self.constant = len(info.constants) > 1 and info.constants[1] is not None
         self._scales: dict[tuple[int, ...], np.ndarray] = {}
         self._bounds: dict[tuple[int, int], np.ndarray] = {}
+        self._plans: dict[tuple[int, ...], tuple[tuple[int, ...], int, np.ndarray]] = {}
 
     def scale(self, scale: np.ndarray, normalized: tuple[int, ...]) -> np.ndarray:
         """The scale broadcast to the normalized dims, flat float32 (kept when constant)."""
@@ -79,18 +79,23 @@ class RMSNormalizationKernel:
             cached = self._bounds[key] = split_bounds(rows, hint, self.workers)
         return cached
 
+    def plan(self, shape: tuple[int, ...]) -> tuple[tuple[int, ...], int, np.ndarray]:
+        """``(normalized dims, row length, row slice bounds)`` for an input of ``shape``
+        (once per shape: np.prod takes microseconds)."""
+        cached = self._plans.get(shape)
+        if cached is None:
+            axis = self.info.descriptor.axis % len(shape)
+            rows = int(np.prod(shape[:axis], dtype=np.int64))
+            length = int(np.prod(shape[axis:], dtype=np.int64))
+            cached = self._plans[shape] = (shape[axis:], length, self.bounds(rows, length))
+        return cached
+
     def execute(self, inputs, outputs=None):
         x = np.ascontiguousarray(inputs[0])
         out = np.empty_like(x) if outputs is None else outputs[0]
-        axis = self.info.descriptor.axis % x.ndim
-        rows = int(np.prod(x.shape[:axis], dtype=np.int64))
-        length = int(np.prod(x.shape[axis:], dtype=np.int64))
+        normalized, length, bounds = self.plan(x.shape)
         if x.size:
-            scale = self.scale(inputs[1], x.shape[axis:])
+            scale = self.scale(inputs[1], normalized)
             flat, dst = x.reshape(-1), out.reshape(-1)
-            bounds = self.bounds(rows, length)
-            if bounds.shape[0] == 2:
-                _rms_rows(flat, dst, 0, rows, length, scale, self.epsilon)
-            else:
-                _rms_slices(flat, dst, bounds, length, scale, self.epsilon)
+            _RMS_ROWS.run(bounds.shape[0] - 1, (flat, dst, bounds, length, scale, self.epsilon))
         return [out]

@@ -11,10 +11,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import Support, WorkloadInfo
+from flowrt.workers.cpu.acc.calls import SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels.fastmath import exp as fast_exp
 
@@ -70,13 +71,17 @@ def _row(x, out, log):
 def _columns(x, out, top, total, log):
     """``x.shape[1]`` distributions side by side, each down one column of ``x``."""
     length, width = x.shape
-    top[:width] = x[0]
+    # Loops, not top[:width] = x[0]: a slice assignment compiles numba's formatted error
+    # messages for shapes that do not broadcast (seconds on a cold cache).
+    first_row = x[0]
+    for i in range(width):
+        top[i] = first_row[i]
+        total[i] = 0
     for k in range(1, length):
         row = x[k]
         for i in range(width):
             j = np.uint64(i)
             top[j] = np.maximum(top[j], row[j])
-    total[:width] = 0
     for k in range(length):
         row, dst = x[k], out[k]
         for i in range(width):
@@ -97,29 +102,31 @@ def _columns(x, out, top, total, log):
 
 
 @njit(nogil=True, cache=True)
-def _softmax_units(x, out, blocks, log, first_unit, last_unit):
-    """Units ``first_unit`` to ``last_unit`` (one slice of the window)."""
+def _softmax_rows(task, step, x, out, bounds, blocks, log):
+    """The rows of slice ``task`` (a :class:`SliceFunction`), ``x`` and ``out`` (outer,
+    length) when ``inner`` is 1: each row is then typed contiguous, and its loops vectorize.
+    ``blocks`` is 1."""
+    for o in range(bounds[task], bounds[task + 1]):
+        _row(x[o], out[o], log)
+
+
+@njit(nogil=True, cache=True)
+def _softmax_units(task, step, x, out, bounds, blocks, log):
+    """The (row, column block) units of slice ``task`` (a :class:`SliceFunction`), ``x`` and
+    ``out`` (outer, length, inner)."""
     inner = x.shape[2]
-    if inner == 1:  # as 2-D: each row is then typed contiguous, and its loops vectorize
-        rows, out_rows = x.reshape(x.shape[:2]), out.reshape(out.shape[:2])
-        for o in range(first_unit, last_unit):
-            _row(rows[o], out_rows[o], log)
-        return
     top = np.empty(BLOCK, np.float32)
     total = np.empty(BLOCK, np.float64)
-    for unit in range(first_unit, last_unit):
+    for unit in range(bounds[task], bounds[task + 1]):
         o, first = unit // blocks, (unit % blocks) * BLOCK
         last = min(inner, first + BLOCK)
         _columns(x[o, :, first:last], out[o, :, first:last], top, total, log)
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def _softmax(x, out, bounds, blocks, log):
-    if bounds.shape[0] == 2:  # one slice: no parallel region
-        _softmax_units(x, out, blocks, log, bounds[0], bounds[1])
-        return
-    for s in prange(bounds.shape[0] - 1):
-        _softmax_units(x, out, blocks, log, bounds[s], bounds[s + 1])
+# Two slice functions, so that a layer compiles only its own: most softmaxes run along
+# contiguous rows (a classifier's, attention's).
+_SOFTMAX_ROWS = SliceFunction(_softmax_rows)
+_SOFTMAX_UNITS = SliceFunction(_softmax_units)
 
 
 @acc_kernel("Softmax", "LogSoftmax")
@@ -136,10 +143,12 @@ class SoftmaxKernel:
         self.info = info
         self.workers = workers
         self.log = info.kind == "LogSoftmax"
-        self._plans: dict[tuple[int, ...], tuple[tuple[int, int, int], int, np.ndarray]] = {}
+        self._plans: dict[tuple[int, ...], tuple[tuple[int, ...], SliceFunction, int, np.ndarray]] = {}
 
-    def plan(self, shape: tuple[int, ...]) -> tuple[tuple[int, int, int], int, np.ndarray]:
-        """``((outer, length, inner), column blocks, bounds)`` for an input of ``shape``."""
+    def plan(self, shape: tuple[int, ...]) -> tuple[tuple[int, ...], SliceFunction, int, np.ndarray]:
+        """``(view, slice function, column blocks, bounds)`` for an input of ``shape``: the
+        view is ``(outer, length)`` for :func:`_softmax_rows` when ``inner`` is 1, else
+        ``(outer, length, inner)`` for :func:`_softmax_units`."""
         cached = self._plans.get(shape)
         if cached is None:
             desc = self.info.descriptor
@@ -154,13 +163,21 @@ class SoftmaxKernel:
             bounds = split_bounds(
                 outer * blocks, SplitHint(0, max(1, -(-MIN_SLICE // max(1, work)))), self.workers
             )
-            cached = self._plans[shape] = ((outer, length, inner), blocks, bounds)
+            if inner == 1:
+                cached = ((outer, length), _SOFTMAX_ROWS, blocks, bounds)
+            else:
+                cached = ((outer, length, inner), _SOFTMAX_UNITS, blocks, bounds)
+            self._plans[shape] = cached
         return cached
 
     def execute(self, inputs, outputs=None):
         x = np.ascontiguousarray(inputs[0])
         out = np.empty_like(x) if outputs is None else outputs[0]
-        view, blocks, bounds = self.plan(x.shape)
+        view, function, blocks, bounds = self.plan(x.shape)
         if x.size:
-            _softmax(x.reshape(view), out.reshape(view), bounds, blocks, self.log)
+            x, out_view = x.reshape(view), out.reshape(view)
+            if bounds.shape[0] == 2:  # one slice, on this thread: the dispatcher straight away
+                function.fn(0, 0, x, out_view, bounds, blocks, self.log)
+            else:
+                function.run(bounds.shape[0] - 1, (x, out_view, bounds, blocks, self.log))
         return [out]

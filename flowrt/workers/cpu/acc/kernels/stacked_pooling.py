@@ -12,10 +12,10 @@ the vectorized loops to pay off.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from flowrt.workers.cpu.acc.blas import PRANGE_ONLY
-from flowrt.workers.cpu.acc.kernels.phases import cell_offset, copy_run, fill_phase_planes
+from flowrt.workers.cpu.acc.calls import SliceFunction
+from flowrt.workers.cpu.acc.phases import cell_offset, copy_run, fill_phase_planes
 
 # Indices are cast to uint64 in the hot loops: numba wraps negative signed indices around,
 # and that check keeps LLVM from vectorizing.
@@ -32,7 +32,11 @@ def max_plane_exact(x, out, hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw, column)
         row[:] = lowest
         if hhi[oh] == hlo[oh]:
             continue
-        column[:] = x[hs[oh] + hlo[oh] * dh]
+        # A loop, not column[:] = x[...]: a slice assignment compiles numba's formatted
+        # messages for shapes that do not broadcast (seconds on a cold cache).
+        first = x[hs[oh] + hlo[oh] * dh]
+        for i in range(column.shape[0]):
+            column[i] = first[i]
         for kh in range(hlo[oh] + 1, hhi[oh]):
             line = x[hs[oh] + kh * dh]
             for i in range(column.shape[0]):
@@ -173,17 +177,24 @@ def _flat_group(x, out, p0, planes, group, buf, acc, column, taps, is_max, table
                     row[k] = np.float64(src[k]) * divisors[k]
 
 
-@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
-def pool_flat(x, out, bounds, taps, group, is_max, table):
+@njit(nogil=True, cache=True)
+def _flat_slice(task, step, x, out, bounds, taps, group, is_max, table):
+    """Slice ``task`` of :func:`pool_flat` (a :class:`SliceFunction`)."""
+    fill = np.float32(-np.inf) if is_max else np.float32(0)
+    phases, rows, pitch = taps[6] * taps[7], taps[8], taps[9]
+    buf = np.full(phases * group * rows * pitch, fill, np.float32)
+    acc = np.empty(2 * group * rows * pitch, np.float32)
+    column = np.empty(x.shape[2], np.float32)
+    for p0 in range(bounds[task], bounds[task + 1], group):
+        planes = min(group, bounds[task + 1] - p0)
+        _flat_group(x, out, p0, planes, group, buf, acc, column, taps, is_max, table)
+
+
+_FLAT_SLICE = SliceFunction(_flat_slice)
+
+
+def pool_flat(x, out, bounds, taps, group: int, is_max: bool, table: tuple) -> None:
     """A MaxPool or AveragePool whose outputs cover most of their (phase) planes: each slice
     stacks ``group`` planes at a time into zero- (or -inf-) padded phase planes, so that every
     pass is one long loop over all of them instead of a short one per output row."""
-    fill = np.float32(-np.inf) if is_max else np.float32(0)
-    phases, rows, pitch = taps[6] * taps[7], taps[8], taps[9]
-    for s in prange(bounds.shape[0] - 1):
-        buf = np.full(phases * group * rows * pitch, fill, np.float32)
-        acc = np.empty(2 * group * rows * pitch, np.float32)
-        column = np.empty(x.shape[2], np.float32)
-        for p0 in range(bounds[s], bounds[s + 1], group):
-            planes = min(group, bounds[s + 1] - p0)
-            _flat_group(x, out, p0, planes, group, buf, acc, column, taps, is_max, table)
+    _FLAT_SLICE.run(bounds.shape[0] - 1, (x, out, bounds, taps, group, is_max, table))

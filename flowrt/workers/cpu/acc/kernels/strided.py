@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import Support, WorkloadInfo
+from flowrt.workers.cpu.acc.calls import SliceFunction
 from flowrt.workers.cpu.acc.kernels.activation import MIN_SLICE
 
 _WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -131,11 +132,13 @@ def copy_rows(x, base, out, outer, in_strides, step, inner, first, last):
                 d[j] = x[src + j * step]
 
 
-# The parallel region only hands out slices: numba compiles a parallel loop's body slowly.
-@njit(parallel=True, nogil=True, cache=True)
-def _copy_slices(x, base, out, outer, in_strides, step, inner, bounds):
-    for s in prange(bounds.shape[0] - 1):
-        copy_rows(x, base, out, outer, in_strides, step, inner, bounds[s], bounds[s + 1])
+@njit(nogil=True, cache=True)
+def _copy_slice(task, _step, x, base, out, outer, in_strides, step, inner, bounds):
+    """Slice ``task`` of a :class:`StridedCopy` (a :class:`SliceFunction`)."""
+    copy_rows(x, base, out, outer, in_strides, step, inner, bounds[task], bounds[task + 1])
+
+
+_COPY_SLICE = SliceFunction(_copy_slice)
 
 
 class StridedCopy:
@@ -157,7 +160,7 @@ class StridedCopy:
         """Fill ``out`` (flat words, ``as_words``) from ``x`` (flat words of the same type)."""
         args = (x, self.base, out, self.outer, self.in_strides, self.step, self.inner)
         if self.bounds.shape[0] > 2:
-            _copy_slices(*args, self.bounds)
+            _COPY_SLICE.run(self.bounds.shape[0] - 1, (*args, self.bounds))
         else:
             copy_rows(*args, 0, self.rows)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from flowrt.registry import WorkloadInfo
 from flowrt.workers.cpu.acc.kernels import acc_kernel, fastmath
@@ -80,20 +80,11 @@ def unary_slice(dst, src, code, alpha, beta):
             dst[j] = _sign(src[j])
 
 
-# The parallel region only hands out slices: numba compiles a parallel loop's body slowly.
-@njit(parallel=True, nogil=True, cache=True)
-def _unary(x, out, bounds, code, alpha, beta):
-    for s in prange(bounds.shape[0] - 1):
-        lo, hi = bounds[s], bounds[s + 1]
-        unary_slice(out[lo:hi], x[lo:hi], code, alpha, beta)
-
-
 @acc_kernel(*CODES)
 class UnaryKernel(FlatKernel):
     """One math function over every element, split into slices across the CPU workers."""
 
     run_slice = staticmethod(unary_slice)
-    run_slices = staticmethod(_unary)
 
     def __init__(self, info: WorkloadInfo, workers: int) -> None:
         super().__init__(info, workers)

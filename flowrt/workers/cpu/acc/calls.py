@@ -1,0 +1,320 @@
+"""How CpuAcc kernels call their jitted work: by address, so that a caller's compiled code holds
+a call, not a copy of the callee.
+
+On a cold cache numba compiles a function together with every jitted function it calls: each
+callee's code is linked into the caller's and optimized and emitted again there, and a
+``prange`` loop is a gufunc of its own, wrapped twice, each of those libraries doing it once
+more. A kernel's slice work therefore is a :class:`SliceFunction`, compiled once on its own,
+which :func:`run_tasks` or :func:`run_stages` call by address: they are compiled per argument
+tuple, but small and not parallel themselves (0.1-0.3 s, where a parallel loop of the same
+calls cost 0.5-1.5 s); the one parallel loop, :func:`_parallel_tasks`, is compiled once for
+all of them. A function that many kernels may call but few do (an activation other than Relu
+and Clip, the row walk of an elementwise op in a tape) is a :class:`LateFunction`, reached
+through a named slot and compiled when first needed. ``PRANGE_ONLY`` keeps numba from making
+parallel loops of anything but ``prange``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+
+import numba
+import numpy as np
+from llvmlite import binding as llvm
+from llvmlite import ir
+from numba import njit, prange, types
+from numba._dispatcher import compute_fingerprint
+from numba.core import cgutils
+from numba.core.cpu_options import ParallelOptions
+from numba.core.datamodel import default_manager
+from numba.core.datamodel.packer import ArgPacker
+from numba.extending import intrinsic
+
+logger = logging.getLogger(__name__)
+
+# numba's ``parallel`` option for CpuAcc's kernels, ``@njit(parallel=PRANGE_ONLY)``: their
+# parallel loops are their prange loops, one task per slice, and nothing else. With
+# ``parallel=True`` numba also makes a parallel loop of every array allocation (np.zeros,
+# np.full) and array expression in the kernel, each one more gufunc to compile and link on a
+# cold cache (the Winograd loop nest: 23 -> 20 s), for work that a slice does in place, or
+# that is tiny beside the kernel's.
+PRANGE_ONLY = ParallelOptions(
+    {"comprehension": False, "reduction": False, "inplace_binop": False, "setitem": False, "numpy": False,
+     "stencil": False}
+)  # fmt: skip
+
+
+@intrinsic
+def call_native(typingctx, address, args):
+    """Call the jitted function at ``address`` (from :meth:`SliceFunction.address`) with the
+    tuple ``args``, through numba's own calling convention; an exception it raises propagates.
+    The caller's code holds a call through a pointer, not the callee's code."""
+
+    def codegen(context, builder, signature, llargs):
+        argtypes = list(args.types)
+        function_type = context.call_conv.get_function_type(types.none, argtypes)
+        callee = builder.inttoptr(llargs[0], function_type.as_pointer())
+        values = [builder.extract_value(llargs[1], i) for i in range(len(argtypes))]
+        status, _ = context.call_conv.call_function(builder, callee, types.none, argtypes, values)
+        with cgutils.if_unlikely(builder, status.is_error):
+            context.call_conv.return_status_propagate(builder, status)
+        return context.get_dummy_value()
+
+    return types.none(address, args), codegen
+
+
+class SliceFunction:
+    """A jitted ``fn(task, step, *args)`` doing one task of a kernel's parallel loop, called by
+    address from :func:`run_tasks` or :func:`run_stages` (``task``, ``step``: int64)."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self._addresses: dict[bytes, int] = {}
+
+    def address(self, args: tuple) -> int:
+        """``fn`` compiled (or loaded from numba's cache) for ``args``, the very tuple the
+        launcher is given: its types are those ``fn`` is called with, by construction."""
+        key = compute_fingerprint(args)  # the tuple's at once: a fifth of the time of each one's
+        found = self._addresses.get(key)
+        if found is None:
+            found = self._addresses[key] = native_address(
+                self.fn, (types.int64, types.int64, *map(numba.typeof, args))
+            )
+            _register_parallel_tasks()
+        return found
+
+    def run(self, tasks: int, args: tuple) -> None:
+        """Tasks ``0 .. tasks`` in parallel (:func:`run_tasks`); a single task called straight
+        from Python, as ``fn`` is also a dispatcher: no address to look up."""
+        if tasks == 1:
+            self.fn(0, 0, *args)
+        elif tasks > 1:
+            address = self._addresses.get(compute_fingerprint(args))
+            run_tasks(self.address(args) if address is None else address, tasks, args)
+
+
+def native_address(fn, signature: tuple) -> int:
+    """The address of jitted ``fn`` compiled (or loaded from numba's cache) for the argument
+    types ``signature``, for :func:`call_native`."""
+    fn.compile(signature)
+    result = fn.overloads[signature]
+    return result.library.get_pointer_to_function(result.fndesc.llvm_func_name)
+
+
+@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
+def _parallel_tasks(entry, tasks, step, data):
+    """Tasks ``0 .. tasks`` of an entry (``_entry``) in parallel: the one parallel loop of all
+    the launchers, compiled once whatever the slice functions' arguments."""
+    for task in prange(tasks):
+        call_native(entry, (np.int64(task), step, data))
+
+
+# The symbol :func:`_launch` calls :func:`_parallel_tasks` by: a name the JIT resolves when
+# it links a launcher, compiled or loaded from the cache, not an address frozen into its code.
+_PARALLEL_TASKS = "flowrt_parallel_tasks"
+_ENTRY_ARGS = [types.int64] * 3
+
+
+_registered = False
+
+
+def _register_parallel_tasks() -> None:
+    """Compile :func:`_parallel_tasks` (once per process) and publish it as ``_PARALLEL_TASKS``,
+    before any launcher is linked: every slice address comes from
+    :meth:`SliceFunction.address`, which calls this."""
+    global _registered
+    if not _registered:
+        llvm.add_symbol(_PARALLEL_TASKS, native_address(_parallel_tasks, (types.int64,) * 4))
+        _registered = True
+
+
+def _entry(context, module, slice_args):
+    """``entry(task, step, data)`` (numba's calling convention), defined once per module and
+    argument types: calls the slice function whose address and argument tuple ``data``
+    points at. It is what makes :func:`_parallel_tasks` one loop for every signature."""
+    call_conv = context.call_conv
+    value_types = [context.get_value_type(t) for t in slice_args]
+    name = "flowrt.entry." + hashlib.sha1(repr(slice_args).encode()).hexdigest()
+    if name in module.globals:
+        return module.globals[name]
+    entry = ir.Function(module, call_conv.get_function_type(types.none, _ENTRY_ARGS), name)
+    entry.linkage = "internal"
+    builder = ir.IRBuilder(entry.append_basic_block())
+    task, step, data = call_conv.get_arguments(entry)
+    pointer = builder.inttoptr(data, ir.LiteralStructType([ir.IntType(64), *value_types]).as_pointer())
+    fields = [builder.load(cgutils.gep_inbounds(builder, pointer, 0, i)) for i in range(len(slice_args) + 1)]
+    all_args = [types.int64, types.int64, *slice_args]
+    callee = builder.inttoptr(fields[0], call_conv.get_function_type(types.none, all_args).as_pointer())
+    status, _ = call_conv.call_function(builder, callee, types.none, all_args, [task, step, *fields[1:]])
+    with cgutils.if_unlikely(builder, status.is_error):
+        call_conv.return_status_propagate(builder, status)
+    call_conv.return_value(builder, context.get_dummy_value())
+    return entry
+
+
+def _borrowed(context, builder, ty, value):
+    """``value`` (of type ``ty``) with every array in it borrowed: no meminfo (nor parent),
+    so that the threads of the parallel loop never touch their reference counts. Every view a
+    slice takes counts a reference to its array, an atomic add on a line that the other
+    threads take too: a GlobalAveragePool's two slices took longer than one. The caller holds
+    the arrays for the loop's length, as numba's own gufuncs, whose arrays are borrowed."""
+    if isinstance(ty, types.Array):
+        array = context.make_array(ty)(context, builder, value)
+        array.meminfo = cgutils.get_null_value(array.meminfo.type)
+        array.parent = cgutils.get_null_value(array.parent.type)
+        return array._getvalue()
+    if isinstance(ty, types.BaseTuple):
+        for i, item in enumerate(ty.types):
+            borrowed = _borrowed(context, builder, item, builder.extract_value(value, i))
+            value = builder.insert_value(value, borrowed, i)
+    return value
+
+
+@intrinsic
+def _launch(typingctx, address, tasks, step, args):
+    """Tasks ``0 .. tasks`` of the slice function at ``address`` (with ``step`` and the tuple
+    ``args``), in parallel, through :func:`_parallel_tasks`; an exception propagates."""
+
+    def codegen(context, builder, signature, llargs):
+        call_conv = context.call_conv
+        entry = _entry(context, builder.module, list(args.types))
+        borrowed = _borrowed(context, builder, args, llargs[3])
+        values = [llargs[0], *(builder.extract_value(borrowed, i) for i in range(len(args.types)))]
+        data = cgutils.alloca_once(builder, ir.LiteralStructType([v.type for v in values]))
+        for i, value in enumerate(values):
+            builder.store(value, cgutils.gep_inbounds(builder, data, 0, i))
+        launcher_args = [types.int64] * 4
+        launcher = cgutils.get_or_insert_function(
+            builder.module, call_conv.get_function_type(types.none, launcher_args), _PARALLEL_TASKS
+        )
+        i64 = ir.IntType(64)
+        status, _ = call_conv.call_function(
+            builder,
+            launcher,
+            types.none,
+            launcher_args,
+            [builder.ptrtoint(entry, i64), llargs[1], llargs[2], builder.ptrtoint(data, i64)],
+        )
+        with cgutils.if_unlikely(builder, status.is_error):
+            call_conv.return_status_propagate(builder, status)
+        return context.get_dummy_value()
+
+    return types.none(address, tasks, step, args), codegen
+
+
+# The launchers are compiled per argument tuple, and are not parallel themselves: a parallel
+# loop costs 0.5-1.5 s to compile on a cold cache, these 0.1-0.2 s (their loop is
+# _parallel_tasks, compiled once).
+@njit(nogil=True, cache=True)
+def run_tasks(address, tasks, args):
+    """Tasks ``0 .. tasks`` of a :class:`SliceFunction` at ``address`` (step 0), in parallel; a
+    single task on the calling thread, with no parallel region."""
+    if tasks == 1:
+        call_native(address, (np.int64(0), np.int64(0)) + args)
+    elif tasks > 1:
+        _launch(address, np.int64(tasks), np.int64(0), args)
+
+
+@njit(nogil=True, cache=True)
+def run_stages(steps, first, first_tasks, first_args, second, second_tasks, second_args):
+    """For each step (an image, a group of images): the ``first_tasks`` tasks of the slice
+    function at address ``first`` in parallel (none when 0), then the ``second_tasks`` of
+    ``second``. A stage of one task runs on the calling thread."""
+    for step in range(steps):
+        if first_tasks == 1:
+            call_native(first, (np.int64(0), np.int64(step)) + first_args)
+        elif first_tasks > 1:
+            _launch(first, np.int64(first_tasks), np.int64(step), first_args)
+        if second_tasks == 1:
+            call_native(second, (np.int64(0), np.int64(step)) + second_args)
+        elif second_tasks > 1:
+            _launch(second, np.int64(second_tasks), np.int64(step), second_args)
+
+
+# ctypes for the LLVM argument types numba passes scalars and array fields as (any pointer:
+# a void pointer)
+_CTYPES = {"i8": ctypes.c_int8, "i32": ctypes.c_int32, "i64": ctypes.c_int64, "float": ctypes.c_float,
+           "double": ctypes.c_double}  # fmt: skip
+
+
+def _ctype(llvm_type: str):
+    return ctypes.c_void_p if llvm_type.endswith("*") else _CTYPES[llvm_type]
+
+
+# What each LateFunction's slot name takes: the LLVM types its arguments are passed as.
+_LATE_ARGUMENTS: dict[str, tuple[str, ...]] = {}
+
+
+def _llvm_arguments(argtypes) -> tuple[str, ...]:
+    return tuple(str(t) for t in ArgPacker(default_manager, tuple(argtypes)).argument_types)
+
+
+class LateFunction:
+    """A jitted function that the kernels call through a named slot (:func:`call_late`): their
+    code holds a load and an indirect call, not the function's code, and it is compiled (or
+    loaded from numba's cache) at its first call, not when they are.
+
+    The slot first holds a ctypes callback with the function's native signature, which
+    compiles it, stores its address in the slot and calls it; later calls go straight to it.
+    Made at import (the slot's name must be known to the JIT before any kernel using it is
+    linked), it compiles nothing then; a kernel that knows it will call it calls
+    :meth:`address` at load, where an error raises as any other. A first call from a thread
+    of a parallel loop takes the GIL: callers are ``nogil``, as every kernel is."""
+
+    def __init__(self, fn, argtypes: tuple, name: str) -> None:
+        self.fn, self.argtypes, self.name = fn, tuple(argtypes), name
+        arguments = _llvm_arguments(argtypes)
+        _LATE_ARGUMENTS[name] = arguments
+        # numba's calling convention: a status, then the return and exception pointers.
+        self._prototype = ctypes.CFUNCTYPE(
+            ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, *map(_ctype, arguments)
+        )
+        self._first = self._prototype(self._first_call)
+        self._first_address = ctypes.cast(self._first, ctypes.c_void_p).value
+        self._slot = ctypes.c_int64(self._first_address)
+        llvm.add_symbol(name, ctypes.addressof(self._slot))
+
+    def address(self) -> int:
+        """The compiled function's address (compiling it, once), now also in the slot."""
+        if self._slot.value == self._first_address:
+            self._slot.value = native_address(self.fn, self.argtypes)
+        return self._slot.value
+
+    def _first_call(self, *arguments):
+        try:
+            address = self.address()
+        except BaseException:
+            # A ctypes callback cannot raise into the kernel calling it, and returning would
+            # pass for success: stop rather than leave outputs unwritten.
+            logger.critical("could not compile %s", self.name, exc_info=True)
+            os.abort()
+        return self._prototype(address)(*arguments)
+
+
+@intrinsic
+def call_late(typingctx, name, args):
+    """Call the :class:`LateFunction` registered as ``name`` (a string constant) with the
+    tuple ``args``, which must be passed as its argument types are; an exception it raises
+    propagates."""
+    if not isinstance(name, types.StringLiteral):
+        return None
+    symbol = name.literal_value
+    if _LATE_ARGUMENTS.get(symbol) != _llvm_arguments(args.types):
+        raise numba.core.errors.TypingError(f"call_late: {symbol} does not take {args}")
+
+    def codegen(context, builder, signature, llargs):
+        call_conv = context.call_conv
+        argtypes = list(args.types)
+        slot = builder.module.globals.get(symbol) or ir.GlobalVariable(builder.module, ir.IntType(64), symbol)
+        function_type = call_conv.get_function_type(types.none, argtypes)
+        callee = builder.inttoptr(builder.load(slot), function_type.as_pointer())
+        values = [builder.extract_value(llargs[1], i) for i in range(len(argtypes))]
+        status, _ = call_conv.call_function(builder, callee, types.none, argtypes, values)
+        with cgutils.if_unlikely(builder, status.is_error):
+            call_conv.return_status_propagate(builder, status)
+        return context.get_dummy_value()
+
+    return types.none(name, args), codegen
