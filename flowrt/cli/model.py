@@ -36,8 +36,8 @@ def registry() -> BackendRegistry:
 
 
 def gpu_device_present() -> bool:
-    """Whether OpenCL shows a GPU device (PoCL's CPU device does not count); probes once."""
-    from flowrt.ort_compat.providers import gpu_device_present as probe
+    """Whether OpenCL shows a GPU device (PoCL's CPU device does not count)"""
+    from flowrt.workers.gpu.device import gpu_device_present as probe
 
     return probe()
 

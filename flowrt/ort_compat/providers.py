@@ -56,19 +56,11 @@ ORT_PROVIDERS = (
 
 @functools.cache
 def gpu_device_present() -> bool:
-    """Whether OpenCL shows a GPU device (a CPU device, such as PoCL's, does not count).
-    Imports pyopencl, once, on first call only."""
-    from flowrt.workers.gpu import device
+    """Whether OpenCL shows a GPU device (``flowrt.workers.gpu.device.gpu_device_present``);
+    imports pyopencl on first call only."""
+    from flowrt.workers.gpu.device import gpu_device_present as present
 
-    if device.cl is None:
-        return False
-    for platform in device.platforms():
-        try:
-            if platform.get_devices(device_type=device.cl.device_type.GPU):
-                return True
-        except device.cl.Error:  # DEVICE_NOT_FOUND: this platform has no GPU
-            continue
-    return False
+    return present()
 
 
 def get_all_providers() -> list[str]:

@@ -51,6 +51,20 @@ def platforms() -> list[Any]:
         return []
 
 
+def gpu_device_present() -> bool:
+    """Whether OpenCL shows a GPU device (a CPU device, such as PoCL's, does not count): what
+    makes GpuAcc a default backend."""
+    if cl is None:
+        return False
+    for platform in platforms():
+        try:
+            if platform.get_devices(device_type=cl.device_type.GPU):
+                return True
+        except cl.Error:  # DEVICE_NOT_FOUND: this platform has no GPU
+            continue
+    return False
+
+
 def _devices() -> list[tuple[int, int, Any]]:
     """Every device as (platform index, device index, device)."""
     found = []
