@@ -1,12 +1,10 @@
 """Ctrl-C during a ``flowrt`` command: exit status 130 and one line, not a traceback."""
 
-import signal
-import subprocess
-import sys
 import textwrap
 
 import onnx
 import pytest
+from interrupting import interrupt_when_running
 from onnx import TensorProto, helper
 
 import flowrt.bench
@@ -77,19 +75,7 @@ def test_sigint_while_flowrt_run_runs_exits_130_with_one_line(tiny_model):
         sys.exit(flowrt.cli.main(sys.argv[1:]))
         """
     )
-    process = subprocess.Popen(
-        [sys.executable, "-c", child, "run", tiny_model, "--backends", "CpuRef", "--iterations", "100000000"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        # A shell's background jobs start with SIGINT ignored; the child must take it.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    try:
-        assert process.stdout.readline() == "running\n"
-        process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=30)
-    finally:
-        process.kill()
-    assert process.returncode == 130
+    argv = ["run", tiny_model, "--backends", "CpuRef", "--iterations", "100000000"]
+    returncode, err = interrupt_when_running(child, argv, timeout=30)
+    assert returncode == 130
     assert err == "flowrt: interrupted\n"

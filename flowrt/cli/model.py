@@ -36,7 +36,7 @@ def registry() -> BackendRegistry:
 
 
 def gpu_device_present() -> bool:
-    """Whether OpenCL shows a GPU device (PoCL's CPU device does not count)"""
+    """Whether OpenCL shows a GPU device (PoCL's CPU device does not count)."""
     from flowrt.workers.gpu.device import gpu_device_present as probe
 
     return probe()

@@ -2,12 +2,10 @@
 
 import json
 import logging
-import signal
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from interrupting import interrupt_when_running
 
 import flowrt
 import flowrt.progress
@@ -118,18 +116,6 @@ def test_sigint_during_bench_against_onnxruntime_exits_130_without_finishing_the
         """
     )
     argv = ["bench", tiny_model, "--backends", "CpuRef", "--vs", "onnxruntime", "--duration", "0.4"]
-    process = subprocess.Popen(
-        [sys.executable, "-c", child, *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    try:
-        assert process.stdout.readline() == "running\n"
-        process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=20)
-    finally:
-        process.kill()
-    assert process.returncode == 130
+    returncode, err = interrupt_when_running(child, argv, timeout=20)
+    assert returncode == 130
     assert err == "flowrt: interrupted\n"
