@@ -289,7 +289,7 @@ def gemm_panels(panels, bias, b, c, code, alpha, beta):
             for i in range(m - full_rows * TILE_ROWS):
                 for j in range(columns):
                     c[full_rows * TILE_ROWS + i, q + j] = scratch[i, j]
-        if other:
-            for i in range(m):
-                row = c[i, q : q + columns]
-                activate_row(row, row, NO_BIAS, code, alpha, beta)
+    if other:  # over whole rows: a call per tile row would cost more than the curve
+        for i in range(m):
+            row = c[i, :n]
+            activate_row(row, row, NO_BIAS, code, alpha, beta)
