@@ -15,6 +15,11 @@ ACTIVATIONS = {
     FusedActivation("LeakyRelu", 0.1): lambda y: np.where(y >= 0, y, y * np.float32(0.1)),
     FusedActivation("Clip", -1.0, 2.0): lambda y: np.clip(y, -1, 2),
     FusedActivation("Sigmoid"): lambda y: 1 / (1 + np.exp(-y)),
+    FusedActivation("HardSwish"): lambda y: y * np.clip(y / np.float32(6) + np.float32(0.5), 0, 1),
+    FusedActivation("HardSigmoid", 0.2, 0.4): lambda y: np.clip(y * np.float32(0.2) + np.float32(0.4), 0, 1),
+    FusedActivation("Swish", 0.5): lambda y: y / (1 + np.exp(-y * np.float32(0.5))),
+    FusedActivation("Elu", 0.7): lambda y: np.where(y > 0, y, np.float32(0.7) * np.expm1(y)),
+    FusedActivation("Gelu"): lambda y: ref_kernels()["Gelu"](flowrt.descriptors.Gelu("none"), y),
 }
 
 

@@ -4,6 +4,7 @@ from flowrt.registry.backend_registry import BackendId, BackendRegistry, backend
 from flowrt.registry.optimization_views import OptimizationViews, ReplacementLayer, Substitution
 from flowrt.registry.protocols import (
     ACTIVATION_KINDS,
+    CURVE_ACTIVATION_KINDS,
     Backend,
     FusedActivation,
     LayerSupport,
@@ -22,6 +23,7 @@ __all__ = [
     "BackendId",
     "BackendRegistry",
     "ACTIVATION_KINDS",
+    "CURVE_ACTIVATION_KINDS",
     "FusedActivation",
     "LayerSupport",
     "OptimizationViews",

@@ -32,17 +32,21 @@ class Support:
 
 
 ACTIVATION_KINDS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh")
+# More curves a backend may offer to fuse through its own optimize_subgraph (CpuAcc does);
+# the engine's capability-driven pass fuses only ACTIVATION_KINDS.
+CURVE_ACTIVATION_KINDS = ("HardSigmoid", "HardSwish", "Swish", "Elu", "Gelu")
 
 
 @attrs.frozen
 class FusedActivation:
     """An activation a workload applies to its own output before writing it.
 
-    ``kind`` is one of ``ACTIVATION_KINDS``; ``alpha`` is LeakyRelu's slope or Clip's minimum,
-    ``beta`` Clip's maximum.
+    ``kind`` is one of ``ACTIVATION_KINDS`` or ``CURVE_ACTIVATION_KINDS``; ``alpha`` is
+    LeakyRelu's slope, Clip's minimum, HardSigmoid's slope or Swish's and Elu's alpha; ``beta``
+    Clip's maximum or HardSigmoid's offset. Gelu is its exact (erf) form.
     """
 
-    kind: str = attrs.field(validator=attrs.validators.in_(ACTIVATION_KINDS))
+    kind: str = attrs.field(validator=attrs.validators.in_(ACTIVATION_KINDS + CURVE_ACTIVATION_KINDS))
     alpha: float = 0.0
     beta: float = 0.0
 

@@ -32,12 +32,14 @@ from flowrt.engine.graph.report import format_report
 from flowrt.engine.graph.subgraph import connected_subgraphs
 from flowrt.engine.memory.budget import check_memory_budget
 from flowrt.errors import BackendError, GraphError, InputError, UnsupportedLayerError
-from flowrt.registry import Backend, BackendRegistry, backend_registry
+from flowrt.registry import Backend, BackendRegistry, OptimizationViews, backend_registry
 from flowrt.validate import argument_error, check_bool, check_instance
 
 logger = logging.getLogger(__name__)
 
 DATA_KINDS = ("Input", "Output", "Constant")
+# How many times a backend is handed its subgraphs again while it still substitutes.
+SUBSTITUTION_ROUNDS = 3
 
 
 def _hint_pairs(value: Any) -> tuple[tuple[str, str], ...]:
@@ -255,6 +257,23 @@ def _reassign(layer: Layer, bid: str, later: list[str], decisions: dict[str, Ass
     return f"{bid} failed layer {layer.name!r}; re-assigned to {nxt}"
 
 
+def _apply_substitutions(
+    graph: Graph, bid: str, views: OptimizationViews, backend: Backend, decisions: dict[str, Assignment]
+) -> list[SubstitutionRecord]:
+    """Put each substitution ``views`` holds into ``graph``, its layer assigned to ``bid``."""
+    records = []
+    moved: dict = {}
+    for sub in views.substitutions:
+        declined = decisions[next(iter(sub.subgraph)).name].declined
+        layer, record = substitute(graph, bid, sub.subgraph, sub.replacement, backend.layer_support(), moved)
+        for name in record.replaced:
+            decisions.pop(name, None)
+        decisions[layer.name] = Assignment(bid, declined)
+        logger.info("substitution by %s", record.describe())
+        records.append(record)
+    return records
+
+
 def _optimize_subgraphs(
     graph: Graph,
     order: list[str],
@@ -266,26 +285,22 @@ def _optimize_subgraphs(
     """Hand each backend its subgraphs; apply its substitutions and re-assign the layers of
     the subgraphs it failed down the list (Arm NN's ApplyBackendOptimizations)."""
     ask = _asker(backends)
-    records = []
+    records: list[SubstitutionRecord] = []
     for position, bid in enumerate(order):
-        mine = [layer for layer in graph if layer.backend == bid]
-        for view in connected_subgraphs(graph, mine, options):
-            views = backends[bid].optimize_subgraph(view)
-            check_coverage(bid, view, views)
-            moved: dict = {}
-            for sub in views.substitutions:
-                declined = decisions[next(iter(sub.subgraph)).name].declined
-                layer, record = substitute(
-                    graph, bid, sub.subgraph, sub.replacement, backends[bid].layer_support(), moved
-                )
-                for name in record.replaced:
-                    decisions.pop(name, None)
-                decisions[layer.name] = Assignment(bid, declined)
-                logger.info("substitution by %s", record.describe())
-                records.append(record)
-            for failed in views.failed:
-                for layer in failed:
-                    passes.append(_reassign(layer, bid, order[position + 1 :], decisions, ask, options.hints))
+        # A substitution's layer may take part in the next (x * Sigmoid(x) becomes a Swish in
+        # one round, which the Conv before it takes as its activation in the next).
+        for _ in range(SUBSTITUTION_ROUNDS):
+            done = len(records)
+            mine = [layer for layer in graph if layer.backend == bid]
+            for view in connected_subgraphs(graph, mine, options):
+                views = backends[bid].optimize_subgraph(view)
+                check_coverage(bid, view, views)
+                records.extend(_apply_substitutions(graph, bid, views, backends[bid], decisions))
+                for failed in views.failed:
+                    for layer in failed:
+                        passes.append(_reassign(layer, bid, order[position + 1 :], decisions, ask, options.hints))
+            if len(records) == done:
+                break
     if records:  # constants only the replaced layers read (a GELU's 0.5, a norm's epsilon)
         graph.remove_unread_constants()
     return records

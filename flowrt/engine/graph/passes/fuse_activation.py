@@ -23,9 +23,15 @@ def as_fused_activation(
     kind: str, descriptor: Any, constants: tuple[Any, ...] = ()
 ) -> FusedActivation | None:
     """The activation layer ``kind`` as a ``FusedActivation``; None when it cannot be one (a Clip
-    whose bounds are not constants)."""
+    whose bounds are not constants, a Gelu in its tanh form)."""
     if kind == "LeakyRelu":
         return FusedActivation("LeakyRelu", float(descriptor.alpha))
+    if kind == "HardSigmoid":
+        return FusedActivation(kind, float(descriptor.alpha), float(descriptor.beta))
+    if kind in ("Swish", "Elu"):
+        return FusedActivation(kind, float(descriptor.alpha))
+    if kind == "Gelu":
+        return FusedActivation(kind) if descriptor.approximate == "none" else None
     if kind == "Clip":
         bounds = list(constants[1:3]) + [None] * (3 - len(constants))
         if descriptor.opset < 11:

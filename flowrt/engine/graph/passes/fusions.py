@@ -17,7 +17,7 @@ the view's options allow it (``OptimizerOptions.fuse_activations``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 import numpy as np
 
@@ -42,9 +42,9 @@ def _only_reader(layer: Layer, members: set[str]) -> Layer | None:
     return reader
 
 
-def _activation_of(layer: Layer | None):
-    """``layer`` as a FusedActivation when it is an activation with constant parameters."""
-    if layer is None or layer.kind not in ACTIVATION_KINDS:
+def _activation_of(layer: Layer | None, activations: Collection[str] = ACTIVATION_KINDS):
+    """``layer`` as a FusedActivation when it is one of ``activations`` with constant parameters."""
+    if layer is None or layer.kind not in activations:
         return None
     constants = tuple(constant_value(s.source) for s in layer.inputs)
     if any(s.source is not None and c is None for s, c in zip(layer.inputs[1:], constants[1:])):
@@ -77,7 +77,10 @@ def _is_column_vector(add: Layer, product: Layer, columns) -> bool:
 
 
 def matmul_add(
-    layer: Layer, members: set[str], activation_kinds: frozenset[str] = frozenset()
+    layer: Layer,
+    members: set[str],
+    activation_kinds: frozenset[str] = frozenset(),
+    activations: Collection[str] = ACTIVATION_KINDS,
 ) -> Fusion | None:
     """MatMul (matrices) + Add (constant bias) [+ activation] -> Gemm; MatMul (A of any
     other rank by a matrix) + Add (a constant vector along the columns) -> MatMulBias.
@@ -95,19 +98,22 @@ def matmul_add(
         return None
     bias_slot = next(s.source for s in add.inputs if s.source is not layer.outputs[0])
     after = _only_reader(add, members)
-    activation = _activation_of(after) if kind in activation_kinds else None
+    activation = _activation_of(after, activations) if kind in activation_kinds else None
     fused = [layer, add, after] if activation is not None else [layer, add]
     sources = (layer.inputs[0].source, layer.inputs[1].source, bias_slot)
     descriptor = GemmDescriptor() if kind == "Gemm" else NoDescriptor()
     return fused, ReplacementLayer(kind, descriptor, sources, activation, layer.name)  # type: ignore[list-item]
 
 
-def fused_activation(layer: Layer, members: set[str], kinds: frozenset[str]) -> Fusion | None:
-    """A layer of ``kinds`` + the activation that is its only reader -> the layer, fused."""
+def fused_activation(
+    layer: Layer, members: set[str], kinds: frozenset[str], activations: Collection[str] = ACTIVATION_KINDS
+) -> Fusion | None:
+    """A layer of ``kinds`` + the activation of ``activations`` that is its only reader -> the
+    layer, fused."""
     if layer.kind not in kinds or layer.activation is not None:
         return None
     after = _only_reader(layer, members)
-    activation = _activation_of(after)
+    activation = _activation_of(after, activations)
     if activation is None:
         return None
     sources = tuple(s.source for s in layer.inputs)
@@ -126,8 +132,12 @@ def offer_fusions(
     support: LayerSupport,
     activation_kinds: frozenset[str] = frozenset(),
     patterns: Sequence[Callable[[Layer, set[str]], Fusion | None]] = (),
+    activations: Collection[str] = ACTIVATION_KINDS,
 ) -> OptimizationViews:
     """The substitutions ``support``'s backend can run in ``view``; the rest untouched.
+
+    ``activations`` are the activation kinds the backend applies fused (``ACTIVATION_KINDS``,
+    or more of ``CURVE_ACTIVATION_KINDS``) to the layers of ``activation_kinds``.
 
     ``patterns`` are more finders, ``(layer, names of the view's layers) -> Fusion | None``,
     tried first (``pattern_fusions.PATTERN_FUSIONS``: activations and norms written out)."""
@@ -140,8 +150,8 @@ def offer_fusions(
     views = OptimizationViews()
     for find in (
         *(lambda layer, pattern=pattern: pattern(layer, members) for pattern in patterns),
-        lambda layer: matmul_add(layer, members, activation_kinds if with_activation else frozenset()),
-        lambda layer: fused_activation(layer, members, activation_kinds),
+        lambda layer: matmul_add(layer, members, activation_kinds, activations),
+        lambda layer: fused_activation(layer, members, activation_kinds, activations),
     ):
         for layer in layers:
             fusion = None if layer.name in taken else find(layer)

@@ -7,7 +7,7 @@ from typing import Any
 from flowrt.engine.graph.passes.fusions import offer_fusions
 from flowrt.engine.graph.passes.pattern_fusions import PATTERN_FUSIONS
 from flowrt.engine.memory.manager import MemoryManager
-from flowrt.registry import OptimizationViews
+from flowrt.registry import ACTIVATION_KINDS, CURVE_ACTIVATION_KINDS, OptimizationViews
 from flowrt.workers.cpu.acc.layer_support import AccLayerSupport
 from flowrt.workers.cpu.acc.workload_factory import AccWorkloadFactory
 from flowrt.workers.cpu.workers import default_cpu_workers
@@ -47,7 +47,9 @@ class AccBackend:
         """MatMul + bias Add (+ activation) as one Gemm, an activation fused into the
         layer before it (Conv + bias + Relu as one Conv), and activations and norms written
         out of small ops as one layer (``PATTERN_FUSIONS``): see ``offer_fusions``."""
-        return offer_fusions(view, self.layer_support(), FUSED_ACTIVATION_KINDS, PATTERN_FUSIONS)
+        return offer_fusions(
+            view, self.layer_support(), FUSED_ACTIVATION_KINDS, PATTERN_FUSIONS, ACTIVATION_KINDS + CURVE_ACTIVATION_KINDS
+        )
 
     def create_memory_manager(self) -> MemoryManager:
         return MemoryManager()
