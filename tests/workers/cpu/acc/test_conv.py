@@ -319,6 +319,25 @@ def test_1x1_convs_multiply_all_images_pixels_side_by_side(x_shape, group, tiny_
         assert kernel.weights._panels is not None
 
 
+@pytest.mark.parametrize("batch, m, c, workers", [(1, 7, 5, 1), (1, 70, 1000, 2), (3, 130, 600, 2), (4, 576, 144, 2)])
+@pytest.mark.parametrize("constant", [True, False])
+def test_1x1_convs_on_a_1x1_plane_are_weights_times_a_vector(batch, m, c, workers, constant):
+    """Squeeze-excitation's convs: each image's output is the weights (M, C) times its C
+    values, the rows split over the workers when there are enough of them."""
+    rng = np.random.default_rng(batch + m)
+    x = rng.standard_normal((batch, c, 1, 1), dtype=np.float32)
+    w = rng.standard_normal((m, c, 1, 1), dtype=np.float32)
+    b = rng.standard_normal(m, dtype=np.float32)
+    for activation, bias in ((None, None), (FusedActivation("HardSigmoid", 0.2, 0.4), b), (FusedActivation("Relu"), b)):
+        kernel, got, expected = conv_case(
+            x, w, bias, workers=workers, activation=activation, constant=constant, given_out=constant
+        )
+        close(got, expected)
+        plan = kernel.plan(x.shape, w.shape)
+        assert plan.name == "vector" and plan.bounds[-1] == m
+        assert len(plan.bounds) - 1 == (2 if m * c >= 2 * 64 * 1024 and workers == 2 else 1)
+
+
 def test_weights_past_the_tile_limit_multiply_by_blas():
     rng = np.random.default_rng(4)
     x = rng.standard_normal((1, 16, 8, 8), dtype=np.float32)

@@ -1,7 +1,7 @@
 """Which algorithm CpuAcc's Conv takes for each shape: the first of ``ALGORITHMS`` whose
 ``applies`` holds. The expected names were recorded from the kernel before its algorithms were
-split into modules (one ``_Plan`` for every path), so that the split changed no choice; only
-plans are made here (no numba call)."""
+split into modules (one ``_Plan`` for every path), so that the split changed no choice, and
+for 1x1 planes (``vector``) when it came; only plans are made here (no numba call)."""
 
 import attrs
 import numpy as np
@@ -67,6 +67,10 @@ SHAPES = [
     ("pw_wide", (1, 24, 5, 41), (13, 24, 1, 1), dict(), "packed", "packed"),
     ("pw_b3", (3, 40, 7, 7), (48, 40, 1, 1), dict(), "packed", "rows"),
     ("pw_b5_grp", (5, 24, 3, 3), (26, 12, 1, 1), dict(group=2), "packed", "packed"),
+    ("se_squeeze", (1, 576, 1, 1), (144, 576, 1, 1), dict(), "vector", "vector"),
+    ("se_excite_b4", (4, 144, 1, 1), (576, 144, 1, 1), dict(), "vector", "vector"),
+    ("se_b5", (5, 144, 1, 1), (576, 144, 1, 1), dict(), "packed", "rows"),
+    ("se_grouped", (1, 32, 1, 1), (32, 8, 1, 1), dict(group=4), "packed", "packed"),
     ("pw_56", (1, 64, 56, 56), (64, 64, 1, 1), dict(), "packed", "packed"),
     ("pw_pad", (3, 8, 6, 6), (34, 8, 1, 1), dict(strides=(2, 1), pads=(0, 1, 1, 0)), "columns", "rows"),
     ("stem", (1, 3, 32, 32), (16, 3, 7, 7), dict(strides=(2, 2), pads=(3, 3, 3, 3)), "columns", "columns"),
@@ -189,7 +193,8 @@ def _label(plan):
 def test_the_algorithms_are_tried_in_a_fixed_order_ending_with_one_that_takes_any_shape():
     names = [a.name for a in ALGORITHMS]
     assert names == [
-        "depthwise_same3", "depthwise", "grouped", "winograd", "taps", "batched", "packed", "columns", "rows",
+        "depthwise_same3", "depthwise", "grouped", "winograd", "taps", "vector", "batched", "packed", "columns",
+            "rows",
     ]  # fmt: skip
     geometry = ConvGeometry.of(flowrt.descriptors.Conv(), (1, 3, 5, 5), (4, 3, 3, 3), 1)
     assert ALGORITHMS[-1].applies(geometry, ConvTuning())

@@ -10,7 +10,7 @@ import flowrt
 from flowrt.errors import ShapeError
 from flowrt.registry import FusedActivation
 from flowrt.types import TensorInfo
-from flowrt.workers.cpu.acc import packed_gemm
+from flowrt.workers.cpu.acc import gemv, packed_gemm
 from flowrt.workers.cpu.acc.blas import SMALL_GEMM, sgemm
 from flowrt.workers.cpu.acc.kernels.gemm import MIN_PARALLEL_WORK
 from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
@@ -96,6 +96,10 @@ def test_gemm_by_constant_weights_packs_them_once_and_splits_the_longer_side(m, 
     kernel, got, expected = run_both("Gemm", desc, [a, b, _array(rng, (n,))], activation=RELU, constant=True)
     close(got, expected)
     assert kernel.b is None and kernel.packed is not None
+    if m <= gemv.MAX_VECTORS:  # weight rows times each row of A
+        rows, _, bounds = kernel.packed._by_rows()
+        assert rows.shape == (n, 50) and not kernel.packed._plans and list(bounds) == [0, n]
+        return
     split = kernel.packed._plans[m]
     work = m * 50 * n
     if work < MIN_PARALLEL_WORK:
@@ -106,9 +110,10 @@ def test_gemm_by_constant_weights_packs_them_once_and_splits_the_longer_side(m, 
 
 @pytest.mark.parametrize("activation", [a for a in ACTIVATIONS if a is not None])
 @pytest.mark.parametrize("kind", ["Gemm", "MatMul"])
-def test_products_by_packed_weights_apply_every_fused_activation(activation, kind):
+@pytest.mark.parametrize("m", [37, 3])
+def test_products_by_packed_weights_apply_every_fused_activation(activation, kind, m):
     rng = np.random.default_rng(1)
-    a, b = _array(rng, (37, 70)), _array(rng, (70, 45))
+    a, b = _array(rng, (m, 70)), _array(rng, (70, 45))
     inputs = [a, b, _array(rng, (45,))] if kind == "Gemm" else [a, b]
     expected = ACTIVATIONS[activation](a @ b + (inputs[2] if kind == "Gemm" else 0))
     desc = flowrt.descriptors.Gemm() if kind == "Gemm" else None

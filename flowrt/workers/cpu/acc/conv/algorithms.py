@@ -20,6 +20,7 @@ from flowrt.workers.cpu.acc.conv.grouped import Grouped
 from flowrt.workers.cpu.acc.conv.packed import Packed
 from flowrt.workers.cpu.acc.conv.taps import Taps
 from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
+from flowrt.workers.cpu.acc.conv.vector import Vector
 from flowrt.workers.cpu.acc.conv.weights import ConvWeights
 from flowrt.workers.cpu.acc.conv.winograd_conv import Winograd
 
@@ -68,6 +69,7 @@ ALGORITHMS: tuple[type[ConvAlgorithm], ...] = (
     Grouped,
     Winograd,
     Taps,
+    Vector,
     Batched,
     Packed,
     Columns,

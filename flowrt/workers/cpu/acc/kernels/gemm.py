@@ -17,7 +17,7 @@ from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.errors import ShapeError
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
-from flowrt.workers.cpu.acc import packed_gemm
+from flowrt.workers.cpu.acc import gemv, packed_gemm
 from flowrt.workers.cpu.acc.blas import pin_scipy_blas, read_only, sgemm
 from flowrt.workers.cpu.acc.calls import SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel
@@ -107,10 +107,26 @@ class _Packed:
         self.k = w.shape[0]
         self.workers = workers
         self._plans: dict[int, packed_gemm.Plan] = {}
+        self._w, self._bias = w, bias
+        self._rows: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def _by_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The weights as (N, K) rows, the bias as N values and the rows' split over the
+        workers, for :func:`gemv.gemv` (made on the first product of few rows)."""
+        if self._rows is None:
+            n = self.weights.n
+            rows = read_only(np.ascontiguousarray(self._w.T, np.float32))
+            bias = np.zeros(n, np.float32) if self._bias is None else np.broadcast_to(self._bias, (n,))
+            self._rows = (rows, read_only(np.ascontiguousarray(bias, np.float32)), gemv.row_bounds(n, self.k, self.workers))
+        return self._rows
 
     def run(self, a: np.ndarray, out: np.ndarray, code: int, act_a, act_b) -> None:
         """``out = activation(a @ w + bias)``; ``a`` (M, K), ``out`` (M, N) row-major."""
         m = a.shape[0]
+        if m <= gemv.MAX_VECTORS:
+            rows, bias, bounds = self._by_rows()
+            gemv.gemv(rows, a, bias, out, bounds, code, act_a, act_b)
+            return
         split = self._plans.get(m)
         if split is None:
             workers = self.workers if m * self.k * self.weights.n >= MIN_PARALLEL_WORK else 1
