@@ -18,6 +18,7 @@ from flowrt.errors import BackendError
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.workers.cpu.acc.calls import SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
+from flowrt.workers.cpu.acc.kernels.row_sums import row_sum
 from flowrt.workers.cpu.acc.kernels.strided import MIN_SLICE
 
 SUM, MEAN, MAX = range(3)
@@ -34,12 +35,13 @@ def _reduce_tasks(task, step, x, out, reduced, inner, op, bounds):
     if inner == 1:  # each output reduces one contiguous run (a global pooling)
         for o in range(first, last):
             run = x[o * reduced : (o + 1) * reduced]
-            total = -np.inf if op == MAX else 0.0
-            for v in run:
-                if op != MAX:
-                    total += v
-                elif v > total or v != v:  # a NaN wins, as in np.max
-                    total = v
+            if op != MAX:
+                total = row_sum(run)  # vectorized: the lanes' sums added at the end
+            else:
+                total = -np.inf
+                for v in run:
+                    if v > total or v != v:  # a NaN wins, as in np.max
+                        total = v
             out[o] = np.float32(total / reduced if op == MEAN else total)
         return
     blocks = -(-inner // BLOCK)
