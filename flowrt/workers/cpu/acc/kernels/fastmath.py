@@ -44,7 +44,11 @@ class Value:
         return other.ir if isinstance(other, Value) else ir.Constant(_F32, float(np.float32(other)))
 
     def _op(self, name: str, a: Value | float, b: Value | float) -> Value:
-        return Value(self.builder, getattr(self.builder, name)(self.lift(a), self.lift(b)))
+        instruction = getattr(self.builder, name)(self.lift(a), self.lift(b))
+        # "contract": LLVM may fuse a multiply and the add after it into one FMA (rounded
+        # once, so no less accurate): a third fewer instructions in each curve's polynomial.
+        instruction.flags.append("contract")
+        return Value(self.builder, instruction)
 
     def __add__(self, o):
         return self._op("fadd", self, o)
