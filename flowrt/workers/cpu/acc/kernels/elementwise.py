@@ -162,8 +162,10 @@ def _scalar_power(x, e, row):
 
 @njit(inline="always", nogil=True, cache=True)
 def _relu(v):
-    # np.maximum(v, 0) as CpuRef's Relu: a NaN stays NaN, -inf gives 0
-    return np.float32(0) if v <= 0 else v
+    # np.maximum(v, 0) as CpuRef's Relu: a NaN stays NaN, -inf gives 0. v + 0 is v where it
+    # is chosen; in place it keeps the store of an unchanged v from becoming a conditional
+    # store, which does not vectorize (epilogue's relu says more).
+    return np.float32(0) if v <= 0 else v + np.float32(0)
 
 
 @njit(nogil=True, cache=True)
