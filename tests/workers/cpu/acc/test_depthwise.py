@@ -1,5 +1,5 @@
 """CpuAcc depthwise Conv (one input channel per group) against CpuRef: strides, channel
-multipliers, and the 3x3 same path on bordered planes."""
+multipliers, and the 3x3 and 5x5 same paths on bordered planes."""
 
 import numpy as np
 import pytest
@@ -49,6 +49,36 @@ def test_depthwise_3x3_same_falls_back_on_single_rows_and_other_pads():
     for shape, attrs in [((1, 4, 1, 6), dict(pads=(1, 1, 1, 1))), ((1, 4, 6, 6), dict(pads=(1, 1, 0, 2)))]:
         x = rng.standard_normal(shape, dtype=np.float32)
         w = rng.standard_normal((4, 1, 3, 3), dtype=np.float32)
+        kernel, got, expected = conv_case(x, w, None, group=4, **attrs)
+        assert kernel.plan(x.shape, w.shape).name == "depthwise"
+        close(got, expected)
+
+
+@pytest.mark.parametrize("spatial", [(3, 3), (3, 8), (8, 3), (7, 7), (14, 9)])
+@pytest.mark.parametrize(
+    "activation",
+    [None, FusedActivation("Relu"), FusedActivation("Clip", -1.0, 2.0), FusedActivation("Swish", 0.5)],
+)
+def test_depthwise_5x5_same_takes_all_taps_from_bordered_planes(spatial, activation):
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2, 5, *spatial), dtype=np.float32)
+    # huge values on the first two and last two columns: a tap that wrapped into the next or
+    # the last row would show them
+    x[:, :, :, :2] = x[:, :, :, -2:] = 1e30
+    w = rng.standard_normal((10, 1, 5, 5), dtype=np.float32)
+    b = rng.standard_normal(10, dtype=np.float32)
+    kernel, got, expected = conv_case(x, w, b, activation=activation, group=5, pads=(2, 2, 2, 2))
+    assert kernel.plan(x.shape, w.shape).name == "depthwise_same5"
+    finite = np.isfinite(expected)
+    np.testing.assert_array_equal(np.isfinite(got), finite)
+    np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-4, atol=1e-5)
+
+
+def test_depthwise_5x5_same_falls_back_on_small_planes_and_other_pads():
+    rng = np.random.default_rng(7)
+    for shape, attrs in [((1, 4, 2, 6), dict(pads=(2, 2, 2, 2))), ((1, 4, 6, 6), dict(pads=(2, 2, 1, 3)))]:
+        x = rng.standard_normal(shape, dtype=np.float32)
+        w = rng.standard_normal((4, 1, 5, 5), dtype=np.float32)
         kernel, got, expected = conv_case(x, w, None, group=4, **attrs)
         assert kernel.plan(x.shape, w.shape).name == "depthwise"
         close(got, expected)

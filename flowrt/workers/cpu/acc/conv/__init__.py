@@ -7,12 +7,14 @@
 
 In the order they are tried:
 
-- ``depthwise.py``: :class:`DepthwiseSame3` (3x3, unit strides, one pad cell on each side)
-  and :class:`Depthwise`, a direct sliding window per (image, channel) plane;
+- ``depthwise.py``: :class:`DepthwiseSame3` (3x3, unit strides, one pad cell on each side),
+  then ``depthwise_same5.py``'s :class:`DepthwiseSame5` (5x5, two pad cells), then
+  :class:`Depthwise`, a direct sliding window per (image, channel) plane;
 - ``grouped.py``: :class:`Grouped`, groups of few channels as direct windows;
 - ``winograd_conv.py``: :class:`Winograd`, large 3x3 stride-1 convs by F(2x2, 3x3)
   (``winograd.py``) or F(4x4, 3x3) (``winograd4.py``);
 - ``taps.py``: :class:`Taps`, stride 1 with few output channels, one GEMM per kernel tap;
+- ``vector.py``: :class:`Vector`, a 1x1 conv on a 1x1 plane as weights times a vector;
 - ``batched.py``: :class:`Batched`, a batch of small images through large weights as one GEMM;
 - ``packed.py``: :class:`Packed`, 1x1 convs by register tiles over all the images' pixels;
 - ``columns.py``: :class:`Columns` and :class:`Rows`, im2col (``im2col.py``) and GEMM,

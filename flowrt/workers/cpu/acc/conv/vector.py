@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
     from flowrt.workers.cpu.acc.conv.weights import ConvWeights
 
+
 @attrs.frozen(eq=False)
 class Vector:
     """Plan of a 1x1 stride-1 unpadded ungrouped conv of one output pixel per image, over at
@@ -26,7 +27,12 @@ class Vector:
     @classmethod
     def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:
         """A direct conv whose output is one pixel per image, of few images."""
-        return geometry.direct and geometry.groups == 1 and geometry.pixels == 1 and geometry.x_shape[0] <= MAX_VECTORS
+        return (
+            geometry.direct
+            and geometry.groups == 1
+            and geometry.pixels == 1
+            and geometry.x_shape[0] <= MAX_VECTORS
+        )
 
     @classmethod
     def plan(cls, geometry: ConvGeometry, tuning: ConvTuning) -> Vector:
