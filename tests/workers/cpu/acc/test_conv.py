@@ -319,7 +319,9 @@ def test_1x1_convs_multiply_all_images_pixels_side_by_side(x_shape, group, tiny_
         assert kernel.weights._panels is not None
 
 
-@pytest.mark.parametrize("batch, m, c, workers", [(1, 7, 5, 1), (1, 70, 1000, 2), (3, 130, 600, 2), (4, 576, 144, 2)])
+@pytest.mark.parametrize(
+    "batch, m, c, workers", [(1, 7, 5, 1), (1, 70, 1000, 2), (3, 130, 600, 2), (4, 576, 144, 2)]
+)
 @pytest.mark.parametrize("constant", [True, False])
 def test_1x1_convs_on_a_1x1_plane_are_weights_times_a_vector(batch, m, c, workers, constant):
     """Squeeze-excitation's convs: each image's output is the weights (M, C) times its C
@@ -328,7 +330,11 @@ def test_1x1_convs_on_a_1x1_plane_are_weights_times_a_vector(batch, m, c, worker
     x = rng.standard_normal((batch, c, 1, 1), dtype=np.float32)
     w = rng.standard_normal((m, c, 1, 1), dtype=np.float32)
     b = rng.standard_normal(m, dtype=np.float32)
-    for activation, bias in ((None, None), (FusedActivation("HardSigmoid", 0.2, 0.4), b), (FusedActivation("Relu"), b)):
+    for activation, bias in (
+        (None, None),
+        (FusedActivation("HardSigmoid", 0.2, 0.4), b),
+        (FusedActivation("Relu"), b),
+    ):
         kernel, got, expected = conv_case(
             x, w, bias, workers=workers, activation=activation, constant=constant, given_out=constant
         )

@@ -1,5 +1,5 @@
 """CpuAcc depthwise Conv (one input channel per group) against CpuRef: strides, channel
-multipliers, and the 3x3 and 5x5 same paths on bordered planes."""
+multipliers, the 3x3 and 5x5 same paths on bordered planes, and stride 2 on phase planes."""
 
 import numpy as np
 import pytest
@@ -82,6 +82,36 @@ def test_depthwise_5x5_same_falls_back_on_small_planes_and_other_pads():
         kernel, got, expected = conv_case(x, w, None, group=4, **attrs)
         assert kernel.plan(x.shape, w.shape).name == "depthwise"
         close(got, expected)
+
+
+@pytest.mark.parametrize("k", [3, 5])
+@pytest.mark.parametrize("spatial", [(2, 2), (3, 8), (8, 3), (14, 14), (15, 13)])
+@pytest.mark.parametrize("activation", [None, FusedActivation("Relu"), FusedActivation("HardSwish")])
+def test_depthwise_with_stride_2_takes_all_taps_from_phase_planes(k, spatial, activation):
+    """3x3 and 5x5 at stride 2 with k // 2 pad cells: the input's four phase planes on the
+    output's pitch, odd and even sizes, a channel multiplier of 2."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 3, *spatial), dtype=np.float32)
+    x[:, :, :, :2] = x[:, :, :, -2:] = 1e30  # a tap that wrapped into another row would show them
+    w = rng.standard_normal((6, 1, k, k), dtype=np.float32)
+    b = rng.standard_normal(6, dtype=np.float32)
+    pad = k // 2
+    kernel, got, expected = conv_case(
+        x, w, b, activation=activation, group=3, strides=(2, 2), pads=(pad,) * 4
+    )
+    assert kernel.plan(x.shape, w.shape).name == "depthwise_strided2"
+    finite = np.isfinite(expected)
+    np.testing.assert_array_equal(np.isfinite(got), finite)
+    np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-4, atol=1e-5)
+
+
+def test_depthwise_with_stride_2_and_other_pads_takes_the_general_path():
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((1, 4, 9, 9), dtype=np.float32)
+    w = rng.standard_normal((4, 1, 3, 3), dtype=np.float32)
+    kernel, got, expected = conv_case(x, w, None, group=4, strides=(2, 2), pads=(0, 0, 1, 1))
+    assert kernel.plan(x.shape, w.shape).name == "depthwise"
+    close(got, expected)
 
 
 @pytest.mark.parametrize("kernel_shape", [(1, 3), (3, 3), (5, 3), (3, 5), (2, 2)])

@@ -55,7 +55,9 @@ def test_a_curve_after_a_conv_is_applied_by_the_conv_as_onnxruntime_computes_it(
     opt = flowrt.optimize(flowrt.onnx.load(model), backends=["CpuAcc", "CpuRef"])
     (conv,) = [layer for layer in opt.graph if layer.kind == "Conv"]
     assert conv.activation is not None and conv.activation.kind == fused
-    assert [layer.kind for layer in opt.graph if layer.kind not in ("Input", "Output", "Constant")] == ["Conv"]
+    assert [layer.kind for layer in opt.graph if layer.kind not in ("Input", "Output", "Constant")] == [
+        "Conv"
+    ]
     assert f"-> Conv {conv.name!r} (+{fused})" in opt.report()  # what flowrt inspect shows
     x = (RNG.standard_normal((1, 4, 9, 9)) * 2).astype(np.float32)
     expected = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]

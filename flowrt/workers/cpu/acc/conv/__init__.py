@@ -8,7 +8,8 @@
 In the order they are tried:
 
 - ``depthwise.py``: :class:`DepthwiseSame3` (3x3, unit strides, one pad cell on each side),
-  then ``depthwise_same5.py``'s :class:`DepthwiseSame5` (5x5, two pad cells), then
+  then ``depthwise_same5.py``'s :class:`DepthwiseSame5` (5x5, two pad cells),
+  ``depthwise_strided.py``'s :class:`DepthwiseStrided2` (3x3 and 5x5 at stride 2), then
   :class:`Depthwise`, a direct sliding window per (image, channel) plane;
 - ``grouped.py``: :class:`Grouped`, groups of few channels as direct windows;
 - ``winograd_conv.py``: :class:`Winograd`, large 3x3 stride-1 convs by F(2x2, 3x3)

@@ -16,6 +16,7 @@ from flowrt.workers.cpu.acc.conv.batched import Batched
 from flowrt.workers.cpu.acc.conv.columns import Columns, Rows
 from flowrt.workers.cpu.acc.conv.depthwise import Depthwise, DepthwiseSame3
 from flowrt.workers.cpu.acc.conv.depthwise_same5 import DepthwiseSame5
+from flowrt.workers.cpu.acc.conv.depthwise_strided import DepthwiseStrided2
 from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
 from flowrt.workers.cpu.acc.conv.grouped import Grouped
 from flowrt.workers.cpu.acc.conv.packed import Packed
@@ -67,6 +68,7 @@ class ConvAlgorithm(Protocol):
 ALGORITHMS: tuple[type[ConvAlgorithm], ...] = (
     DepthwiseSame3,
     DepthwiseSame5,
+    DepthwiseStrided2,
     Depthwise,
     Grouped,
     Winograd,
