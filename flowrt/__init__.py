@@ -7,38 +7,79 @@
     async with flowrt.Runtime() as rt:
         model = await rt.load(opt)
         outputs = await model.run({"data": x})
+
+``import flowrt`` loads what builds, saves and optimizes a network (numpy, attrs and the graph
+engine). What runs one is imported when one of its names is first used: ``Runtime``,
+``InferenceSession``, ``Pipeline``, ``LoadedNetwork`` and ONNX Runtime's names
+(``flowrt.ort_compat``), whose modules import trio (about 0.1 s, most of what import would
+cost); and further down, onnx when a model is first parsed, numba when CpuAcc first looks at
+a layer or a runtime starts its CPU workers, OpenCL when a GpuAcc backend is made. Importing
+flowrt changes nothing process-wide (environment, threading layers, BLAS threads): see
+``flowrt.workers.cpu.threading_layer`` for when that happens.
 """
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from flowrt import descriptors, errors, onnx, profiling
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.optimizer import OptimizedNetwork, OptimizerOptions, optimize
 from flowrt.engine.graph.passes.batch import set_batch
-from flowrt.loaded_network import LoadedNetwork
-from flowrt.ort_compat import (
-    ExecutionMode,
-    ExecutionOrder,
-    GraphOptimizationLevel,
-    IOBinding,
-    ModelMetadata,
-    OrtValue,
-    RunOptions,
-    SessionOptions,
-    get_all_providers,
-    get_available_providers,
-    get_device,
-    get_version_string,
-    set_default_logger_severity,
-)
-from flowrt.pipeline import Pipeline
 from flowrt.registry import BackendId, BackendRegistry, backend_registry
-from flowrt.runtime import Runtime
 from flowrt.serialize import load, save
-from flowrt.session import InferenceSession, NodeArg
 from flowrt.types import DataType, Priority, TensorInfo
 from flowrt.workers.cpu.acc import AccBackend
 from flowrt.workers.cpu.ref import RefBackend
+
+if TYPE_CHECKING:
+    from flowrt.loaded_network import LoadedNetwork
+    from flowrt.ort_compat import (
+        ExecutionMode,
+        ExecutionOrder,
+        GraphOptimizationLevel,
+        IOBinding,
+        ModelMetadata,
+        OrtValue,
+        RunOptions,
+        SessionOptions,
+        get_all_providers,
+        get_available_providers,
+        get_device,
+        get_version_string,
+        set_default_logger_severity,
+    )
+    from flowrt.pipeline import Pipeline
+    from flowrt.runtime import Runtime
+    from flowrt.session import InferenceSession, NodeArg
+    from flowrt.workers.gpu.backend import GpuAccBackend
+
+# Public names imported on first use (PEP 562), by module: see the module doc.
+_ON_FIRST_USE = {
+    "LoadedNetwork": "flowrt.loaded_network",
+    "Pipeline": "flowrt.pipeline",
+    "Runtime": "flowrt.runtime",
+    "InferenceSession": "flowrt.session",
+    "NodeArg": "flowrt.session",
+    "GpuAccBackend": "flowrt.workers.gpu.backend",
+    **dict.fromkeys(
+        (
+            "ExecutionMode",
+            "ExecutionOrder",
+            "GraphOptimizationLevel",
+            "IOBinding",
+            "ModelMetadata",
+            "OrtValue",
+            "RunOptions",
+            "SessionOptions",
+            "get_all_providers",
+            "get_available_providers",
+            "get_device",
+            "get_version_string",
+            "set_default_logger_severity",
+        ),
+        "flowrt.ort_compat",
+    ),
+}
 
 __version__ = "0.1.0"
 
@@ -56,11 +97,16 @@ for _id, _factory in (("CpuRef", RefBackend), ("CpuAcc", AccBackend), ("GpuAcc",
 
 
 def __getattr__(name: str) -> Any:
-    if name == "GpuAccBackend":
-        from flowrt.workers.gpu.backend import GpuAccBackend
+    module = _ON_FIRST_USE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
 
-        return GpuAccBackend
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_ON_FIRST_USE))
 
 
 __all__ = [

@@ -6,7 +6,8 @@ expected, what was found, and where.
 
 from __future__ import annotations
 
-import trio  # only for StreamClosedError, which is also trio's ClosedResourceError
+import threading
+from typing import TYPE_CHECKING, Any
 
 
 class FlowrtError(Exception):
@@ -74,11 +75,38 @@ class ArgumentError(FlowrtError, ValueError, TypeError):
     written for Python's own argument errors still catches it (as numpy's AxisError)."""
 
 
-class StreamClosedError(FlowrtError, trio.ClosedResourceError):
-    """A stream or pipeline stream was used after it closed, or closed while a task waited on
-    it: a ``send``/``submit`` waiting for room when ``close()`` ran or its ``async with``
-    ended, a request still running when the block ended. Also a ``trio.ClosedResourceError``,
-    which trio's own channels raise in the same cases, so trio users' handlers still match."""
+if TYPE_CHECKING:
+    import trio
+
+    class StreamClosedError(FlowrtError, trio.ClosedResourceError): ...
+
+
+def _stream_closed_error() -> type:
+    import trio
+
+    class StreamClosedError(FlowrtError, trio.ClosedResourceError):
+        """A stream or pipeline stream was used after it closed, or closed while a task waited on
+        it: a ``send``/``submit`` waiting for room when ``close()`` ran or its ``async with``
+        ended, a request still running when the block ended. Also a ``trio.ClosedResourceError``,
+        which trio's own channels raise in the same cases, so trio users' handlers still match."""
+
+    StreamClosedError.__qualname__ = "StreamClosedError"
+    return StreamClosedError
+
+
+_stream_closed_lock = threading.Lock()
+
+
+def __getattr__(name: str) -> Any:
+    # StreamClosedError derives from trio's ClosedResourceError, and importing trio costs about
+    # 0.1 s: the class is made when first asked for (the streams' modules ask as they are
+    # imported), not with flowrt. Once, under a lock: it must be one class for every thread.
+    if name != "StreamClosedError":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    with _stream_closed_lock:
+        if name not in globals():
+            globals()[name] = _stream_closed_error()
+    return globals()[name]
 
 
 __all__ = [

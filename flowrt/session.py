@@ -18,13 +18,13 @@ import datetime
 import functools
 import logging
 import os
+import sys
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import numpy as np
-import onnx
 import trio
 
 from flowrt.engine.graph.network import Network
@@ -364,6 +364,7 @@ def _read(model: Any) -> tuple[Network | OptimizedNetwork, Any]:
     if isinstance(model, bytes):
         network = load_onnx(model)  # first, so that bad bytes get its ModelLoadError
         return network, metadata.read(model)
-    if isinstance(model, onnx.ModelProto):
+    onnx = sys.modules.get("onnx")  # imported when first needed: a ModelProto comes with it
+    if onnx is not None and isinstance(model, onnx.ModelProto):
         return load_onnx(model), metadata.from_model(model)
     raise argument_error("path_or_bytes", _MODEL_TYPES, model, where="InferenceSession")

@@ -44,7 +44,10 @@ class LayerKind:
     num_outputs: int | None = 1
 
 
+# Filled as the modules of ``flowrt.engine.graph.layers`` are imported; complete once
+# ``_register_all`` ran (the look-ups below run it first).
 LAYER_KINDS: dict[str, LayerKind] = {}
+_all_registered = False
 
 
 def layer_kind(
@@ -68,16 +71,28 @@ def layer_kind(
     return register
 
 
+def _register_all() -> None:
+    """Register every kind (the first time): the layers package does not when imported."""
+    global _all_registered
+    if not _all_registered:
+        from flowrt.engine.graph.layers import register_all
+
+        register_all()
+        _all_registered = True
+
+
 def get_layer_kind(name: str) -> LayerKind:
     """The registered kind called ``name``; raises KeyError when there is none."""
-    import flowrt.engine.graph.layers  # noqa: F401  (registers every kind)
-
-    return LAYER_KINDS[name]
+    kind = LAYER_KINDS.get(name)
+    if kind is None:
+        _register_all()
+        return LAYER_KINDS[name]
+    return kind
 
 
 def known_layer_kinds() -> list[str]:
-    import flowrt.engine.graph.layers  # noqa: F401
-
+    """Every registered kind's name, sorted."""
+    _register_all()
     return sorted(LAYER_KINDS)
 
 

@@ -46,16 +46,19 @@ slices' run one after the other.
 numba's threading layer is TBB where the ``tbb`` package is installed (a dependency on x86-64;
 see ``threading_layer.py``): a parallel region's slices are tasks that whichever threads run
 take, the calling worker included, so a region never waits for a helper thread that another
-process keeps off the cores. Without TBB numba falls back to OpenMP (libgomp), and two rules
-keep its teams cheap:
+process keeps off the cores. The choice is made, and numba imported, when the first pool is
+made (``threading_layer.prepare``), not when flowrt is imported: it is process-wide, and it
+must come before numba starts its layer, which the pool's threads do as they start. Without
+TBB numba falls back to OpenMP (libgomp), and two rules keep its teams cheap:
 
 - One team: a thread's first parallel region starts a team of helper threads that lives as
   long as that thread. Once libgomp's threads outnumber the cores it stops spinning between
   regions, and waking a sleeping helper costs tens of microseconds per kernel. So kernels run
   on the workers only, load-time warm-up included, and a lone run uses worker 0's team.
-- Brief spinning: unless ``GOMP_SPINCOUNT`` is set already, it is set here to about 0.3 ms of
-  spinning (libgomp's default is about 3 ms): long enough to bridge the gaps between the
-  kernels of a run, short enough that idle helpers soon leave the cores to other work.
+- Brief spinning: unless ``GOMP_SPINCOUNT`` is set already, ``threading_layer.prepare`` sets
+  it, when the first pool is made, to about 0.3 ms of spinning (libgomp's default is about
+  3 ms): long enough to bridge the gaps between the kernels of a run, short enough that idle
+  helpers soon leave the cores to other work.
 
 The pool's threads are started by ``async with CpuWorkerPool(n)`` (the ``Runtime`` does it)
 and stopped, and joined, when that block ends.
@@ -75,7 +78,6 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-import numba
 import outcome
 import trio
 
@@ -86,11 +88,6 @@ from flowrt.types import Priority
 from flowrt.workers.cpu import threading_layer
 
 logger = logging.getLogger(__name__)
-
-# Before any worker starts numba's threading layer: TBB where installed.
-threading_layer.select()
-# Read by libgomp when numba first starts its threading layer, after this import.
-os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 
 # Seconds a pool's close waits for its threads: they are idle then, unless a run outlived the
 # runtime's own bounded wait for it (see ``flowrt.loaded_network.UNLOAD_GRACE``).
@@ -195,6 +192,8 @@ class _Worker:
         self.cancelled = threading.Event()  # the running job's
 
     def _serve(self) -> None:
+        import numba  # imported, and its threading layer chosen, by the pool (see the module doc)
+
         # numba's thread count is per calling thread: kernels split their windows into
         # slices, and this caps how many threads run a worker's slices at once.
         numba.set_num_threads(self.threads)
@@ -208,6 +207,8 @@ class _Worker:
 
     def _set_threads(self, threads: int) -> None:
         if threads != self.threads_now:
+            import numba  # loaded by the pool already: a look-up
+
             numba.set_num_threads(threads)
             self.threads_now = threads
             self.context = JobContext(threads)
@@ -261,6 +262,10 @@ class CpuWorkerPool:
             raise ValueError(f"a worker pool needs at least one worker, got {count}")
         self.count = count
         self.aging_interval = aging_interval
+        # Before any worker's thread starts numba's threading layer (see the module doc).
+        threading_layer.prepare()
+        import numba
+
         # A job's parallel regions never use more threads than numba has.
         self.threads = min(count, numba.config.NUMBA_NUM_THREADS)
         self._workers = [_Worker(f"flowrt-cpu-{i}", self.threads, self) for i in range(count)]

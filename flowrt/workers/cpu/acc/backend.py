@@ -1,16 +1,20 @@
-"""CpuAcc: the fast CPU backend — numba kernels whose execution windows split across workers."""
+"""CpuAcc: the fast CPU backend — numba kernels whose execution windows split across workers.
+
+``import flowrt`` registers this class, and making one loads nothing of numba: its layer
+support and workload factory are imported when first asked for, and they load the kernels
+(``flowrt.workers.cpu.acc.kernels``), which import numba and choose its threading layer.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flowrt.engine.graph.passes.fusions import offer_fusions
-from flowrt.engine.graph.passes.pattern_fusions import PATTERN_FUSIONS
 from flowrt.engine.memory.manager import MemoryManager
-from flowrt.registry import ACTIVATION_KINDS, CURVE_ACTIVATION_KINDS, OptimizationViews
-from flowrt.workers.cpu.acc.layer_support import AccLayerSupport
-from flowrt.workers.cpu.acc.workload_factory import AccWorkloadFactory
-from flowrt.workers.cpu.workers import default_cpu_workers
+
+if TYPE_CHECKING:
+    from flowrt.registry import OptimizationViews
+    from flowrt.workers.cpu.acc.layer_support import AccLayerSupport
+    from flowrt.workers.cpu.acc.workload_factory import AccWorkloadFactory
 
 FUSED_ACTIVATION_KINDS = frozenset(
     {"Conv", "Gemm", "MatMul", "MatMulBias", "Add", "Sub", "Mul", "Div", "Sum", "BatchNormalization"}
@@ -24,6 +28,9 @@ class AccBackend:
     version = (0, 1)
 
     def __init__(self, workers: int | None = None) -> None:
+        # Here, not at the top: the worker pool's module imports trio, which optimizing does not need.
+        from flowrt.workers.cpu.workers import default_cpu_workers
+
         self.workers = workers or default_cpu_workers()
 
     @property
@@ -41,18 +48,30 @@ class AccBackend:
         }
 
     def layer_support(self) -> AccLayerSupport:
+        from flowrt.workers.cpu.acc.layer_support import AccLayerSupport
+
         return AccLayerSupport()
 
     def optimize_subgraph(self, view: Any) -> OptimizationViews:
         """MatMul + bias Add (+ activation) as one Gemm, an activation fused into the
         layer before it (Conv + bias + Relu as one Conv), and activations and norms written
         out of small ops as one layer (``PATTERN_FUSIONS``): see ``offer_fusions``."""
+        from flowrt.engine.graph.passes.fusions import offer_fusions
+        from flowrt.engine.graph.passes.pattern_fusions import PATTERN_FUSIONS
+        from flowrt.registry import ACTIVATION_KINDS, CURVE_ACTIVATION_KINDS
+
         return offer_fusions(
-            view, self.layer_support(), FUSED_ACTIVATION_KINDS, PATTERN_FUSIONS, ACTIVATION_KINDS + CURVE_ACTIVATION_KINDS
+            view,
+            self.layer_support(),
+            FUSED_ACTIVATION_KINDS,
+            PATTERN_FUSIONS,
+            ACTIVATION_KINDS + CURVE_ACTIVATION_KINDS,
         )
 
     def create_memory_manager(self) -> MemoryManager:
         return MemoryManager()
 
     def create_workload_factory(self, memory_manager: Any = None) -> AccWorkloadFactory:
+        from flowrt.workers.cpu.acc.workload_factory import AccWorkloadFactory
+
         return AccWorkloadFactory(memory_manager, self.workers)

@@ -3,7 +3,9 @@ per call, on row-major views.
 
 CpuAcc kernels split their window across workers themselves (``prange``), so each BLAS call
 must run on the calling thread alone: :func:`pin_scipy_blas` limits scipy's OpenBLAS (the one
-numba links to) to one thread. numpy's own OpenBLAS is left alone; CpuRef uses it.
+numba links to) to one thread. numpy's own OpenBLAS is left alone; CpuRef uses it. The limit is
+process-wide, so it is set when the kernels that call BLAS are imported (CpuAcc's first look at
+a layer, as its kernels load with numba and scipy), never when flowrt is.
 
 :func:`sgemm` calls single-threaded BLAS (``openblas.py``: numpy's OpenBLAS, else scipy's). Unlike
 ``np.dot``, it takes strided views (a column block of a matrix, a transposed operand) and

@@ -31,6 +31,12 @@ from collections.abc import Callable
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.registry.kernel_modules import import_kernel_modules
 from flowrt.types import DataType
+from flowrt.workers.cpu import threading_layer
+
+# Every kernel module is imported after this package, and nothing compiles or runs a numba
+# parallel region before one is: numba's threading layer is chosen here, before it starts
+# (process-wide, so not when flowrt is imported; see threading_layer.py).
+threading_layer.prepare()
 
 AccKernel = type
 
