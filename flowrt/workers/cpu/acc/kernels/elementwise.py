@@ -88,52 +88,66 @@ def _rows_for(op: int):
     def rows(a, a_strides, a_step, b, b_strides, b_step, out, outer, inner, first, last, code, alpha, beta):  # fmt: skip
         size = out.shape[0]
         fused = op == ADD and code == RELU
+        # each row's offsets stepped from the last row's along the last outer dimension, and
+        # worked out again (a division per dimension) only where it wraps: those divisions
+        # cost more than a row of a per-channel multiply (49 elements at 7x7)
+        d = outer.shape[0] - 1
+        count = outer[d] if d >= 0 else 1
+        a_next, b_next = (a_strides[d], b_strides[d]) if d >= 0 else (0, 0)
+        k = first % count
+        ai = row_offset(first, outer, a_strides)
+        bi = row_offset(first, outer, b_strides)
         for r in range(first, last):
+            if r > first:
+                k += 1
+                if k == count:
+                    k = 0
+                    ai, bi = row_offset(r, outer, a_strides), row_offset(r, outer, b_strides)
+                else:
+                    ai, bi = ai + a_next, bi + b_next
             lo = r * inner
             n = min(inner, size - lo)
-            ai = row_offset(r, outer, a_strides)
-            bi = row_offset(r, outer, b_strides)
-            x = a[ai : ai + (n if a_step else 1)]
-            y = b[bi : bi + (n if b_step else 1)]
-            row = out[lo : lo + n]
-            if x.shape[0] == 1 and y.shape[0] == 1 and n > 1:
-                v = _apply(op, x[0], y[0])
-                for j in range(n):
-                    row[j] = v
-                _activate(row, code, alpha, beta)
-                continue
-            if commutative:
-                if x.shape[0] < y.shape[0]:
-                    x, y = y, x
-                if y.shape[0] < x.shape[0]:
-                    v = y[0]
+            # whole arrays at unsigned offsets, no slices: a slice costs two reference count
+            # updates, as much as a short row's work
+            x, xi, xn = a, np.uint64(ai), n if a_step else 1
+            y, yi, yn = b, np.uint64(bi), n if b_step else 1
+            o, m = np.uint64(lo), np.uint64(n)
+            if xn == 1 and yn == 1 and n > 1:
+                v = _apply(op, x[xi], y[yi])
+                for j in range(m):
+                    out[o + j] = v
+            elif commutative:
+                if xn < yn:
+                    x, xi, xn, y, yi, yn = y, yi, yn, x, xi, xn
+                if yn < xn:
+                    v = y[yi]
                     if fused:
-                        for j in range(n):
-                            row[j] = _relu(_apply(op, x[j], v))
+                        for j in range(m):
+                            out[o + j] = _relu(_apply(op, x[xi + j], v))
                     else:
-                        for j in range(n):
-                            row[j] = _apply(op, x[j], v)
+                        for j in range(m):
+                            out[o + j] = _apply(op, x[xi + j], v)
                 elif fused:
-                    for j in range(n):
-                        row[j] = _relu(_apply(op, x[j], y[j]))
+                    for j in range(m):
+                        out[o + j] = _relu(_apply(op, x[xi + j], y[yi + j]))
                 else:
-                    for j in range(n):
-                        row[j] = _apply(op, x[j], y[j])
-            elif op == POW and y.shape[0] < x.shape[0] and _scalar_power(x, y[0], row):
+                    for j in range(m):
+                        out[o + j] = _apply(op, x[xi + j], y[yi + j])
+            elif op == POW and yn < xn and _scalar_power(x[xi : xi + m], y[yi], out[o : o + m]):
                 pass
-            elif y.shape[0] < x.shape[0]:
-                v = y[0]
-                for j in range(n):
-                    row[j] = _apply(op, x[j], v)
-            elif x.shape[0] < y.shape[0]:
-                v = x[0]
-                for j in range(n):
-                    row[j] = _apply(op, v, y[j])
+            elif yn < xn:
+                v = y[yi]
+                for j in range(m):
+                    out[o + j] = _apply(op, x[xi + j], v)
+            elif xn < yn:
+                v = x[xi]
+                for j in range(m):
+                    out[o + j] = _apply(op, v, y[yi + j])
             else:
-                for j in range(n):
-                    row[j] = _apply(op, x[j], y[j])
-            if not fused:
-                _activate(row, code, alpha, beta)
+                for j in range(m):
+                    out[o + j] = _apply(op, x[xi + j], y[yi + j])
+            if not fused and code != NONE:
+                _activate(out[o : o + m], code, alpha, beta)
 
     return rows
 
