@@ -69,7 +69,9 @@ class InferenceSession:
     ``path_or_bytes`` is a path (an ONNX or a .flowrt file), ONNX bytes, an onnx ModelProto, a
     Network or an OptimizedNetwork. ``sess_options`` is a ``flowrt.SessionOptions``;
     ``providers`` and ``provider_options`` are ONNX Runtime's (see ``flowrt.ort_compat.providers``:
-    CPUExecutionProvider is CpuAcc then CpuRef, the default). Instead of providers, flowrt's
+    CPUExecutionProvider is CpuAcc then CpuRef); with none, the session runs on flowrt's default
+    list (``flowrt.defaults``): CpuAcc, CpuRef, with GpuAcc first only where OpenCL shows a
+    GPU. Instead of providers, flowrt's
     ``backends`` (a list of backend ids, or one) and ``options`` (OptimizerOptions) may be
     given, as keywords; ``cpu_workers`` wins over ``intra_op_num_threads``. An
     OptimizedNetwork (or a .flowrt file) runs on the backends it was optimized for.

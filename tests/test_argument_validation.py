@@ -116,7 +116,7 @@ def test_a_bad_pipeline_argument_is_refused(kwargs, words):
 
 async def test_a_pipeline_of_a_lone_model_not_in_a_list_is_refused():
     async with flowrt.Runtime(cpu_workers=1) as rt:
-        model = await rt.load(flowrt.optimize(_relu_net()))
+        model = await rt.load(flowrt.optimize(_relu_net(), backends=["CpuRef"]))
         with pytest.raises(
             ArgumentError,
             match=r"Pipeline: stages must be a list of loaded models and functions, got a LoadedNetwork",
@@ -129,7 +129,7 @@ async def test_a_pipeline_of_a_lone_model_not_in_a_list_is_refused():
 
 
 async def test_bad_load_arguments_are_refused():
-    opt = flowrt.optimize(_relu_net())
+    opt = flowrt.optimize(_relu_net(), backends=["CpuRef"])
     async with flowrt.Runtime(cpu_workers=1) as rt:
         cases = [
             ({"max_in_flight": 0}, "max_in_flight must be a positive int, got 0"),
@@ -149,7 +149,7 @@ async def test_bad_load_arguments_are_refused():
 
 async def test_a_run_takes_a_priority_by_name_and_refuses_a_bad_one():
     async with flowrt.Runtime(cpu_workers=1) as rt:
-        model = await rt.load(flowrt.optimize(_relu_net()))
+        model = await rt.load(flowrt.optimize(_relu_net(), backends=["CpuRef"]))
         with trio.fail_after(10):
             for priority in ("HIGH", "low", 1):
                 np.testing.assert_array_equal((await model.run(X, priority=priority))["y"], [[0, 0, 2]])
@@ -174,7 +174,7 @@ async def test_a_run_takes_a_priority_by_name_and_refuses_a_bad_one():
 
 async def test_bad_stream_arguments_are_refused_when_the_stream_is_made():
     async with flowrt.Runtime(cpu_workers=1) as rt:
-        model = await rt.load(flowrt.optimize(_relu_net()))
+        model = await rt.load(flowrt.optimize(_relu_net(), backends=["CpuRef"]))
         cases = [
             ({"max_delay": math.inf}, "max_delay must be a finite number of seconds >= 0, got inf"),
             (

@@ -14,7 +14,7 @@ SQUEEZENET = str(light_model("squeezenet"))
 
 
 def test_inspect_shows_substitutions_fallbacks_and_copies(capsys, monkeypatch):
-    from flowrt.cli.model import gpu_device_present
+    from flowrt.defaults import gpu_device_present
     from flowrt.workers.gpu import device
 
     if device.unavailable_reason():

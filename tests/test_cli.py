@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from flowrt.cli import main
-from flowrt.cli.model import default_backends
+from flowrt.defaults import default_backends
 from flowrt.models import expected_outputs, light_model
 
 

@@ -33,12 +33,12 @@ def test_folding_a_terabyte_constant_of_shape_is_a_resource_error_under_the_defa
         match=r"constant folding of layer 'cos' \(ConstantOfShape\) needs 4,398,046,511,104 bytes, over the "
         r"memory budget of [\d,]+ bytes.*\(the default, half the machine's physical memory",
     ):
-        flowrt.optimize(flowrt.onnx.load(data))
+        flowrt.optimize(flowrt.onnx.load(data), backends=["CpuRef"])
 
 
 def test_sizes_past_int64_are_counted_exactly_not_overflowed():
     with pytest.raises(ResourceError, match="needs 73,786,976,294,838,206,464 bytes"):
-        flowrt.optimize(flowrt.onnx.load(_constant_of_shape([2**62, 4])))
+        flowrt.optimize(flowrt.onnx.load(_constant_of_shape([2**62, 4])), backends=["CpuRef"])
 
 
 def test_memory_budget_of_optimize_bounds_what_folding_makes():
@@ -46,8 +46,10 @@ def test_memory_budget_of_optimize_bounds_what_folding_makes():
     with pytest.raises(
         ResourceError, match=r"'cos' .* needs 4,000,000 bytes, over the memory budget of 1,000,000 bytes"
     ):
-        flowrt.optimize(net, options=flowrt.OptimizerOptions(memory_budget=10**6))
-    folded = flowrt.optimize(net, options=flowrt.OptimizerOptions(memory_budget=5 * 10**6))
+        flowrt.optimize(net, options=flowrt.OptimizerOptions(memory_budget=10**6), backends=["CpuRef"])
+    folded = flowrt.optimize(
+        net, options=flowrt.OptimizerOptions(memory_budget=5 * 10**6), backends=["CpuRef"]
+    )
     assert "folded 1 constant layer(s) (ConstantOfShape)" in folded.passes
 
 
@@ -65,14 +67,14 @@ def test_each_folded_layer_is_claimed_before_it_is_evaluated(kind, inputs):
     with pytest.raises(
         ResourceError, match=rf"constant folding of layer 'big' \({kind}\) needs [\d,]+ bytes"
     ):
-        flowrt.optimize(net, options=flowrt.OptimizerOptions(memory_budget=10**6))
+        flowrt.optimize(net, options=flowrt.OptimizerOptions(memory_budget=10**6), backends=["CpuRef"])
 
 
 def _relu(rows: int) -> flowrt.OptimizedNetwork:
     net = flowrt.Network()
     x = net.add_input("x", TensorInfo((rows, 1000)))
     net.add_output("y", net.add_layer("Relu", inputs=[x], name="relu"))
-    return flowrt.optimize(net)
+    return flowrt.optimize(net, backends=["CpuRef"])
 
 
 async def test_a_load_whose_arenas_pass_the_runtime_budget_is_refused_naming_the_layer():

@@ -13,7 +13,7 @@ from flowrt.profiling import chrome_trace, top_layers, write_chrome_trace
 
 async def test_profiled_run_records_every_workload():
     async with flowrt.Runtime() as rt:
-        model = await rt.load(flowrt.optimize(branchy_network()))
+        model = await rt.load(flowrt.optimize(branchy_network(), backends=["CpuRef"]))
         await model.run({"x": np.ones((2, 4), np.float32)})
         assert model.profile() == []
         await model.run({"x": np.ones((2, 4), np.float32)}, profile=True)
@@ -28,7 +28,7 @@ async def test_profiled_run_records_every_workload():
 
 async def test_runtime_profiling_records_every_run_by_default():
     async with flowrt.Runtime(profiling=True) as rt:
-        model = await rt.load(flowrt.optimize(branchy_network()))
+        model = await rt.load(flowrt.optimize(branchy_network(), backends=["CpuRef"]))
         for _ in range(3):
             await model.run({"x": np.ones((1, 4), np.float32)})
         await model.run({"x": np.ones((1, 4), np.float32)}, profile=False)
@@ -43,7 +43,7 @@ async def test_runtime_profiling_records_every_run_by_default():
 
 async def test_chrome_trace_has_one_complete_event_per_workload_and_a_track_per_worker(tmp_path):
     async with flowrt.Runtime() as rt:
-        model = await rt.load(flowrt.optimize(branchy_network()))
+        model = await rt.load(flowrt.optimize(branchy_network(), backends=["CpuRef"]))
         await model.run({"x": np.ones((1, 4), np.float32)}, profile=True)
     records = model.profile()
     write_chrome_trace(records, tmp_path / "trace.json")

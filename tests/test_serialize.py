@@ -108,7 +108,9 @@ def test_arrays_of_every_dtype_and_shape_round_trip(tmp_path):
         "ConstantOfShape", descriptors.ConstantOfShape(value=np.array([7], np.int32)), [shape]
     )
     net.add_output("filled", fill)
-    optimized = flowrt.optimize(net, options=flowrt.OptimizerOptions(fold_constants=False))
+    optimized = flowrt.optimize(
+        net, options=flowrt.OptimizerOptions(fold_constants=False), backends=["CpuRef"]
+    )
     serialize.save(optimized, tmp_path / "arrays.flowrt")
     loaded = serialize.load(tmp_path / "arrays.flowrt")
     _same_network(optimized, loaded)
@@ -131,7 +133,7 @@ def test_fallback_decisions_options_and_output_order_survive(tmp_path):
     _same_network(optimized, loaded)
     assert loaded.decisions["left"].declined == {"Partial": "Partial only runs Add, Relu"}
 
-    small = flowrt.optimize(serializable_network())
+    small = flowrt.optimize(serializable_network(), backends=["CpuRef"])
     serialize.save(small, tmp_path / "small.flowrt")
     # Outputs in the graph's order ("probs" first), not the topological one ("features" first).
     assert [x.descriptor.name for x in serialize.load(tmp_path / "small.flowrt").graph.output_layers] == [
@@ -174,7 +176,7 @@ def test_values_round_trip_with_their_types():
 
 
 def test_unsavable_values_fail_at_save_and_leave_no_file(tmp_path):
-    optimized = flowrt.optimize(serializable_network())
+    optimized = flowrt.optimize(serializable_network(), backends=["CpuRef"])
     clip = optimized.graph.layers["clip"]
     clip.descriptor = attrs.evolve(clip.descriptor, min=[0.0])
     with pytest.raises(
@@ -190,7 +192,7 @@ def test_unsavable_values_fail_at_save_and_leave_no_file(tmp_path):
 # -- prepared data -------------------------------------------------------------------------------
 def test_prepared_data_is_loaded_only_for_the_version_that_made_it(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="flowrt.serialize")
-    optimized = flowrt.optimize(serializable_network())
+    optimized = flowrt.optimize(serializable_network(), backends=["CpuRef"])
     path = tmp_path / "small.flowrt"
     blob = bytes(range(256)) * 3
     prepared = {"CpuRef": ((1, 0), {"conv": blob, "gemm": b""}), "Acme_Npu": ((1, 0), {"conv": b"x"})}

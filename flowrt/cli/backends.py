@@ -26,6 +26,14 @@ def _print_opencl_devices() -> None:
         )
 
 
+def _capability(value: object) -> str:
+    """A capability's value as printed: a set (``fused_activation``) sorted, so that the output
+    is the same run after run (a set of strings iterates in a per-process hash order)."""
+    if isinstance(value, set | frozenset):
+        return "{" + ", ".join(sorted(map(str, value))) + "}"
+    return str(value)
+
+
 def command(args: argparse.Namespace) -> int:
     """``flowrt backends``: see the module docstring."""
     registry = flowrt.backend_registry().copy()
@@ -33,7 +41,7 @@ def command(args: argparse.Namespace) -> int:
     for bid in registry.ids():
         backend = registry.get(bid)
         major, minor = backend.version
-        caps = ", ".join(f"{k}={v}" for k, v in backend.capabilities.items())
+        caps = ", ".join(f"{k}={_capability(v)}" for k, v in backend.capabilities.items())
         print(f"{bid}  version {major}.{minor}  capabilities: {caps}")
     print(f"CpuAcc's parallel regions: numba's {threading_layer.requested()!r} threading layer")
     if dynamic.found or dynamic.skipped:

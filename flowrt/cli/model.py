@@ -1,7 +1,8 @@
 """The model a command works on: an .onnx file optimized for a backend list, or a .flowrt file
 as it was converted, with the backend list checked first.
 
-The default list is the fastest this machine has: CpuAcc then CpuRef, with GpuAcc first
+The default list is the fastest this machine has (``flowrt.defaults``, as for
+``flowrt.optimize`` and ``InferenceSession``): CpuAcc then CpuRef, with GpuAcc first
 where OpenCL shows a GPU. GpuAcc runs on a CPU OpenCL device (PoCL) only when that device is
 named (``FLOWRT_OPENCL_DEVICE``): a CPU device runs most models slower than CpuAcc. Asking for
 GpuAcc where it cannot run is an error here, not a silent fallback to the next backend.
@@ -15,7 +16,7 @@ from collections.abc import Mapping
 import numpy as np
 
 import flowrt
-from flowrt import serialize
+from flowrt import defaults, serialize
 from flowrt.engine.scheduler.feeds import check_feeds
 from flowrt.errors import BackendError, FlowrtError, InputError
 from flowrt.models import pattern_input
@@ -23,8 +24,7 @@ from flowrt.registry import BackendRegistry
 from flowrt.registry.dynamic import load_dynamic_backends
 from flowrt.types import TensorInfo
 
-GPU = "GpuAcc"
-CPU_DEFAULT = ["CpuAcc", "CpuRef"]
+GPU = defaults.GPU_BACKEND
 
 
 def registry() -> BackendRegistry:
@@ -33,18 +33,6 @@ def registry() -> BackendRegistry:
     found = flowrt.backend_registry().copy()
     load_dynamic_backends(found)
     return found
-
-
-def gpu_device_present() -> bool:
-    """Whether OpenCL shows a GPU device (PoCL's CPU device does not count)."""
-    from flowrt.workers.gpu.device import gpu_device_present as probe
-
-    return probe()
-
-
-def default_backends() -> list[str]:
-    """The fastest backends available: GpuAcc, CpuAcc, CpuRef where OpenCL shows a GPU, else CpuAcc, CpuRef."""
-    return [GPU, *CPU_DEFAULT] if gpu_device_present() else list(CPU_DEFAULT)
 
 
 def check_gpu(backends: list[str], origin: str) -> None:
@@ -64,7 +52,7 @@ def check_gpu(backends: list[str], origin: str) -> None:
     if spec:
         device.choose_device(spec)  # BackendError listing the devices when it names none
         return
-    if not gpu_device_present():
+    if not defaults.gpu_device_present():
         found = ", ".join(f"{d.index} {d.name!r}" for d in device.describe_devices())
         raise BackendError(
             f"{origin} GpuAcc, but OpenCL shows no GPU, only CPU devices ({found}), which run "
@@ -96,7 +84,7 @@ def open_model(
 ) -> flowrt.OptimizedNetwork:
     """A .flowrt file as it was converted (``--backends`` only an error when given and
     different), or an ONNX model optimized for ``backends`` (default: ``default``, else
-    :func:`default_backends`)."""
+    ``flowrt.defaults.default_backends()``)."""
     known = registry()
     chosen = None if backends is None else parse_backends(backends, known)
     if chosen is not None:
@@ -111,7 +99,7 @@ def open_model(
         check_gpu(opt.backends, f"{path} was converted for")
         return opt
     if chosen is None:
-        chosen = default or default_backends()
+        chosen = default or defaults.default_backends()
         check_gpu(chosen, f"the default backends ({','.join(chosen)}) include")
     return flowrt.optimize(flowrt.onnx.load(path), backends=chosen, options=options, registry=known)
 

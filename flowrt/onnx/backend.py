@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep, namedtupledict
 
+from flowrt import defaults
 from flowrt.session import InferenceSession
 
 
@@ -39,9 +40,11 @@ class FlowrtBackendRep(BackendRep):
 
 
 class FlowrtBackend(Backend):
-    """Runs models on the backends in ``backends`` (default CpuRef), CPU device only."""
+    """Runs models on the backends in ``backends``, CPU device only: by default flowrt's CPU
+    list, CpuAcc then CpuRef (``flowrt.defaults``; GpuAcc is not a CPU device). A subclass, or
+    ``prepare(..., backends=[...])``, names others: ``backends = ("CpuRef",)`` for the reference."""
 
-    backends: Sequence[str] = ("CpuRef",)
+    backends: Sequence[str] = defaults.CPU_BACKENDS
 
     @classmethod
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> FlowrtBackendRep:

@@ -4,12 +4,14 @@
 reference); ``OpenCLExecutionProvider`` is GpuAcc before them. A registered flowrt backend id
 ("CpuRef") may be named as a provider too. Other ONNX Runtime providers (CUDA, TensorRT, ...)
 are not available here: as ONNX Runtime does for a provider it was not built with, they are
-skipped with a warning, and a list left empty runs on the CPU. A name neither knows is an error.
+skipped with a warning, and a list left empty once they are skipped runs on the CPU. A name
+neither knows is an error. With no providers at all (None or ``[]``), a session runs on flowrt's
+default list (``flowrt.defaults``): CpuAcc, CpuRef, with GpuAcc first only where OpenCL
+shows a GPU (a CPU OpenCL device such as PoCL's does not count).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import warnings
@@ -18,6 +20,7 @@ from typing import Any
 
 import attrs
 
+from flowrt import defaults
 from flowrt.errors import BackendError
 from flowrt.registry import backend_registry
 from flowrt.validate import argument_error
@@ -26,7 +29,10 @@ logger = logging.getLogger(__name__)
 
 CPU = "CPUExecutionProvider"
 OPENCL = "OpenCLExecutionProvider"
-BACKENDS: dict[str, tuple[str, ...]] = {CPU: ("CpuAcc", "CpuRef"), OPENCL: ("GpuAcc", "CpuAcc", "CpuRef")}
+BACKENDS: dict[str, tuple[str, ...]] = {
+    CPU: defaults.CPU_BACKENDS,
+    OPENCL: (defaults.GPU_BACKEND, *defaults.CPU_BACKENDS),
+}
 # The provider option that names GpuAcc's OpenCL device (Runtime(opencl_device=...)).
 DEVICE_OPTION = "device"
 
@@ -54,15 +60,6 @@ ORT_PROVIDERS = (
 )
 
 
-@functools.cache
-def gpu_device_present() -> bool:
-    """Whether OpenCL shows a GPU device (``flowrt.workers.gpu.device.gpu_device_present``);
-    imports pyopencl on first call only."""
-    from flowrt.workers.gpu.device import gpu_device_present as present
-
-    return present()
-
-
 def get_all_providers() -> list[str]:
     """Every provider name a session takes: ONNX Runtime's, and flowrt's OpenCLExecutionProvider."""
     return [*ORT_PROVIDERS[:-1], OPENCL, CPU]
@@ -71,12 +68,12 @@ def get_all_providers() -> list[str]:
 def get_available_providers() -> list[str]:
     """The providers that can run here: OpenCLExecutionProvider where OpenCL shows a GPU, and
     CPUExecutionProvider. Probes OpenCL (imports pyopencl) on first call."""
-    return [OPENCL, CPU] if gpu_device_present() else [CPU]
+    return [OPENCL, CPU] if defaults.gpu_device_present() else [CPU]
 
 
 def get_device() -> str:
     """ "GPU" where OpenCL shows a GPU device, else "CPU" (ONNX Runtime's ``get_device``)."""
-    return "GPU" if gpu_device_present() else "CPU"
+    return "GPU" if defaults.gpu_device_present() else "CPU"
 
 
 def normalize(providers: Any, provider_options: Any) -> list[tuple[str, dict[str, str]]]:
@@ -123,8 +120,19 @@ class ProviderChoice:
     opencl_device: str | None = None
 
 
+def default_choice() -> ProviderChoice:
+    """What a session given no providers runs on: flowrt's default list (``flowrt.defaults``),
+    GpuAcc first only where OpenCL shows a GPU, reported as the providers of its backends."""
+    backends = defaults.default_backends()
+    providers = providers_of(backends)
+    return ProviderChoice(tuple(backends), tuple(providers), {name: {} for name in providers})
+
+
 def choose(pairs: list[tuple[str, dict[str, str]]]) -> ProviderChoice:
-    """The backends for ``pairs`` (see the module doc); an empty list means CPUExecutionProvider."""
+    """The backends for ``pairs`` (see the module doc); no pairs at all means the default list
+    (:func:`default_choice`), and pairs all skipped mean CPUExecutionProvider."""
+    if not pairs:
+        return default_choice()
     backends: list[str] = []
     used: dict[str, dict[str, str]] = {}
     opencl_device = None
@@ -162,7 +170,7 @@ def _opencl_device(options: Mapping[str, str]) -> str | None:
     """The device spec OpenCLExecutionProvider runs on; BackendError where none is named and
     OpenCL shows no GPU: a CPU OpenCL device (PoCL) runs only when named."""
     spec = options.get(DEVICE_OPTION) or os.environ.get("FLOWRT_OPENCL_DEVICE") or None
-    if spec is None and not gpu_device_present():
+    if spec is None and not defaults.gpu_device_present():
         from flowrt.workers.gpu.device import unavailable_reason
 
         reason = unavailable_reason() or "OpenCL shows no GPU device"

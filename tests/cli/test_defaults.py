@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-import flowrt.cli.model as cli_model
+from flowrt import defaults
 from flowrt.cli import main
 from flowrt.workers.gpu import device
 from flowrt.workers.gpu.device import DeviceDescription
@@ -17,7 +17,7 @@ def opencl(monkeypatch):
     monkeypatch.delenv(device.DEVICE_ENV, raising=False)
 
     def show(gpu: bool = False, reason: str = "", cpu_devices=()):
-        monkeypatch.setattr(cli_model, "gpu_device_present", lambda: gpu)
+        monkeypatch.setattr(defaults, "gpu_device_present", lambda: gpu)
         monkeypatch.setattr(device, "unavailable_reason", lambda: reason)
         found = [
             DeviceDescription(f"0:{i}", name, "PoCL", "CPU", "3.0", 2**30, False)

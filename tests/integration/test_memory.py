@@ -57,7 +57,7 @@ def _input(seed: int) -> np.ndarray:
 
 
 async def test_concurrent_runs_in_four_pools_match_runs_alone():
-    opt = flowrt.optimize(_cnn())
+    opt = flowrt.optimize(_cnn(), backends=["CpuRef"])
     async with flowrt.Runtime() as rt:
         model = await rt.load(opt, max_in_flight=4)
         alone = {i: (await model.run({"x": _input(i)}))["y"] for i in range(64)}
@@ -77,7 +77,7 @@ async def test_concurrent_runs_in_four_pools_match_runs_alone():
 
 async def test_outputs_of_an_earlier_run_are_not_touched_by_the_next():
     async with flowrt.Runtime() as rt:
-        model = await rt.load(flowrt.optimize(_cnn()), max_in_flight=1)
+        model = await rt.load(flowrt.optimize(_cnn(), backends=["CpuRef"]), max_in_flight=1)
         first = (await model.run({"x": _input(1)}))["y"]
         kept = first.copy()
         second = (await model.run({"x": _input(2)}))["y"]
@@ -90,7 +90,7 @@ async def test_outputs_of_an_earlier_run_are_not_touched_by_the_next():
 
 async def test_pools_of_in_flight_runs_never_overlap():
     async with flowrt.Runtime() as rt:
-        model = await rt.load(flowrt.optimize(_cnn()), max_in_flight=3)
+        model = await rt.load(flowrt.optimize(_cnn(), backends=["CpuRef"]), max_in_flight=3)
         arenas = [pool.arenas["CpuRef"] for pool in model.pools.pools]
     assert len(arenas) == 3
     for i in range(3):
@@ -106,7 +106,9 @@ def _rss_mib():
 async def test_cancelled_runs_return_every_pool_and_memory_stays_flat():
     rng = random.Random(0)
     async with flowrt.Runtime() as rt:
-        model = await rt.load(flowrt.optimize(flowrt.onnx.load(light_model("squeezenet"))), max_in_flight=2)
+        model = await rt.load(
+            flowrt.optimize(flowrt.onnx.load(light_model("squeezenet")), backends=["CpuRef"]), max_in_flight=2
+        )
         x = (np.arange(3 * 224 * 224).reshape(1, 3, 224, 224) / (3 * 224 * 224)).astype(np.float32)
         cancelled = 0
         rss_start = None
@@ -140,7 +142,7 @@ async def test_pool_returned_when_a_workload_fails():
 
 async def test_memory_report_gives_arena_no_reuse_and_lower_bound():
     async with flowrt.Runtime() as rt:
-        model = await rt.load(flowrt.optimize(_cnn()), max_in_flight=1)
+        model = await rt.load(flowrt.optimize(_cnn(), backends=["CpuRef"]), max_in_flight=1)
     report = model.memory_report()["CpuRef"]
     tensor = 8 * 16 * 16 * 4
     # c1, r1, cat, out are planned; flat and back are views of r1, and c2 is written straight
@@ -153,7 +155,7 @@ async def test_memory_report_gives_arena_no_reuse_and_lower_bound():
 
 async def test_outputs_written_into_caller_arrays():
     async with flowrt.Runtime() as rt:
-        model = await rt.load(flowrt.optimize(_cnn()))
+        model = await rt.load(flowrt.optimize(_cnn(), backends=["CpuRef"]))
         expected = (await model.run({"x": _input(3)}))["y"]
         target = np.empty((1, 16, 16, 16), np.float32)
         result = await model.run({"x": _input(3)}, outputs={"y": target})
@@ -170,7 +172,7 @@ async def test_outputs_written_into_caller_arrays():
 async def test_zero_memory_on_release_clears_pools_between_runs():
     for zero in (True, False):
         async with flowrt.Runtime(zero_memory_on_release=zero) as rt:
-            model = await rt.load(flowrt.optimize(_cnn()), max_in_flight=1)
+            model = await rt.load(flowrt.optimize(_cnn(), backends=["CpuRef"]), max_in_flight=1)
             arena = model.pools.pools[0].arenas["CpuRef"]
             arena.fill(0)
             await model.run({"x": _input(4)})
@@ -195,7 +197,7 @@ async def test_intermediate_tensors_live_in_the_run_pool():
 async def test_max_in_flight_must_be_positive():
     async with flowrt.Runtime() as rt:
         with pytest.raises(flowrt.errors.FlowrtError, match="max_in_flight must be a positive int, got 0"):
-            await rt.load(flowrt.optimize(_cnn()), max_in_flight=0)
+            await rt.load(flowrt.optimize(_cnn(), backends=["CpuRef"]), max_in_flight=0)
 
 
 def test_inspect_memory_prints_the_report(capsys):
@@ -223,7 +225,7 @@ async def test_feeds_are_read_in_place():
 
 async def test_concat_inputs_are_written_in_place_where_their_region_is_contiguous():
     async with flowrt.Runtime() as rt:
-        model = await rt.load(flowrt.optimize(_cnn()), max_in_flight=1)
+        model = await rt.load(flowrt.optimize(_cnn(), backends=["CpuRef"]), max_in_flight=1)
         got = (await model.run({"x": _input(5)}))["y"]
     expected = _cnn_reference(_input(5))
     tid = {node.layer: node.outputs[0] for node in model.dataflow.order}

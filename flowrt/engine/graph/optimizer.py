@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from flowrt.defaults import default_backends
 from flowrt.engine.graph.graph import Graph, Layer, workload_info
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.passes.collapse_reshape import collapse_reshapes
@@ -298,7 +299,9 @@ def _optimize_subgraphs(
                 records.extend(_apply_substitutions(graph, bid, views, backends[bid], decisions))
                 for failed in views.failed:
                     for layer in failed:
-                        passes.append(_reassign(layer, bid, order[position + 1 :], decisions, ask, options.hints))
+                        passes.append(
+                            _reassign(layer, bid, order[position + 1 :], decisions, ask, options.hints)
+                        )
             if len(records) == done:
                 break
     if records:  # constants only the replaced layers read (a GELU's 0.5, a norm's epsilon)
@@ -371,16 +374,32 @@ def _backend_order(backends: Any) -> list[str]:
     return list(dict.fromkeys(backends))
 
 
+def _default_order(registry: BackendRegistry) -> list[str]:
+    """The default list (``flowrt.defaults.default_backends``) less what ``registry`` lacks."""
+    wanted = default_backends()
+    order = [bid for bid in wanted if registry.is_registered(bid)]
+    if not order:
+        known = ", ".join(registry.ids()) or "none"
+        raise BackendError(
+            f"optimize: no backend of the default list ({', '.join(wanted)}) is registered in the "
+            f"registry given (registered: {known}); pass backends=[...]"
+        )
+    return order
+
+
 def optimize(
     network: Network | Graph,
-    backends: Sequence[str] = ("CpuRef",),
+    backends: Sequence[str] | None = None,
     options: OptimizerOptions | None = None,
     registry: BackendRegistry | None = None,
 ) -> OptimizedNetwork:
     """Run the graph passes and assign every layer to the first backend in ``backends`` that takes it.
 
-    Raises UnsupportedLayerError (listing each backend's reason) when none takes a layer, and
-    BackendError for an unknown backend id. The network itself is left unchanged.
+    ``backends`` is a preference list of backend ids; None (the default) is the fastest list
+    available, ``flowrt.defaults.default_backends()``: CpuAcc, CpuRef, with GpuAcc first where
+    OpenCL shows a GPU (the first such call probes OpenCL). Raises UnsupportedLayerError
+    (listing each backend's reason) when none takes a layer, and BackendError for an unknown
+    backend id. The network itself is left unchanged.
     """
     check_instance("network", network, Network | Graph, "a flowrt.Network", where="optimize")
     options = OptimizerOptions() if options is None else options
@@ -391,7 +410,7 @@ def optimize(
     check_instance(
         "registry", registry, BackendRegistry, "a flowrt.BackendRegistry or None", where="optimize"
     )
-    order = _backend_order(backends)
+    order = _default_order(registry) if backends is None else _backend_order(backends)
     if not order:
         raise BackendError("the backend preference list is empty")
     instances = {bid: registry.get(bid) for bid in order}

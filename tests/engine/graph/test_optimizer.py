@@ -66,7 +66,7 @@ def test_dropout_and_identity_are_removed():
     ident = net.add_layer("Identity", inputs=[x], name="ident")
     drop = net.add_layer("Dropout", inputs=[ident], name="drop")
     net.add_output("y", net.add_layer("Relu", inputs=[drop], name="relu"))
-    opt = flowrt.optimize(net)
+    opt = flowrt.optimize(net, backends=["CpuRef"])
     assert list(opt.assignments()) == ["relu"]
     assert "removed Identity 'ident'" in opt.passes
     assert "removed Dropout 'drop'" in opt.passes
@@ -85,7 +85,7 @@ def test_constant_subgraphs_and_static_shapes_are_folded():
     )
     w = net.add_layer("Exp", inputs=[np.zeros((2, 3, 4), np.float32)], name="exp_of_const")
     net.add_output("y", net.add_layer("Add", inputs=[flat, w], name="add"))
-    opt = flowrt.optimize(net)
+    opt = flowrt.optimize(net, backends=["CpuRef"])
     assert list(opt.assignments()) == ["reshape", "add"]
     assert any("folded 3 constant layer(s)" in p for p in opt.passes)
     x_val = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
@@ -103,7 +103,7 @@ def test_folding_repeats_while_a_fold_makes_more_shapes_static():
     shape = net.add_layer("Shape", inputs=[padded], name="shape")
     flat = net.add_layer("Reshape", inputs=[padded, shape], name="reshape")
     net.add_output("y", net.add_layer("Relu", inputs=[flat], name="relu"))
-    opt = flowrt.optimize(net)
+    opt = flowrt.optimize(net, backends=["CpuRef"])
     assert list(opt.assignments()) == ["pad", "reshape", "relu"]
     assert sum("folded" in p for p in opt.passes) == 2
     x_val = np.arange(18, dtype=np.float32).reshape(1, 2, 3, 3) - 9
@@ -127,7 +127,9 @@ def _conv_bn_network(with_bias: bool):
 
 
 def _with_and_without_batch_norm_folding(net: flowrt.Network):
-    return flowrt.optimize(net), flowrt.optimize(net, options=flowrt.OptimizerOptions(fold_batch_norm=False))
+    return flowrt.optimize(net, backends=["CpuRef"]), flowrt.optimize(
+        net, options=flowrt.OptimizerOptions(fold_batch_norm=False), backends=["CpuRef"]
+    )
 
 
 def _same_outputs(folded, unfolded, x_shape, *, seed: int, rtol: float) -> None:
@@ -181,5 +183,5 @@ def test_batch_norm_after_batch_norm_becomes_one(first_read_twice):
 def test_optimize_leaves_the_network_unchanged():
     net = _conv_bn_network(True)
     before = sorted(net.graph.layers)
-    flowrt.optimize(net)
+    flowrt.optimize(net, backends=["CpuRef"])
     assert sorted(net.graph.layers) == before

@@ -156,7 +156,7 @@ async def test_outputs_are_fresh_arrays_the_caller_owns():
 async def test_load_outside_runtime_context_is_refused():
     rt = flowrt.Runtime()
     with pytest.raises(flowrt.errors.FlowrtError, match="async with Runtime"):
-        await rt.load(flowrt.optimize(branchy_network()))
+        await rt.load(flowrt.optimize(branchy_network(), backends=["CpuRef"]))
 
 
 def test_outputs_keep_the_declared_order_not_the_execution_order():

@@ -170,7 +170,7 @@ def _tiny_onnx(path) -> None:
 
 def test_cli_tune_writes_a_tuning_file_with_a_progress_bar(gpu, tmp_path, capsys, monkeypatch):
     from flowrt.cli import main
-    from flowrt.cli.model import gpu_device_present
+    from flowrt.defaults import gpu_device_present
     from flowrt.progress import PROGRESS_ENV
     from flowrt.workers.gpu.device import DEVICE_ENV
 

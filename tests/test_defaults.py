@@ -1,0 +1,138 @@
+"""One default backend list for every entry point: ``flowrt.optimize``, ``InferenceSession``
+with no providers, the onnx backend and the command line all take the fastest list available
+(CpuAcc, CpuRef; GpuAcc first only where OpenCL shows a real GPU). The OpenCL probe is
+replaced here, so these tests mean the same on a machine with a GPU and one without."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from fakes import PartialBackend
+from ortmodels import relu_model
+
+import flowrt
+import flowrt.workers.gpu.device as opencl_device
+from flowrt import defaults
+from flowrt.errors import BackendError
+from flowrt.onnx import backend as onnx_backend
+
+X = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+
+
+@pytest.fixture
+def opencl(monkeypatch):
+    """``opencl(gpu=...)``: what the OpenCL probe answers. With a GPU, "GpuAcc" is a stand-in
+    that declines every layer, so nothing here needs OpenCL."""
+    monkeypatch.delenv(opencl_device.DEVICE_ENV, raising=False)
+
+    def show(gpu: bool) -> None:
+        monkeypatch.setattr(defaults, "gpu_device_present", lambda: gpu)
+        if gpu:
+            factories = flowrt.backend_registry()._factories
+            monkeypatch.setitem(factories, "GpuAcc", lambda: PartialBackend("GpuAcc", set()))
+
+    return show
+
+
+def _relu_network() -> flowrt.Network:
+    return flowrt.onnx.load(relu_model())
+
+
+def test_optimize_without_backends_takes_cpuacc_then_cpuref_without_a_gpu(opencl):
+    opencl(gpu=False)
+    opt = flowrt.optimize(_relu_network())
+    assert opt.backends == ["CpuAcc", "CpuRef"]
+    assert opt.backend_counts() == {"CpuAcc": 1}
+
+
+def test_optimize_without_backends_puts_gpuacc_first_where_opencl_shows_a_gpu(opencl):
+    opencl(gpu=True)
+    opt = flowrt.optimize(_relu_network())
+    assert opt.backends == ["GpuAcc", "CpuAcc", "CpuRef"]
+    assert opt.backend_counts() == {"CpuAcc": 1}  # the stand-in GpuAcc declined the Relu
+
+
+def test_optimize_with_backends_named_keeps_them(opencl):
+    opencl(gpu=True)
+    assert flowrt.optimize(_relu_network(), backends=["CpuRef"]).backends == ["CpuRef"]
+
+
+def test_optimize_default_leaves_out_what_the_registry_given_lacks(opencl):
+    opencl(gpu=False)
+    registry = flowrt.BackendRegistry()
+    registry.register("CpuRef", flowrt.RefBackend)
+    assert flowrt.optimize(_relu_network(), registry=registry).backends == ["CpuRef"]
+    with pytest.raises(
+        BackendError, match=r"no backend of the default list \(CpuAcc, CpuRef\) is registered"
+    ):
+        flowrt.optimize(_relu_network(), registry=flowrt.BackendRegistry())
+
+
+def test_a_session_without_providers_runs_on_cpuacc_then_cpuref_without_a_gpu(opencl):
+    opencl(gpu=False)
+    with flowrt.InferenceSession(relu_model().SerializeToString()) as sess:
+        assert sess.optimized.backends == ["CpuAcc", "CpuRef"]
+        assert sess.get_providers() == ["CPUExecutionProvider"]
+        np.testing.assert_array_equal(sess.run(None, {"x": X})[0], np.maximum(X, 0))
+
+
+def test_a_session_without_providers_puts_gpuacc_first_only_where_opencl_shows_a_gpu(opencl):
+    opencl(gpu=True)
+    model = relu_model().SerializeToString()
+    with flowrt.InferenceSession(model) as default, flowrt.InferenceSession(model, providers=[]) as empty:
+        assert default.optimized.backends == empty.optimized.backends == ["GpuAcc", "CpuAcc", "CpuRef"]
+        assert default.get_providers() == ["OpenCLExecutionProvider", "CPUExecutionProvider"]
+        np.testing.assert_array_equal(default.run(None, {"x": X})[0], np.maximum(X, 0))
+    # Naming the CPU provider still leaves GpuAcc out.
+    with flowrt.InferenceSession(model, providers=["CPUExecutionProvider"]) as cpu:
+        assert cpu.optimized.backends == ["CpuAcc", "CpuRef"]
+
+
+def test_the_onnx_backend_runs_on_the_cpu_default_even_where_opencl_shows_a_gpu(opencl):
+    opencl(gpu=True)
+    rep = onnx_backend.prepare(relu_model())
+    with rep.session:
+        assert rep.session.optimized.backends == ["CpuAcc", "CpuRef"]
+        np.testing.assert_array_equal(rep.run(X)[0], np.maximum(X, 0))
+
+
+def test_the_gpu_probe_runs_once_per_process(monkeypatch):
+    calls = []
+    monkeypatch.setattr(opencl_device, "gpu_device_present", lambda: calls.append(1) or False)
+    defaults.gpu_device_present.cache_clear()
+    try:
+        assert defaults.default_backends() == defaults.default_backends() == ["CpuAcc", "CpuRef"]
+        assert calls == [1]
+    finally:
+        defaults.gpu_device_present.cache_clear()  # the next caller probes the real OpenCL
+
+
+_BACKENDS_CAPABILITIES = """
+from flowrt.cli import main
+main(["backends"])
+"""
+
+
+def _capability_lines(hash_seed: str) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", _BACKENDS_CAPABILITIES],
+        env={**os.environ, "PYTHONHASHSEED": hash_seed},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return [line for line in done.stdout.splitlines() if "capabilities:" in line]
+
+
+def test_flowrt_backends_prints_fused_activation_sorted_whatever_the_hash_seed():
+    first, second = _capability_lines("1"), _capability_lines("2")
+    assert first == second
+    (cpu_acc,) = [line for line in first if line.startswith("CpuAcc ")]
+    kinds = cpu_acc.split("fused_activation={", 1)[1].split("}", 1)[0].split(", ")
+    assert kinds == sorted(kinds) and "Conv" in kinds
+    assert "frozenset" not in "\n".join(first)
