@@ -218,7 +218,7 @@ def test_few_output_channels_run_tap_by_tap(x_shape, w_shape, attrs, constant, w
 @pytest.mark.parametrize(
     "x_shape, w_shape, attrs, direct",
     [
-        ((2, 32, 14, 14), (32, 8, 3, 3), dict(group=4, pads=(1, 1, 1, 1)), True),
+        ((2, 32, 14, 14), (32, 8, 3, 3), dict(group=4, pads=(1, 1, 1, 2)), True),
         ((1, 48, 15, 17), (24, 16, 3, 3), dict(group=3, strides=(2, 2), pads=(1, 1, 1, 1)), True),
         ((1, 12, 9, 11), (6, 4, 5, 3), dict(group=3, pads=(2, 1, 2, 0), dilations=(1, 2)), True),
         ((1, 40, 10, 10), (8, 20, 3, 3), dict(group=2, pads=(1, 1, 1, 1)), False),
@@ -234,6 +234,31 @@ def test_groups_of_few_channels_run_as_direct_windows(x_shape, w_shape, attrs, d
     kernel, got, expected = conv_case(x, w, b, workers=workers, activation=activation, **attrs)
     close(got, expected)
     assert (kernel.plan(x.shape, w.shape).name == "grouped") is direct
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("activation", [None, FusedActivation("Relu"), FusedActivation("Swish", 0.5)])
+@pytest.mark.parametrize(
+    "x_shape, w_shape",
+    [((2, 32, 14, 14), (32, 8, 3, 3)), ((1, 6, 2, 7), (9, 2, 3, 3)), ((1, 48, 9, 5), (24, 16, 3, 3))],
+)
+def test_grouped_3x3_same_convs_take_each_channels_taps_in_one_loop(x_shape, w_shape, activation, workers):
+    """RegNet's grouped 3x3 convs: the group's planes copied once into a bordered scratch,
+    each output plane built by one pass per input channel; huge values on the first and last
+    columns show any tap that wrapped into another row."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal(x_shape, dtype=np.float32)
+    x[..., 0] = x[..., -1] = 1e30
+    w = rng.standard_normal(w_shape, dtype=np.float32)
+    b = rng.standard_normal(w_shape[0], dtype=np.float32)
+    group = x_shape[1] // w_shape[1]
+    kernel, got, expected = conv_case(
+        x, w, b, workers=workers, activation=activation, group=group, pads=(1, 1, 1, 1)
+    )
+    assert kernel.plan(x.shape, w.shape).name == "grouped_same3"
+    finite = np.isfinite(expected)
+    np.testing.assert_array_equal(np.isfinite(got), finite)
+    np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("threads", [1, 2, None])

@@ -35,7 +35,7 @@ SHAPES = [
     ("dw_dil", (1, 8, 12, 12), (8, 1, 3, 3), dict(group=8, dilations=(2, 2), pads=(2, 2, 2, 2)), "depthwise", "depthwise"),
     ("dw_s2_asymmetric", (1, 8, 9, 9), (8, 1, 3, 3), dict(group=8, strides=(2, 2), pads=(0, 0, 1, 1)), "depthwise", "depthwise"),
     ("dw_same_upper", (2, 6, 17, 15), (12, 1, 3, 3), dict(group=6, strides=(2, 2), auto_pad="SAME_UPPER"), "depthwise_strided2", "depthwise_strided2"),
-    ("grp_3x3", (1, 32, 14, 14), (32, 8, 3, 3), dict(group=4, pads=P1), "grouped", "grouped"),
+    ("grp_3x3", (1, 32, 14, 14), (32, 8, 3, 3), dict(group=4, pads=P1), "grouped_same3", "grouped_same3"),
     ("grp_s2", (2, 48, 15, 17), (24, 16, 3, 3), dict(group=3, strides=(2, 2), pads=P1), "grouped", "grouped"),
     ("grp_wide", (1, 40, 10, 10), (8, 20, 3, 3), dict(group=2, pads=P1), "columns", "columns"),
     ("grp_1x1", (1, 32, 8, 8), (32, 8, 1, 1), dict(group=4), "packed", "packed"),
@@ -119,12 +119,12 @@ TUNED = [
     ("dw_s2", "no_taps", "depthwise_strided2"),
     ("dw_s2", "winograd2", "depthwise_strided2"),
     ("dw_s2", "winograd4", "depthwise_strided2"),
-    ("grp_3x3", "many_slices", "grouped"),
-    ("grp_3x3", "merge_any_batch", "grouped"),
-    ("grp_3x3", "by_blas", "grouped"),
-    ("grp_3x3", "no_taps", "grouped"),
-    ("grp_3x3", "winograd2", "grouped"),
-    ("grp_3x3", "winograd4", "grouped"),
+    ("grp_3x3", "many_slices", "grouped_same3"),
+    ("grp_3x3", "merge_any_batch", "grouped_same3"),
+    ("grp_3x3", "by_blas", "grouped_same3"),
+    ("grp_3x3", "no_taps", "grouped_same3"),
+    ("grp_3x3", "winograd2", "grouped_same3"),
+    ("grp_3x3", "winograd4", "grouped_same3"),
     ("wino_f2", "many_slices", "winograd2"),
     ("wino_f2", "merge_any_batch", "winograd2"),
     ("wino_f2", "by_blas", "winograd2"),
@@ -195,7 +195,7 @@ def _label(plan):
 def test_the_algorithms_are_tried_in_a_fixed_order_ending_with_one_that_takes_any_shape():
     names = [a.name for a in ALGORITHMS]
     assert names == [
-        "depthwise_same3", "depthwise_same5", "depthwise_strided2", "depthwise", "grouped", "winograd", "taps", "vector", "batched", "packed", "columns",
+        "depthwise_same3", "depthwise_same5", "depthwise_strided2", "depthwise", "grouped_same3", "grouped", "winograd", "taps", "vector", "batched", "packed", "columns",
             "rows",
     ]  # fmt: skip
     geometry = ConvGeometry.of(flowrt.descriptors.Conv(), (1, 3, 5, 5), (4, 3, 3, 3), 1)
