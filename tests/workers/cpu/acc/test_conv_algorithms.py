@@ -36,7 +36,7 @@ SHAPES = [
     ("dw_s2_asymmetric", (1, 8, 9, 9), (8, 1, 3, 3), dict(group=8, strides=(2, 2), pads=(0, 0, 1, 1)), "depthwise", "depthwise"),
     ("dw_same_upper", (2, 6, 17, 15), (12, 1, 3, 3), dict(group=6, strides=(2, 2), auto_pad="SAME_UPPER"), "depthwise_strided2", "depthwise_strided2"),
     ("grp_3x3", (1, 32, 14, 14), (32, 8, 3, 3), dict(group=4, pads=P1), "grouped_same3", "grouped_same3"),
-    ("grp_s2", (2, 48, 15, 17), (24, 16, 3, 3), dict(group=3, strides=(2, 2), pads=P1), "grouped", "grouped"),
+    ("grp_s2", (2, 48, 15, 17), (24, 16, 3, 3), dict(group=3, strides=(2, 2), pads=P1), "grouped_strided2", "grouped_strided2"),
     ("grp_wide", (1, 40, 10, 10), (8, 20, 3, 3), dict(group=2, pads=P1), "columns", "columns"),
     ("grp_1x1", (1, 32, 8, 8), (32, 8, 1, 1), dict(group=4), "packed", "packed"),
     ("grp_odd", (1, 6, 17, 19), (9, 2, 3, 2), dict(group=3, strides=(3, 2), dilations=(1, 2), pads=(2, 0, 1, 1)), "grouped", "grouped"),
@@ -195,7 +195,7 @@ def _label(plan):
 def test_the_algorithms_are_tried_in_a_fixed_order_ending_with_one_that_takes_any_shape():
     names = [a.name for a in ALGORITHMS]
     assert names == [
-        "depthwise_same3", "depthwise_same5", "depthwise_strided2", "depthwise", "grouped_same3", "grouped", "winograd", "taps", "vector", "batched", "packed", "columns",
+        "depthwise_same3", "depthwise_same5", "depthwise_strided2", "depthwise", "grouped_same3", "grouped_strided2", "grouped", "winograd", "taps", "vector", "batched", "packed", "columns",
             "rows",
     ]  # fmt: skip
     geometry = ConvGeometry.of(flowrt.descriptors.Conv(), (1, 3, 5, 5), (4, 3, 3, 3), 1)

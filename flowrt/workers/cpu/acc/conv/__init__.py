@@ -11,8 +11,8 @@ In the order they are tried:
   then ``depthwise_same5.py``'s :class:`DepthwiseSame5` (5x5, two pad cells),
   ``depthwise_strided.py``'s :class:`DepthwiseStrided2` (3x3 and 5x5 at stride 2), then
   :class:`Depthwise`, a direct sliding window per (image, channel) plane;
-- ``grouped_same3.py``: :class:`GroupedSame3`, grouped 3x3 "same" convs of few channels per
-  group, one pass per input channel; ``grouped.py``: :class:`Grouped`, other groups of few
+- ``grouped_same3.py``: :class:`GroupedSame3` and :class:`GroupedStrided2`, grouped 3x3
+  convs of few channels per group at stride 1 and 2, one pass per input channel; ``grouped.py``: :class:`Grouped`, other groups of few
   channels as direct windows;
 - ``winograd_conv.py``: :class:`Winograd`, large 3x3 stride-1 convs by F(2x2, 3x3)
   (``winograd.py``) or F(4x4, 3x3) (``winograd4.py``);

@@ -19,7 +19,7 @@ from flowrt.workers.cpu.acc.conv.depthwise_same5 import DepthwiseSame5
 from flowrt.workers.cpu.acc.conv.depthwise_strided import DepthwiseStrided2
 from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
 from flowrt.workers.cpu.acc.conv.grouped import Grouped
-from flowrt.workers.cpu.acc.conv.grouped_same3 import GroupedSame3
+from flowrt.workers.cpu.acc.conv.grouped_same3 import GroupedSame3, GroupedStrided2
 from flowrt.workers.cpu.acc.conv.packed import Packed
 from flowrt.workers.cpu.acc.conv.taps import Taps
 from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
@@ -72,6 +72,7 @@ ALGORITHMS: tuple[type[ConvAlgorithm], ...] = (
     DepthwiseStrided2,
     Depthwise,
     GroupedSame3,
+    GroupedStrided2,
     Grouped,
     Winograd,
     Taps,

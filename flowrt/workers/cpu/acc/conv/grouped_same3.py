@@ -8,8 +8,11 @@ output run for RegNet's 8 channels per group, each reading and writing it. Here 
 input planes are copied once into a scratch whose zero borders stand for the pad rows, as
 ``depthwise.depthwise_same3`` does for one channel, and each output plane is built in place in
 the output by one pass per input channel (9 taps), masks dropping the taps that fall off a
-row's ends. On one AVX2 EPYC core, RegNet-Y-400MF's shapes (8 channels per group):
-(1, 48, 56, 56) 643 -> 361 us, (1, 208, 14, 14) 350 -> 175 us, (1, 440, 7, 7) 351 -> 98 us.
+row's ends. At stride 2 (:class:`GroupedStrided2`), each channel is split into its phase planes
+on the output's pitch instead, as ``depthwise_strided.py`` does. On one AVX2 EPYC core,
+RegNet-Y-400MF's shapes (8 channels per group):
+(1, 48, 56, 56) 643 -> 361 us, (1, 208, 14, 14) 350 -> 175 us, (1, 440, 7, 7) 351 -> 98 us;
+at stride 2, (1, 48, 112, 112) 911 -> 591 us, (1, 440, 14, 14) 609 -> 189 us.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import numpy as np
 from numba import njit
 
 from flowrt.workers.cpu.acc.calls import SliceFunction
+from flowrt.workers.cpu.acc.conv.depthwise_strided import _GUARD, _column3, _fill_phases
 from flowrt.workers.cpu.acc.conv.grouped import MAX_GROUP_CHANNELS
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, activate_row
 
@@ -132,3 +136,97 @@ class GroupedSame3:
             np.int64(width), np.int64(pixels), np.int64(groups), *act,
         )  # fmt: skip
         _GROUP_TASK.run(tasks, args)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _channel_taps_s2(out, o, add, b, wm, p00, p01, p10, p11, left, ow_count, pixels):
+    """:func:`_channel_taps` at stride 2, from one input channel's four phase planes on the
+    output's pitch (``depthwise_strided.py``); ``left[i]``: whether output i's column has one
+    to its left."""
+    zero, one, p = np.float32(0), np.uint64(1), np.uint64(ow_count)
+    start = np.uint64(_GUARD + ow_count)
+    for i in range(np.uint64(pixels)):
+        at = start + i
+        c0 = _column3(p01, p11, at - one, p, wm[0, 0], wm[1, 0], wm[2, 0])
+        c1 = _column3(p00, p10, at, p, wm[0, 1], wm[1, 1], wm[2, 1])
+        c2 = _column3(p01, p11, at, p, wm[0, 2], wm[1, 2], wm[2, 2])
+        v = ((c0 if left[i] else zero) + c1) + c2
+        if add:
+            out[o + i] += v
+        else:
+            out[o + i] = b + v
+
+
+@njit(nogil=True, cache=True)
+def _group_task_s2(task, _step, x_flat, w, bias, out_flat, phases, left, height, width, oh, ow, groups, code, alpha, beta):  # fmt: skip
+    """:func:`_group_task` at stride 2: the group's channels split into phase planes (rows
+    ``task`` of ``phases``), then each of its output planes."""
+    cg, m_count = w.shape[1], w.shape[0]
+    mg = m_count // groups
+    n, g = divmod(task, groups)
+    mine = phases[task]
+    pixels = oh * ow
+    for j in range(cg):
+        _fill_phases(mine[j], x_flat, ((n * groups + g) * cg + j) * height * width, height, width, oh, ow)
+    for mm in range(mg):
+        m = g * mg + mm
+        o = np.uint64((n * m_count + m) * pixels)
+        for j in range(cg):
+            q = mine[j]
+            if j == 0:
+                _channel_taps_s2(
+                    out_flat, o, False, bias[m], w[m, j], q[0], q[1], q[2], q[3], left, ow, pixels
+                )
+            else:
+                _channel_taps_s2(
+                    out_flat, o, True, bias[m], w[m, j], q[0], q[1], q[2], q[3], left, ow, pixels
+                )
+        row = out_flat[o : o + np.uint64(pixels)]
+        activate_row(row, row, NO_BIAS, code, alpha, beta)
+
+
+_GROUP_TASK_S2 = SliceFunction(_group_task_s2)
+
+
+@attrs.frozen(eq=False)
+class GroupedStrided2:
+    """Plan of a grouped 3x3 conv (not depthwise) of at most ``MAX_GROUP_CHANNELS`` channels
+    per group, stride 2, no dilation, one pad cell on each side: one task per (image, group),
+    from the group's phase planes."""
+
+    name: ClassVar[str] = "grouped_strided2"
+    left: np.ndarray  # per output: whether its column has one to its left
+
+    @classmethod
+    def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:
+        """A grouped conv of that shape."""
+        g = geometry.window
+        return (
+            1 < geometry.groups < geometry.x_shape[1]
+            and geometry.w_shape[1] <= MAX_GROUP_CHANNELS
+            and geometry.kernel == (3, 3)
+            and g.strides == (2, 2)
+            and g.dilations == (1, 1)
+            and g.pads_begin == g.pads_end == (1, 1)
+        )
+
+    @classmethod
+    def plan(cls, geometry: ConvGeometry, tuning: ConvTuning) -> GroupedStrided2:
+        """The mask of the output's first column."""
+        oh, ow = geometry.out_hw
+        return cls(np.arange(oh * ow) % ow > 0)
+
+    def run(
+        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
+    ) -> None:
+        """See ``algorithms.ConvAlgorithm.run``."""
+        batch, channels, height, width = x.shape
+        oh, ow = out.shape[2], out.shape[3]
+        groups = channels // w_shape[1]
+        tasks = batch * groups
+        phases = np.empty((tasks, w_shape[1], 4, (oh + 2) * ow + 2 * _GUARD), np.float32)
+        args = (
+            x.reshape(-1), w.reshape(w_shape), bias, out.reshape(-1), phases, self.left,
+            np.int64(height), np.int64(width), np.int64(oh), np.int64(ow), np.int64(groups), *act,
+        )  # fmt: skip
+        _GROUP_TASK_S2.run(tasks, args)
