@@ -96,8 +96,12 @@ class InferenceSession:
             sess_options, providers, backends, options
         )
         self._options, self._cpu_workers = options, cpu_workers
-        config = resolve(sess_options, providers, provider_options, backends, options, cpu_workers, kwargs)
         self._network, self._metadata = _read(path_or_bytes)
+        if isinstance(self._network, OptimizedNetwork) and providers is backends is provider_options is None:
+            # it runs on the backends it was optimized for: no default list to find (which
+            # would probe OpenCL)
+            backends = list(self._network.backends)
+        config = resolve(sess_options, providers, provider_options, backends, options, cpu_workers, kwargs)
         self._thread: TrioThread | None = None
         self._finalizer: weakref.finalize | None = None
         self._start(config)
