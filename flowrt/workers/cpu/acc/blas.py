@@ -27,6 +27,7 @@ import threadpoolctl
 from numba import njit
 
 from flowrt.workers.cpu.acc.calls import (  # noqa: F401  (re-exported: the kernels' launchers)
+    NATIVE,
     PRANGE_ONLY,
     SliceFunction,
     call_native,
@@ -101,41 +102,47 @@ def leading_dimension(x):
     return max(ld, cols, 1)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, no_cfunc_wrapper=True)
 def sgemm(trans_a, trans_b, alpha, a, b, beta, c):
     """``c = alpha * op(a) @ op(b) + beta * c`` on float32 2-D views with unit column stride;
     ``op(x)`` is ``x.T`` when its flag is set. Runs on the calling thread (see the module doc),
-    in blocks of columns when ``m * k`` is small (see ``SMALL_GEMM``)."""
+    in blocks of columns when ``m * k`` is small (see ``SMALL_GEMM``): :func:`gemm_at` on the
+    views' addresses."""
     m, n = c.shape
     k = a.shape[0] if trans_a else a.shape[1]
+    # The operands go to BLAS as addresses (see openblas.gemm).
+    flags = np.int64(1 if trans_a else 0), np.int64(1 if trans_b else 0)  # not literals: one gemm_at
+    gemm_at(
+        flags[0], flags[1], m, n, k, np.float32(alpha),
+        np.int64(a.ctypes.data), leading_dimension(a), np.int64(b.ctypes.data), leading_dimension(b),
+        np.float32(beta), np.int64(c.ctypes.data), leading_dimension(c),
+    )  # fmt: skip
+
+
+@njit(**NATIVE)
+def gemm_at(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    """:func:`sgemm` on row-major float32 matrices given by address and row stride (in
+    elements, at least the row's length): ``c`` (m, n), ``op(a)`` (m, k), ``op(b)`` (k, n),
+    ``a`` or ``b`` transposed when ``trans_a`` or ``trans_b`` is 1. For kernels that hold
+    flat buffers: a 2-D view costs numba more to compile than this call."""
     if m == 0 or n == 0:
         return
     scalars = np.empty(2, np.float32)
     scalars[0] = alpha
     scalars[1] = beta
-    # The operands go to BLAS as addresses (see openblas.gemm).
-    a_at, b_at, c_at = np.int64(a.ctypes.data), np.int64(b.ctypes.data), np.int64(c.ctypes.data)
     if m == 1:
         # One output row (a fully connected layer at batch 1): GEMV reads op(b) once, where
         # GEMM would first copy all of it into packed panels. op(a)'s one row is contiguous
         # (a row of a, or a column of a one-column a); c's row is contiguous.
         # Row-major op(b) (k, n) is the column-major matrix (n, k) when not transposed.
         gemv(
-            _TRANS if trans_b else _NO_TRANS,
-            k if trans_b else n,
-            n if trans_b else k,
-            scalars,
-            b_at,
-            leading_dimension(b),
-            a_at,
-            c_at,
+            _TRANS if trans_b else _NO_TRANS, k if trans_b else n, n if trans_b else k, scalars, b, ldb, a, c
         )
         return
     step = n
     columns = FEW_ROWS_COLUMNS if m <= FEW_ROWS and trans_b else SMALL_GEMM_COLUMNS
     if SMALL_PATH and m * n * k > SMALL_GEMM and m * k * columns <= SMALL_GEMM:
         step = SMALL_GEMM // (m * k)
-    ldb, ldc = leading_dimension(b), leading_dimension(c)
     for j0 in range(0, n, step):
         j1 = min(j0 + step, n)
         # Row-major C = op(A) op(B) is column-major C' = op(B)' op(A)': the operands swap
@@ -147,10 +154,10 @@ def sgemm(trans_a, trans_b, alpha, a, b, beta, c):
             m,
             k,
             scalars,
-            b_at + j0 * (b.strides[0] if trans_b else b.strides[1]),
+            b + j0 * 4 * (ldb if trans_b else 1),
             ldb,
-            a_at,
-            leading_dimension(a),
-            c_at + j0 * c.strides[1],
+            a,
+            lda,
+            c + j0 * 4,
             ldc,
         )

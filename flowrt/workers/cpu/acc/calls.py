@@ -11,7 +11,8 @@ calls cost 0.5-1.5 s); the one parallel loop, :func:`_parallel_tasks`, is compil
 all of them. A function that many kernels may call but few do (an activation other than Relu
 and Clip, the row walk of an elementwise op in a tape) is a :class:`LateFunction`, reached
 through a named slot and compiled when first needed. ``PRANGE_ONLY`` keeps numba from making
-parallel loops of anything but ``prange``.
+parallel loops of anything but ``prange``, and ``NATIVE`` from compiling Python and C wrappers
+for functions that only compiled code calls.
 """
 
 from __future__ import annotations
@@ -66,13 +67,22 @@ def call_native(typingctx, address, args):
     return types.none(address, args), codegen
 
 
+# The jit options of a function that only compiled code calls (by address, or linked into its
+# callers): no Python or C wrapper to compile with it. Each wrapper converts every argument,
+# 5-10% of the compile time of a small function on a cold cache.
+NATIVE = {"nogil": True, "cache": True, "no_cpython_wrapper": True, "no_cfunc_wrapper": True}
+
+
 class SliceFunction:
     """A jitted ``fn(task, step, *args)`` doing one task of a kernel's parallel loop, called by
-    address from :func:`run_tasks` or :func:`run_stages` (``task``, ``step``: int64)."""
+    address from :func:`run_tasks` or :func:`run_stages` (``task``, ``step``: int64). Jitted
+    with :data:`NATIVE`, it has no Python wrapper: :meth:`run` then runs even a single task
+    through :func:`run_tasks`."""
 
     def __init__(self, fn) -> None:
         self.fn = fn
         self._addresses: dict[bytes, int] = {}
+        self._python = not fn.targetoptions.get("no_cpython_wrapper", False)
 
     def address(self, args: tuple) -> int:
         """``fn`` compiled (or loaded from numba's cache) for ``args``, the very tuple the
@@ -88,10 +98,10 @@ class SliceFunction:
 
     def run(self, tasks: int, args: tuple) -> None:
         """Tasks ``0 .. tasks`` in parallel (:func:`run_tasks`); a single task called straight
-        from Python, as ``fn`` is also a dispatcher: no address to look up."""
-        if tasks == 1:
+        from Python where ``fn`` has a Python wrapper: no address to look up."""
+        if tasks == 1 and self._python:
             self.fn(0, 0, *args)
-        elif tasks > 1:
+        elif tasks > 0:
             address = self._addresses.get(compute_fingerprint(args))
             run_tasks(self.address(args) if address is None else address, tasks, args)
 
@@ -104,10 +114,14 @@ def native_address(fn, signature: tuple) -> int:
     return result.library.get_pointer_to_function(result.fndesc.llvm_func_name)
 
 
-@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
+@njit(parallel=PRANGE_ONLY, **NATIVE)
 def _parallel_tasks(entry, tasks, step, data):
-    """Tasks ``0 .. tasks`` of an entry (``_entry``) in parallel: the one parallel loop of all
-    the launchers, compiled once whatever the slice functions' arguments."""
+    """Tasks ``0 .. tasks`` of an entry (``_entry``) in parallel, a single task on the calling
+    thread with no parallel region: the one parallel loop of all the launchers, compiled once
+    whatever the slice functions' arguments."""
+    if tasks == 1:
+        call_native(entry, (np.int64(0), step, data))
+        return
     for task in prange(tasks):
         call_native(entry, (np.int64(task), step, data))
 
@@ -206,31 +220,27 @@ def _launch(typingctx, address, tasks, step, args):
 
 
 # The launchers are compiled per argument tuple, and are not parallel themselves: a parallel
-# loop costs 0.5-1.5 s to compile on a cold cache, these 0.1-0.2 s (their loop is
-# _parallel_tasks, compiled once).
-@njit(nogil=True, cache=True)
+# loop costs 0.5-1.5 s to compile on a cold cache, these 0.1-0.3 s (their loop is
+# _parallel_tasks, compiled once, which also runs a single task on the calling thread: one
+# launch per stage to compile here, not a second call for that case). Python calls them:
+# no C wrapper.
+@njit(nogil=True, cache=True, no_cfunc_wrapper=True)
 def run_tasks(address, tasks, args):
     """Tasks ``0 .. tasks`` of a :class:`SliceFunction` at ``address`` (step 0), in parallel; a
     single task on the calling thread, with no parallel region."""
-    if tasks == 1:
-        call_native(address, (np.int64(0), np.int64(0)) + args)
-    elif tasks > 1:
+    if tasks > 0:
         _launch(address, np.int64(tasks), np.int64(0), args)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, no_cfunc_wrapper=True)
 def run_stages(steps, first, first_tasks, first_args, second, second_tasks, second_args):
     """For each step (an image, a group of images): the ``first_tasks`` tasks of the slice
     function at address ``first`` in parallel (none when 0), then the ``second_tasks`` of
     ``second``. A stage of one task runs on the calling thread."""
     for step in range(steps):
-        if first_tasks == 1:
-            call_native(first, (np.int64(0), np.int64(step)) + first_args)
-        elif first_tasks > 1:
+        if first_tasks > 0:
             _launch(first, np.int64(first_tasks), np.int64(step), first_args)
-        if second_tasks == 1:
-            call_native(second, (np.int64(0), np.int64(step)) + second_args)
-        elif second_tasks > 1:
+        if second_tasks > 0:
             _launch(second, np.int64(second_tasks), np.int64(step), second_args)
 
 

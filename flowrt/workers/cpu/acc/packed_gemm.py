@@ -23,7 +23,7 @@ from numba import njit
 
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.workers.cpu.acc.blas import leading_dimension, read_only
-from flowrt.workers.cpu.acc.calls import SliceFunction
+from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels.epilogue import NONE, RELU, activate_late
 from flowrt.workers.cpu.acc.tiles import AVAILABLE, TILE_COLUMNS, TILE_ROWS, _row_tile, _row_tile_part
 
@@ -97,7 +97,7 @@ def _block(a, a_at, lda, panels, q, k0, c, c_at, ldc, k, depth, bias, relu, accu
         )  # fmt: skip
 
 
-@njit(nogil=True, cache=True)
+@njit(**NATIVE)
 def _slice(task, step, a, panels, bias, c, rows, panel_bounds, code, alpha, beta):
     """One slice of :func:`multiply` (a :class:`SliceFunction`): ``c[r0:r1]``'s columns of
     panels ``q0:q1`` = activation(``a[r0:r1] @ w + bias``), a range of rows by a range of

@@ -13,7 +13,11 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+from flowrt.workers.cpu.acc.calls import LateFunction, call_late
 
 if sys.byteorder != "little":  # pragma: no cover - every numba target is little-endian
     raise ImportError("flowrt's CpuAcc kernels expect a little-endian machine")
@@ -60,7 +64,37 @@ def cell_offset(ki, kj, sh, sw, dh, dw, phase_stride, pitch):
     return phase * phase_stride + (ki * dh // sh) * pitch + kj * dw // sw
 
 
-@njit(inline="always", nogil=True, cache=True)
+def _pair_half(high: bool):
+    def typer(typingctx, a, i):
+        """``a[i]`` (``high``: ``a[i + 1]``) of a float32 array, as one half of the 64-bit word
+        at ``a[i]``: a load that LLVM vectorizes where a read of every other float is a
+        gather it leaves scalar. ``i`` is an integer index, not checked."""
+
+        def codegen(context, builder, signature, args):
+            data = context.make_array(signature.args[0])(context, builder, args[0]).data
+            word = builder.load(
+                builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(64).as_pointer()), align=4
+            )
+            if high:
+                word = builder.lshr(word, ir.Constant(ir.IntType(64), 32))
+            return builder.bitcast(builder.trunc(word, ir.IntType(32)), ir.FloatType())
+
+        return types.float32(a, i), codegen
+
+    return intrinsic(typer)
+
+
+# pair_low(a, i) is a[i] and pair_high(a, i) is a[i + 1], both read by a 64-bit load at a[i]
+# (which must lie inside the array): views of a as uint64 words do the same, but each view
+# costs numba a helper to compile and 15 ms per use.
+pair_low, pair_high = _pair_half(False), _pair_half(True)
+
+
+# Not inlined: the kernels that split planes (conv columns, grouped and depthwise convs, stacked
+# pools) call it once a plane, and each inlined copy cost its kernel 0.5-1 s to compile. It
+# indexes the flat plane by unsigned offsets, with no views: each view of the plane as words
+# cost as much to compile as a loop, and a negative index keeps LLVM from vectorizing.
+@njit(nogil=True, cache=True, no_cfunc_wrapper=True)
 def fill_phase_planes(dst, x, rows, pitch, phase_stride, sh, sw, ph, pw):
     """Input plane ``x`` (zero-padded by ``ph`` rows and ``pw`` columns in front) into its
     ``sh * sw`` phase planes: phase (i, j), at ``dst[(i * sw + j) * phase_stride:]``, holds the
@@ -68,38 +102,49 @@ def fill_phase_planes(dst, x, rows, pitch, phase_stride, sh, sw, ph, pw):
     ``pitch`` of them (unit strides: one phase, the padded plane itself). Only cells that come
     from ``x`` are written: the pad cells are the same for every plane."""
     height, width = x.shape
-    if sw == 2:  # the views cost about 80 ns a plane: only where the pair copy reads them
-        bits, even, odd = as_words(x.reshape(-1))
-        out = dst.view(np.uint32)
+    src = x.reshape(-1)
+    u8 = np.uint64
     for i in range(sh):
         # Phase row r reads input row i + r * sh - ph: in [0, height) for r in [r_lo, r_hi).
         r_lo = min(rows, max(0, -(-(ph - i) // sh)))
         r_hi = min(rows, max(r_lo, -(-(height + ph - i) // sh)))
         for j in range(sw):
-            base = (i * sw + j) * phase_stride
             # Column c reads input column j + c * sw - pw: in [0, width) for c in [c_lo, c_hi).
             c_lo = min(pitch, max(0, -(-(pw - j) // sw)))
             c_hi = min(pitch, max(c_lo, -(-(width + pw - j) // sw)))
-            first = j + c_lo * sw - pw
+            n = c_hi - c_lo
             for r in range(r_lo, r_hi):
-                start = base + r * pitch + c_lo
-                source = (i + r * sh - ph) * width + first
+                o = u8((i * sw + j) * phase_stride + r * pitch + c_lo)
+                s = u8((i + r * sh - ph) * width + j + c_lo * sw - pw)
                 if sw == 2:
-                    # The word holding (bits[source + 2c], bits[source + 2c + 1]): its low half
-                    # is the first. Unsigned indices and no slices: numba wraps negative
-                    # indices around, which keeps LLVM from vectorizing, and a slice costs a
-                    # reference count update, as much as a short row.
-                    n = c_hi - c_lo
-                    words = even if source % 2 == 0 else odd
-                    k = np.uint64(source // 2)
-                    o = np.uint64(start)
-                    for c in range(n - 1):
-                        out[o + np.uint64(c)] = np.uint32(words[k + np.uint64(c)] & _LOW)
+                    # The first float of each pair by a 64-bit load (pair_low), but for the
+                    # last cell, whose pair may end past the plane.
+                    for c in range(u8(max(0, n - 1))):
+                        dst[o + c] = pair_low(src, s + u8(2) * c)
                     if n > 0:
-                        out[o + np.uint64(n - 1)] = bits[np.uint64(source + 2 * (n - 1))]
+                        dst[o + u8(n - 1)] = src[s + u8(2 * (n - 1))]
                 elif sw == 1:
-                    copy_run(dst[start : start + c_hi - c_lo], x[i + r * sh - ph, first:])
+                    for c in range(u8(n)):
+                        dst[o + c] = src[s + c]
                 else:
-                    line = x[i + r * sh - ph, first:]
-                    for c in range(c_hi - c_lo):
-                        dst[np.uint64(start + c)] = line[np.uint64(c * sw)]
+                    for c in range(u8(n)):
+                        dst[o + c] = src[s + u8(sw) * c]
+
+
+# The kernels reach fill_phase_planes through a slot (``calls.LateFunction``): compiled once,
+# at its first call, and linked into none of them (each copy linked in was compiled again
+# with its kernel).
+FILL_PHASE_PLANES_NAME = "flowrt_fill_phase_planes"
+FILL_PHASE_PLANES = LateFunction(
+    fill_phase_planes,
+    (types.Array(types.float32, 1, "C"), types.Array(types.float32, 2, "C"), *[types.int64] * 7),
+    FILL_PHASE_PLANES_NAME,
+)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def fill_phase_planes_late(dst, x, rows, pitch, phase_stride, sh, sw, ph, pw):
+    """:func:`fill_phase_planes` through its slot (``FILL_PHASE_PLANES``)."""
+    i8 = np.int64
+    sizes = (i8(rows), i8(pitch), i8(phase_stride), i8(sh), i8(sw), i8(ph), i8(pw))
+    call_late(FILL_PHASE_PLANES_NAME, (dst, x) + sizes)

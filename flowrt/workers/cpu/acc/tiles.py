@@ -29,13 +29,15 @@ from __future__ import annotations
 import os
 
 import llvmlite.binding as llvm
+import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
+from numba._dispatcher import compute_fingerprint
 from numba.core.extending import intrinsic
 
 from flowrt.errors import BackendError
-from flowrt.workers.cpu.acc.blas import leading_dimension
+from flowrt.workers.cpu.acc.blas import leading_dimension, native_address
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, NONE, RELU, activate_row
 
 
@@ -264,7 +266,7 @@ def _block(panels, p, b, q, ldb, c, c_at, ldc, k, bias, relu, columns):
         _tile_part(panels, p * k * TILE_ROWS, b, q, ldb, c, c_at, ldc, k, bias, p * TILE_ROWS, relu, columns)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, no_cfunc_wrapper=True)
 def gemm_panels(panels, bias, b, c, code, alpha, beta):
     """``c = activation(w @ b + bias)`` for the ``c.shape[0]`` rows of ``w`` packed in
     ``panels`` (:func:`pack_panels`); ``bias`` padded as by :func:`pad_rows`; ``b`` (K, N) and
@@ -293,3 +295,29 @@ def gemm_panels(panels, bias, b, c, code, alpha, beta):
         for i in range(m):
             row = c[i, :n]
             activate_row(row, row, NO_BIAS, code, alpha, beta)
+
+
+# The views gemm_panels multiplies when called by address from the conv slices.
+_VIEW = types.Array(types.float32, 2, "A")
+_panel_addresses: dict[tuple, int] = {}
+
+
+def panels_address(panels: np.ndarray, bias: np.ndarray) -> int:
+    """The address of :func:`gemm_panels` for one group's panels of ``panels`` (groups, ...)
+    and of ``bias`` (groups, ...), strided (``A``) views for ``b`` and ``c``, an int64 code and
+    float32 alpha and beta: what a kernel calls it with by address (``calls.call_native``),
+    instead of linking it into its own code, compiled (or loaded from numba's cache) once."""
+    key = (compute_fingerprint(panels), compute_fingerprint(bias))  # numba.typeof's, faster
+    found = _panel_addresses.get(key)
+    if found is None:
+        signature = (
+            numba.typeof(panels[0]),
+            numba.typeof(bias[0]),
+            _VIEW,
+            _VIEW,
+            types.int64,
+            types.float32,
+            types.float32,
+        )
+        found = _panel_addresses[key] = native_address(gemm_panels, signature)
+    return found

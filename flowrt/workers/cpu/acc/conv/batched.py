@@ -15,13 +15,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from flowrt.workers.cpu.acc.blas import PRANGE_ONLY, sgemm
-from flowrt.workers.cpu.acc.conv.im2col import fill_columns
+from flowrt.workers.cpu.acc.blas import NATIVE, SliceFunction, call_native, run_stages, sgemm
+from flowrt.workers.cpu.acc.conv.im2col import fill_address, fill_kind
 from flowrt.workers.cpu.acc.conv.packed import Packed
 from flowrt.workers.cpu.acc.kernels.epilogue import activate_row
-from flowrt.workers.cpu.acc.phases import copy_run
 
 if TYPE_CHECKING:
     from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
@@ -29,39 +28,114 @@ if TYPE_CHECKING:
     from flowrt.workers.cpu.acc.conv.weights import ConvWeights
 
 
-@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
+# Its three parallel loops are SliceFunctions, called by address from the one shared parallel
+# loop (``calls.py``), and the im2col fill is called by address too: as prange loops of its
+# own, this kernel took 9.5 s to compile on a cold cache.
+
+
+@njit(**NATIVE)
+def _batched_columns(task, _step, x_flat, src, image, geo, height, width, columns, kg, cg, chunks, fill):
+    """Rows ``(r, n)`` of the batch's column matrix (flat ``columns``: (groups * kg, batch,
+    pixels)), the ``task``-th of ``chunks`` runs of them: image ``n``'s pixels straight from
+    ``x_flat`` when the conv is direct (``fill`` 0), else its im2col row ``r`` by the fill at
+    address ``fill`` (``im2col.fill_address``)."""
+    batch, pixels = x_flat.shape[0], geo[8] * geo[9]  # output pixels: x_flat's, if direct
+    total = columns.shape[0] // pixels
+    xf = x_flat.reshape(-1)
+    for k in range(task * total // chunks, (task + 1) * total // chunks):
+        r, n = divmod(k, batch)
+        at = k * pixels
+        if fill:
+            g, rg = divmod(r, kg)
+            call_native(
+                fill,
+                (
+                    src,
+                    n * image,
+                    g * cg,
+                    geo,
+                    height,
+                    width,
+                    rg,
+                    np.int64(0),
+                    columns,
+                    at,
+                    np.int64(1),
+                    pixels,
+                ),
+            )
+        else:
+            o, s = np.uint64(at), np.uint64((n * x_flat.shape[1] + r) * pixels)
+            for t in range(np.uint64(pixels)):
+                columns[o + t] = xf[s + t]
+
+
+@njit(**NATIVE)
+def _batched_gemm(task, _step, w, matrix, product, bounds):
+    """The ``task``-th (group, slice of ``bounds``) block of ``product`` = ``w[g]`` @
+    ``matrix`` (the group's rows of the column matrix, as (rows, batch * pixels))."""
+    groups, mg, kg = w.shape
+    slices = bounds.shape[0] - 1
+    g, s = divmod(task, slices)
+    q0, q1 = bounds[s], bounds[s + 1]
+    sgemm(
+        False,
+        False,
+        1.0,
+        w[g],
+        matrix[g * kg : (g + 1) * kg, q0:q1],
+        0.0,
+        product[g * mg : (g + 1) * mg, q0:q1],
+    )
+
+
+@njit(**NATIVE)
+def _batched_finish(task, _step, out, product, bias, code, alpha, beta, chunks):
+    """Output planes ``(n, m)``, the ``task``-th of ``chunks`` runs of them: ``product``'s row
+    ``m``, image ``n``'s pixels, with bias and activation."""
+    batch, m_count, pixels = out.shape
+    for k in range(task * batch * m_count // chunks, (task + 1) * batch * m_count // chunks):
+        n, m = divmod(k, m_count)
+        activate_row(out[n, m], product[m][n * pixels : (n + 1) * pixels], bias[m], code, alpha, beta)
+
+
+_COLUMNS = SliceFunction(_batched_columns)
+_GEMM = SliceFunction(_batched_gemm)
+_FINISH = SliceFunction(_batched_finish)
+
+
 def conv_batched(x, x_flat, w, bias, out, geo, direct, bounds, code, alpha, beta):
     """``out`` (N, M, pixels) for every image of ``x``, by one GEMM per (group, slice of
-    ``bounds`` over the N * pixels columns)."""
+    ``bounds`` over the N * pixels columns): the batch's column matrix first, then the GEMMs,
+    then bias and activation, each split over the workers."""
     groups, mg, kg = w.shape
-    cg = x.shape[1] // groups
     batch, pixels = out.shape[0], out.shape[2]
     columns = np.empty((groups * kg, batch, pixels), np.float32)
     product = np.empty((groups * mg, batch * pixels), np.float32)
-    for task in prange(batch * groups * kg):
-        n, r = divmod(np.int64(task), groups * kg)
-        if direct:
-            copy_run(columns[r, n], x_flat[n, r])
-        else:
-            g, rg = divmod(r, kg)
-            fill_columns(x[n], x_flat[n], g * cg, geo, rg, np.int64(0), columns[r, n : n + 1])
-    matrix = columns.reshape((groups * kg, batch * pixels))
     slices = bounds.shape[0] - 1
-    for task in prange(groups * slices):
-        g, s = divmod(np.int64(task), slices)
-        q0, q1 = bounds[s], bounds[s + 1]
-        sgemm(
-            False,
-            False,
-            1.0,
-            w[g],
-            matrix[g * kg : (g + 1) * kg, q0:q1],
-            0.0,
-            product[g * mg : (g + 1) * mg, q0:q1],
-        )
-    for task in prange(batch * groups * mg):
-        n, m = divmod(np.int64(task), groups * mg)
-        activate_row(out[n, m], product[m][n * pixels : (n + 1) * pixels], bias[m], code, alpha, beta)
+    src = x.reshape(-1)
+    fill = 0 if direct else fill_address(fill_kind(geo, x.shape[3], False), src, geo)
+    image = x.shape[1] * x.shape[2] * x.shape[3]
+    chunks = min(groups * kg * batch, slices)
+    first = (
+        x_flat,
+        src,
+        image,
+        geo,
+        x.shape[2],
+        x.shape[3],
+        columns.reshape(-1),
+        kg,
+        x.shape[1] // groups,
+        chunks,
+        fill,
+    )
+    second = (w, columns.reshape((groups * kg, batch * pixels)), product, bounds)
+    run_stages(1, _COLUMNS.address(first), chunks, first, _GEMM.address(second), groups * slices, second)
+    _FINISH.run(
+        min(batch * groups * mg, slices),
+        (out, product, bias, code, alpha, beta, min(batch * groups * mg, slices)),
+    )
 
 
 @attrs.frozen(eq=False)

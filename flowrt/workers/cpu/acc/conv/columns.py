@@ -19,12 +19,12 @@ import attrs
 import numpy as np
 from numba import njit
 
-from flowrt.workers.cpu.acc.blas import SliceFunction, run_stages, sgemm
-from flowrt.workers.cpu.acc.conv.im2col import fill_columns, im2col_phases
+from flowrt.workers.cpu.acc.blas import NATIVE, SliceFunction, call_native, gemm_at, run_stages
+from flowrt.workers.cpu.acc.conv.finish import finish_row_late
+from flowrt.workers.cpu.acc.conv.im2col import fill_address, fill_kind
 from flowrt.workers.cpu.acc.conv.tuning import MIN_COLUMNS
-from flowrt.workers.cpu.acc.kernels.epilogue import activate_row
-from flowrt.workers.cpu.acc.phases import fill_phase_planes
-from flowrt.workers.cpu.acc.tiles import TILE_COLUMNS, gemm_panels
+from flowrt.workers.cpu.acc.phases import fill_phase_planes_late
+from flowrt.workers.cpu.acc.tiles import TILE_COLUMNS, panels_address
 
 if TYPE_CHECKING:
     from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
@@ -42,61 +42,92 @@ def _finish(out, r0, r1, q0, q1, bias, code, alpha, beta):
     ``q0 .. q1`` of one image's C-contiguous (channels, pixels) output. Rows are taken from
     that array itself: numba types a row of a 2-D slice as strided, and does not vectorize it."""
     for r in range(r0, r1):
-        row = out[r, q0:q1]
-        activate_row(row, row, bias[r], code, alpha, beta)
+        finish_row_late(out[r, q0:q1], bias[r], code, alpha, beta)
+
+
+_ONE, _ZERO = np.float32(1), np.float32(0)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _address(a):
+    """Where ``a``'s data starts, as an int64 (``ctypes.data`` is unsigned: a sum with a
+    signed offset would be a float)."""
+    return np.int64(a.ctypes.data)
 
 
 # The slice work of both kernels is in SliceFunctions, which run_stages calls by address
-# (see ``blas.py``): on a cold cache, the parallel loops around a body of im2col, GEMM and
-# epilogue cost more to compile than the body itself.
+# (see ``calls.py``): on a cold cache, the parallel loops around a body of im2col, GEMM and
+# epilogue cost more to compile than the body itself. The slices call the im2col fill and
+# the register-tile GEMM by address too: linked in, each would be compiled again into every
+# kernel that calls it, and the fills a conv does not use would be compiled with it.
 
 
-@njit(nogil=True, cache=True)
+@njit(**NATIVE)
 def _split_channels(task, n, phases, x, rows, pitch, sh, sw, ph, pw, chunks):
     """Image ``n``'s padded channels, the ``task``-th of ``chunks`` runs of them, into their
     phase planes, channel ``c``'s at ``phases[c * planes:]``."""
     planes = sh * sw * rows * pitch
     channels = x.shape[1]
     for c in range(task * channels // chunks, (task + 1) * channels // chunks):
-        fill_phase_planes(
+        fill_phase_planes_late(
             phases[c * planes : (c + 1) * planes], x[n, c], rows, pitch, rows * pitch, sh, sw, ph, pw
         )
 
 
-@njit(nogil=True, cache=True)
+@njit(**NATIVE)
 def _column_slice(
-    task, n, bounds, x, x_flat, w, bias, out, geo, direct, chunk, finish, code, alpha, beta,
-    panels, panel_bias, phases, rows, pitch,
+    task, n, bounds, x_flat, w, bias, out, geo, direct, chunk, finish, code, alpha, beta,
+    panels, panel_bias, src, image, height, width, fill, multiply,
 ):  # fmt: skip
     """Image ``n``: task (group, column slice of ``bounds``), its columns in chunks (see
     :func:`conv_by_columns`)."""
     mg, kg = w.shape[1], w.shape[2]
-    cg = x.shape[1] // w.shape[0]
+    channels, pixels_in = x_flat.shape[1], x_flat.shape[2]
+    m_count, pixels = out.shape[1], out.shape[2]
+    cg = channels // w.shape[0]
     g, s = divmod(task, bounds.shape[0] - 1)
     start, stop = bounds[s], bounds[s + 1]
     buffer = np.empty(0 if direct else kg * min(chunk, stop - start), np.float32)
+    zero = np.int64(0)
+    # BLAS reads the operands where they lie, by address (``blas.gemm_at``): no views
+    w_at, x_at, out_at = _address(w), _address(x_flat), _address(out)
     for q0 in range(start, stop, chunk):
         q1 = min(q0 + chunk, stop)
-        if direct:
-            cols = x_flat[n, g * cg : (g + 1) * cg, q0:q1]
-        else:
+        if not direct:
             # a C-contiguous (kg, q1 - q0) matrix, so that im2col's row copies vectorize
-            cols = buffer[: kg * (q1 - q0)].reshape((kg, q1 - q0))
-            if phases.shape[0]:
-                im2col_phases(phases, g * cg, geo, rows, pitch, np.int64(0), q0, cols)
+            call_native(
+                fill, (src, n * image, g * cg, geo, height, width, zero, q0, buffer, zero, kg, q1 - q0)
+            )
+        if multiply:
+            if direct:
+                cols = x_flat[n, g * cg : (g + 1) * cg, q0:q1]
             else:
-                fill_columns(x[n], x_flat[n], g * cg, geo, np.int64(0), q0, cols)
-        block = out[n, g * mg : (g + 1) * mg, q0:q1]
-        if panels.shape[0] > 0:
-            gemm_panels(panels[g], panel_bias[g], cols, block, code, alpha, beta)
+                cols = buffer[: kg * (q1 - q0)].reshape((kg, q1 - q0))
+            block = out[n, g * mg : (g + 1) * mg, q0:q1]
+            call_native(multiply, (panels[g], panel_bias[g], cols, block, code, alpha, beta))
             continue
-        sgemm(False, False, 1.0, w[g], cols, 0.0, block)
+        if direct:
+            b_at, ldb = x_at + ((n * channels + g * cg) * pixels_in + q0) * 4, pixels_in
+        else:
+            b_at, ldb = _address(buffer), q1 - q0
+        c_at = out_at + ((n * m_count + g * mg) * pixels + q0) * 4
+        gemm_at(zero, zero, mg, q1 - q0, kg, _ONE, w_at + g * mg * kg * 4, kg, b_at, ldb, _ZERO, c_at, pixels)
         if finish:
             _finish(out[n], g * mg, (g + 1) * mg, q0, q1, bias, code, alpha, beta)
 
 
 _SPLIT_CHANNELS = SliceFunction(_split_channels)
 _COLUMN_SLICE = SliceFunction(_column_slice)
+
+
+def _source(x: np.ndarray, geo: np.ndarray, phases: np.ndarray, phase_shape) -> tuple:
+    """What the im2col fill reads: ``(src, floats per image, height, width, fill address)``,
+    from the phase planes when there are (one image's), else from ``x`` itself."""
+    if phases.shape[0]:
+        return phases, 0, int(phase_shape[0]), int(phase_shape[1]), fill_address("phases", phases, geo)
+    src = x.reshape(-1)
+    kind = fill_kind(geo, x.shape[3], False)
+    return src, x.shape[1] * x.shape[2] * x.shape[3], x.shape[2], x.shape[3], fill_address(kind, src, geo)
 
 
 def conv_by_columns(
@@ -108,7 +139,7 @@ def conv_by_columns(
     each chunk is multiplied by :func:`~flowrt.workers.cpu.acc.tiles.gemm_panels`, bias and
     activation included. A strided conv (``phase_shape`` the rows and pitch of its phase
     planes, else zeros) first splits each image's padded channels into phase planes, which
-    its chunks' im2col then reads by unit-stride runs (:func:`im2col_phases`)."""
+    its chunks' im2col then reads by unit-stride runs (:func:`~.im2col.im2col_phases`)."""
     sh, sw, ph, pw = geo[2], geo[3], geo[6], geo[7]
     rows, pitch = phase_shape[0], phase_shape[1]
     channels = x.shape[1]
@@ -116,9 +147,11 @@ def conv_by_columns(
     phases = np.zeros(channels * planes, np.float32)  # pad cells stay zero
     chunks = min(channels, bounds.shape[0] - 1)  # as many as there are slices
     split = (phases, x, rows, pitch, sh, sw, ph, pw, chunks)
+    src, image, height, width, fill = (None, 0, 0, 0, 0) if direct else _source(x, geo, phases, phase_shape)
+    multiply = panels_address(panels, panel_bias) if panels.shape[0] else 0
     slices = (
-        bounds, x, x_flat, w, bias, out, geo, direct, chunk, finish, code, alpha, beta, panels, panel_bias,
-        phases, rows, pitch,
+        bounds, x_flat, w, bias, out, geo, direct, chunk, finish, code, alpha, beta, panels, panel_bias,
+        phases if src is None else src, image, height, width, fill, multiply,
     )  # fmt: skip
     run_stages(
         x.shape[0],
@@ -131,32 +164,43 @@ def conv_by_columns(
     )
 
 
-@njit(nogil=True, cache=True)
-def _column_rows(task, n, x, x_flat, geo, columns, kg, cg, chunks):
-    """Rows of image ``n``'s column matrix, the ``task``-th of ``chunks`` runs of them (see
-    :func:`conv_by_rows`): runs, not single rows, since a row can be a few pixels long."""
-    total = columns.shape[0]
-    for r in range(task * total // chunks, (task + 1) * total // chunks):
+@njit(**NATIVE)
+def _column_rows(task, n, src, image, geo, height, width, columns, kg, cg, chunks, fill):
+    """Rows of image ``n``'s column matrix (flat ``columns``, ``kg`` rows per group), the
+    ``task``-th of ``chunks`` runs of them (see :func:`conv_by_rows`): runs, not single rows,
+    since a row can be a few pixels long; one call of the fill per group in the run."""
+    pixels = geo[8] * geo[9]
+    total = columns.shape[0] // pixels
+    r, stop = task * total // chunks, (task + 1) * total // chunks
+    while r < stop:
         g, rg = divmod(r, kg)
-        fill_columns(x[n], x_flat[n], g * cg, geo, rg, np.int64(0), columns[r : r + 1])
+        end = min(stop, (g + 1) * kg)
+        at = r * pixels
+        call_native(
+            fill, (src, n * image, g * cg, geo, height, width, rg, np.int64(0), columns, at, end - r, pixels)
+        )
+        r = end
 
 
-@njit(nogil=True, cache=True)
+@njit(**NATIVE)
 def _row_slice(task, n, row_bounds, x_flat, w, bias, out, columns, direct, finish, code, alpha, beta):
     """Image ``n``: task (group, output-channel slice of ``row_bounds``) (see
     :func:`conv_by_rows`)."""
     mg, kg = w.shape[1], w.shape[2]
-    cg = x_flat.shape[1] // w.shape[0]
+    channels, pixels_in = x_flat.shape[1], x_flat.shape[2]
+    m_count, pixels = out.shape[1], out.shape[2]
+    cg = channels // w.shape[0]
     g, s = divmod(task, row_bounds.shape[0] - 1)
     m0, m1 = row_bounds[s], row_bounds[s + 1]
     r0, r1 = g * mg + m0, g * mg + m1
-    # Operands typed as conv_by_columns' are (strided 'A' views; weights read-only), so that
-    # both ask for one specialization of sgemm.
+    # BLAS reads the operands where they lie, by address (``blas.gemm_at``): no views
     if direct:
-        cols = x_flat[n, g * cg : (g + 1) * cg, :]
+        b_at, ldb = _address(x_flat) + (n * channels + g * cg) * pixels_in * 4, pixels_in
     else:
-        cols = columns[g * kg : (g + 1) * kg, :]
-    sgemm(False, False, 1.0, w[g, m0:m1], cols, 0.0, out[n, r0:r1, :])
+        b_at, ldb = _address(columns) + g * kg * pixels * 4, pixels
+    a_at, c_at = _address(w) + r0 * kg * 4, _address(out) + (n * m_count + r0) * pixels * 4
+    zero = np.int64(0)
+    gemm_at(zero, zero, m1 - m0, pixels, kg, _ONE, a_at, kg, b_at, ldb, _ZERO, c_at, pixels)
     if finish:
         _finish(out[n], r0, r1, 0, out.shape[2], bias, code, alpha, beta)
 
@@ -172,7 +216,10 @@ def conv_by_rows(x, x_flat, w, bias, out, geo, direct, row_bounds, finish, code,
     cg = x.shape[1] // groups
     columns = np.empty((0 if direct else groups * kg, out.shape[2]), np.float32)
     chunks = min(groups * kg, row_bounds.shape[0] - 1)  # as many as there are slices
-    fill = (x, x_flat, geo, columns, kg, cg, chunks)
+    src = x.reshape(-1)
+    address = 0 if direct else fill_address(fill_kind(geo, x.shape[3], False), src, geo)
+    image = x.shape[1] * x.shape[2] * x.shape[3]
+    fill = (src, image, geo, x.shape[2], x.shape[3], columns.reshape(-1), kg, cg, chunks, address)
     slices = (row_bounds, x_flat, w, bias, out, columns, direct, finish, code, alpha, beta)
     run_stages(
         x.shape[0],

@@ -19,14 +19,17 @@ import attrs
 import numpy as np
 from numba import njit
 
-from flowrt.workers.cpu.acc.blas import SliceFunction, run_tasks
-from flowrt.workers.cpu.acc.phases import copy_run
-from flowrt.workers.cpu.acc.tiles import TILE_COLUMNS, gemm_panels
+from flowrt.workers.cpu.acc.blas import NATIVE, SliceFunction, call_native, run_tasks
+from flowrt.workers.cpu.acc.tiles import TILE_COLUMNS, panels_address
 
 if TYPE_CHECKING:
     from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
     from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
     from flowrt.workers.cpu.acc.conv.weights import ConvWeights
+
+
+# The two copies of the tile that holds the end of one image and the start of the next: a
+# few columns, by plain loops over indices (views per row and run cost more to compile).
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -39,9 +42,8 @@ def _pack(x_flat, c0, q0, cols, pixels):
         n, p = divmod(q0 + v, pixels)
         run = min(width - v, pixels - p)
         for r in range(cols.shape[0]):
-            src = x_flat[n][c0 + r][p : p + run]
-            dst = cols[r][v : v + run]
-            copy_run(dst, src)
+            for t in range(run):
+                cols[r, v + t] = x_flat[n, c0 + r, p + t]
         v += run
 
 
@@ -55,13 +57,15 @@ def _store_across(scratch, out, r0, r1, q0, pixels):
         n, p = divmod(q0 + v, pixels)
         run = min(width - v, pixels - p)
         for r in range(r0, r1):
-            copy_run(out[n][r][p : p + run], scratch[r - r0][v : v + run])
+            for t in range(run):
+                out[n, r, p + t] = scratch[r - r0, v + t]
         v += run
 
 
-@njit(nogil=True, cache=True)
-def _packed_task(task, _step, x_flat, panels, panel_bias, out, bounds, code, alpha, beta):
-    """Task (group, slice of ``bounds``) of :func:`conv_packed`."""
+@njit(**NATIVE)
+def _packed_task(task, _step, x_flat, panels, panel_bias, out, bounds, code, alpha, beta, multiply):
+    """Task (group, slice of ``bounds``) of :func:`conv_packed`; ``multiply``: the address of
+    ``tiles.gemm_panels`` (``tiles.panels_address``)."""
     groups = panels.shape[0]
     cg = x_flat.shape[1] // groups
     mg = out.shape[1] // groups
@@ -78,22 +82,16 @@ def _packed_task(task, _step, x_flat, panels, panel_bias, out, bounds, code, alp
         image_end = (n + 1) * pixels
         t1 = stop if image_end >= stop else t + (image_end - t) // TILE_COLUMNS * TILE_COLUMNS
         if t1 > t:
-            block = out[n, r0:r1, p : p + t1 - t]
-            gemm_panels(
-                panels[g],
-                panel_bias[g],
-                x_flat[n, c0 : c0 + cg, p : p + t1 - t],
-                block,
-                code,
-                alpha,
-                beta,
+            cols = x_flat[n, c0 : c0 + cg, p : p + t1 - t]
+            call_native(
+                multiply, (panels[g], panel_bias[g], cols, out[n, r0:r1, p : p + t1 - t], code, alpha, beta)
             )
         else:  # one tile across images
             t1 = min(t + TILE_COLUMNS, stop)
             cols = buffer[:, : t1 - t]
             _pack(x_flat, c0, t, cols, pixels)
             part = scratch[:, : t1 - t]
-            gemm_panels(panels[g], panel_bias[g], cols, part, code, alpha, beta)
+            call_native(multiply, (panels[g], panel_bias[g], cols, part, code, alpha, beta))
             _store_across(part, out, r0, r1, t, pixels)
         t = t1
 
@@ -105,7 +103,7 @@ def conv_packed(x_flat, panels, panel_bias, out, bounds, code, alpha, beta):
     """``out`` (N, M, pixels) = activation(w @ x + bias) for every image of ``x_flat`` (N, C,
     pixels), ``w`` packed per group in ``panels``; one task per (group, slice of ``bounds`` over
     the N * pixels columns), called by address (``blas.run_tasks``)."""
-    args = (x_flat, panels, panel_bias, out, bounds, code, alpha, beta)
+    args = (x_flat, panels, panel_bias, out, bounds, code, alpha, beta, panels_address(panels, panel_bias))
     run_tasks(_PACKED_TASK.address(args), panels.shape[0] * (bounds.shape[0] - 1), args)
 
 

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
-from flowrt.workers.cpu.acc.blas import PRANGE_ONLY, sgemm
+from flowrt.workers.cpu.acc.blas import NATIVE, SliceFunction, run_stages, sgemm
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, activate_row
 
 if TYPE_CHECKING:
@@ -26,45 +26,65 @@ if TYPE_CHECKING:
     from flowrt.workers.cpu.acc.conv.weights import ConvWeights
 
 
-@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
-def conv_by_taps(x, w_taps, bias, out, geo, padded_shape, row_bounds, block_rows, finish, code, alpha, beta):
-    """Stride 1, one group: every image is copied into zero-padded planes, then each slice of
-    output rows is computed ``block_rows`` rows at a time, one GEMM per kernel tap
-    (``w_taps``: (kh*kw, M, C)) reading the planes at the tap's offset; bias and activation
-    are applied as each block's rows are copied out."""
-    kh, kw, dh, dw, ph, pw = geo[0], geo[1], geo[4], geo[5], geo[6], geo[7]
+# Its parallel loops are SliceFunctions, called by address from the one shared parallel loop
+# (``calls.py``): as prange loops of its own, this kernel took 13 s to compile on a cold cache.
+
+
+@njit(**NATIVE)
+def _pad_channels(task, n, x, padded, rows, pitch, ph, pw, chunks):
+    """Image ``n``'s channels, the ``task``-th of ``chunks`` runs of them, into the interior of
+    their zero-padded planes (flat ``x`` (N, C, H, W) and ``padded``: per channel ``rows`` rows
+    of ``pitch``), a row at a time by unsigned offsets."""
     channels, height, width = x.shape[1], x.shape[2], x.shape[3]
+    xf = x.reshape(-1)
+    for c in range(task * channels // chunks, (task + 1) * channels // chunks):
+        for ih in range(height):
+            o = np.uint64((c * rows + ph + ih) * pitch + pw)
+            s = np.uint64(((n * channels + c) * height + ih) * width)
+            for iw in range(np.uint64(width)):
+                padded[o + iw] = xf[s + iw]
+
+
+@njit(**NATIVE)
+def _taps_slice(s, n, w_taps, bias, out, geo, flat, pitch, row_bounds, block_rows, finish, code, alpha, beta):
+    """Image ``n``'s slice ``s`` of output rows (see :func:`conv_by_taps`), ``block_rows``
+    rows at a time: one GEMM per kernel tap reading the padded planes ``flat`` (C, rows *
+    pitch) at the tap's offset, then bias and activation as the block's rows are copied out."""
+    kh, kw, dh, dw = geo[0], geo[1], geo[4], geo[5]
     m_count, ow_count = out.shape[1], out.shape[3]
-    pitch = padded_shape[1]
-    padded = np.zeros((channels, padded_shape[0], pitch), np.float32)
-    flat = padded.reshape(channels, -1)
+    start, stop = row_bounds[s], row_bounds[s + 1]
+    block = np.empty((m_count, block_rows * pitch), np.float32)
+    for r0 in range(start, stop, block_rows):
+        r1 = min(r0 + block_rows, stop)
+        q0, q1 = r0 * pitch, (r1 - 1) * pitch + ow_count
+        acc = block[:, : q1 - q0]
+        for t in range(kh * kw):
+            offset = (t // kw) * dh * pitch + (t % kw) * dw
+            sgemm(False, False, 1.0, w_taps[t], flat[:, q0 + offset : q1 + offset], 1.0 if t else 0.0, acc)
+        for m in range(m_count):
+            b = bias[m] if finish else NO_BIAS
+            for r in range(r0, r1):
+                src = block[m, (r - r0) * pitch : (r - r0) * pitch + ow_count]
+                activate_row(out[n, m, r], src, b, code, alpha, beta)
+
+
+_PAD_CHANNELS = SliceFunction(_pad_channels)
+_TAPS_SLICE = SliceFunction(_taps_slice)
+
+
+def conv_by_taps(x, w_taps, bias, out, geo, padded_shape, row_bounds, block_rows, finish, code, alpha, beta):
+    """Stride 1, one group: every image is copied into zero-padded planes (a run of channels
+    per slice), then each slice of output rows is computed ``block_rows`` rows at a time, one
+    GEMM per kernel tap (``w_taps``: (kh*kw, M, C)) reading the planes at the tap's offset;
+    bias and activation are applied as each block's rows are copied out."""
+    channels = x.shape[1]
+    rows, pitch = int(padded_shape[0]), int(padded_shape[1])
+    padded = np.zeros((channels, rows * pitch), np.float32)  # pad cells stay zero
     slices = row_bounds.shape[0] - 1
-    for n in range(x.shape[0]):
-        for c in prange(channels):
-            padded[c, ph : ph + height, pw : pw + width] = x[n, c]
-        for s in prange(slices):
-            start, stop = row_bounds[s], row_bounds[s + 1]
-            block = np.empty((m_count, block_rows * pitch), np.float32)
-            for r0 in range(start, stop, block_rows):
-                r1 = min(r0 + block_rows, stop)
-                q0, q1 = r0 * pitch, (r1 - 1) * pitch + ow_count
-                acc = block[:, : q1 - q0]
-                for t in range(kh * kw):
-                    offset = (t // kw) * dh * pitch + (t % kw) * dw
-                    sgemm(
-                        False,
-                        False,
-                        1.0,
-                        w_taps[t],
-                        flat[:, q0 + offset : q1 + offset],
-                        1.0 if t else 0.0,
-                        acc,
-                    )
-                for m in range(m_count):
-                    b = bias[m] if finish else NO_BIAS
-                    for r in range(r0, r1):
-                        src = block[m, (r - r0) * pitch : (r - r0) * pitch + ow_count]
-                        activate_row(out[n, m, r], src, b, code, alpha, beta)
+    chunks = min(channels, slices)  # as many as there are slices
+    pad = (x, padded.reshape(-1), rows, pitch, int(geo[6]), int(geo[7]), chunks)
+    taps = (w_taps, bias, out, geo, padded, pitch, row_bounds, block_rows, finish, code, alpha, beta)
+    run_stages(x.shape[0], _PAD_CHANNELS.address(pad), chunks, pad, _TAPS_SLICE.address(taps), slices, taps)
 
 
 @attrs.frozen(eq=False)

@@ -26,6 +26,8 @@ import attrs
 import numpy as np
 from numba import njit
 
+from flowrt.workers.cpu.acc.calls import NATIVE
+
 # Winograd F(2x2, 3x3): G (4x3) maps a 3-tap filter to its transform.
 _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
 # A block of tile rows aims at this many tiles (GEMM columns).
@@ -101,144 +103,119 @@ def winograd_blocks(
     return max(1, min(group * tiles_h, wanted)), group
 
 
-@njit(nogil=True, cache=True)
-def fill_phases(x, phases, pad_h, pad_w, pitch, step):
-    """Copy one channel ``x`` (H, W), zero-padded by ``pad_h``/``pad_w`` before, into its
-    ``step * step`` phase planes ``phases[step * (row % step) + column % step]`` (flattened rows
-    of ``pitch``). Pixels that no tile reads are left out; the rest of the planes stays zero."""
-    rows = phases.shape[1] // pitch
-    height, width = x.shape
-    if (step == 2 or step == 4) and width % step == 0 and x.flags.c_contiguous and phases.flags.c_contiguous:
-        _fill_by_column_phases(x, phases, pad_h, pad_w, pitch, step)
-        return
-    for ih in range(height):
-        r = ih + pad_h
-        if r >= step * rows:
-            break
-        src = x[ih]
-        start = (r // step) * pitch
-        for parity in range(step):
-            dst = phases[step * (r % step) + parity, start : start + pitch]
-            # columns whose pixel step * col + parity - pad_w lies inside the row: one plain
-            # strided loop, which the compiler vectorizes (a test and a break in it would not)
-            first = max(0, -(-(pad_w - parity) // step))
-            end = min(pitch, (width - 1 - parity + pad_w) // step + 1)
-            shift = parity - pad_w
-            for col in range(first, end):
-                dst[col] = src[step * col + shift]
+# The kernels below index flat float32 arrays by unsigned offsets: a view or a slice costs
+# numba as much to compile as a loop (a 2-D reshape five times that), and the four transforms
+# of the two tile sizes took 4 s of a cold cache as sixteen to seventy-two views each. In the
+# loops, unsigned indices also spare LLVM numba's wrap-around of negative ones.
+# The transforms are called by address (``winograd_conv``): nothing calls them from Python.
 
 
-@njit(nogil=True, cache=True)
-def _fill_by_column_phases(x, phases, pad_h, pad_w, pitch, step):
-    """:func:`fill_phases` for a contiguous ``x`` whose width is a multiple of ``step`` (2 or 4).
-    A plane's row is only ``width / step`` long, too short for the compiler's vector loops, so
-    the strided reads are done first over the whole channel at once: one loop splits ``x``'s
-    columns by column % ``step`` into ``parts`` (a pixel's padded column then has one phase
-    per part), then each row of each part is a unit-stride copy into its plane. Twice as fast
-    as reading every plane's row with a stride (56x56, step 4: 1.5 against 3.1 ns per pixel)."""
-    rows = phases.shape[1] // pitch
-    height, width = x.shape
-    per = width // step
-    parts = np.empty((step, height * per), np.float32)
-    src = x.reshape(-1)
-    if step == 4:
-        for k in range(height * per):
-            parts[0, k] = src[4 * k]
-            parts[1, k] = src[4 * k + 1]
-            parts[2, k] = src[4 * k + 2]
-            parts[3, k] = src[4 * k + 3]
-    else:
-        for k in range(height * per):
-            parts[0, k] = src[2 * k]
-            parts[1, k] = src[2 * k + 1]
-    flat, part_flat = phases.reshape(-1), parts.reshape(-1)
-    plane = phases.shape[1]
+@njit(**NATIVE)
+def fill_phases4(x, at, height, width, phases, base, size, pad_h, pad_w, pitch, parts):
+    """Copy one channel, the (``height``, ``width``) plane at flat ``x[at:]`` (``width`` a
+    multiple of 4), zero-padded by ``pad_h``/``pad_w`` before, into its 16 phase planes: plane
+    ``4 * (row % 4) + column % 4`` at ``phases[base + plane * size:]``, flattened rows of
+    ``pitch``, ``size // pitch`` of them. Pixels that no tile reads are left out; the rest of
+    the planes stays zero. ``parts``: scratch of ``height * width`` floats. (Other planes are
+    split by ``phases.fill_phase_planes``, which reads pairs of floats at stride 2.)
+
+    A plane's row is only width / 4 long, too short for the compiler's vector loops, so the
+    strided reads are done first over the whole channel at once: one loop splits x's columns
+    by column % 4 into ``parts`` (a pixel's padded column then has one phase per part), then
+    each row of each part is a unit-stride copy into its plane. Twice as fast as reading
+    every plane's row with a stride (56x56: 1.5 against 3.1 ns per pixel)."""
+    rows = size // pitch
+    u8 = np.uint64
+    per = width // 4
+    count = height * per
+    src, n = u8(at), u8(count)
+    for k in range(n):
+        w = src + u8(4) * k
+        parts[k] = x[w]
+        parts[n + k] = x[w + u8(1)]
+        parts[u8(2) * n + k] = x[w + u8(2)]
+        parts[u8(3) * n + k] = x[w + u8(3)]
+    step = parts.shape[0] // count  # 4, unknown to LLVM: unrolling these loops by four
+    # quadrupled the code to compile, for no speed
     for ih in range(min(height, step * rows - pad_h)):
         r = ih + pad_h
-        start = (r // step) * pitch
+        start = base + (r // step) * pitch
         for q in range(step):
-            # x's column step * k + q is padded column step * (k + shift) + parity
+            # x's column 4 * k + q is padded column 4 * (k + shift) + parity
             shift, parity = (q + pad_w) // step, (q + pad_w) % step
-            dst = np.uint64((step * (r % step) + parity) * plane + start + shift)
-            read = np.uint64(q * height * per + ih * per)
-            for k in range(np.uint64(max(0, min(per, pitch - shift)))):
-                flat[dst + k] = part_flat[read + k]
+            dst = u8((step * (r % step) + parity) * size + start + shift)
+            read = u8(q * count + ih * per)
+            for k in range(u8(max(0, min(per, pitch - shift)))):
+                phases[dst + k] = parts[read + k]
 
 
-@njit(nogil=True, cache=True)
-def input_transform2(phases, start, pitch, v, at, n):
-    """``v[e, at + t] = (Bt d B)[e]`` for the ``n`` tiles from flat tile ``start`` on (tile rows
-    of ``pitch``) of one channel's phase planes, with
-    Bt = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]."""
+@njit(**NATIVE)
+def input_transform2(phases, base, size, start, pitch, tmp, v, vrow, at, n):
+    """``v[e * vrow + at + t] = (Bt d B)[e]`` for the ``n`` tiles from flat tile ``start`` on
+    (tile rows of ``pitch``) of the channel whose phase planes are ``phases[base:]``, ``size``
+    apart, with Bt = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]] (``tmp``:
+    unused, as F(4x4)'s takes it)."""
+    u8 = np.uint64
+    s, one, r = u8(size), u8(1), u8(vrow)
     # d[i][j] of the run of tiles: phase plane (i % 2, j % 2) from tile (i // 2, j // 2) on.
-    a, b = start, start + pitch
-    e00, e01, e02, e03 = (
-        phases[0, a : a + n],
-        phases[1, a : a + n],
-        phases[0, a + 1 : a + 1 + n],
-        phases[1, a + 1 : a + 1 + n],
-    )
-    e10, e11, e12, e13 = (
-        phases[2, a : a + n],
-        phases[3, a : a + n],
-        phases[2, a + 1 : a + 1 + n],
-        phases[3, a + 1 : a + 1 + n],
-    )
-    e20, e21, e22, e23 = (
-        phases[0, b : b + n],
-        phases[1, b : b + n],
-        phases[0, b + 1 : b + 1 + n],
-        phases[1, b + 1 : b + 1 + n],
-    )
-    e30, e31, e32, e33 = (
-        phases[2, b : b + n],
-        phases[3, b : b + n],
-        phases[2, b + 1 : b + 1 + n],
-        phases[3, b + 1 : b + 1 + n],
-    )
-    # Whole-array indexing keeps each view contiguous (to numba, and so to LLVM's vectorizer).
-    b = at + n
-    v0, v1, v2, v3 = v[0, at:b], v[1, at:b], v[2, at:b], v[3, at:b]
-    v4, v5, v6, v7 = v[4, at:b], v[5, at:b], v[6, at:b], v[7, at:b]
-    v8, v9, v10, v11 = v[8, at:b], v[9, at:b], v[10, at:b], v[11, at:b]
-    v12, v13, v14, v15 = v[12, at:b], v[13, at:b], v[14, at:b], v[15, at:b]
-    for t in range(n):
-        d20, d21, d22, d23 = e20[t], e21[t], e22[t], e23[t]
-        r00, r01, r02, r03 = e00[t] - d20, e01[t] - d21, e02[t] - d22, e03[t] - d23
-        d10, d11, d12, d13 = e10[t], e11[t], e12[t], e13[t]
+    a = u8(base + start)
+    b = a + u8(pitch)
+    a0, a1, a2, a3 = a, a + s, a + u8(2) * s, a + u8(3) * s
+    b0, b1, b2, b3 = b, b + s, b + u8(2) * s, b + u8(3) * s
+    for t in range(u8(n)):
+        d20, d21, d22, d23 = phases[b0 + t], phases[b1 + t], phases[b0 + one + t], phases[b1 + one + t]
+        r00, r01 = phases[a0 + t] - d20, phases[a1 + t] - d21
+        r02, r03 = phases[a0 + one + t] - d22, phases[a1 + one + t] - d23
+        d10, d11, d12, d13 = phases[a2 + t], phases[a3 + t], phases[a2 + one + t], phases[a3 + one + t]
         r10, r11, r12, r13 = d10 + d20, d11 + d21, d12 + d22, d13 + d23
         r20, r21, r22, r23 = d20 - d10, d21 - d11, d22 - d12, d23 - d13
-        r30, r31, r32, r33 = d10 - e30[t], d11 - e31[t], d12 - e32[t], d13 - e33[t]
-        v0[t], v1[t], v2[t], v3[t] = r00 - r02, r01 + r02, r02 - r01, r01 - r03
-        v4[t], v5[t], v6[t], v7[t] = r10 - r12, r11 + r12, r12 - r11, r11 - r13
-        v8[t], v9[t], v10[t], v11[t] = r20 - r22, r21 + r22, r22 - r21, r21 - r23
-        v12[t], v13[t], v14[t], v15[t] = r30 - r32, r31 + r32, r32 - r31, r31 - r33
+        r30, r31 = d10 - phases[b2 + t], d11 - phases[b3 + t]
+        r32, r33 = d12 - phases[b2 + one + t], d13 - phases[b3 + one + t]
+        o = u8(at) + t
+        v[o] = r00 - r02
+        v[o + r] = r01 + r02
+        v[o + u8(2) * r] = r02 - r01
+        v[o + u8(3) * r] = r01 - r03
+        v[o + u8(4) * r] = r10 - r12
+        v[o + u8(5) * r] = r11 + r12
+        v[o + u8(6) * r] = r12 - r11
+        v[o + u8(7) * r] = r11 - r13
+        v[o + u8(8) * r] = r20 - r22
+        v[o + u8(9) * r] = r21 + r22
+        v[o + u8(10) * r] = r22 - r21
+        v[o + u8(11) * r] = r21 - r23
+        v[o + u8(12) * r] = r30 - r32
+        v[o + u8(13) * r] = r31 + r32
+        v[o + u8(14) * r] = r32 - r31
+        v[o + u8(15) * r] = r31 - r33
 
 
-@njit(nogil=True, cache=True)
-def output_transform2(m, at, y, n):
-    """``y[2 * a + b, t] = (At m A)[a, b]`` from ``m[e, at + t]`` (one output channel's ``n``
-    transformed tiles), with At = [[1, 1, 1, 0], [0, 1, -1, -1]]."""
-    b = at + n
-    m0, m1, m2, m3 = m[0, at:b], m[1, at:b], m[2, at:b], m[3, at:b]
-    m4, m5, m6, m7 = m[4, at:b], m[5, at:b], m[6, at:b], m[7, at:b]
-    m8, m9, m10, m11 = m[8, at:b], m[9, at:b], m[10, at:b], m[11, at:b]
-    m12, m13, m14, m15 = m[12, at:b], m[13, at:b], m[14, at:b], m[15, at:b]
-    y0, y1, y2, y3 = y[0, :n], y[1, :n], y[2, :n], y[3, :n]
-    for t in range(n):
-        w1, w2, w5, w6, w9, w10 = m1[t], m2[t], m5[t], m6[t], m9[t], m10[t]
-        s0 = m0[t] + m4[t] + m8[t]
-        s1 = w1 + w5 + w9
-        s2 = w2 + w6 + w10
-        s3 = m3[t] + m7[t] + m11[t]
-        u0 = m4[t] - m8[t] - m12[t]
-        u1 = w5 - w9 - m13[t]
-        u2 = w6 - w10 - m14[t]
-        u3 = m7[t] - m11[t] - m15[t]
-        y0[t] = s0 + s1 + s2
-        y1[t] = s1 - s2 - s3
-        y2[t] = u0 + u1 + u2
-        y3[t] = u1 - u2 - u3
+@njit(**NATIVE)
+def output_transform2(m, mrow, at, tmp, y, yrow, n):
+    """``y[(2 * a + b) * yrow + t] = (At m A)[a, b]`` from ``m[e * mrow + at + t]`` (one
+    output channel's ``n`` transformed tiles), with At = [[1, 1, 1, 0], [0, 1, -1, -1]]
+    (``tmp``: unused, as F(4x4)'s takes it)."""
+    u8 = np.uint64
+    r, w = u8(mrow), u8(yrow)
+    for t in range(u8(n)):
+        o = u8(at) + t
+        m0, m1, m2, m3 = m[o], m[o + r], m[o + u8(2) * r], m[o + u8(3) * r]
+        m4, m5, m6, m7 = m[o + u8(4) * r], m[o + u8(5) * r], m[o + u8(6) * r], m[o + u8(7) * r]
+        m8, m9, m10, m11 = m[o + u8(8) * r], m[o + u8(9) * r], m[o + u8(10) * r], m[o + u8(11) * r]
+        m12, m13 = m[o + u8(12) * r], m[o + u8(13) * r]
+        m14, m15 = m[o + u8(14) * r], m[o + u8(15) * r]
+        s0 = m0 + m4 + m8
+        s1 = m1 + m5 + m9
+        s2 = m2 + m6 + m10
+        s3 = m3 + m7 + m11
+        u0 = m4 - m8 - m12
+        u1 = m5 - m9 - m13
+        u2 = m6 - m10 - m14
+        u3 = m7 - m11 - m15
+        y[t] = s0 + s1 + s2
+        y[w + t] = s1 - s2 - s3
+        y[u8(2) * w + t] = u0 + u1 + u2
+        y[u8(3) * w + t] = u1 - u2 - u3
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -249,13 +226,14 @@ def spread(floats):
     return floats if floats < 1024 else floats + (64 - floats) % 1024
 
 
-@njit(inline="always", nogil=True, cache=True)
-def interleave2(dst, y, row, q):
-    """``dst[2t + b] = y[row + b, q + t]`` as far as ``dst`` reaches."""
-    half = dst.shape[0] // 2
-    even, odd = y[row, q : q + half + 1], y[row + 1, q : q + half + 1]
-    for t in range(half):
-        dst[2 * t] = even[t]
-        dst[2 * t + 1] = odd[t]
-    if dst.shape[0] % 2:
-        dst[2 * half] = even[half]
+@njit(**NATIVE)
+def interleave2(dst, at, width, y, even, odd):
+    """``dst[at + 2t + b] = y[(even, odd)[b] + t]`` for the ``width`` outputs of a row."""
+    u8 = np.uint64
+    half = width // 2
+    o, e, d = u8(at), u8(even), u8(odd)
+    for t in range(u8(half)):
+        dst[o + u8(2) * t] = y[e + t]
+        dst[o + u8(2) * t + u8(1)] = y[d + t]
+    if width % 2:
+        dst[o + u8(2 * half)] = y[e + u8(half)]

@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from flowrt.workers.cpu.acc.calls import NATIVE
+
 # F(4x4, 3x3): G (6x3) maps a 3-tap filter to its transform.
 _G = np.array(
     [
@@ -34,144 +36,109 @@ def winograd4_weights(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(u.reshape(36, w.shape[0], w.shape[1]), np.float32)
 
 
-@njit(inline="always", nogil=True, cache=True)
-def _bt(s0, s1, s2, s3, s4, s5, o0, o1, o2, o3, o4, o5, n):
-    """``o = Bt s`` elementwise over ``n`` tiles (``s``: six rows, ``o``: six rows), with
+# As F(2x2)'s (``winograd.py``): flat arrays and unsigned offsets, called by address. Each
+# transform is one loop over its passes, whose rows are picked by offset: one copy of the
+# loop body to compile, not one per pass.
+
+
+@njit(**NATIVE)
+def input_transform4(phases, base, size, start, pitch, tmp, v, vrow, at, n):
+    """``v[e * vrow + at + t] = (Bt d B)[e]`` for the ``n`` tiles from flat tile ``start`` on
+    of the channel whose phase planes are ``phases[base:]``, ``size`` apart: Bt over each of
+    the tile's columns into ``tmp`` (36 rows of ``n``), then over its rows. Tile element
+    d[i][j] is phase plane (i % 4, j % 4) from tile (i // 4, j // 4) on. With
     Bt = [[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0], [0, -2, -1, 2, 1, 0],
     [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]]."""
+    u8 = np.uint64
     # float32 constants: an integer one would promote the arithmetic to float64
     two, four, five = np.float32(2), np.float32(4), np.float32(5)
-    for t in range(n):
-        d0, d1, d2, d3, d4, d5 = s0[t], s1[t], s2[t], s3[t], s4[t], s5[t]
-        a = d4 - four * d2
-        b = d3 - four * d1
-        c = d4 - d2
-        e = two * (d3 - d1)
-        o0[t] = four * d0 - five * d2 + d4
-        o1[t] = a + b
-        o2[t] = a - b
-        o3[t] = c + e
-        o4[t] = c - e
-        o5[t] = four * d1 - five * d3 + d5
+    plane, count = u8(size), u8(n)
+    for step in range(12):
+        if step < 6:  # column j of the tiles: planes (i % 4, j % 4), i = 0..5, into tmp
+            j = step
+            src, dst = phases, tmp
+            s0 = u8(base + start + j // 4) + u8(j % 4) * plane
+            s1, s2, s3 = s0 + u8(4) * plane, s0 + u8(8) * plane, s0 + u8(12) * plane
+            s4 = s0 + u8(pitch)
+            s5 = s4 + u8(4) * plane
+            d0, dr = u8(j) * count, u8(6) * count
+        else:  # row i of tmp into v
+            i = u8(6 * (step - 6))
+            src, dst = tmp, v
+            s0 = i * count
+            s1, s2, s3, s4, s5 = (
+                s0 + count,
+                s0 + u8(2) * count,
+                s0 + u8(3) * count,
+                s0 + u8(4) * count,
+                s0 + u8(5) * count,
+            )
+            d0, dr = i * u8(vrow) + u8(at), u8(vrow)
+        d1, d2, d3, d4, d5 = d0 + dr, d0 + u8(2) * dr, d0 + u8(3) * dr, d0 + u8(4) * dr, d0 + u8(5) * dr
+        for t in range(count):
+            x0, x1, x2, x3, x4, x5 = (
+                src[s0 + t],
+                src[s1 + t],
+                src[s2 + t],
+                src[s3 + t],
+                src[s4 + t],
+                src[s5 + t],
+            )
+            a = x4 - four * x2
+            b = x3 - four * x1
+            c = x4 - x2
+            e = two * (x3 - x1)
+            dst[d0 + t] = four * x0 - five * x2 + x4
+            dst[d1 + t] = a + b
+            dst[d2 + t] = a - b
+            dst[d3 + t] = c + e
+            dst[d4 + t] = c - e
+            dst[d5 + t] = four * x1 - five * x3 + x5
 
 
-@njit(inline="always", nogil=True, cache=True)
-def _at(s0, s1, s2, s3, s4, s5, o0, o1, o2, o3, n):
-    """``o = At s`` elementwise over ``n`` tiles, with
+@njit(**NATIVE)
+def output_transform4(m, mrow, at, tmp, y, yrow, n):
+    """``y[(4 * a + b) * yrow + t] = (At m A)[a, b]`` from ``m[e * mrow + at + t]`` (one output
+    channel's ``n`` transformed tiles), through ``tmp`` (24 rows of ``n``), with
     At = [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]]."""
+    u8 = np.uint64
     two, four, eight = np.float32(2), np.float32(4), np.float32(8)
-    for t in range(n):
-        m1, m2, m3, m4 = s1[t], s2[t], s3[t], s4[t]
-        a = m1 + m2
-        b = m1 - m2
-        c = m3 + m4
-        d = m3 - m4
-        o0[t] = s0[t] + a + c
-        o1[t] = b + two * d
-        o2[t] = a + four * c
-        o3[t] = b + eight * d + s5[t]
+    count = u8(n)
+    for step in range(10):
+        if step < 6:  # column j of the transformed tiles into tmp
+            j = u8(step)
+            src, dst = m, tmp
+            s0, sr = j * u8(mrow) + u8(at), u8(6 * mrow)
+            d0, dr = j * count, u8(6) * count
+        else:  # row a of tmp into y
+            a = u8(step - 6)
+            src, dst = tmp, y
+            s0, sr = u8(6) * a * count, count
+            d0, dr = u8(4) * a * u8(yrow), u8(yrow)
+        s1, s2, s3, s4, s5 = s0 + sr, s0 + u8(2) * sr, s0 + u8(3) * sr, s0 + u8(4) * sr, s0 + u8(5) * sr
+        d1, d2, d3 = d0 + dr, d0 + u8(2) * dr, d0 + u8(3) * dr
+        for t in range(count):
+            m1, m2, m3, m4 = src[s1 + t], src[s2 + t], src[s3 + t], src[s4 + t]
+            a_ = m1 + m2
+            b_ = m1 - m2
+            c_ = m3 + m4
+            d_ = m3 - m4
+            dst[d0 + t] = src[s0 + t] + a_ + c_
+            dst[d1 + t] = b_ + two * d_
+            dst[d2 + t] = a_ + four * c_
+            dst[d3 + t] = b_ + eight * d_ + src[s5 + t]
 
 
-@njit(nogil=True, cache=True)
-def input_transform4(phases, start, pitch, tmp, v, at, n):
-    """``v[e, at + t] = (Bt d B)[e]`` for the ``n`` tiles from flat tile ``start`` on of one
-    channel's phase planes: Bt over each of the tile's columns into ``tmp``, then over its rows.
-    Tile element d[i][j] is phase plane (i % 4, j % 4) from tile (i // 4, j // 4) on."""
-    for j in range(6):
-        off = start + j // 4
-        pj = j % 4
-        p0 = phases[0 + pj, off : off + n]
-        p1 = phases[4 + pj, off : off + n]
-        p2 = phases[8 + pj, off : off + n]
-        p3 = phases[12 + pj, off : off + n]
-        q = off + pitch
-        p4 = phases[0 + pj, q : q + n]
-        p5 = phases[4 + pj, q : q + n]
-        _bt(
-            p0,
-            p1,
-            p2,
-            p3,
-            p4,
-            p5,
-            tmp[j, :n],
-            tmp[6 + j, :n],
-            tmp[12 + j, :n],
-            tmp[18 + j, :n],
-            tmp[24 + j, :n],
-            tmp[30 + j, :n],
-            n,
-        )
-    b = at + n
-    for i in range(6):
-        r = 6 * i
-        _bt(
-            tmp[r, :n],
-            tmp[r + 1, :n],
-            tmp[r + 2, :n],
-            tmp[r + 3, :n],
-            tmp[r + 4, :n],
-            tmp[r + 5, :n],
-            v[r, at:b],
-            v[r + 1, at:b],
-            v[r + 2, at:b],
-            v[r + 3, at:b],
-            v[r + 4, at:b],
-            v[r + 5, at:b],
-            n,
-        )
-
-
-@njit(nogil=True, cache=True)
-def output_transform4(mb, at, tmp, y, n):
-    """``y[4 * a + b, t] = (At m A)[a, b]`` from ``mb[e, at + t]`` (one output channel's ``n``
-    transformed tiles), through ``tmp``."""
-    b = at + n
-    for j in range(6):
-        _at(
-            mb[j, at:b],
-            mb[6 + j, at:b],
-            mb[12 + j, at:b],
-            mb[18 + j, at:b],
-            mb[24 + j, at:b],
-            mb[30 + j, at:b],
-            tmp[j, :n],
-            tmp[6 + j, :n],
-            tmp[12 + j, :n],
-            tmp[18 + j, :n],
-            n,
-        )
-    for a in range(4):
-        r = 6 * a
-        _at(
-            tmp[r, :n],
-            tmp[r + 1, :n],
-            tmp[r + 2, :n],
-            tmp[r + 3, :n],
-            tmp[r + 4, :n],
-            tmp[r + 5, :n],
-            y[4 * a, :n],
-            y[4 * a + 1, :n],
-            y[4 * a + 2, :n],
-            y[4 * a + 3, :n],
-            n,
-        )
-
-
-@njit(inline="always", nogil=True, cache=True)
-def interleave4(dst, y, row, q):
-    """``dst[4t + b] = y[row + b, q + t]`` as far as ``dst`` reaches."""
-    whole = dst.shape[0] // 4
-    y0, y1, y2, y3 = (
-        y[row, q : q + whole],
-        y[row + 1, q : q + whole],
-        y[row + 2, q : q + whole],
-        y[row + 3, q : q + whole],
-    )
-    for t in range(whole):
-        dst[4 * t] = y0[t]
-        dst[4 * t + 1] = y1[t]
-        dst[4 * t + 2] = y2[t]
-        dst[4 * t + 3] = y3[t]
-    for ow in range(4 * whole, dst.shape[0]):
-        dst[ow] = y[row + ow - 4 * whole, q + whole]
+@njit(**NATIVE)
+def interleave4(dst, at, width, y, row, yrow):
+    """``dst[at + 4t + b] = y[row + b * yrow + t]`` for the ``width`` outputs of a row."""
+    u8 = np.uint64
+    whole = width // 4
+    o, w, r = u8(at), u8(yrow), u8(row)
+    for t in range(u8(whole)):
+        dst[o + u8(4) * t] = y[r + t]
+        dst[o + u8(4) * t + u8(1)] = y[r + w + t]
+        dst[o + u8(4) * t + u8(2)] = y[r + u8(2) * w + t]
+        dst[o + u8(4) * t + u8(3)] = y[r + u8(3) * w + t]
+    for ow in range(4 * whole, width):
+        dst[o + u8(ow)] = y[r + u8(ow - 4 * whole) * w + u8(whole)]

@@ -2,9 +2,10 @@
 describes the scheme and the layout) and F(4x4, 3x3) (``winograd4.py``): phase planes per
 channel, blocks of tile rows per slice, one GEMM per transformed tile element, and the output
 tiles written back with bias and activation. The two differ only in their transforms, which
-are functions of their own with their tile sizes as constants; the loop nest takes the side
-as an argument and is compiled once for both (on a cold cache a side's own loop nest took
-12-14 s of CPU, and the branches on the side are taken once per row of tiles). Its parallel
+are functions of their own with their tile sizes as constants, called by address: the loop
+nest takes the side as an argument and is compiled once for both (on a cold cache a side's
+own loop nest took 12-14 s of CPU, and the branches on the side are taken once per row of
+tiles), and a model compiles only the transforms of the tile sizes it uses. Its parallel
 loops call their tasks by address (``blas.run_stages``). :class:`Winograd` is the algorithm
 that runs it: the 3x3 stride-1 convs of one group that :class:`~.winograd.WinogradRule` picks.
 """
@@ -14,13 +15,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
+import numba
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba._dispatcher import compute_fingerprint
 
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
-from flowrt.workers.cpu.acc.blas import SliceFunction, run_stages, sgemm
+from flowrt.workers.cpu.acc.blas import (
+    NATIVE,
+    SliceFunction,
+    call_native,
+    gemm_at,
+    native_address,
+    run_stages,
+)
+from flowrt.workers.cpu.acc.conv.finish import finish_row_late
 from flowrt.workers.cpu.acc.conv.winograd import (
-    fill_phases,
+    fill_phases4,
     input_transform2,
     interleave2,
     output_transform2,
@@ -28,29 +39,78 @@ from flowrt.workers.cpu.acc.conv.winograd import (
     winograd_blocks,
 )
 from flowrt.workers.cpu.acc.conv.winograd4 import input_transform4, interleave4, output_transform4
-from flowrt.workers.cpu.acc.kernels.epilogue import activate_row
+from flowrt.workers.cpu.acc.phases import fill_phase_planes_late
 
 if TYPE_CHECKING:
     from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
     from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
     from flowrt.workers.cpu.acc.conv.weights import ConvWeights
 
+_ROW = types.Array(types.float32, 1, "C")
+# What the transforms take (see winograd.py): (phases, base, size, start, pitch, tmp, v, vrow,
+# at, n) forward, (m, mrow, at, tmp, y, yrow, n) back.
+_FORWARD = (_ROW, *[types.int64] * 4, _ROW, _ROW, *[types.int64] * 3)
+_BACK = (_ROW, types.int64, types.int64, _ROW, _ROW, types.int64, types.int64)
+_TRANSFORMS = {2: (input_transform2, output_transform2), 4: (input_transform4, output_transform4)}
+_addresses: dict[int, tuple[int, int]] = {}
 
-@njit(nogil=True, cache=True)
-def _fill_task(task, step, x, phases, group, pad_h, pad_w, pitch, side, chunks):
+
+def transform_addresses(side: int) -> tuple[int, int]:
+    """The addresses of the forward and back transforms for ``side`` x ``side`` output tiles,
+    compiled (or loaded from numba's cache) once per process: a model whose convs all take
+    one tile size compiles that size's transforms only."""
+    found = _addresses.get(side)
+    if found is None:
+        forward, back = _TRANSFORMS[side]
+        found = _addresses[side] = (native_address(forward, _FORWARD), native_address(back, _BACK))
+    return found
+
+
+@njit(**NATIVE)
+def _fill_task(task, step, x, phases, group, pad_h, pad_w, pitch, side, chunks, split):
     """Group ``step``'s (image, channel) planes, the ``task``-th of ``chunks`` runs of them,
-    into their phase planes (none past the last image)."""
-    channels = x.shape[1]
-    total = min(group, x.shape[0] - step * group) * channels
+    into their phase planes (none past the last image): plane ``p`` of the group's at
+    ``phases[p * side * side * size:]``; by ``winograd.fill_phases4`` at address ``split``
+    (:func:`split_address`), else by ``phases.fill_phase_planes``."""
+    images, channels, height, width = x.shape
+    planes = side * side
+    size = phases.shape[0] // (group * channels * planes)
+    total = min(group, images - step * group) * channels
+    xf = x.reshape(-1)
+    parts = np.empty(height * width if split else 0, np.float32)
     for plane in range(task * total // chunks, (task + 1) * total // chunks):
-        i, c = divmod(plane, channels)
-        fill_phases(x[step * group + i, c], phases[i, c], pad_h, pad_w, pitch, side)
+        base = plane * planes * size
+        n, c = divmod(step * group * channels + plane, channels)
+        if split:
+            at = (n * channels + c) * height * width
+            call_native(split, (xf, at, height, width, phases, base, size, pad_h, pad_w, pitch, parts))
+        else:
+            dst = phases[base : base + planes * size]
+            fill_phase_planes_late(dst, x[n, c], size // pitch, pitch, size, side, side, pad_h, pad_w)
 
 
-@njit(nogil=True, cache=True)
-def _block_task(s, step, x, u, bias, out, phases, bounds, block, group, code, alpha, beta, side):
+_split_addresses: dict[bytes, int] = {}
+
+
+def split_address(x: np.ndarray) -> int:
+    """The address of ``winograd.fill_phases4`` for the flat view of ``x`` (read-only or
+    not), compiled (or loaded from numba's cache) on first use: only convs in 4x4 tiles whose
+    width is a multiple of 4 call it."""
+    key = compute_fingerprint(x)
+    found = _split_addresses.get(key)
+    if found is None:
+        flat = numba.typeof(x.reshape(-1))
+        signature = (flat, *[types.int64] * 3, _ROW, *[types.int64] * 5, _ROW)
+        found = _split_addresses[key] = native_address(fill_phases4, signature)
+    return found
+
+
+@njit(**NATIVE)
+def _block_task(
+    s, step, x, u, bias, out, phases, bounds, block, group, code, alpha, beta, side, forward, back
+):
     """Group ``step``'s slice ``s`` of tile rows, ``block`` rows at a time (see
-    :func:`winograd_conv`)."""
+    :func:`winograd_conv`); ``forward`` and ``back``: the addresses of the side's transforms."""
     elements, outputs = (side + 2) * (side + 2), side * side  # per input tile, per output tile
     channels, m_count = x.shape[1], out.shape[1]
     oh_count, ow_count = out.shape[2], out.shape[3]
@@ -59,12 +119,19 @@ def _block_task(s, step, x, u, bias, out, phases, bounds, block, group, code, al
     cols = block * pitch
     n0 = step * group
     rows = min(group, x.shape[0] - n0) * tiles_h
-    # (elements, channels x cols) and (elements, outputs x cols), rows apart by a spread
-    # stride; F(4x4) passes its transforms' rows through tmp (F(2x2): none)
-    v = np.empty((elements, spread(channels * cols)), np.float32)
-    mb = np.empty((elements, spread(m_count * cols)), np.float32)
-    tmp = np.empty((elements if side == 4 else 0, cols), np.float32)
-    y = np.empty((outputs, cols), np.float32)
+    planes = channels * side * side  # per image
+    size = phases.shape[0] // (group * planes)
+    # Flat (elements, channels x cols) and (elements, outputs x cols), rows apart by a spread
+    # stride; F(4x4) passes its transforms' rows through tmp. The output tiles' rows go to y,
+    # ``count`` apart: the activation then runs over all of them at once.
+    vrow, mrow = spread(channels * cols), spread(m_count * cols)
+    v = np.empty(elements * vrow, np.float32)
+    mb = np.empty(elements * mrow, np.float32)
+    tmp = np.empty(elements * cols if side == 4 else 0, np.float32)
+    y = np.empty(outputs * cols, np.float32)
+    of = out.reshape(-1)
+    u_at, v_at, m_at = np.int64(u.ctypes.data), np.int64(v.ctypes.data), np.int64(mb.ctypes.data)
+    plain, one, zero = np.int64(0), np.float32(1), np.float32(0)  # not literals: gemm_at's types
     for row0 in range(bounds[s], min(bounds[s + 1], rows), block):
         row1 = min(row0 + block, bounds[s + 1], rows)
         count = (row1 - row0) * pitch
@@ -74,34 +141,32 @@ def _block_task(s, step, x, u, bias, out, phases, bounds, block, group, code, al
             while th < row1:
                 i = th // tiles_h
                 end = min(row1, (i + 1) * tiles_h)
+                base = i * planes * size + c * side * side * size
                 at, start = c * cols + (th - row0) * pitch, (th - i * tiles_h) * pitch
                 n = (end - th) * pitch
-                if side == 2:
-                    input_transform2(phases[i, c], start, pitch, v, at, n)
-                else:
-                    input_transform4(phases[i, c], start, pitch, tmp, v, at, n)
+                call_native(forward, (phases, base, size, start, pitch, tmp, v, vrow, at, n))
                 th = end
         for e in range(elements):
-            ve = v[e, : channels * cols].reshape((channels, cols))
-            me = mb[e, : m_count * cols].reshape((m_count, cols))
-            sgemm(False, False, 1.0, u[e], ve[:, :count], 0.0, me[:, :count])
+            # (m_count, channels) @ (channels, count), v's and mb's rows cols apart
+            gemm_at(
+                plain, plain, m_count, count, channels, one, u_at + e * m_count * channels * 4, channels,
+                v_at + e * vrow * 4, cols, zero, m_at + e * mrow * 4, cols,
+            )  # fmt: skip
         for k in range(m_count):
-            if side == 2:
-                output_transform2(mb, k * cols, y, count)
-            else:
-                output_transform4(mb, k * cols, tmp, y, count)
-            for e in range(outputs):
-                activate_row(y[e, :count], y[e, :count], bias[k], code, alpha, beta)
+            call_native(back, (mb, mrow, k * cols, tmp, y, count, count))
+            finish_row_late(y[: outputs * count], bias[k], code, alpha, beta)
             for th in range(row0, row1):
                 q = (th - row0) * pitch
+                image = n0 + th // tiles_h
                 for a in range(side):
                     oh = side * (th % tiles_h) + a
                     if oh >= oh_count:
                         continue
+                    at = ((image * m_count + k) * oh_count + oh) * ow_count
                     if side == 2:
-                        interleave2(out[n0 + th // tiles_h, k, oh], y, 2 * a, q)
+                        interleave2(of, at, ow_count, y, 2 * a * count + q, (2 * a + 1) * count + q)
                     else:
-                        interleave4(out[n0 + th // tiles_h, k, oh], y, 4 * a, q)
+                        interleave4(of, at, ow_count, y, 4 * a * count + q, count)
 
 
 _FILL_TASK = SliceFunction(_fill_task)
@@ -118,11 +183,13 @@ def winograd_conv(x, u, bias, out, pad_h, pad_w, bounds, block, group, code, alp
     side = np.int64(side)
     tiles_h, pitch = -(-out.shape[2] // side), -(-out.shape[3] // side) + 1
     # A block reads one tile row and one column past its tiles: one spare row keeps it inside.
-    planes = (group, x.shape[1], side * side, spread.py_func((tiles_h + 2) * pitch))
-    phases = np.zeros(planes, np.float32)
+    size = spread.py_func((tiles_h + 2) * pitch)
+    phases = np.zeros(group * x.shape[1] * side * side * size, np.float32)
     chunks = min(group * x.shape[1], bounds.shape[0] - 1)  # as many as there are slices
-    fill = (x, phases, group, pad_h, pad_w, pitch, side, chunks)
-    blocks = (x, u, bias, out, phases, bounds, block, group, code, alpha, beta, side)
+    split = split_address(x) if side == 4 and x.shape[3] % 4 == 0 else 0
+    fill = (x, phases, group, pad_h, pad_w, pitch, side, chunks, split)
+    forward, back = transform_addresses(int(side))
+    blocks = (x, u, bias, out, phases, bounds, block, group, code, alpha, beta, side, forward, back)
     run_stages(
         -(-x.shape[0] // group),
         _FILL_TASK.address(fill),

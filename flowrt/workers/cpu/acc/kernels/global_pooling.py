@@ -10,7 +10,7 @@ from numba import njit
 
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import Support, WorkloadInfo
-from flowrt.workers.cpu.acc.calls import SliceFunction
+from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 
 # Below this many input reads per slice, a second thread costs more than it saves.
@@ -48,7 +48,7 @@ def _block_sum(a, first, n):
     return res
 
 
-@njit(nogil=True, cache=True)
+@njit(**NATIVE)
 def pairwise_sum(a, first, n, nodes, sums):
     """The float32 sum of ``a[first : first + n]`` in numpy's pairwise order.
 
@@ -58,9 +58,8 @@ def pairwise_sum(a, first, n, nodes, sums):
     here on an explicit stack, since numba cannot call a recursive function from a parallel
     region: ``nodes`` (128, 3) int64 and ``sums`` (128,) float32 are its scratch.
     """
-    if n <= 128:
-        return _block_sum(a, first, n)
-    # Nodes (first, n, halved) still to visit, and the sums of the ranges done.
+    # Nodes (first, n, halved) still to visit, and the sums of the ranges done; a range of
+    # at most 128 values is one node (one copy of _block_sum's loops to compile, not two).
     nodes[0, 0], nodes[0, 1], nodes[0, 2] = first, n, 0
     top, done = 1, 0
     while top:
@@ -82,7 +81,7 @@ def pairwise_sum(a, first, n, nodes, sums):
     return sums[0]
 
 
-@njit(nogil=True, cache=True)
+@njit(**NATIVE)
 def _average_planes(task, step, x, out, bounds):
     """The planes of slice ``task`` (a :class:`SliceFunction`)."""
     size = x.shape[1]
@@ -92,7 +91,7 @@ def _average_planes(task, step, x, out, bounds):
         out[p] = pairwise_sum(x[p], 0, size, nodes, sums) / np.float32(size)
 
 
-@njit(nogil=True, cache=True)
+@njit(**NATIVE)
 def _max_planes(task, step, x, out, bounds):
     """The planes of slice ``task`` (a :class:`SliceFunction`)."""
     for p in range(bounds[task], bounds[task + 1]):

@@ -16,7 +16,7 @@ from numba import njit
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
-from flowrt.workers.cpu.acc.calls import SliceFunction
+from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels.epilogue import activation_args, affine_row
 from flowrt.workers.cpu.acc.kernels.row_sums import row_sum, row_sum_of_squares
@@ -48,7 +48,7 @@ class _Bounds:
 # and that check keeps LLVM from vectorizing.
 
 
-@njit(nogil=True, cache=True)
+@njit(**NATIVE)
 def _batch_normalization_slice(task, step, x, out, bounds, scale, shift, channels, plane, code, alpha, beta):
     """Slice ``task`` of the flat window (a :class:`SliceFunction`), plane by plane."""
     i, last = bounds[task], bounds[task + 1]
@@ -119,7 +119,7 @@ class BatchNormalizationKernel:
         return [out]
 
 
-@njit(nogil=True, cache=True)
+@njit(**NATIVE)
 def _lrn_units(task, step, x, out, bounds, blocks, before, after, bias, alpha, beta):
     """The (sample, block) units of slice ``task`` (a :class:`SliceFunction`)."""
     channels, positions = x.shape[1], x.shape[2]
@@ -189,7 +189,7 @@ class LRNKernel:
         return [out]
 
 
-@njit(nogil=True, cache=True)
+@njit(**NATIVE)
 def _layer_normalization_rows(task, step, x, out, mean, inv_std, bounds, scale, bias, epsilon):
     """The rows of slice ``task`` (a :class:`SliceFunction`)."""
     length = x.shape[1]

@@ -6,8 +6,9 @@ into per-axis tables: where each output row/column's window starts and which of 
 cells fall inside the input, so the jitted loop never tests a cell against the borders.
 
 A pool whose outputs cover most of the plane (the 3x3 pools of the light models, stride 1
-or 2, and 2x2 stride-2 ones) instead runs on stacked (phase) planes: ``stacked_pooling.py``;
-an AveragePool of 2x2 windows at stride 2 that tile the plane, in one loop per output row.
+or 2, and 2x2 stride-2 ones) instead runs on stacked (phase) planes: ``stacked_pooling.py``,
+but for a strided MaxPool, which runs row by row (``row_max_pool.py``); an AveragePool of 2x2
+windows at stride 2 that tile the plane, in one loop per output row.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from numba import njit
 from flowrt.engine.graph.layers.pooling import pool_geometry
 from flowrt.engine.scheduler.window import SplitHint
 from flowrt.registry import Support, WorkloadInfo
-from flowrt.workers.cpu.acc.calls import SliceFunction
+from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels.global_pooling import global_average_pool, global_max_pool, plane_bounds
-from flowrt.workers.cpu.acc.kernels.stacked_pooling import FLAT_FLOATS, larger, max_plane_exact, pool_flat
-from flowrt.workers.cpu.acc.phases import split_pairs
+from flowrt.workers.cpu.acc.kernels.row_max_pool import MAX_PLANES, along_address
+from flowrt.workers.cpu.acc.kernels.stacked_pooling import FLAT_FLOATS, pool_flat
 
 
 @attrs.frozen(eq=False)
@@ -101,130 +102,6 @@ class PoolPlan:
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _max_along(of, at, count, column, kw_count, sw, dw, halves):
-    """``of[at + o]`` = the max of ``column[o * sw + k * dw]`` over the kernel cells ``k``, for
-    ``o < count``: one pass per cell. At stride 2 the column is first split into its even and
-    odd cells (``halves``, from :func:`_halves`), so that every pass reads one of them at unit
-    stride, which LLVM vectorizes."""
-    base = np.uint64(at)
-    if sw == 1:
-        for o in range(count):
-            of[base + np.uint64(o)] = column[np.uint64(o)]
-        for k in range(1, kw_count):
-            shift = np.uint64(k * dw)
-            for o in range(count):
-                q = np.uint64(o)
-                of[base + q] = larger(of[base + q], column[shift + q])
-    elif sw == 2:
-        even, odd, even_bits, odd_bits, words = halves
-        split_pairs(words, even_bits, odd_bits, ((count - 1) * 2 + (kw_count - 1) * dw) // 2 + 1)
-        if kw_count == 3 and dw == 1:  # the classic 3x3 stride-2 pool, in one pass
-            for o in range(count):
-                q = np.uint64(o)
-                of[base + q] = larger(larger(even[q], odd[q]), even[q + np.uint64(1)])
-            return
-        for o in range(count):
-            of[base + np.uint64(o)] = even[np.uint64(o)]
-        for k in range(1, kw_count):
-            shift = np.uint64(k * dw // 2)
-            cells = even if k * dw % 2 == 0 else odd
-            for o in range(count):
-                q = np.uint64(o)
-                of[base + q] = larger(of[base + q], cells[shift + q])
-    else:
-        for o in range(count):
-            of[base + np.uint64(o)] = column[np.uint64(o * sw)]
-        for k in range(1, kw_count):
-            for o in range(count):
-                q = np.uint64(o)
-                of[base + q] = larger(of[base + q], column[np.uint64(o * sw + k * dw)])
-
-
-@njit(inline="always", nogil=True, cache=True)
-def _halves(column):
-    """Buffers for the even and odd cells of ``column`` (of even size), their uint32 views,
-    and the column as uint64 words (pairs of cells)."""
-    even = np.empty(column.shape[0] // 2, np.float32)
-    odd = np.empty(column.shape[0] // 2, np.float32)
-    return even, odd, even.view(np.uint32), odd.view(np.uint32), column.view(np.uint64)
-
-
-@njit(inline="always", nogil=True, cache=True)
-def _rows_max(column, at, xf, first, step, count, width):
-    """``column[at + i]`` = the max over the first ``count`` (1 to 3) of the rows of ``width``
-    at ``xf[first]``, ``xf[first + step]``, ``xf[first + 2 * step]`` (one pass); whether they
-    hold a NaN, which :func:`larger` may have let lose."""
-    nan = False
-    c0, a0 = np.uint64(at), np.uint64(first)
-    b0, d0 = a0 + np.uint64(step), a0 + np.uint64(2 * step)
-    if count == 3:
-        for i in range(width):
-            q = np.uint64(i)
-            va, vb, vc = xf[a0 + q], xf[b0 + q], xf[d0 + q]
-            column[c0 + q] = larger(larger(va, vb), vc)
-            nan |= (va != va) | (vb != vb) | (vc != vc)
-    elif count == 2:
-        for i in range(width):
-            q = np.uint64(i)
-            va, vb = xf[a0 + q], xf[b0 + q]
-            column[c0 + q] = larger(va, vb)
-            nan |= (va != va) | (vb != vb)
-    else:
-        for i in range(width):
-            q = np.uint64(i)
-            va = xf[a0 + q]
-            column[c0 + q] = va
-            nan |= va != va
-    return nan
-
-
-@njit(nogil=True, cache=True)
-def _max_planes(s, _step, bounds, x, out, hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw):
-    """MaxPool's slice ``s`` of planes (a :class:`SliceFunction`), each plane by :func:`larger`
-    (vectorized; it lets NaN lose), noting NaN in the rows it reads: a plane that has one is
-    computed again by :func:`max_plane_exact`.
-
-    The kernel rows' max goes into a column buffer with ``pw`` cells of -inf before the
-    row and enough after it for every window: padding never wins, and no window needs a
-    bounds test. Up to three kernel rows at a time are one pass over the columns. The loops
-    index flat views with unsigned offsets: a slice per row costs reference counting that
-    took as long as the row's max."""
-    height, width, kw_count = x.shape[1], x.shape[2], wfirst.shape[0]
-    oh_count, ow_count = out.shape[1], out.shape[2]
-    xf, of = x.reshape(-1), out.reshape(-1)
-    lowest = np.float32(-np.inf)
-    span = max(pw + width, (ow_count - 1) * sw + (kw_count - 1) * dw + 1)
-    span += span % 2  # whole pairs, for the split at stride 2
-    padded = np.full(span, lowest, np.float32)
-    halves = _halves(padded)
-    exact = np.empty(width, np.float32)
-    for p in range(bounds[s], bounds[s + 1]):
-        nan = False
-        for oh in range(oh_count):
-            at = (p * oh_count + oh) * ow_count
-            if hhi[oh] == hlo[oh]:
-                for o in range(ow_count):
-                    of[np.uint64(at + o)] = lowest
-                continue
-            first = (p * height + hs[oh] + hlo[oh] * dh) * width
-            count = min(3, hhi[oh] - hlo[oh])
-            nan |= _rows_max(padded, pw, xf, first, dh * width, count, width)
-            for kh in range(hlo[oh] + 3, hhi[oh]):
-                line = np.uint64((p * height + hs[oh] + kh * dh) * width)
-                for i in range(width):
-                    q = np.uint64(i)
-                    v = xf[line + q]
-                    padded[np.uint64(pw) + q] = larger(padded[np.uint64(pw) + q], v)
-                    nan |= v != v
-            _max_along(of, at, ow_count, padded, kw_count, sw, dw, halves)
-        if nan:
-            max_plane_exact(x[p], out[p], hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw, exact)
-
-
-_MAX_PLANES = SliceFunction(_max_planes)
-
-
-@njit(inline="always", nogil=True, cache=True)
 def _add_along(row, line, first, last, sw, offset):
     """``row[o] += line[o * sw + offset]`` for ``o`` in ``[first, last)``; strides 1 and 2
     spelled out so that LLVM vectorizes them."""
@@ -243,7 +120,7 @@ def _add_along(row, line, first, last, sw, offset):
             dst[o] += src[o * sw]
 
 
-@njit(nogil=True, cache=True)
+@njit(**NATIVE)
 def _average_halves(task, step, x, out, bounds):
     """Slice ``task`` of planes (a :class:`SliceFunction`): the mean of each 2x2 cell block,
     added in CpuRef's row-major order; the stride-2 reads of one loop over the output row
@@ -258,7 +135,7 @@ def _average_halves(task, step, x, out, bounds):
                 row[ow] = (((top[c] + top[c + 1]) + bottom[c]) + bottom[c + 1]) * quarter
 
 
-@njit(nogil=True, cache=True)
+@njit(**NATIVE)
 def _average_pool(task, step, x, out, bounds, hs, hlo, hhi, hcount, dh, wfirst, wlast, wcount, sw, dw, pw):
     """Slice ``task`` of planes (a :class:`SliceFunction`) of any other AveragePool."""
     for p in range(bounds[task], bounds[task + 1]):
@@ -373,8 +250,9 @@ class MaxPoolKernel(_WindowedPool):
                 w.stride,
                 w.dilation,
                 w.begin,
+                along_address(w.stride),
             )
-            _MAX_PLANES.run(plan.bounds.shape[0] - 1, args)
+            MAX_PLANES.run(plan.bounds.shape[0] - 1, args)
         return [out]
 
 

@@ -15,7 +15,7 @@ from numba import njit
 
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import Support, WorkloadInfo
-from flowrt.workers.cpu.acc.calls import SliceFunction
+from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels.fastmath import exp as fast_exp
 
@@ -25,7 +25,7 @@ MIN_SLICE = 16384
 BLOCK = 256
 
 
-@njit(nogil=True, cache=True, fastmath={"reassoc", "nsz"})
+@njit(**NATIVE, fastmath={"reassoc", "nsz"})
 def _row_max(x):
     """The largest value of ``x``, NaN if it holds one (as np.max)."""
     top = x[0]
@@ -37,7 +37,7 @@ def _row_max(x):
     return np.float32(np.nan) if nan else top
 
 
-@njit(nogil=True, cache=True, fastmath={"reassoc"})
+@njit(**NATIVE, fastmath={"reassoc"})
 def _row_sum(x):
     """The sum of ``x`` in float32, in as many running sums as the vector has lanes."""
     total = np.float32(0)
@@ -101,7 +101,7 @@ def _columns(x, out, top, total, log):
                 dst[j] = dst[j] / np.float32(total[j])
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, no_cfunc_wrapper=True)
 def _softmax_rows(task, step, x, out, bounds, blocks, log):
     """The rows of slice ``task`` (a :class:`SliceFunction`), ``x`` and ``out`` (outer,
     length) when ``inner`` is 1: each row is then typed contiguous, and its loops vectorize.
@@ -110,7 +110,7 @@ def _softmax_rows(task, step, x, out, bounds, blocks, log):
         _row(x[o], out[o], log)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, no_cfunc_wrapper=True)
 def _softmax_units(task, step, x, out, bounds, blocks, log):
     """The (row, column block) units of slice ``task`` (a :class:`SliceFunction`), ``x`` and
     ``out`` (outer, length, inner)."""

@@ -12,16 +12,16 @@ the vectorized loops to pay off.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
 
-from flowrt.workers.cpu.acc.calls import SliceFunction
-from flowrt.workers.cpu.acc.phases import cell_offset, copy_run, fill_phase_planes
+from flowrt.workers.cpu.acc.calls import NATIVE, LateFunction, SliceFunction, call_late
+from flowrt.workers.cpu.acc.phases import cell_offset, copy_run, fill_phase_planes_late
 
 # Indices are cast to uint64 in the hot loops: numba wraps negative signed indices around,
 # and that check keeps LLVM from vectorizing.
 
 
-@njit(nogil=True, cache=True)
+@njit(**NATIVE)
 def max_plane_exact(x, out, hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw, column):
     """One plane of MaxPool with np.maximum, which lets NaN win as CpuRef's does (slower:
     its NaN test keeps LLVM from vectorizing). Max is separable: first over the kernel rows,
@@ -47,6 +47,38 @@ def max_plane_exact(x, out, hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw, column)
             for ow in range(wfirst[kw], wlast[kw]):
                 o = np.uint64(ow)
                 row[o] = np.maximum(row[o], column[np.uint64(ow * sw + offset)])
+
+
+# MaxPool's exact plane is only for inputs that hold a NaN: the kernels reach it through a slot
+# (``calls.LateFunction``), compiled on the first such plane, not with them.
+MAX_PLANE_EXACT_NAME = "flowrt_max_plane_exact"
+_PLANE, _TABLE = types.Array(types.float32, 2, "C"), types.Array(types.int64, 1, "C")
+MAX_PLANE_EXACT = LateFunction(
+    max_plane_exact,
+    (_PLANE, _PLANE, _TABLE, _TABLE, _TABLE, types.int64, _TABLE, _TABLE, types.int64, types.int64,
+     types.int64, types.Array(types.float32, 1, "C")),
+    MAX_PLANE_EXACT_NAME,
+)  # fmt: skip
+
+
+@njit(inline="always", nogil=True, cache=True)
+def max_plane_late(x, out, hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw, column):
+    """:func:`max_plane_exact` through its slot (``MAX_PLANE_EXACT``), compiled on first use."""
+    args = (
+        x,
+        out,
+        hs,
+        hlo,
+        hhi,
+        np.int64(dh),
+        wfirst,
+        wlast,
+        np.int64(sw),
+        np.int64(dw),
+        np.int64(pw),
+        column,
+    )
+    call_late(MAX_PLANE_EXACT_NAME, args)
 
 
 # The (phase) planes a stacked pool copies its input planes into are kept near this many floats.
@@ -101,7 +133,7 @@ def _three_into(res, buf, a, b, c, n, first, is_max):
             res[f] = ((res[f] + buf[a + f]) + buf[b + f]) + buf[c + f]
 
 
-@njit(nogil=True, cache=True)
+@njit(**NATIVE)
 def _flat_group(x, out, p0, planes, group, buf, acc, column, taps, is_max, table):
     """Planes ``p0 .. p0 + planes`` of a pool on stacked phase planes ``buf`` (``group`` planes
     of ``rows`` x ``pitch`` per phase; their pad cells hold the pad value: 0, or -inf for max):
@@ -110,7 +142,7 @@ def _flat_group(x, out, p0, planes, group, buf, acc, column, taps, is_max, table
     sh, sw, rows, pitch = taps[6], taps[7], taps[8], taps[9]
     oh_count, ow_count = out.shape[1], out.shape[2]
     for g in range(planes):
-        fill_phase_planes(
+        fill_phase_planes_late(
             buf[g * rows * pitch :], x[p0 + g], rows, pitch, group * rows * pitch, sh, sw, bh, bw
         )
     nan = False
@@ -160,7 +192,7 @@ def _flat_group(x, out, p0, planes, group, buf, acc, column, taps, is_max, table
     for g in range(planes):
         p = p0 + g
         if is_max and nan:
-            max_plane_exact(x[p], out[p], hs, hlo, hhi, dh, wfirst, wlast, sw_, dw, pw, column)
+            max_plane_late(x[p], out[p], hs, hlo, hhi, dh, wfirst, wlast, sw_, dw, pw, column)
             continue
         for oh in range(oh_count):
             src = acc[(g * rows + oh) * pitch :]
@@ -177,12 +209,14 @@ def _flat_group(x, out, p0, planes, group, buf, acc, column, taps, is_max, table
                     row[k] = np.float64(src[k]) * divisors[k]
 
 
-@njit(nogil=True, cache=True)
+@njit(**NATIVE)
 def _flat_slice(task, step, x, out, bounds, taps, group, is_max, table):
     """Slice ``task`` of :func:`pool_flat` (a :class:`SliceFunction`)."""
     fill = np.float32(-np.inf) if is_max else np.float32(0)
     phases, rows, pitch = taps[6] * taps[7], taps[8], taps[9]
-    buf = np.full(phases * group * rows * pitch, fill, np.float32)
+    buf = np.empty(phases * group * rows * pitch, np.float32)
+    for i in range(buf.shape[0]):  # a loop, not np.full: numba compiles a helper for np.full
+        buf[i] = fill
     acc = np.empty(2 * group * rows * pitch, np.float32)
     column = np.empty(x.shape[2], np.float32)
     for p0 in range(bounds[task], bounds[task + 1], group):
