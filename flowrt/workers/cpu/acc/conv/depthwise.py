@@ -301,6 +301,9 @@ class Depthwise:
     (image, output channel) planes, ``plane_bounds`` of them per slice."""
 
     name: ClassVar[str] = "depthwise"
+    # A subclass's kernel for its shapes, ``(x, filters, bias, out, code, alpha, beta,
+    # plane_bounds)`` on a C-contiguous output.
+    plane_kernel: ClassVar[Any] = None
     geo: np.ndarray
     plane_bounds: np.ndarray
 
@@ -318,9 +321,13 @@ class Depthwise:
     def run(
         self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
     ) -> None:
-        """See ``algorithms.ConvAlgorithm.run``."""
+        """See ``algorithms.ConvAlgorithm.run``: by the subclass's ``plane_kernel`` where the
+        output is C-contiguous, else by :func:`depthwise`."""
         filters = w.reshape(w_shape[0], *w_shape[2:])
-        depthwise(x, filters, bias, out, self.geo, *act, self.plane_bounds)
+        if self.plane_kernel is not None and out.flags.c_contiguous:
+            self.plane_kernel(x, filters, bias, out, *act, self.plane_bounds)
+        else:
+            depthwise(x, filters, bias, out, self.geo, *act, self.plane_bounds)
 
 
 @attrs.frozen(eq=False)
@@ -330,6 +337,7 @@ class DepthwiseSame3(Depthwise):
     given is not C-contiguous)."""
 
     name: ClassVar[str] = "depthwise_same3"
+    plane_kernel = staticmethod(depthwise_same3)
 
     @classmethod
     def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:
@@ -342,13 +350,3 @@ class DepthwiseSame3(Depthwise):
             and g.pads_begin == g.pads_end == (1, 1)
             and min(geometry.x_shape[2:]) >= 2
         )
-
-    def run(
-        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
-    ) -> None:
-        """See ``algorithms.ConvAlgorithm.run``."""
-        if not out.flags.c_contiguous:
-            Depthwise.run(self, weights, x, w, w_shape, bias, out, finish, constant, act)
-            return
-        filters = w.reshape(w_shape[0], *w_shape[2:])
-        depthwise_same3(x, filters, bias, out, *act, self.plane_bounds)

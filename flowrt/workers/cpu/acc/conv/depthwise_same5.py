@@ -13,7 +13,7 @@ of 7x7: 162 -> 63 us; 480 planes of 14x14: 381 -> 194 us.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 import numpy as np
@@ -26,7 +26,6 @@ from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, RELU, activate, act
 if TYPE_CHECKING:
     from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
     from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
-    from flowrt.workers.cpu.acc.conv.weights import ConvWeights
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -102,6 +101,7 @@ class DepthwiseSame5(Depthwise):
     where the output given is not C-contiguous)."""
 
     name: ClassVar[str] = "depthwise_same5"
+    plane_kernel = staticmethod(depthwise_same5)
 
     @classmethod
     def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:
@@ -114,13 +114,3 @@ class DepthwiseSame5(Depthwise):
             and g.pads_begin == g.pads_end == (2, 2)
             and min(geometry.x_shape[2:]) >= 3
         )
-
-    def run(
-        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
-    ) -> None:
-        """See ``algorithms.ConvAlgorithm.run``."""
-        if not out.flags.c_contiguous:
-            Depthwise.run(self, weights, x, w, w_shape, bias, out, finish, constant, act)
-            return
-        filters = w.reshape(w_shape[0], *w_shape[2:])
-        depthwise_same5(x, filters, bias, out, *act, self.plane_bounds)

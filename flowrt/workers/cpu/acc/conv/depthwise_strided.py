@@ -16,7 +16,7 @@ even columns to one and its odd to the other. On one AVX2 EPYC core: 96 planes 1
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 import numpy as np
@@ -29,7 +29,6 @@ from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, RELU, activate, act
 if TYPE_CHECKING:
     from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
     from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
-    from flowrt.workers.cpu.acc.conv.weights import ConvWeights
 
 # Cells before (and after) a phase plane's rows in its scratch: a tap one column left of the
 # first output reads one.
@@ -170,6 +169,7 @@ class DepthwiseStrided2(Depthwise):
     given is not C-contiguous)."""
 
     name: ClassVar[str] = "depthwise_strided2"
+    plane_kernel = staticmethod(depthwise_strided2)
 
     @classmethod
     def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:
@@ -183,13 +183,3 @@ class DepthwiseStrided2(Depthwise):
             and g.dilations == (1, 1)
             and g.pads_begin == g.pads_end == (k // 2, k // 2)
         )
-
-    def run(
-        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
-    ) -> None:
-        """See ``algorithms.ConvAlgorithm.run``."""
-        if not out.flags.c_contiguous:
-            Depthwise.run(self, weights, x, w, w_shape, bias, out, finish, constant, act)
-            return
-        filters = w.reshape(w_shape[0], *w_shape[2:])
-        depthwise_strided2(x, filters, bias, out, *act, self.plane_bounds)
