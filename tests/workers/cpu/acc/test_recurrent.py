@@ -37,7 +37,8 @@ def _run_both(op, inputs, attributes, num_outputs, *, constant=True, given_out=F
 def _close(got, expected):
     for g, e in zip(got, expected, strict=True):
         assert g.dtype == np.float32 and g.shape == e.shape
-        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+        # float32 sums in another order, carried through the steps of a sequence
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
 
 
 @settings(max_examples=25, deadline=None)
@@ -131,4 +132,5 @@ def test_onnx_model_runs_on_cpuacc_and_matches_onnxruntime():
     expected = run_onnxruntime(model, feeds)
     assert len(got) == 3
     for g, e in zip(got, expected, strict=True):
-        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+        # float32 sums in another order, carried through the steps of a sequence
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
