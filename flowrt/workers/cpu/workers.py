@@ -85,7 +85,7 @@ from flowrt.engine.memory.lending import PriorityLender
 from flowrt.engine.scheduler.job import JobContext
 from flowrt.errors import FlowrtError, ResourceError
 from flowrt.types import Priority
-from flowrt.workers.cpu import threading_layer
+from flowrt.workers.cpu import blas_threads, threading_layer
 
 logger = logging.getLogger(__name__)
 
@@ -203,7 +203,12 @@ class _Worker:
         while (job := self.inbox.get()) is not None:
             self._set_threads(job.threads)
             self.priority, self.pause_left, self.cancelled = job.priority, job.may_pause, job.cancelled
-            job.token.run_sync_soon(job.deliver, self._run(job))
+            blas_threads.hold()
+            try:
+                result = self._run(job)
+            finally:
+                blas_threads.release()
+            job.token.run_sync_soon(job.deliver, result)
 
     def _set_threads(self, threads: int) -> None:
         if threads != self.threads_now:

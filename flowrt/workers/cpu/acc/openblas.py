@@ -5,10 +5,10 @@ integers, ``scipy_sgemm_64_``), and on this project's 2-core AMD machine it is m
 the shapes of fully connected layers at small batch: (16, 2048) @ (2048, 2048) takes 2.7 ms
 on one thread against 4.6-5.0 ms through scipy's (OpenBLAS 0.3.31 against 0.3.30, both on
 their Haswell kernels). :func:`gemm` and :func:`gemv` call numpy's where it exports those
-symbols and ``openblas_set_num_threads_local``: each call runs on one thread, and the calling
-thread goes back to the process's thread count after it (flowrt sets no other per-thread
-count), so numpy's own calls (CpuRef's, the user's) keep their threads and their results.
-Otherwise they call scipy's, through numba's helpers, which
+symbols. OpenBLAS's thread count is the process's alone: the CPU workers hold it at one while
+their jobs run (``flowrt.workers.cpu.blas_threads``), so that each call runs on its calling
+thread, and give numpy back its own count between runs. Where numpy has no such OpenBLAS
+they call scipy's, through numba's helpers, which
 :func:`flowrt.workers.cpu.acc.blas.pin_scipy_blas` limits to one thread.
 
 The functions are reached by named symbols (``llvmlite.binding.add_symbol``), so that the
@@ -33,7 +33,6 @@ logger = logging.getLogger(__name__)
 _SYMBOLS = {
     "flowrt_sgemm64": "scipy_sgemm_64_",
     "flowrt_sgemv64": "scipy_sgemv_64_",
-    "flowrt_openblas_threads_local": "openblas_set_num_threads_local",
 }
 
 
@@ -82,7 +81,6 @@ if not NUMPY_OPENBLAS:
 _vp = types.voidptr
 _sgemm64 = types.ExternalFunction("flowrt_sgemm64", types.void(*([_vp] * 13)))
 _sgemv64 = types.ExternalFunction("flowrt_sgemv64", types.void(*([_vp] * 11)))
-_threads_local = types.ExternalFunction("flowrt_openblas_threads_local", types.intc(types.intc))
 
 # numba's helpers: int numba_xxgemm(kind, transa, transb, m, n, k, *alpha, *a, lda, *b, ldb,
 # *beta, *c, ldc) and int numba_xxgemv(kind, trans, m, n, *alpha, *a, lda, *x, *beta, *y),
@@ -140,13 +138,11 @@ def gemm(trans_a, trans_b, m, n, k, scalars, a, lda, b, ldb, c, ldc):
         flags = np.empty(2, np.uint8)
         flags[0] = trans_a
         flags[1] = trans_b
-        _threads_local(1)
         _sgemm64(
             flags[0:].ctypes, flags[1:].ctypes, ints[0:].ctypes, ints[1:].ctypes, ints[2:].ctypes,
             scalars[0:].ctypes, _pointer(a), ints[3:].ctypes, _pointer(b), ints[4:].ctypes,
             scalars[1:].ctypes, _pointer(c), ints[5:].ctypes,
         )  # fmt: skip
-        _threads_local(0)  # the thread's own count again (0: the process's)
     else:
         _xxgemm(
             _SINGLE, trans_a, trans_b, m, n, k, scalars[0:].ctypes, _float_pointer(a), lda, _float_pointer(b),
@@ -166,12 +162,10 @@ def gemv(trans, m, n, scalars, a, lda, x, y):
         ints[3] = 1
         flags = np.empty(1, np.uint8)
         flags[0] = trans
-        _threads_local(1)
         _sgemv64(
             flags.ctypes, ints[0:].ctypes, ints[1:].ctypes, scalars[0:].ctypes, _pointer(a), ints[2:].ctypes,
             _pointer(x), ints[3:].ctypes, scalars[1:].ctypes, _pointer(y), ints[3:].ctypes,
         )  # fmt: skip
-        _threads_local(0)  # the thread's own count again (0: the process's)
     else:
         _xxgemv(
             _SINGLE, trans, m, n, scalars[0:].ctypes, _float_pointer(a), lda, _float_pointer(x),

@@ -1,17 +1,20 @@
-"""CpuAcc's GEMMs call numpy's OpenBLAS where it has the 64-bit interface, one thread per
-call, and leave the calling thread's OpenBLAS thread count as it was."""
+"""CpuAcc's GEMMs call numpy's OpenBLAS where it has the 64-bit interface, on one thread while
+the CPU workers run jobs; numpy has its own thread count between runs."""
 
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import numpy as np
 import pytest
 import threadpoolctl
+import trio
 from numba import njit
 
 from flowrt.workers.cpu.acc import openblas
 from flowrt.workers.cpu.acc.blas import sgemm
+from flowrt.workers.cpu.workers import CpuWorkerPool
 
 
 def _numpy_openblas() -> dict | None:
@@ -39,12 +42,41 @@ def test_a_small_batch_fully_connected_gemm_matches_numpy():
     np.testing.assert_allclose(y, x @ w.T, rtol=1e-4, atol=1e-3)
 
 
-@pytest.mark.skipif(_numpy_openblas() is None, reason="numpy has no 64-bit OpenBLAS here")
-def test_the_calling_thread_keeps_numpys_thread_count():
+def _numpy_thread_count() -> int:
     info = _numpy_openblas()
-    set_local = ctypes.CDLL(info["filepath"]).openblas_set_num_threads_local
-    set_local.restype, set_local.argtypes = ctypes.c_int, [ctypes.c_int]
+    get = getattr(ctypes.CDLL(info["filepath"]), "scipy_openblas_get_num_threads64_")
+    get.restype = ctypes.c_int
+    return get()
+
+
+@pytest.mark.skipif(_numpy_openblas() is None, reason="numpy has no 64-bit OpenBLAS here")
+async def test_numpys_openblas_runs_one_thread_while_jobs_run_and_its_own_count_between():
+    before = _numpy_thread_count()
     x = np.ones((16, 64), np.float32)
-    _fully_connected(x, np.ones((32, 64), np.float32), np.empty((16, 32), np.float32))
-    # Setting 0 (the process's count) returns the count the thread had: not the GEMM's 1.
-    assert set_local(0) == info["num_threads"]
+
+    def job():
+        _fully_connected(x, np.ones((32, 64), np.float32), np.empty((16, 32), np.float32))
+        return _numpy_thread_count()
+
+    async with CpuWorkerPool(2) as pool:
+        assert await pool.run_sync(job) == 1
+        assert _numpy_thread_count() == before
+        # Two jobs at once: the count stays one until the second one ends.
+        started, gate, counts = threading.Event(), threading.Event(), []
+
+        def slow_job():
+            started.set()
+            gate.wait(5)
+            return _numpy_thread_count()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: _append(counts, pool.run_sync(slow_job)))
+            await trio.to_thread.run_sync(started.wait, 5)
+            counts.append(await pool.run_sync(job))
+            gate.set()
+        assert counts == [1, 1]
+        assert _numpy_thread_count() == before
+
+
+async def _append(values, awaitable):
+    values.append(await awaitable)
