@@ -25,8 +25,10 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from flowrt.workers.cpu.acc.kernels.activation import ActivationKernel, activate_slice
+from flowrt.workers.cpu.acc.calls import call_late
+from flowrt.workers.cpu.acc.kernels.activation import ActivationKernel
 from flowrt.workers.cpu.acc.kernels.elementwise import ElementwiseKernel, _binary_rows
+from flowrt.workers.cpu.acc.kernels.epilogue import ACTIVATE_SLICE, ACTIVATE_SLICE_NAME
 from flowrt.workers.cpu.acc.kernels.reshape import ViewKernel
 
 # Instruction kinds, and the columns of an instruction row: each operand is an address and a
@@ -61,7 +63,9 @@ def run_tape(rows, walks, params):
         out, a = _operand(row, OUT), _operand(row, A)
         alpha, beta = params[i, 0], params[i, 1]
         if row[KIND] == ACTIVATION:
-            activate_slice(out, a, row[CODE], alpha, beta)
+            # through its slot: linked in, it cost every tape 1.8 s to compile on a cold
+            # cache, for models whose activations are all fused into their producers
+            call_late(ACTIVATE_SLICE_NAME, (out, a, row[CODE], alpha, beta))
         else:
             at, dims = row[WALK], row[DIMS]
             _binary_rows(
@@ -179,6 +183,7 @@ def _bind_activation(kernel: ActivationKernel, inputs, outputs) -> BoundCall | N
     if kernel.bounds(flat_x.size).shape[0] != 2:
         return None
     row = (ACTIVATION, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, kernel.code, 0)
+    ACTIVATE_SLICE.address()  # compiled now, at load, not in the first run
     operands = (flat_out, flat_x, flat_x)
     return _call([out], Instruction(row, (), (float(kernel.alpha), float(kernel.beta)), operands))
 
