@@ -44,7 +44,7 @@ def test_a_small_batch_fully_connected_gemm_matches_numpy():
 
 def _numpy_thread_count() -> int:
     info = _numpy_openblas()
-    get = getattr(ctypes.CDLL(info["filepath"]), "scipy_openblas_get_num_threads64_")
+    get = ctypes.CDLL(info["filepath"]).scipy_openblas_get_num_threads64_
     get.restype = ctypes.c_int
     return get()
 

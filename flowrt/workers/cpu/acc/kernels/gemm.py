@@ -117,7 +117,11 @@ class _Packed:
             n = self.weights.n
             rows = read_only(np.ascontiguousarray(self._w.T, np.float32))
             bias = np.zeros(n, np.float32) if self._bias is None else np.broadcast_to(self._bias, (n,))
-            self._rows = (rows, read_only(np.ascontiguousarray(bias, np.float32)), gemv.row_bounds(n, self.k, self.workers))
+            self._rows = (
+                rows,
+                read_only(np.ascontiguousarray(bias, np.float32)),
+                gemv.row_bounds(n, self.k, self.workers),
+            )
         return self._rows
 
     def run(self, a: np.ndarray, out: np.ndarray, code: int, act_a, act_b) -> None:
