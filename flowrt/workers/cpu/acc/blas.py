@@ -1,11 +1,12 @@
-"""Single-precision GEMM for CpuAcc kernels: scipy's BLAS called from inside numba, one thread
-per call, on row-major views.
+"""Single-precision GEMM for CpuAcc kernels: BLAS called from inside numba, one thread per
+call, on row-major views.
 
 CpuAcc kernels split their window across workers themselves (``prange``), so each BLAS call
-must run on the calling thread alone: :func:`pin_scipy_blas` limits scipy's OpenBLAS (the one
-numba links to) to one thread. numpy's own OpenBLAS is left alone; CpuRef uses it. The limit is
-process-wide, so it is set when the kernels that call BLAS are imported (CpuAcc's first look at
-a layer, as its kernels load with numba and scipy), never when flowrt is.
+must run on the calling thread alone. They call numpy's OpenBLAS where it has the functions
+``openblas.py`` needs, which the CPU workers hold at one thread while their jobs run
+(``flowrt.workers.cpu.blas_threads``); otherwise scipy's, through numba's helpers, which
+:func:`pin_scipy_blas` limits to one thread (process-wide, so when the kernels that call BLAS
+are imported, never when flowrt is), and scipy is imported only then.
 
 :func:`sgemm` calls single-threaded BLAS (``openblas.py``: numpy's OpenBLAS, else scipy's). Unlike
 ``np.dot``, it takes strided views (a column block of a matrix, a transposed operand) and
@@ -19,10 +20,10 @@ type whatever their source.
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 import numpy as np
-import scipy.linalg.cython_blas  # noqa: F401  (loads the library numba's BLAS calls)
 import threadpoolctl
 from numba import njit
 
@@ -35,7 +36,13 @@ from flowrt.workers.cpu.acc.calls import (  # noqa: F401  (re-exported: the kern
     run_stages,
     run_tasks,
 )
-from flowrt.workers.cpu.acc.openblas import gemm, gemv, openblas_architecture
+from flowrt.workers.cpu.acc.openblas import NUMPY_OPENBLAS, gemm, gemv, openblas_architecture
+
+if not NUMPY_OPENBLAS:
+    # numba's BLAS helpers call scipy's library: loaded now, not from a kernel's thread.
+    # Where numpy's serves every call, scipy is not imported at all (0.3 s of a process's
+    # start).
+    importlib.import_module("scipy.linalg.cython_blas")
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +63,10 @@ def read_only(a: np.ndarray) -> np.ndarray:
 
 
 def pin_scipy_blas() -> None:
-    """Limit scipy's OpenBLAS to one thread (once per process); numpy's keeps its threads."""
+    """Limit scipy's OpenBLAS to one thread (once per process), where CpuAcc calls it (numpy
+    has no OpenBLAS of its own to call); numpy's keeps its threads."""
     global _pinned
-    if _pinned:
+    if _pinned or NUMPY_OPENBLAS:
         return
     for lib in threadpoolctl.ThreadpoolController().lib_controllers:
         # numpy's bundled library is libscipy_openblas64_ (in numpy.libs); scipy's is in scipy.libs.
