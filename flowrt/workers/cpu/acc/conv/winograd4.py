@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit
 
 from flowrt.workers.cpu.acc.calls import NATIVE
+from flowrt.workers.cpu.acc.conv.winograd import filter_transforms
 
 # F(4x4, 3x3): G (6x3) maps a 3-tap filter to its transform.
 _G = np.array(
@@ -30,10 +31,8 @@ _G = np.array(
 
 
 def winograd4_weights(w: np.ndarray) -> np.ndarray:
-    """Filters (M, C, 3, 3) as their transforms, one (M, C) matrix per tile element: (36, M, C),
-    computed in float64."""
-    u = np.einsum("ai,mcij,bj->abmc", _G, np.asarray(w, np.float64), _G)
-    return np.ascontiguousarray(u.reshape(36, w.shape[0], w.shape[1]), np.float32)
+    """Filters (M, C, 3, 3) as their transforms, one (M, C) matrix per tile element: (36, M, C)."""
+    return filter_transforms(_G, w)
 
 
 # As F(2x2)'s (``winograd.py``): flat arrays and unsigned offsets, called by address. Each
