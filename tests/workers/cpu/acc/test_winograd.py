@@ -54,6 +54,32 @@ def test_3x3_stride_1_convs_run_by_winograd(x_shape, w_shape, attrs, tile, small
     np.testing.assert_array_equal(again, got)
 
 
+@pytest.mark.parametrize(
+    "tile, side, outputs, workers, parts",
+    [
+        (2, 13, 130, 2, 2),  # 7 rows of tiles: 4 + 3 over two workers, so 64 + 66 channels
+        (2, 13, 200, 3, 3),
+        (2, 13, 100, 2, 1),  # too few channels for two parts: the rows split
+        (4, 26, 130, 2, 2),
+        (2, 16, 200, 2, 1),  # 8 rows split evenly
+    ],
+)
+def test_winograd_splits_a_block_that_its_rows_would_split_unevenly_by_output_channels(
+    tile, side, outputs, workers, parts
+):
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((1, 8, side, side), dtype=np.float32)
+    w = rng.standard_normal((outputs, 8, 3, 3), dtype=np.float32)
+    b = rng.standard_normal(outputs, dtype=np.float32)
+    kernel, got, expected = conv_case(
+        x, w, b, workers=workers, activation=FusedActivation("Relu"), tuning=_force_winograd(tile),
+        pads=(1, 1, 1, 1),
+    )  # fmt: skip
+    plan = kernel.plan(x.shape, w.shape)
+    assert (plan.name, plan.tile, int(plan.parts)) == ("winograd", tile, parts)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=2e-5 * np.abs(expected).max())
+
+
 @pytest.mark.parametrize("workers", [1, 3])
 @pytest.mark.parametrize("tile", [2, 4])
 @pytest.mark.parametrize("block_tiles, group", [(1, 1), ("two", 2), (256, 5)])

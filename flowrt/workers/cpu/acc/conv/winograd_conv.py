@@ -53,6 +53,11 @@ _FORWARD = (_ROW, *[types.int64] * 4, _ROW, _ROW, *[types.int64] * 3)
 _BACK = (_ROW, types.int64, types.int64, _ROW, _ROW, types.int64, types.int64)
 _TRANSFORMS = {2: (input_transform2, output_transform2), 4: (input_transform4, output_transform4)}
 _addresses: dict[int, tuple[int, int]] = {}
+# Output channels per task from which a block's rows that do not split evenly over the workers
+# are split by output channels instead (each task transforms the block's whole input). Two
+# workers, 7 rows of tiles (4 + 3 by rows): 256 -> 256 at 14x14 1.19 -> 0.99 ms, 48 -> 192 at
+# 13x13 0.40 -> 0.28, 128 -> 128 at 28x28 (4x4 tiles) 1.11 -> 1.04.
+MIN_PART_CHANNELS = 64
 
 
 def transform_addresses(side: int) -> tuple[int, int]:
@@ -107,12 +112,18 @@ def split_address(x: np.ndarray) -> int:
 
 @njit(**NATIVE)
 def _block_task(
-    s, step, x, u, bias, out, phases, bounds, block, group, code, alpha, beta, side, forward, back
+    task, step, x, u, bias, out, phases, bounds, parts, block, group, code, alpha, beta, side, forward, back
 ):
-    """Group ``step``'s slice ``s`` of tile rows, ``block`` rows at a time (see
-    :func:`winograd_conv`); ``forward`` and ``back``: the addresses of the side's transforms."""
+    """Group ``step``'s task: slice ``task // parts`` of tile rows, ``block`` rows at a time,
+    for part ``task % parts`` of the output channels (see :func:`winograd_conv`); ``forward``
+    and ``back``: the addresses of the side's transforms."""
     elements, outputs = (side + 2) * (side + 2), side * side  # per input tile, per output tile
-    channels, m_count = x.shape[1], out.shape[1]
+    s, part = divmod(task, parts)
+    channels, all_m = x.shape[1], out.shape[1]
+    # this task's output channels: whole groups of 8, the last part takes the rest
+    eights = -(-all_m // 8)
+    m_first = min(all_m, part * eights // parts * 8)
+    m_count = min(all_m, (part + 1) * eights // parts * 8) - m_first
     oh_count, ow_count = out.shape[2], out.shape[3]
     tiles_h, tiles_w = (oh_count + side - 1) // side, (ow_count + side - 1) // side
     pitch = tiles_w + 1
@@ -149,11 +160,12 @@ def _block_task(
         for e in range(elements):
             # (m_count, channels) @ (channels, count), v's and mb's rows cols apart
             gemm_at(
-                plain, plain, m_count, count, channels, one, u_at + e * m_count * channels * 4, channels,
-                v_at + e * vrow * 4, cols, zero, m_at + e * mrow * 4, cols,
+                plain, plain, m_count, count, channels, one, u_at + (e * all_m + m_first) * channels * 4,
+                channels, v_at + e * vrow * 4, cols, zero, m_at + e * mrow * 4, cols,
             )  # fmt: skip
-        for k in range(m_count):
-            call_native(back, (mb, mrow, k * cols, tmp, y, count, count))
+        for j in range(m_count):
+            k = m_first + j
+            call_native(back, (mb, mrow, j * cols, tmp, y, count, count))
             finish_row_late(y[: outputs * count], bias[k], code, alpha, beta)
             for th in range(row0, row1):
                 q = (th - row0) * pitch
@@ -162,7 +174,7 @@ def _block_task(
                     oh = side * (th % tiles_h) + a
                     if oh >= oh_count:
                         continue
-                    at = ((image * m_count + k) * oh_count + oh) * ow_count
+                    at = ((image * all_m + k) * oh_count + oh) * ow_count
                     if side == 2:
                         interleave2(of, at, ow_count, y, 2 * a * count + q, (2 * a + 1) * count + q)
                     else:
@@ -173,30 +185,31 @@ _FILL_TASK = SliceFunction(_fill_task)
 _BLOCK_TASK = SliceFunction(_block_task)
 
 
-def winograd_conv(x, u, bias, out, pad_h, pad_w, bounds, block, group, code, alpha, beta, side):
+def winograd_conv(x, u, bias, out, pad_h, pad_w, bounds, parts, block, group, code, alpha, beta, side):
     """Every image, ``group`` at a time (:func:`~.winograd.winograd_blocks`): the group's
-    channels into phase planes, a run of them per slice, then one task per slice of the
-    group's rows of tiles (``bounds``: image after image), ``block`` tile rows at a time, in
-    output tiles of ``side`` x ``side`` (2 or 4). ``u``: the filters' transforms for that side
-    (:func:`~.winograd.winograd_weights`, :func:`~.winograd4.winograd4_weights`); ``bias``: one
-    per output channel."""
+    channels into phase planes, a run of them per task, then one task per slice of the
+    group's rows of tiles (``bounds``: image after image) and part of the output channels (of
+    ``parts``), ``block`` tile rows at a time, in output tiles of ``side`` x ``side`` (2 or 4).
+    ``u``: the filters' transforms for that side (:func:`~.winograd.winograd_weights`,
+    :func:`~.winograd4.winograd4_weights`); ``bias``: one per output channel."""
     side = np.int64(side)
     tiles_h, pitch = -(-out.shape[2] // side), -(-out.shape[3] // side) + 1
     # A block reads one tile row and one column past its tiles: one spare row keeps it inside.
     size = spread.py_func((tiles_h + 2) * pitch)
     phases = np.zeros(group * x.shape[1] * side * side * size, np.float32)
-    chunks = min(group * x.shape[1], bounds.shape[0] - 1)  # as many as there are slices
+    tasks = (bounds.shape[0] - 1) * parts
+    chunks = min(group * x.shape[1], tasks)  # as many as there are tasks
     split = split_address(x) if side == 4 and x.shape[3] % 4 == 0 else 0
     fill = (x, phases, group, pad_h, pad_w, pitch, side, chunks, split)
     forward, back = transform_addresses(int(side))
-    blocks = (x, u, bias, out, phases, bounds, block, group, code, alpha, beta, side, forward, back)
+    blocks = (x, u, bias, out, phases, bounds, parts, block, group, code, alpha, beta, side, forward, back)
     run_stages(
         -(-x.shape[0] // group),
         _FILL_TASK.address(fill),
         chunks,
         fill,
         _BLOCK_TASK.address(blocks),
-        bounds.shape[0] - 1,
+        tasks,
         blocks,
     )
 
@@ -217,12 +230,14 @@ def _tile(geometry: ConvGeometry, tuning: ConvTuning) -> int:
 @attrs.frozen(eq=False)
 class Winograd:
     """Plan of a conv by :func:`winograd_conv`: output tiles of ``tile`` x ``tile``, ``group``
-    images transformed together, ``bounds`` rows of tiles per slice, ``block`` per block."""
+    images transformed together, ``bounds`` rows of tiles per slice, ``block`` per block, the
+    output channels in ``parts``."""
 
     name: ClassVar[str] = "winograd"
     tile: int
     geo: np.ndarray  # the pads are read from it
     bounds: np.ndarray
+    parts: np.int64
     block: int
     group: int
 
@@ -233,12 +248,21 @@ class Winograd:
 
     @classmethod
     def plan(cls, geometry: ConvGeometry, tuning: ConvTuning) -> Winograd:
-        """Blocks and groups of tiles, the group's rows of tiles split over the workers."""
+        """Blocks and groups of tiles, the group's rows of tiles split over the workers; or,
+        where those rows are one block that does not split evenly (7 rows of tiles, a 14x14
+        or 28x28 output), its output channels: each task then transforms the whole block's
+        input, a small part of its work beside the GEMMs where each task has
+        ``MIN_PART_CHANNELS`` output channels or more, so that the workers finish together."""
         tile = _tile(geometry, tuning)
         blocks = (geometry.x_shape[0], tuning.winograd_block_tiles, tuning.winograd_group_tiles)
         block, group = winograd_blocks(geometry.out_hw, tile, *blocks)
         rows = group * -(-geometry.out_hw[0] // tile)
-        return cls(tile, geometry.geo(), split_bounds(rows, SplitHint(0, 1), geometry.workers), block, group)
+        bounds = split_bounds(rows, SplitHint(0, 1), geometry.workers)
+        slices = bounds.shape[0] - 1
+        uneven = int(np.diff(bounds).max()) * slices > rows
+        if slices > 1 and uneven and rows <= block and geometry.mg >= MIN_PART_CHANNELS * slices:
+            return cls(tile, geometry.geo(), np.array([0, rows], np.int64), np.int64(slices), block, group)
+        return cls(tile, geometry.geo(), bounds, np.int64(1), block, group)
 
     def run(
         self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
@@ -246,5 +270,5 @@ class Winograd:
         """See ``algorithms.ConvAlgorithm.run``."""
         u = weights.winograd(w, w_shape, self.tile)
         pads = self.geo[6:8]
-        blocks = (self.bounds, self.block, self.group)
+        blocks = (self.bounds, self.parts, self.block, self.group)
         winograd_conv(x, u, bias, out, pads[0], pads[1], *blocks, *act, self.tile)
