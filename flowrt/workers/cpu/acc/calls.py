@@ -34,7 +34,11 @@ from numba.core.datamodel import default_manager
 from numba.core.datamodel.packer import ArgPacker
 from numba.extending import intrinsic
 
+from flowrt.workers.cpu.acc import cache_stamp
+
 logger = logging.getLogger(__name__)
+
+cache_stamp.register()  # before this module jits anything
 
 # numba's ``parallel`` option for CpuAcc's kernels, ``@njit(parallel=PRANGE_ONLY)``: their
 # parallel loops are their prange loops, one task per slice, and nothing else. With

@@ -28,7 +28,11 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from flowrt.workers.cpu.acc import cache_stamp
+
 logger = logging.getLogger(__name__)
+
+cache_stamp.register()  # before this module jits anything
 
 _SYMBOLS = {
     "flowrt_sgemm64": "scipy_sgemm_64_",

@@ -32,11 +32,14 @@ from flowrt.registry import Support, WorkloadInfo
 from flowrt.registry.kernel_modules import import_kernel_modules
 from flowrt.types import DataType
 from flowrt.workers.cpu import threading_layer
+from flowrt.workers.cpu.acc import cache_stamp
 
 # Every kernel module is imported after this package, and nothing compiles or runs a numba
 # parallel region before one is: numba's threading layer is chosen here, before it starts
-# (process-wide, so not when flowrt is imported; see threading_layer.py).
+# (process-wide, so not when flowrt is imported; see threading_layer.py). So are the disk
+# cache's locators for this package (``cache_stamp.py``), before any kernel is jitted.
 threading_layer.prepare()
+cache_stamp.register()
 
 AccKernel = type
 

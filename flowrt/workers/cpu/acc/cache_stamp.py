@@ -1,0 +1,72 @@
+"""numba's disk cache of CpuAcc's kernels, stale as soon as any of their sources changes.
+
+numba keys each cached function by the stamp (modification time and size) of its own source
+file only. A kernel's cached code holds the code of every jitted function it calls, and the
+names of the symbols it links to, from other files: after an update that changes a callee's
+file but not the caller's, the caller's stale code was loaded, and where a symbol it names
+was gone the process aborted in LLVM ("Symbol not found"). An install by pip rewrites every
+file, which renews every stamp; a checkout or an editable install does not.
+
+:func:`register` puts a locator in front of numba's own for the files of this package: the
+same places on disk as numba's (beside the sources, or under ``NUMBA_CACHE_DIR``), with a
+stamp that adds the stamps of every source file of the package. A change to any of them
+makes numba compile each kernel again, once, and overwrite its entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from numba.core import caching
+
+# numba 0.59-0.6x names these with a leading underscore
+_IMPL = getattr(caching, "CacheImpl", None) or caching._CacheImpl
+_USER_DIR = getattr(caching, "UserProvidedCacheLocator", None) or caching._UserProvidedCacheLocator
+_IN_TREE = getattr(caching, "InTreeCacheLocator", None) or caching._InTreeCacheLocator
+
+ROOT = Path(__file__).resolve().parent  # flowrt/workers/cpu/acc: every jitted function
+
+
+def sources_digest() -> str:
+    """A digest of the path, size and modification time of every source file under ROOT."""
+    digest = hashlib.sha1()
+    for path in sorted(ROOT.rglob("*.py")):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(ROOT)}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+    return digest.hexdigest()
+
+
+class _PackageStamp:
+    """Mixin: take only this package's functions, and stamp them with the package's sources."""
+
+    _digest: str | None = None
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if not Path(py_file).resolve().is_relative_to(ROOT):
+            return None
+        return super().from_function(py_func, py_file)
+
+    def get_source_stamp(self):
+        if _PackageStamp._digest is None:
+            _PackageStamp._digest = sources_digest()
+        return (super().get_source_stamp(), _PackageStamp._digest)
+
+
+class _UserDirLocator(_PackageStamp, _USER_DIR):
+    """Under ``NUMBA_CACHE_DIR``, where it is set."""
+
+
+class _InTreeLocator(_PackageStamp, _IN_TREE):
+    """Beside the sources, in ``__pycache__``."""
+
+
+def register() -> None:
+    """Put the package's locators in front of numba's (once per process), before any of its
+    functions is jitted: the modules that jit first call it (``calls``, ``openblas``, the
+    kernels' package). ``NUMBA_CACHE_LOCATOR_CLASSES`` in the environment overrides them all."""
+    classes = _IMPL._locator_classes
+    if _UserDirLocator in classes:
+        return
+    classes[:0] = [_UserDirLocator, _InTreeLocator]

@@ -1,0 +1,50 @@
+"""numba's disk cache of CpuAcc's kernels goes stale when any source file of the package
+changes, not only the kernel's own: a kernel's cached code holds its callees' code."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from flowrt.workers.cpu.acc import cache_stamp
+
+# Compiles (or loads from the cache) one small function of the package and prints whether it
+# came from the cache; with "changed", as if another source file of the package had changed.
+_SCRIPT = """
+import sys
+from numba import types
+from flowrt.workers.cpu.acc import cache_stamp
+
+if sys.argv[1] == "changed":  # before any function of the package is jitted
+    cache_stamp._PackageStamp._digest = "another source tree"
+from flowrt.workers.cpu.acc import calls
+
+calls.native_address(calls._parallel_tasks, (types.int64,) * 4)
+print(sum(calls._parallel_tasks.stats.cache_hits.values()))
+"""
+
+
+def _cache_hit(cache_dir, mode: str) -> bool:
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir))
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, mode], env=env, capture_output=True, text=True, check=True
+    )
+    return int(done.stdout.split()[-1]) > 0
+
+
+def test_a_change_to_any_source_of_the_package_makes_its_kernels_compile_again(tmp_path):
+    assert not _cache_hit(tmp_path, "same")  # an empty cache
+    assert _cache_hit(tmp_path, "same")
+    assert not _cache_hit(tmp_path, "changed")
+
+
+def test_the_digest_follows_every_source_file_of_the_package(tmp_path, monkeypatch):
+    before = cache_stamp.sources_digest()
+    assert before == cache_stamp.sources_digest()
+    monkeypatch.setattr(cache_stamp, "ROOT", tmp_path)
+    (tmp_path / "a.py").write_text("x = 1\n")
+    one = cache_stamp.sources_digest()
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.py").write_text("y = 2\n")
+    assert cache_stamp.sources_digest() not in (one, before)
