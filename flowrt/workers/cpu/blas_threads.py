@@ -1,4 +1,4 @@
-"""numpy's OpenBLAS on one thread while the CPU workers run jobs.
+"""numpy's OpenBLAS on one thread while the CPU workers run CpuAcc's kernels.
 
 CpuAcc's kernels split their windows across threads themselves and call numpy's OpenBLAS from
 inside those slices (``flowrt.workers.cpu.acc.openblas``): each call must run on its calling
@@ -8,11 +8,15 @@ once let one slice's GEMM run on OpenBLAS's own threads whenever the other had j
 count back: those then spin for about 0.1 s after the call, on the cores the slices need.
 On this project's 2-core machine ResNet-18 took 51 ms on two workers against 45 on one.
 
-So the pool sets the count to one while any of its jobs runs: :func:`hold` when a job starts,
-:func:`release` when it ends; the last release gives back the count the first hold found.
-numpy's products (CpuRef's, other threads of the user's) run on one thread while a job is in
-flight, and on their own count between runs. Where numpy has no OpenBLAS with that function,
-nothing is done (CpuAcc then calls scipy's, which ``blas.pin_scipy_blas`` keeps to one thread).
+So the count is one while any job that calls CpuAcc's kernels runs: CpuAcc's workloads call
+:func:`hold_for_job` (once per job, on a worker's thread), and the worker ends the hold when
+the job ends (:func:`begin_job`, :func:`end_job`); the last release gives back the count the
+first hold found. numpy's products (other threads of the user's, CpuRef's beside a CpuAcc
+job) run on one thread while such a job is in flight, and on their own count otherwise: a
+job of CpuRef alone keeps numpy's threads, and its results (a model whose channels differ
+in the last bits of sums of 10^10 gives another softmax on one thread than on two). Where
+numpy has no OpenBLAS with that function, nothing is done (CpuAcc then calls scipy's, which
+``blas.pin_scipy_blas`` keeps to one thread).
 """
 
 from __future__ import annotations
@@ -66,6 +70,30 @@ def release() -> None:
         _holders -= 1
         if _holders == 0 and _set_count is not None:
             _set_count(_before)
+
+
+_job = threading.local()  # per worker thread: ``active`` while a job runs, ``holding``
+
+
+def begin_job() -> None:
+    """A worker's job starts on this thread."""
+    _job.active = True
+
+
+def hold_for_job() -> None:
+    """The job running on this thread calls CpuAcc's kernels: numpy's OpenBLAS on one thread
+    until it ends. Outside a worker's job (a kernel called directly) nothing is held."""
+    if getattr(_job, "active", False) and not getattr(_job, "holding", False):
+        hold()
+        _job.holding = True
+
+
+def end_job() -> None:
+    """The job on this thread ended: its hold, if it took one, is released."""
+    _job.active = False
+    if getattr(_job, "holding", False):
+        _job.holding = False
+        release()
 
 
 def holders() -> int:

@@ -203,11 +203,11 @@ class _Worker:
         while (job := self.inbox.get()) is not None:
             self._set_threads(job.threads)
             self.priority, self.pause_left, self.cancelled = job.priority, job.may_pause, job.cancelled
-            blas_threads.hold()
+            blas_threads.begin_job()
             try:
                 result = self._run(job)
             finally:
-                blas_threads.release()
+                blas_threads.end_job()
             job.token.run_sync_soon(job.deliver, result)
 
     def _set_threads(self, threads: int) -> None:

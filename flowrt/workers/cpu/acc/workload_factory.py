@@ -13,6 +13,7 @@ from flowrt.errors import BackendError
 from flowrt.registry import WorkloadInfo
 from flowrt.workers.cpu.acc.kernels import load_all
 from flowrt.workers.cpu.acc.tape import BoundCall, bind, warm_up
+from flowrt.workers.cpu.blas_threads import hold_for_job
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class AccWorkload:
         outputs: Sequence[np.ndarray] | None = None,
         job: JobContext | None = None,
     ) -> list[np.ndarray]:
+        hold_for_job()  # numpy's OpenBLAS on one thread: the kernels split their windows
         if job is None:
             return self.kernel.execute(inputs, outputs)
         return self.kernel.execute(inputs, outputs, job)

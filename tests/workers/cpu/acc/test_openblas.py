@@ -12,6 +12,7 @@ import threadpoolctl
 import trio
 from numba import njit
 
+from flowrt.workers.cpu import blas_threads
 from flowrt.workers.cpu.acc import openblas
 from flowrt.workers.cpu.acc.blas import sgemm
 from flowrt.workers.cpu.workers import CpuWorkerPool
@@ -50,21 +51,25 @@ def _numpy_thread_count() -> int:
 
 
 @pytest.mark.skipif(_numpy_openblas() is None, reason="numpy has no 64-bit OpenBLAS here")
-async def test_numpys_openblas_runs_one_thread_while_jobs_run_and_its_own_count_between():
+async def test_numpys_openblas_runs_one_thread_while_cpuacc_jobs_run_and_its_own_count_otherwise():
     before = _numpy_thread_count()
     x = np.ones((16, 64), np.float32)
 
-    def job():
+    def cpuacc_job():
+        blas_threads.hold_for_job()  # as CpuAcc's workloads do
         _fully_connected(x, np.ones((32, 64), np.float32), np.empty((16, 32), np.float32))
         return _numpy_thread_count()
 
     async with CpuWorkerPool(2) as pool:
-        assert await pool.run_sync(job) == 1
+        assert await pool.run_sync(cpuacc_job) == 1
         assert _numpy_thread_count() == before
+        # a job that calls no CpuAcc kernel (CpuRef's) keeps numpy's threads
+        assert await pool.run_sync(_numpy_thread_count) == before
         # Two jobs at once: the count stays one until the second one ends.
         started, gate, counts = threading.Event(), threading.Event(), []
 
         def slow_job():
+            blas_threads.hold_for_job()
             started.set()
             gate.wait(5)
             return _numpy_thread_count()
@@ -72,10 +77,12 @@ async def test_numpys_openblas_runs_one_thread_while_jobs_run_and_its_own_count_
         async with trio.open_nursery() as nursery:
             nursery.start_soon(lambda: _append(counts, pool.run_sync(slow_job)))
             await trio.to_thread.run_sync(started.wait, 5)
-            counts.append(await pool.run_sync(job))
+            counts.append(await pool.run_sync(cpuacc_job))
             gate.set()
         assert counts == [1, 1]
         assert _numpy_thread_count() == before
+    blas_threads.hold_for_job()  # outside a worker's job: nothing is held
+    assert _numpy_thread_count() == before
 
 
 async def _append(values, awaitable):
