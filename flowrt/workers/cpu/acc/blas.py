@@ -3,7 +3,7 @@ call, on row-major views.
 
 CpuAcc kernels split their window across workers themselves (``prange``), so each BLAS call
 must run on the calling thread alone. They call numpy's OpenBLAS where it has the functions
-``openblas.py`` needs, which the CPU workers hold at one thread while their jobs run
+``openblas.py`` needs, which the CPU workers hold at one thread while jobs that run these kernels run
 (``flowrt.workers.cpu.blas_threads``); otherwise scipy's, through numba's helpers, which
 :func:`pin_scipy_blas` limits to one thread (process-wide, so when the kernels that call BLAS
 are imported, never when flowrt is), and scipy is imported only then.

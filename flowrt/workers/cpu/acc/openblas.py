@@ -6,7 +6,7 @@ the shapes of fully connected layers at small batch: (16, 2048) @ (2048, 2048) t
 on one thread against 4.6-5.0 ms through scipy's (OpenBLAS 0.3.31 against 0.3.30, both on
 their Haswell kernels). :func:`gemm` and :func:`gemv` call numpy's where it exports those
 symbols. OpenBLAS's thread count is the process's alone: the CPU workers hold it at one while
-their jobs run (``flowrt.workers.cpu.blas_threads``), so that each call runs on its calling
+jobs that run these kernels run (``flowrt.workers.cpu.blas_threads``), so that each call runs on its calling
 thread, and give numpy back its own count between runs. Where numpy has no such OpenBLAS
 they call scipy's, through numba's helpers, which
 :func:`flowrt.workers.cpu.acc.blas.pin_scipy_blas` limits to one thread.
