@@ -21,6 +21,7 @@ import attrs
 from flowrt.engine.graph.graph import Graph, OutputSlot
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.optimizer import OptimizedNetwork
+from flowrt.engine.graph.passes import batch_rules_more  # noqa: F401 (registers its rules)
 from flowrt.engine.graph.passes.batch_rules import RULES, Axis, Refused, Rewrite, check_output
 from flowrt.errors import ShapeError, UnsupportedLayerError
 from flowrt.registry import BackendRegistry, backend_registry
@@ -40,7 +41,7 @@ def prove_batch_axes(graph: Graph) -> tuple[dict[OutputSlot, Axis], list[Rewrite
             check_output(layer.descriptor.name, inputs[0])
             continue
         if layer.kind == "Input":
-            out: Axis = 0
+            out: Axis | tuple[Axis, ...] = 0
         elif all(a is None for a in inputs):
             out = None
         else:
@@ -55,8 +56,10 @@ def prove_batch_axes(graph: Graph) -> tuple[dict[OutputSlot, Axis], list[Rewrite
                 rewrites.append(result)
                 result = result.axis
             out = result
-        for slot in layer.outputs:
-            axes[slot] = out
+        # A rule gives one axis for all outputs, or one per output (a recurrent layer's differ).
+        per_output = out if isinstance(out, tuple) else (out,) * len(layer.outputs)
+        for slot, axis in zip(layer.outputs, per_output, strict=True):
+            axes[slot] = axis
     return axes, rewrites
 
 

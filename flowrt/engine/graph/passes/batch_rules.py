@@ -4,8 +4,9 @@ The re-batching pass (``flowrt.engine.graph.passes.batch``) walks a graph whose 
 inferred at batch 1 and follows the axis that carries the samples from the inputs to the
 outputs. A rule gets the layer and, per input, the batch axis of that input (None: the input
 does not depend on the network's inputs, e.g. weights). It returns the batch axis of the
-layer's outputs, or a :class:`Rewrite` when the layer must change to run N samples (a Reshape
-whose target hard-codes the batch of 1). A rule raises :class:`Refused` when it cannot prove
+layer's outputs (a tuple, one per output, where they differ: a recurrent layer's), or a
+:class:`Rewrite` when the layer must change to run N samples (a Reshape whose target
+hard-codes the batch of 1). A rule raises :class:`Refused` when it cannot prove
 that every sample stays separate: a batch that another sample's values could flow into is
 never re-batched. A kind without a rule is refused.
 """
@@ -25,6 +26,7 @@ from flowrt.errors import ShapeError
 from flowrt.types import Dim
 
 Axis = int | None
+Axes = tuple[Axis, ...]  # one batch axis per output of a layer
 
 
 class Refused(Exception):
@@ -36,11 +38,11 @@ class Rewrite:
     """A layer that keeps samples apart once ``apply(graph, batch)`` has changed it; ``apply``
     returns one line for the optimizer's report."""
 
-    axis: int
+    axis: int | Axes
     apply: Callable[[Graph, int], str]
 
 
-Rule = Callable[[Layer, list[Axis]], "Axis | Rewrite"]
+Rule = Callable[[Layer, list[Axis]], "Axis | Axes | Rewrite"]
 RULES: dict[str, Rule] = {}
 
 
@@ -81,7 +83,7 @@ def batched_first(axes: list[Axis], at: int | None = None) -> int:
     return axis
 
 
-def _not_along(axis: int, along: int, what: str) -> None:
+def not_along(axis: int, along: int, what: str) -> None:
     if axis == along:
         raise Refused(f"it works {what} axis {along}, which carries the batch")
 
@@ -147,7 +149,7 @@ def softmax(layer: Layer, axes: list[Axis]) -> Axis:
     along = layer.descriptor.resolved_axis(len(input_shape(layer, 0)), layer.kind)
     if layer.descriptor.coerces_to_2d and batch >= along:
         raise Refused(f"before opset 13 it normalizes over axes {along} and on, which hold the batch")
-    _not_along(batch, along, "along")
+    not_along(batch, along, "along")
     return batch
 
 
@@ -160,11 +162,11 @@ def along_axis(layer: Layer, axes: list[Axis]) -> Axis:
         along = (const_ints(constant_value(layer.inputs[1].source)) or [None])[0]
         if along is None:
             raise Refused("its axis is computed at run time")
-    _not_along(batch, normalize_axis(along, len(input_shape(layer, 0)), layer.kind), "along")
+    not_along(batch, normalize_axis(along, len(input_shape(layer, 0)), layer.kind), "along")
     return batch
 
 
-@batch_rule("LayerNormalization")
+@batch_rule("LayerNormalization", "RMSNormalization")
 def layer_norm(layer: Layer, axes: list[Axis]) -> Axis:
     batch = batched_first(axes)
     if batch >= normalize_axis(layer.descriptor.axis, len(input_shape(layer, 0)), layer.kind):
@@ -172,20 +174,10 @@ def layer_norm(layer: Layer, axes: list[Axis]) -> Axis:
     return batch
 
 
-@batch_rule("Concat")
-def concat(layer: Layer, axes: list[Axis]) -> Axis:
-    found = set(axes)
-    if len(found) != 1 or None in found:
-        raise Refused(f"every input must carry the batch on one axis, found axes {axes}")
-    batch = axes[0]
-    _not_along(batch, normalize_axis(layer.descriptor.concat_axis, len(input_shape(layer, 0))), "along")
-    return batch
-
-
 @batch_rule("Split")
 def split(layer: Layer, axes: list[Axis]) -> Axis:
     batch = batched_first(axes)
-    _not_along(batch, normalize_axis(layer.descriptor.axis, len(input_shape(layer, 0))), "along")
+    not_along(batch, normalize_axis(layer.descriptor.axis, len(input_shape(layer, 0))), "along")
     return batch
 
 
@@ -226,17 +218,29 @@ def gemm(layer: Layer, axes: list[Axis]) -> Axis:
 
 @batch_rule("MatMul", "MatMulBias")
 def matmul(layer: Layer, axes: list[Axis]) -> Axis:
-    batch = batched_first(axes)
+    """The batch on a row axis of A or on a broadcast (leading) axis of A, of B or of both
+    (attention's Q K^T), never on the axis contracted."""
+    only_batched(axes, 0, 1)
     a, b = input_shape(layer, 0), input_shape(layer, 1)
-    if len(a) < 2 or batch == len(a) - 1:
-        raise Refused("the batch is on the axis it contracts")
-    if len(b) == 1:
-        return batch
+    if axes[1] is None:
+        batch = batched_first(axes)
+        if len(a) < 2 or batch == len(a) - 1:
+            raise Refused("the batch is on the axis it contracts")
+        if len(b) == 1:
+            return batch
+    elif len(b) < 3 or axes[1] >= len(b) - 2:
+        raise Refused(f"input 1 carries the batch on axis {axes[1]}, one of its matrix axes")
     rank = max(len(a), len(b))
-    axis = batch + rank - len(a)
-    k = axis - (rank - len(b))
-    if axis < rank - 2 and k >= 0 and b[k] != 1:
-        raise Refused(f"input 1 has {b[k]} on the batch axis {axis}; 1 is expected, so that it broadcasts")
+    aligned = {k + rank - len(s) for k, s in ((axes[0], a), (axes[1], b)) if k is not None}
+    if len(aligned) != 1:
+        raise Refused(f"its inputs carry the batch on axes {axes[:2]}, not on one broadcast axis")
+    axis = aligned.pop()
+    for i, shape in enumerate((a, b)):
+        at = axis - (rank - len(shape))
+        if axes[i] is None and len(shape) > 1 and 0 <= at < len(shape) - 2 and shape[at] != 1:
+            raise Refused(
+                f"input {i} has {shape[at]} on the batch axis {axis}; 1 is expected, so that it broadcasts"
+            )
     return axis
 
 
@@ -247,7 +251,7 @@ def gather(layer: Layer, axes: list[Axis]) -> Axis:
     if axes[0] is None:  # a lookup into a table by batched indices
         return along + axes[1]  # type: ignore[operator]
     batch = batched_first(axes)
-    _not_along(batch, along, "along")
+    not_along(batch, along, "along")
     return batch if batch < along else batch + len(indices) - 1
 
 
@@ -262,9 +266,14 @@ def transpose(layer: Layer, axes: list[Axis]) -> Axis:
 @batch_rule("Flatten")
 def flatten(layer: Layer, axes: list[Axis]) -> Axis:
     batched_first(axes, at=0)
+    shape = input_shape(layer, 0)
     axis = layer.descriptor.axis
-    if axis == 0 or axis == -len(input_shape(layer, 0)):
+    if axis == 0 or axis == -len(shape):
         raise Refused("with axis 0 it folds the batch into the columns")
+    # Rows are samples only while the dims joining the batch are 1s: outputs are split by rows.
+    folded = shape[1 : axis + len(shape) if axis < 0 else axis]
+    if any(d != 1 for d in folded):
+        raise Refused(f"it folds dims {list(folded)} into the batch axis 0; only dims of 1 may join it")
     return 0
 
 
@@ -306,19 +315,20 @@ def unsqueeze(layer: Layer, axes: list[Axis]) -> Axis:
 
 @batch_rule("Reshape")
 def reshape(layer: Layer, axes: list[Axis]) -> Axis | Rewrite:
-    """Provable when the batch is axis 0 before and after: the input is batch-major, so the
-    output's leading dim of 1 is the batch exactly when the target keeps it as 1 (rewritten to
-    N), 0 (copied) or -1 (the other dims already hold one sample's elements)."""
-    batched_first(axes, at=0)
+    """Provable when the batch keeps its axis and the dims before it are kept: the input is
+    batch-major from that axis on, so the output's 1 there is the batch exactly when the
+    target keeps it as 1 (rewritten to N), 0 (copied) or -1 (the other dims already hold one
+    sample's elements); the dims after it only regroup each sample's elements."""
+    batch = batched_first(axes)
     target, from_input = _reshape_target(layer)
     source, out = input_shape(layer, 0), tuple(layer.outputs[0].info.shape)
-    if not target or out[0] != 1:
-        raise Refused(
-            f"its target {list(target)} does not keep the batch as a leading 1: {source} becomes {out}"
-        )
-    if target[0] in (0, -1):
-        return 0
-    return Rewrite(0, lambda graph, batch: _retarget(graph, layer, target, from_input, batch))
+    kept = out[:batch] == source[:batch] and all(isinstance(d, int) for d in out[:batch])
+    if len(target) <= batch or len(out) <= batch or out[batch] != 1 or not kept:
+        where = "a leading 1" if batch == 0 else f"a 1 on axis {batch}, after the same dims"
+        raise Refused(f"its target {list(target)} does not keep the batch as {where}: {source} becomes {out}")
+    if target[batch] in (0, -1):
+        return batch
+    return Rewrite(batch, lambda graph, n: _retarget(graph, layer, target, from_input, batch, n))
 
 
 def _reshape_target(layer: Layer) -> tuple[list[int], bool]:
@@ -330,17 +340,21 @@ def _reshape_target(layer: Layer) -> tuple[list[int], bool]:
     return list(layer.descriptor.shape or ()), False
 
 
-def _retarget(graph: Graph, layer: Layer, target: list[int], from_input: bool, batch: int) -> str:
-    new = [batch, *target[1:]]
+def replace_constant_input(graph: Graph, layer: Layer, index: int, value: np.ndarray, name: str) -> None:
+    """Feed input ``index`` of ``layer`` from a new Constant holding ``value`` (of the old
+    constant's dtype); the old constant is left to others that read it."""
+    slot = layer.inputs[index]
+    old = slot.source
+    value = np.asarray(value, dtype=constant_value(old).dtype)  # type: ignore[union-attr]
+    const = graph.add_layer("Constant", type(old.layer.descriptor)(value), name=f"{layer.name}/{name}")  # type: ignore[union-attr]
+    old.disconnect(slot)  # type: ignore[union-attr]
+    const.outputs[0].connect(slot)
+
+
+def _retarget(graph: Graph, layer: Layer, target: list[int], from_input: bool, axis: int, batch: int) -> str:
+    new = [batch if i == axis else t for i, t in enumerate(target)]
     if from_input:
-        slot = layer.inputs[1]
-        old = slot.source
-        value = np.asarray(new, dtype=constant_value(old).dtype)  # type: ignore[union-attr]
-        const = graph.add_layer(
-            "Constant", type(old.layer.descriptor)(value), name=f"{layer.name}/batch_shape"
-        )  # type: ignore[union-attr]
-        old.disconnect(slot)  # type: ignore[union-attr]
-        const.outputs[0].connect(slot)
+        replace_constant_input(graph, layer, 1, np.asarray(new), "batch_shape")
     else:
         layer.descriptor = attrs.evolve(layer.descriptor, shape=tuple(new))
     return f"re-batched Reshape {layer.name!r}: target {target} -> {new}"
