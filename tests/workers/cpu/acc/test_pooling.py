@@ -174,23 +174,23 @@ def test_strided_max_pools_on_phase_planes_when_asked(kernel):
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("kind", ["AveragePool", "MaxPool"])
 @pytest.mark.parametrize("workers", [1, 3])
 @pytest.mark.parametrize(("height", "width", "ceil_mode"), [(14, 14, 0), (13, 15, 0), (2, 10, 1), (8, 6, 1)])
-def test_2x2_stride_2_average_pools_halve_the_planes_in_cpurefs_order(workers, height, width, ceil_mode):
+def test_2x2_stride_2_pools_halve_the_planes_as_cpuref(kind, workers, height, width, ceil_mode):
     # DenseNet's transitions; odd planes in floor mode leave their last row or column out.
     x = np.random.default_rng(height * width).uniform(-1e4, 1e4, (2, 17, height, width)).astype(np.float32)
     x[1, 3, 0, 1] = np.nan
     x[0, 5, 1, 0] = np.inf
+    x[1, 4, 1, 1] = np.nan  # the last cell of its block
     attributes = {"kernel_shape": (2, 2), "strides": (2, 2), "ceil_mode": ceil_mode}
-    desc = flowrt.descriptors.AveragePool(**attributes)
-    info = WorkloadInfo(
-        "layer", "AveragePool", desc, (TensorInfo.of(x),), (TensorInfo(None, x.dtype),), (None,)
-    )
-    assert acc_kernels()["AveragePool"](info, workers).plan(x.shape).halving
-    got, expected = _run_both("AveragePool", x, workers, given_outputs=True, **attributes)
+    desc = getattr(flowrt.descriptors, kind)(**attributes)
+    info = WorkloadInfo("layer", kind, desc, (TensorInfo.of(x),), (TensorInfo(None, x.dtype),), (None,))
+    assert acc_kernels()[kind](info, workers).plan(x.shape).halving
+    got, expected = _run_both(kind, x, workers, given_outputs=True, **attributes)
     assert got.shape == (2, 17, height // 2, width // 2)
     np.testing.assert_array_equal(got, expected)
-    assert np.isnan(got[1, 3, 0, 0]) and got[0, 5, 0, 0] == np.inf
+    assert np.isnan(got[1, 3, 0, 0]) and got[0, 5, 0, 0] == np.inf and np.isnan(got[1, 4, 0, 0])
 
 
 @pytest.mark.parametrize("kind", ["MaxPool", "AveragePool"])

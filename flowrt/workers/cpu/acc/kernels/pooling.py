@@ -7,8 +7,8 @@ cells fall inside the input, so the jitted loop never tests a cell against the b
 
 A pool whose outputs cover most of the plane (the 3x3 pools of the light models, stride 1
 or 2, and 2x2 stride-2 ones) instead runs on stacked (phase) planes: ``stacked_pooling.py``,
-but for a strided MaxPool, which runs row by row (``row_max_pool.py``); an AveragePool of 2x2
-windows at stride 2 that tile the plane, in one loop per output row.
+but for a strided MaxPool, which runs row by row (``row_max_pool.py``); a pool of 2x2 windows
+at stride 2 that tile the plane, in one loop per output row.
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ class PoolPlan:
     group: int = 1
     # One window covering the whole unpadded plane: run as the global pool.
     whole: bool = False
-    # 2x2 windows at stride 2 that tile the unpadded plane (DenseNet's transitions): an
-    # AveragePool runs by _average_halves.
+    # 2x2 windows at stride 2 that tile the unpadded plane (DenseNet's transitions, UNet's
+    # pools): run by _average_halves or _max_halves.
     halving: bool = False
     # The axis tables _flat_group takes (for the exact MaxPool), and 1 / count per output cell.
     table: tuple = attrs.field(init=False)
@@ -153,7 +153,28 @@ def _average_pool(task, step, x, out, bounds, hs, hlo, hhi, hcount, dh, wfirst, 
                 row[ow] = np.float64(row[ow]) / (hcount[oh] * wcount[ow])
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _max_nan(a, b):
+    """The larger of ``a`` and ``b``, NaN if either is (as CpuRef's max): one compare, one
+    test and a select, which vectorize."""
+    return a if (a >= b) | (a != a) else b
+
+
+@njit(**NATIVE)
+def _max_halves(task, step, x, out, bounds):
+    """Slice ``task`` of planes (a :class:`SliceFunction`): the max of each 2x2 cell block, one
+    vectorized loop per output row as :func:`_average_halves` (UNet's pools: 2.5x the row
+    path on 32x32 planes)."""
+    for p in range(bounds[task], bounds[task + 1]):
+        for oh in range(out.shape[1]):
+            top, bottom, row = x[p, 2 * oh], x[p, 2 * oh + 1], out[p, oh]
+            for ow in range(row.shape[0]):
+                c = 2 * ow
+                row[ow] = _max_nan(_max_nan(top[c], top[c + 1]), _max_nan(bottom[c], bottom[c + 1]))
+
+
 _AVERAGE_HALVES = SliceFunction(_average_halves)
+_MAX_HALVES = SliceFunction(_max_halves)
 _AVERAGE_POOL = SliceFunction(_average_pool)
 
 
@@ -233,6 +254,8 @@ class MaxPoolKernel(_WindowedPool):
         plan, x, out, y = self.planes(inputs, outputs)
         if plan.whole:
             global_max_pool(x.reshape(x.shape[0], -1), y.reshape(-1), plan.bounds)
+        elif plan.halving:
+            _MAX_HALVES.run(plan.bounds.shape[0] - 1, (x, y, plan.bounds))
         elif plan.flat:
             pool_flat(x, y, plan.bounds, plan.taps, plan.group, True, plan.table)
         else:
