@@ -47,7 +47,7 @@ def test_zoo_test_model_matches_onnxruntime(path):
 
 
 # Zoo models that flowrt cannot load yet, with the reason; the others must all match.
-KNOWN_GAPS = {"lstm": "no LSTM layer kind"}
+KNOWN_GAPS: dict[str, str] = {}  # model -> why it may fail (none now: LSTM runs on both CPU backends)
 
 
 @pytest.mark.slow
