@@ -94,8 +94,3 @@ def end_job() -> None:
     if getattr(_job, "holding", False):
         _job.holding = False
         release()
-
-
-def holders() -> int:
-    """Jobs holding numpy's OpenBLAS to one thread now."""
-    return _holders

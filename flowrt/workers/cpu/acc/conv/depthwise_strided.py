@@ -74,6 +74,19 @@ def _column3(even, odd, at, p, w0, w1, w2):
 
 
 @njit(inline="always", nogil=True, cache=True)
+def columns3(p00, p01, p10, p11, at, p, wm):
+    """The three column sums (:func:`_column3`) of the 3x3 kernel ``wm`` for output index
+    ``at`` of the phase planes (``pXY``: rows X, columns Y); the left column's is read one
+    before ``at``."""
+    one = np.uint64(1)
+    return (
+        _column3(p01, p11, at - one, p, wm[0, 0], wm[1, 0], wm[2, 0]),
+        _column3(p00, p10, at, p, wm[0, 1], wm[1, 1], wm[2, 1]),
+        _column3(p01, p11, at, p, wm[0, 2], wm[1, 2], wm[2, 2]),
+    )
+
+
+@njit(inline="always", nogil=True, cache=True)
 def _column5(even, odd, at, p, w0, w1, w2, w3, w4):
     """A 5x5 kernel column's taps (input rows 2oh - 2 to 2oh + 2), as :func:`_column3`."""
     return ((w0 * even[at - p] + w1 * odd[at - p]) + (w2 * even[at] + w3 * odd[at])) + w4 * even[at + p]
@@ -84,13 +97,10 @@ def _outputs3(o, oo, bias, wm, p00, p01, p10, p11, left, ow_count, pixels, relu)
     """``o[oo + i]`` for the ``pixels`` outputs of a 3x3 plane: bias plus the taps, through
     Relu when ``relu``; ``pXY`` is the phase plane of rows X and columns Y, ``left[i]``
     whether output i's column has one to its left."""
-    zero, one, p = np.float32(0), np.uint64(1), np.uint64(ow_count)
+    zero, p = np.float32(0), np.uint64(ow_count)
     start = np.uint64(_GUARD + ow_count)
     for i in range(np.uint64(pixels)):
-        at = start + i
-        c0 = _column3(p01, p11, at - one, p, wm[0, 0], wm[1, 0], wm[2, 0])
-        c1 = _column3(p00, p10, at, p, wm[0, 1], wm[1, 1], wm[2, 1])
-        c2 = _column3(p01, p11, at, p, wm[0, 2], wm[1, 2], wm[2, 2])
+        c0, c1, c2 = columns3(p00, p01, p10, p11, start + i, p, wm)
         v = ((bias + (c0 if left[i] else zero)) + c1) + c2
         o[oo + i] = activate(v, RELU, zero, zero) if relu else v
 

@@ -24,7 +24,7 @@ import numpy as np
 from numba import njit
 
 from flowrt.workers.cpu.acc.calls import SliceFunction
-from flowrt.workers.cpu.acc.conv.depthwise_strided import _GUARD, _column3, _fill_phases
+from flowrt.workers.cpu.acc.conv.depthwise_strided import _GUARD, _fill_phases, columns3
 from flowrt.workers.cpu.acc.conv.grouped import MAX_GROUP_CHANNELS
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, activate_row
 
@@ -143,13 +143,10 @@ def _channel_taps_s2(out, o, add, b, wm, p00, p01, p10, p11, left, ow_count, pix
     """:func:`_channel_taps` at stride 2, from one input channel's four phase planes on the
     output's pitch (``depthwise_strided.py``); ``left[i]``: whether output i's column has one
     to its left."""
-    zero, one, p = np.float32(0), np.uint64(1), np.uint64(ow_count)
+    zero, p = np.float32(0), np.uint64(ow_count)
     start = np.uint64(_GUARD + ow_count)
     for i in range(np.uint64(pixels)):
-        at = start + i
-        c0 = _column3(p01, p11, at - one, p, wm[0, 0], wm[1, 0], wm[2, 0])
-        c1 = _column3(p00, p10, at, p, wm[0, 1], wm[1, 1], wm[2, 1])
-        c2 = _column3(p01, p11, at, p, wm[0, 2], wm[1, 2], wm[2, 2])
+        c0, c1, c2 = columns3(p00, p01, p10, p11, start + i, p, wm)
         v = ((c0 if left[i] else zero) + c1) + c2
         if add:
             out[o + i] += v
