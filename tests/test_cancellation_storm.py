@@ -197,7 +197,5 @@ async def test_a_storm_of_cancellations_leaves_no_error_pool_or_thread_behind():
 
 
 @pytest.mark.slow
-async def test_5000_cancellations(request):
-    if "slow" not in (request.config.option.markexpr or ""):
-        pytest.skip("5,000 cancellations: run with -m slow")
+async def test_5000_cancellations():
     await _storm(SLOW_CANCELLATIONS, SEED + 1)

@@ -120,9 +120,7 @@ def _examples(page: Path) -> tuple[list[str], str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
-def test_python_examples_run(page, tmp_path, request):
-    if "slow" not in (request.config.option.markexpr or ""):
-        pytest.skip("runs every example of the guide (CpuAcc compiles): run with -m slow")
+def test_python_examples_run(page, tmp_path):
     blocks, _ = _examples(page)
     if not blocks:
         pytest.skip(f"{page.name} has no Python example")

@@ -230,11 +230,6 @@ async def fuzz_flowrt(directory, count: int, seed: int, full: bool):
     return await _fuzz(original.read_bytes(), mutate_flowrt, prepare, _flowrt_expected, count, seed, registry)
 
 
-def _slow_selected(request) -> None:
-    if "slow" not in (request.config.option.markexpr or ""):
-        pytest.skip("2,000 cases of each format: run with -m slow")
-
-
 async def test_mutated_onnx_models_fail_with_flowrt_errors_or_run_right():
     _check("onnx", await fuzz_onnx(CASES, seed=1, full=False))
 
@@ -244,12 +239,10 @@ async def test_mutated_flowrt_files_fail_with_flowrt_errors_or_run_right(tmp_pat
 
 
 @pytest.mark.slow
-async def test_2000_mutated_onnx_models(request):
-    _slow_selected(request)
+async def test_2000_mutated_onnx_models():
     _check("onnx", await fuzz_onnx(SLOW_CASES, seed=101, full=True))
 
 
 @pytest.mark.slow
-async def test_2000_mutated_flowrt_files_on_every_backend(request, tmp_path):
-    _slow_selected(request)
+async def test_2000_mutated_flowrt_files_on_every_backend(tmp_path):
     _check("flowrt", await fuzz_flowrt(tmp_path, SLOW_CASES, seed=102, full=True))

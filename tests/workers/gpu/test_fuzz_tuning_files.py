@@ -254,7 +254,5 @@ def test_mutated_tuning_files_fail_with_flowrt_errors_or_run_right(
 
 
 @pytest.mark.slow
-def test_2000_mutated_tuning_files(request, tuning_file, tmp_path, conv_network, conv_net_reference):
-    if "slow" not in (request.config.option.markexpr or ""):
-        pytest.skip("2,000 mutated tuning files: run with -m slow")
+def test_2000_mutated_tuning_files(tuning_file, tmp_path, conv_network, conv_net_reference):
     _check(_fuzz(tuning_file, tmp_path, conv_network, conv_net_reference, SLOW_CASES, seed=103))
