@@ -21,7 +21,7 @@ import attrs
 from flowrt.engine.graph.graph import Graph, OutputSlot
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.optimizer import OptimizedNetwork
-from flowrt.engine.graph.passes import batch_rules_more  # noqa: F401 (registers its rules)
+from flowrt.engine.graph.passes import batch_rules_gather_nd, batch_rules_more  # noqa: F401 (register their rules)
 from flowrt.engine.graph.passes.batch_rules import RULES, Axis, Refused, Rewrite, check_output
 from flowrt.errors import ShapeError, UnsupportedLayerError
 from flowrt.registry import BackendRegistry, backend_registry
