@@ -88,6 +88,7 @@ def command(args: argparse.Namespace) -> int:
     # flowrt's load time is the whole of it: optimizing (or reading the .flowrt file), then loading.
     results[0] = attrs.evolve(results[0], load_s=results[0].load_s + open_s)
     if args.plot:
-        benchmark.plot_latencies(results, args.plot)
+        with checks.writing("--plot", args.plot):
+            benchmark.plot_latencies(results, args.plot)
     _print(args, opt.backends, results)
     return 0

@@ -7,9 +7,11 @@ Each check raises a ``flowrt.errors`` error whose message names the option and t
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -40,35 +42,64 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
+def _probe(directory: Path) -> None:
+    """Create and remove a file in ``directory``: the OSError writing there would raise.
+
+    ``os.access`` cannot stand in for this: it answers yes to root everywhere (CI runs as
+    root) and to anyone under /proc, where the write then fails after the whole run.
+    """
+    with tempfile.NamedTemporaryFile(dir=directory, prefix=".flowrt-probe-"):
+        pass
+
+
 def output_dir(option: str, path: str) -> None:
-    """InputError unless ``path`` is a writable directory, or one that can be made."""
+    """Make the directory ``path`` if missing (as the command would) and check that a file can
+    be written in it; InputError naming ``option`` and ``path`` otherwise."""
     target = Path(path)
-    if target.exists():
-        if not target.is_dir():
-            raise InputError(f"{option} {path} exists and is not a directory")
-        if not os.access(target, os.W_OK | os.X_OK):
-            raise InputError(f"{option} {path} is not writable")
-        return
+    if target.exists() and not target.is_dir():
+        raise InputError(f"{option} {path} exists and is not a directory")
     ancestor = _nearest_existing(target)
     if not ancestor.is_dir():
         raise InputError(f"{option} {path} cannot be made: {ancestor} is a file, not a directory")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise InputError(f"{option} {path} cannot be made: {ancestor} is not writable")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"{option} {path} cannot be made in {ancestor}: {e.strerror or e}") from e
+    try:
+        _probe(target)
+    except OSError as e:
+        raise InputError(f"{option} {path} is not writable: {e.strerror or e}") from e
 
 
 def output_file(option: str, path: str) -> None:
-    """InputError unless ``path`` can be written as a file: its directory exists and is
-    writable, and it is not a directory (nor an unwritable file)."""
+    """InputError unless ``path`` can be written as a file: a file can be made in its directory,
+    and it is not a directory (nor an existing file that cannot be opened for writing)."""
     target = Path(path)
     if target.is_dir():
         raise InputError(f"{option} {path} is a directory; expected a file to write")
     parent = target.absolute().parent
     if not parent.is_dir():
         raise InputError(f"{option} {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"{option} {path}: directory {parent} is not writable")
-    if target.exists() and not os.access(target, os.W_OK):
-        raise InputError(f"{option} {path} exists and is not writable")
+    try:
+        _probe(parent)
+    except OSError as e:
+        raise InputError(f"{option} {path}: directory {parent} is not writable: {e.strerror or e}") from e
+    if target.is_file():
+        try:
+            with open(target, "ab"):  # appends nothing: the file is left as it was
+                pass
+        except OSError as e:
+            raise InputError(f"{option} {path} exists and is not writable: {e.strerror or e}") from e
+
+
+@contextlib.contextmanager
+def writing(option: str, path: str | os.PathLike) -> Iterator[None]:
+    """Turn an OSError while writing ``path`` (after the run: a full disk, a directory removed
+    meanwhile) into an InputError naming ``option`` and ``path``: one line, not a traceback."""
+    try:
+        yield
+    except OSError as e:
+        raise InputError(f"{option}: writing {path} failed: {e.strerror or e}") from e
 
 
 def _npy(name: str, path: str) -> np.ndarray:

@@ -21,7 +21,8 @@ def command(args: argparse.Namespace) -> int:
     checks.output_file("--output", target)
     start = time.perf_counter()
     opt = open_model(args.model, args.backends)
-    serialize.save(opt, target)
+    with checks.writing("--output", target):
+        serialize.save(opt, target)
     counts = ", ".join(f"{b}={n}" for b, n in opt.backend_counts().items())
     print(
         f"wrote {target}: {len(opt.graph)} layers ({counts}), {Path(target).stat().st_size / 2**20:.1f} MiB, "

@@ -88,18 +88,22 @@ def _print_outputs(path: str, outputs: dict[str, np.ndarray], compare: bool) -> 
 
 
 def _write(args: argparse.Namespace, outputs: dict[str, np.ndarray], records) -> None:
+    """The --profile trace and the --output-dir arrays; an OSError is one line naming the option."""
     if args.profile:
-        write_chrome_trace(records, args.profile)
+        with checks.writing("--profile", args.profile):
+            write_chrome_trace(records, args.profile)
         print(f"wrote profile trace {args.profile} ({len(records)} workload records)")
         print("top layers by time:")
         for layer, kind, ms, calls in top_layers(records):
             print(f"  {layer:<24} {kind:<18} {ms:>9.3f} ms over {calls} run(s)")
     if args.output_dir:
         out_dir = Path(args.output_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
+        with checks.writing("--output-dir", out_dir):
+            out_dir.mkdir(parents=True, exist_ok=True)
         for name, array in outputs.items():
             target = out_dir / (name.replace("/", "_") + ".npy")
-            np.save(target, array)
+            with checks.writing("--output-dir", target):
+                np.save(target, array)
             print(f"wrote {target}")
 
 

@@ -1,6 +1,7 @@
 """Every path and option of the command line is checked before any model is opened or loaded:
 a bad one is one line naming the option and the value, exit status 2, at once."""
 
+import errno
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 import flowrt
+import flowrt.cli.run
 from flowrt.cli import main
 
 
@@ -46,6 +48,13 @@ CASES = [
     (["run", "{m}", "--output-dir", "{t}/plain"], "--output-dir {t}/plain exists and is not a directory"),
     (["run", "{m}", "--profile", "{t}/nowhere/t.json"], "directory {t}/nowhere does not exist"),
     (["run", "{m}", "--profile", "{t}"], "--profile {t} is a directory; expected a file"),
+    # os.access says yes to root everywhere and to anyone under /proc: the checks write a file.
+    (["run", "{m}", "--output-dir", "/proc/nope"], "--output-dir /proc/nope cannot be made in /proc: "),
+    (["run", "{m}", "--output-dir", "/proc/self"], "--output-dir /proc/self is not writable: "),
+    (["run", "{m}", "--profile", "/proc/x.json"], "--profile /proc/x.json: directory /proc is not writable"),
+    (["bench", "{m}", "--plot", "/proc/p.png"], "--plot /proc/p.png: directory /proc is not writable"),
+    (["tune", "{m}", "-o", "/proc/t.msgpack"], "--output /proc/t.msgpack: directory /proc is not writable"),
+    (["convert", "{m}", "-o", "/proc/t.flowrt"], "--output /proc/t.flowrt: directory /proc is not writable"),
     (["run", "{m}", "--threads", "0"], "--threads must be from 1 to 1024, got 0"),
     (["run", "{m}", "--iterations", "0"], "--iterations must be at least 1, got 0"),
     (["bench", "{m}", "--threads", "2000"], "--threads must be from 1 to 1024, got 2000"),
@@ -78,7 +87,27 @@ def test_an_unwritable_output_dir_fails_before_the_run(tmp_path, tiny_model, no_
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
     assert main(["run", tiny_model, "--output-dir", str(locked / "out")]) == 2
-    assert f"cannot be made: {locked} is not writable" in capsys.readouterr().err
+    assert f"cannot be made in {locked}: Permission denied" in capsys.readouterr().err
+
+
+def test_a_missing_output_dir_is_made_by_the_check_and_left_empty(tmp_path, tiny_model, no_work):
+    out = tmp_path / "a" / "b"
+    assert main(["run", tiny_model, "--output-dir", str(out), "--input", "x=/dev/null"]) == 2
+    assert out.is_dir() and not list(out.iterdir())  # the probe file is gone
+
+
+@pytest.mark.parametrize("option", ["--output-dir", "--profile"])
+def test_a_write_that_fails_after_the_run_is_one_line(option, tmp_path, tiny_model, monkeypatch, capsys):
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np, "save", full)
+    monkeypatch.setattr(flowrt.cli.run, "write_chrome_trace", full)
+    path = tmp_path / ("out" if option == "--output-dir" else "trace.json")
+    assert main(["run", tiny_model, "--backends", "CpuRef", option, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"flowrt: error: InputError: {option}: writing {path}")
+    assert err.endswith("failed: No space left on device\n") and err.count("\n") == 1
 
 
 def test_bench_vs_onnxruntime_without_it_says_how_to_install_it(tiny_model, no_work, monkeypatch, capsys):
