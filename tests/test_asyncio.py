@@ -16,12 +16,15 @@ import pytest
 import sniffio
 import test_argument_validation
 import test_backends_contexts
+import test_flowrt_file_validation
 import test_max_in_flight
 import test_memory_budget
 import test_model_file_errors
 import test_pipeline
 import test_profiling
+import test_session_async
 import test_stream
+import test_stream_close
 import test_stream_errors
 import trio
 from fakes import SleepyBackend
@@ -66,7 +69,7 @@ def _write_readme_model(path) -> None:
 async def _readme_main(x, results):
     # "## Python API", verbatim but for the results kept for the test.
     net = flowrt.onnx.load("model.onnx")  # -> flowrt.Network
-    opt = flowrt.optimize(net, backends=["CpuRef"])  # -> flowrt.OptimizedNetwork
+    opt = flowrt.optimize(net, backends=["CpuAcc", "CpuRef"])  # -> flowrt.OptimizedNetwork
     print(opt.assignments())  # {layer_name: backend_id}
     print(opt.report())  # what `flowrt inspect` prints
     async with flowrt.Runtime() as rt:
@@ -216,24 +219,49 @@ def test_the_asyncio_faces_are_the_engines_types_and_forward_attributes():
     asyncio.run(main())
 
 
-# Public async tests written for trio that use no trio call of their own: under asyncio too.
+# Public async tests written for trio that use no trio call of their own: under asyncio too, with
+# the arguments of their parametrized cases. Those that open trio nurseries or cancel scopes, or
+# take pytest-trio's clock, stay trio-only; asyncio's cancellation has its own tests below.
 UNDER_BOTH = [
-    (test_argument_validation, "test_bad_load_arguments_are_refused"),
-    (test_backends_contexts, "test_hooks_are_called_with_the_network_id_around_load_and_unload"),
-    (test_max_in_flight, "test_a_max_in_flight_whose_pools_pass_the_memory_budget_is_refused_naming_it"),
-    (test_memory_budget, "test_the_runtime_budget_counts_the_networks_it_holds_until_they_are_unloaded"),
-    (test_model_file_errors, "test_ragged_nested_lists_as_a_feed_are_an_input_error_naming_the_input"),
-    (test_pipeline, "test_model_stage_errors_name_stage_and_layer"),
-    (test_pipeline, "test_stream_is_bounded_and_leaving_early_leaves_nothing_running"),
-    (test_profiling, "test_profiled_run_records_every_workload"),
-    (test_stream, "test_an_error_reaches_only_its_own_request"),
-    (test_stream_errors, "test_a_shape_error_from_submit_leaves_the_block_as_a_shape_error"),
+    (test_argument_validation, "test_bad_load_arguments_are_refused", {}),
+    (test_backends_contexts, "test_hooks_are_called_with_the_network_id_around_load_and_unload", {}),
+    (test_backends_contexts, "test_cpuacc_takes_its_arenas_from_a_user_allocator", {}),
+    (test_flowrt_file_validation, "test_cpuref_refuses_to_build_a_layer_that_carries_a_fused_activation", {}),
+    (test_max_in_flight, "test_a_max_in_flight_whose_pools_pass_the_memory_budget_is_refused_naming_it", {}),
+    (test_memory_budget, "test_a_load_whose_arenas_pass_the_runtime_budget_is_refused_naming_the_layer", {}),
+    (test_memory_budget, "test_the_runtime_budget_counts_the_networks_it_holds_until_they_are_unloaded", {}),
+    (test_model_file_errors, "test_ragged_nested_lists_as_a_feed_are_an_input_error_naming_the_input", {}),
+    (test_pipeline, "test_model_stage_errors_name_stage_and_layer", {}),
+    (test_pipeline, "test_stream_is_bounded_and_leaving_early_leaves_nothing_running", {}),
+    (test_pipeline, "test_a_model_stage_works_on_as_many_requests_as_it_has_pools", {}),
+    (test_profiling, "test_profiled_run_records_every_workload", {}),
+    (test_profiling, "test_runtime_profiling_records_every_run_by_default", {}),
+    (test_session_async, "test_run_works_from_inside_a_trio_loop", {}),  # here: inside an asyncio loop
+    (test_stream, "test_an_error_reaches_only_its_own_request", {}),
+    (test_stream_errors, "test_a_shape_error_from_submit_leaves_the_block_as_a_shape_error", {}),
+    *(
+        (module, name, {"kind": kind})
+        for module, name in [
+            (test_stream_errors, "test_a_run_error_received_in_the_block_leaves_it_as_a_run_error"),
+            (
+                test_stream_errors,
+                "test_a_user_error_in_the_block_leaves_it_as_itself_with_its_cause_and_traceback",
+            ),
+            (test_stream_errors, "test_a_keyboard_interrupt_in_the_block_leaves_it_bare"),
+            (test_stream_close, "test_a_closed_stream_refuses_sends_and_reopening"),
+        ]
+        for kind in module.KINDS  # model, batching and pipeline streams
+    ),
 ]
 
 
-@pytest.mark.parametrize(("module", "name"), UNDER_BOTH, ids=[name for _, name in UNDER_BOTH])
-def test_a_public_async_test_passes_under_asyncio_too(module, name):
-    asyncio.run(getattr(module, name)())
+@pytest.mark.parametrize(
+    ("module", "name", "kwargs"),
+    UNDER_BOTH,
+    ids=[name + "".join(f"[{v}]" for v in kwargs.values()) for _, name, kwargs in UNDER_BOTH],
+)
+def test_a_public_async_test_passes_under_asyncio_too(module, name, kwargs):
+    asyncio.run(getattr(module, name)(**kwargs))
 
 
 # -- cancellation from asyncio -----------------------------------------------------------------------
