@@ -1,5 +1,6 @@
 """The default backend list, one for every entry point: ``flowrt.optimize``,
-``InferenceSession`` with no providers, the onnx backend and the command line.
+``InferenceSession`` with no providers, the onnx backend and the command line; and a
+``backends`` argument read the same way by each of them (:func:`backend_ids`).
 
 The default is the fastest list this machine has: CpuAcc then CpuRef (a layer CpuAcc lacks
 falls back to the reference), with GpuAcc first only where OpenCL shows a real GPU. A CPU
@@ -13,6 +14,10 @@ Importing this module costs nothing: OpenCL (pyopencl) is probed on the first ca
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
+from typing import Any
+
+from flowrt.validate import argument_error
 
 GPU_BACKEND = "GpuAcc"
 CPU_BACKENDS = ("CpuAcc", "CpuRef")
@@ -31,3 +36,17 @@ def default_backends() -> list[str]:
     """The fastest backends available: ``["GpuAcc", "CpuAcc", "CpuRef"]`` where OpenCL shows a
     GPU, else ``["CpuAcc", "CpuRef"]``. A new list each call: the caller may change it."""
     return [GPU_BACKEND, *CPU_BACKENDS] if gpu_device_present() else list(CPU_BACKENDS)
+
+
+def backend_ids(backends: Any, where: str) -> list[str]:
+    """A ``backends`` argument as a list of backend ids: a sequence of ids, or one id as a
+    string ("CpuAcc" is ``["CpuAcc"]``; never split, so "CpuAcc,CpuRef" is one unknown id).
+    ArgumentError naming ``where`` otherwise."""
+    if isinstance(backends, str):
+        return [backends]
+    expected = 'a backend id or a list of them (e.g. ["CpuAcc", "CpuRef"])'
+    if not isinstance(backends, Sequence) or isinstance(backends, bytes):
+        raise argument_error("backends", expected, backends, where=where)
+    if not all(isinstance(bid, str) for bid in backends):
+        raise argument_error("backends", expected, backends, where=where)
+    return list(backends)

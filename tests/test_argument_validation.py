@@ -74,8 +74,8 @@ def test_runtime_takes_a_tuning_mode_in_any_case_and_numpy_ints():
 @pytest.mark.parametrize(
     "call, words",
     [
-        (lambda: flowrt.optimize(_relu_net(), backends="CpuRef"), 'backends must be a list of backend ids (e.g. ["CpuAcc", "CpuRef"]), got \'CpuRef\' (str)'),
-        (lambda: flowrt.optimize(_relu_net(), backends=[3]), "backends must be a list of backend ids"),
+        (lambda: flowrt.optimize(_relu_net(), backends=b"CpuRef"), 'backends must be a backend id or a list of them (e.g. ["CpuAcc", "CpuRef"]), got b\'CpuRef\' (bytes)'),
+        (lambda: flowrt.optimize(_relu_net(), backends=[3]), "backends must be a backend id or a list of them"),
         (lambda: flowrt.optimize(_relu_net(), options={"fast_math": True}), "options must be a flowrt.OptimizerOptions or None, got {'fast_math': True} (dict)"),
         (lambda: flowrt.optimize("model.onnx"), "network must be a flowrt.Network, got 'model.onnx' (str)"),
         (lambda: flowrt.optimize(_relu_net(), registry={}), "registry must be a flowrt.BackendRegistry or None"),

@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 import flowrt
+from flowrt.defaults import gpu_device_present
 from flowrt.errors import BackendError, GraphError, UnsupportedLayerError
 from flowrt.models import light_model, pattern_input
 from flowrt.types import TensorInfo
-from flowrt.workers.gpu.device import unavailable_reason
+from flowrt.workers.gpu.device import describe_devices, unavailable_reason
 
 
 def squeezenet_logits() -> flowrt.Network:
@@ -31,6 +32,12 @@ def crossing_tensors(opt: flowrt.OptimizedNetwork, model: flowrt.LoadedNetwork) 
     return uploads, downloads
 
 
+def opencl_device() -> str | None:
+    """The device GpuAcc tests name: None (the GPU) where OpenCL shows one, else the first
+    device (PoCL's CPU device on CI), which GpuAcc takes only when named."""
+    return None if gpu_device_present() else describe_devices()[0].index
+
+
 @pytest.mark.skipif(bool(unavailable_reason()), reason="needs an OpenCL device")
 async def test_squeezenet_split_across_gpuacc_and_cpuacc_by_hints_matches_cpuref():
     net = squeezenet_logits()
@@ -47,7 +54,7 @@ async def test_squeezenet_split_across_gpuacc_and_cpuacc_by_hints_matches_cpuref
     copies = {(c.tensor, c.target) for c in opt.copies()}
     assert {("n0:0", "host"), ("n3:0", "GpuAcc"), ("n24:0", "GpuAcc")} <= copies
     feeds = {"data_0": pattern_input(TensorInfo((1, 3, 224, 224)))}
-    async with flowrt.Runtime(cpu_workers=2) as rt:
+    async with flowrt.Runtime(cpu_workers=2, opencl_device=opencl_device()) as rt:
         model = await rt.load(opt, max_in_flight=1)
         got = await model.run(feeds)
         ref = await (await rt.load(flowrt.optimize(net, backends=["CpuRef"]), max_in_flight=1)).run(feeds)

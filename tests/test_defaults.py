@@ -61,6 +61,18 @@ def test_optimize_with_backends_named_keeps_them(opencl):
     assert flowrt.optimize(_relu_network(), backends=["CpuRef"]).backends == ["CpuRef"]
 
 
+def test_optimize_and_a_session_take_one_backend_id_as_a_string_never_split():
+    assert flowrt.optimize(_relu_network(), backends="CpuAcc").backend_counts() == {"CpuAcc": 1}
+    with flowrt.InferenceSession(relu_model().SerializeToString(), backends="CpuAcc") as sess:
+        assert sess.optimized.backends == ["CpuAcc"]
+    for call in (
+        lambda: flowrt.optimize(_relu_network(), backends="CpuAcc,CpuRef"),
+        lambda: flowrt.InferenceSession(relu_model().SerializeToString(), backends="CpuAcc,CpuRef"),
+    ):
+        with pytest.raises(BackendError, match="backend 'CpuAcc,CpuRef' is not registered"):
+            call()
+
+
 def test_optimize_default_leaves_out_what_the_registry_given_lacks(opencl):
     opencl(gpu=False)
     registry = flowrt.BackendRegistry()

@@ -15,10 +15,11 @@ from netbuild import branchy_network, serializable_network
 
 import flowrt
 from flowrt import serialize
+from flowrt.defaults import gpu_device_present
 from flowrt.errors import BackendError, ModelLoadError
 from flowrt.registry import BackendRegistry, FusedActivation
 from flowrt.workers.cpu.ref import RefBackend
-from flowrt.workers.gpu.device import unavailable_reason
+from flowrt.workers.gpu.device import describe_devices, unavailable_reason
 
 
 def _saved(tmp_path: Path, optimized: flowrt.OptimizedNetwork) -> Path:
@@ -159,7 +160,9 @@ async def test_conv_with_a_fused_relu_moved_to_gpuacc_runs_with_its_relu(tmp_pat
         FusedActivation("Relu"),
     )
     feed = np.random.default_rng(1).standard_normal((1, 2, 6, 6)).astype(np.float32)
-    async with flowrt.Runtime(cpu_workers=1) as rt:
+    # A CPU OpenCL device (PoCL, on CI) runs GpuAcc only when named.
+    named = None if gpu_device_present() else describe_devices()[0].index
+    async with flowrt.Runtime(cpu_workers=1, opencl_device=named) as rt:
         got = (await (await rt.load(moved)).run({"x": feed}))["y"]
         expected = (await (await rt.load(flowrt.optimize(net, backends=["CpuRef"]))).run({"x": feed}))["y"]
     assert got.min() == 0 and np.allclose(got, expected, atol=1e-5)

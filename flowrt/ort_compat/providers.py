@@ -171,13 +171,10 @@ def _opencl_device(options: Mapping[str, str]) -> str | None:
     OpenCL shows no GPU: a CPU OpenCL device (PoCL) runs only when named."""
     spec = options.get(DEVICE_OPTION) or os.environ.get("FLOWRT_OPENCL_DEVICE") or None
     if spec is None and not defaults.gpu_device_present():
-        from flowrt.workers.gpu.device import unavailable_reason
+        from flowrt.workers.gpu.device import gpu_needed_message
 
-        reason = unavailable_reason() or "OpenCL shows no GPU device"
-        raise BackendError(
-            f"{OPENCL} needs an OpenCL GPU device: {reason}; to run on a CPU OpenCL device, "
-            f"name it: providers=[('{OPENCL}', {{'{DEVICE_OPTION}': '<name or platform:device>'}})]"
-        )
+        option = "providers=[('OpenCLExecutionProvider', {'device': '{device}'})]"
+        raise BackendError(gpu_needed_message(OPENCL, option))
     return spec
 
 

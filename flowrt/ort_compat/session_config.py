@@ -10,13 +10,14 @@ from typing import Any
 
 import attrs
 
+from flowrt.defaults import backend_ids
 from flowrt.engine.graph.optimizer import OptimizerOptions
 from flowrt.errors import ArgumentError
 from flowrt.ort_compat import providers as provider_names
 from flowrt.ort_compat.session_options import ExecutionMode, ExecutionOrder, SessionOptions
 from flowrt.ort_compat.session_options import GraphOptimizationLevel as Level
 from flowrt.ort_compat.severity import set_default_logger_severity
-from flowrt.validate import argument_error, check_instance
+from flowrt.validate import check_instance
 
 logger = logging.getLogger(__name__)
 
@@ -81,16 +82,6 @@ def split_positional(sess_options: Any, providers: Any, backends: Any, options: 
     return sess_options, providers, backends, options
 
 
-def _backend_list(backends: Any) -> tuple[str, ...]:
-    """``backends`` as a tuple of ids; a lone id ("CpuAcc") is a list of one."""
-    if isinstance(backends, str):
-        return (backends,)
-    expected = 'a backend id or a list of them (["CpuAcc", "CpuRef"])'
-    if not isinstance(backends, Sequence) or not all(isinstance(b, str) for b in backends):
-        raise argument_error("backends", expected, backends, _WHERE)
-    return tuple(backends)
-
-
 def resolve(
     sess_options: Any,
     providers: Any,
@@ -115,7 +106,7 @@ def resolve(
     if backends is not None and (providers is not None or provider_options is not None):
         raise ArgumentError(f"{_WHERE}: give providers= or backends=, not both")
     if backends is not None:
-        chosen = _backend_list(backends)
+        chosen = tuple(backend_ids(backends, _WHERE))
         choice = provider_names.ProviderChoice(chosen, tuple(provider_names.providers_of(chosen)), {}, None)
     else:
         pairs = [] if providers is None else provider_names.normalize(providers, provider_options)

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from flowrt.defaults import default_backends
+from flowrt.defaults import backend_ids, default_backends
 from flowrt.engine.graph.graph import Graph, Layer, workload_info
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.passes.collapse_reshape import collapse_reshapes
@@ -362,16 +362,14 @@ def _fp16(
     return reduce_fp32_to_fp16(graph, supports, capabilities, place)
 
 
-def _backend_order(backends: Any) -> list[str]:
-    """The preference list without repeats; ArgumentError unless it is a list of backend ids
-    (a lone "CpuRef" would otherwise be read as the backends "C", "p", "u", ...)."""
-    expected = 'a list of backend ids (e.g. ["CpuAcc", "CpuRef"])'
-    if not isinstance(backends, Sequence) or isinstance(backends, str | bytes):
-        raise argument_error("backends", expected, backends, where="optimize")
-    for bid in backends:
-        if not isinstance(bid, str):
-            raise argument_error("backends", expected, backends, where="optimize")
-    return list(dict.fromkeys(backends))
+def _check_named(instances: dict[str, Backend]) -> None:
+    """Each backend the caller named checks that it can run here (an optional
+    ``check_available``, as GpuAcc's, raising BackendError): naming a backend the machine
+    lacks is an error, not a list that silently runs on the next one."""
+    for backend in instances.values():
+        check = getattr(backend, "check_available", None)
+        if check is not None:
+            check()
 
 
 def _default_order(registry: BackendRegistry) -> list[str]:
@@ -395,11 +393,12 @@ def optimize(
 ) -> OptimizedNetwork:
     """Run the graph passes and assign every layer to the first backend in ``backends`` that takes it.
 
-    ``backends`` is a preference list of backend ids; None (the default) is the fastest list
-    available, ``flowrt.defaults.default_backends()``: CpuAcc, CpuRef, with GpuAcc first where
-    OpenCL shows a GPU (the first such call probes OpenCL). Raises UnsupportedLayerError
-    (listing each backend's reason) when none takes a layer, and BackendError for an unknown
-    backend id. The network itself is left unchanged.
+    ``backends`` is a preference list of backend ids (or one id as a string); None (the
+    default) is the fastest list available, ``flowrt.defaults.default_backends()``: CpuAcc,
+    CpuRef, with GpuAcc first where OpenCL shows a GPU (the first such call probes OpenCL).
+    Raises UnsupportedLayerError (listing each backend's reason) when none takes a layer, and
+    BackendError for an unknown backend id or a named one that cannot run here (GpuAcc
+    without OpenCL). The network itself is left unchanged.
     """
     check_instance("network", network, Network | Graph, "a flowrt.Network", where="optimize")
     options = OptimizerOptions() if options is None else options
@@ -410,10 +409,15 @@ def optimize(
     check_instance(
         "registry", registry, BackendRegistry, "a flowrt.BackendRegistry or None", where="optimize"
     )
-    order = _default_order(registry) if backends is None else _backend_order(backends)
+    if backends is None:
+        order = _default_order(registry)
+    else:
+        order = list(dict.fromkeys(backend_ids(backends, "optimize")))
     if not order:
         raise BackendError("the backend preference list is empty")
     instances = {bid: registry.get(bid) for bid in order}
+    if backends is not None:
+        _check_named(instances)
     graph = (network.graph if isinstance(network, Network) else network).copy()
     graph.validate()
     network_layers = set(graph.layers)

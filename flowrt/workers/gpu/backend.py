@@ -6,7 +6,9 @@ from typing import Any
 
 from flowrt.engine.graph.passes.fusions import offer_fusions
 from flowrt.engine.memory.manager import MemoryManager
+from flowrt.errors import BackendError
 from flowrt.registry import OptimizationViews
+from flowrt.workers.gpu import device
 from flowrt.workers.gpu.allocator import device_memory_manager
 from flowrt.workers.gpu.backend_context import GpuBackendContext
 from flowrt.workers.gpu.context import device_context
@@ -22,10 +24,12 @@ FUSED_ACTIVATION_KINDS = frozenset(
 
 class GpuAccBackend:
     """OpenCL kernels on one device (``opencl_device``, else ``FLOWRT_OPENCL_DEVICE``, else the
-    first GPU); stateless: the device's context and programs are shared per process.
+    first GPU: a CPU OpenCL device only when named); stateless: the device's context and
+    programs are shared per process.
 
     Making one never touches OpenCL, so it is safe where there is none: its layer support then
-    declines every layer with the reason. A runtime configures the object it holds through
+    declines every layer with the reason, and ``check_available`` (which ``flowrt.optimize``
+    calls when GpuAcc is named in its list) raises it. A runtime configures the object it holds through
     ``create_context(options)``: ``options.opencl_device``, when set, picks the device, and
     ``options.tuning_file`` / ``options.tuning_mode`` make the tuner its kernels take their
     local work sizes from (see ``flowrt.workers.gpu.tuner``).
@@ -50,6 +54,14 @@ class GpuAccBackend:
             "float32_only": True,
             "fused_activation": FUSED_ACTIVATION_KINDS,
         }
+
+    def check_available(self) -> None:
+        """BackendError where this machine has no OpenCL device at all, saying so: GpuAcc named
+        in a backend list must not turn silently into the next backend. Which device it runs
+        on is the runtime's choice (``opencl_device``), so an unnamed CPU device is refused
+        when a runtime loads the network, not here."""
+        if device.unavailable_reason():
+            raise BackendError(device.gpu_needed_message(self.id))
 
     def layer_support(self) -> GpuLayerSupport:
         return GpuLayerSupport()

@@ -1,9 +1,11 @@
 """Which OpenCL device GpuAcc runs on, and what the machine offers.
 
 The choice, in order: an explicit ``spec`` (``Runtime(opencl_device=...)``), else the
-``FLOWRT_OPENCL_DEVICE`` environment variable, else the first GPU, else the first device of
-any type. A spec is a ``"platform:device"`` index pair (``"0:1"``) or a case-insensitive
-substring of the device or platform name (``"H100"``, ``"pthread"``).
+``FLOWRT_OPENCL_DEVICE`` environment variable, else the first GPU. A device that is not a GPU
+(PoCL's CPU device) is taken only when named: it runs most models slower than CpuAcc, so
+GpuAcc on it unasked would be a slow path nobody chose. A spec is a ``"platform:device"``
+index pair (``"0:1"``) or a case-insensitive substring of the device or platform name
+(``"H100"``, ``"pthread"``).
 
 pyopencl is imported here and only here: every GpuAcc module takes ``cl`` from this module, so
 a missing or broken OpenCL install leaves ``cl`` as None and GpuAcc reports itself unavailable
@@ -86,15 +88,46 @@ def unavailable_reason() -> str:
     return ""
 
 
+def gpu_needed_message(asked: str, option: str = "Runtime(opencl_device='{device}')") -> str:
+    """The error for ``asked`` ("GpuAcc", "OpenCLExecutionProvider"), wanted with no device
+    named where OpenCL shows no GPU: what the machine has instead and what to do. ``option`` is
+    how the caller names a device, with ``{device}`` for the first one's index; the message
+    offers it after FLOWRT_OPENCL_DEVICE. One builder, so every entry point says the same."""
+    reason = unavailable_reason()
+    if reason:
+        return (
+            f"{asked} needs an OpenCL GPU device, and this machine has no OpenCL device ({reason}); "
+            "install an OpenCL driver (docs/gpu-setup.md), or leave GpuAcc out: the default "
+            "backends, CpuAcc and CpuRef, need none"
+        )
+    devices = _devices()
+    kind = "CPU" if all(device.type & cl.device_type.CPU for _, _, device in devices) else "non-GPU"
+    found = ", ".join(
+        f"{p}:{d} {device.name.strip()!r} ({device.platform.name.strip()})" for p, d, device in devices
+    )
+    first = f"{devices[0][0]}:{devices[0][1]}"
+    some, runs, it = (
+        (f"a {kind} OpenCL device", "runs", "it")
+        if len(devices) == 1
+        else (f"{kind} OpenCL devices", "run", "one")
+    )
+    return (
+        f"{asked} needs an OpenCL GPU device, and this machine has only {some}: {found}, which "
+        f"{runs} most models slower than CpuAcc; to use {it} anyway, name it: {DEVICE_ENV}={first} "
+        f"or {option.replace('{device}', first)}"
+    )
+
+
 def choose_device(spec: str | None = None) -> Any:
-    """The ``cl.Device`` named by ``spec`` (see the module docstring); BackendError when none matches."""
+    """The ``cl.Device`` named by ``spec`` (see the module docstring); BackendError when none
+    matches, and when none is named and OpenCL shows no GPU (saying what it shows)."""
     spec = spec if spec is not None else os.environ.get(DEVICE_ENV) or None
     devices = _devices()
-    if not devices:
-        raise BackendError(f"GpuAcc is unavailable: {unavailable_reason()}")
-    if spec is None:
+    if not devices or spec is None:
         gpus = [d for _, _, d in devices if d.type & cl.device_type.GPU]
-        return (gpus or [devices[0][2]])[0]
+        if not gpus:
+            raise BackendError(gpu_needed_message("GpuAcc"))
+        return gpus[0]
     pair = spec.split(":")
     if len(pair) == 2 and all(part.strip().isdigit() for part in pair):
         wanted = (int(pair[0]), int(pair[1]))
@@ -142,7 +175,7 @@ class DeviceDescription:
     driver_version: str
     global_memory_bytes: int
     priority_hints: bool
-    chosen: bool = False  # the one GpuAcc takes with no opencl_device given
+    chosen: bool = False  # the one GpuAcc takes with no opencl_device given (if any)
 
 
 def describe_devices() -> list[DeviceDescription]:

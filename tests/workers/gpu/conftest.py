@@ -1,14 +1,42 @@
 """GpuAcc test fixtures: the device (tests that need one skip without it) and a runner that
-checks a layer on GpuAcc against CpuRef."""
+checks a layer on GpuAcc against CpuRef.
+
+GpuAcc takes a CPU OpenCL device only when it is named, so where OpenCL shows no GPU (CI runs
+these tests on PoCL) every test here names the first device through FLOWRT_OPENCL_DEVICE,
+unless the environment already names one."""
+
+import functools
+import os
 
 import numpy as np
 import pytest
 
 import flowrt
+from flowrt.defaults import gpu_device_present
 from flowrt.registry import WorkloadInfo
 from flowrt.types import TensorInfo
 from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
-from flowrt.workers.gpu.device import unavailable_reason
+from flowrt.workers.gpu.device import DEVICE_ENV, describe_devices, unavailable_reason
+
+
+@functools.cache
+def _device_to_name() -> str | None:
+    """The device the tests name: None where one is named already, OpenCL shows a GPU (taken
+    unnamed), or there is no device; else the first (PoCL's CPU device, on CI)."""
+    if os.environ.get(DEVICE_ENV) or unavailable_reason() or gpu_device_present():
+        return None
+    return describe_devices()[0].index
+
+
+@pytest.fixture(autouse=True, scope="module")
+def opencl_device_named():
+    """Every test here, and each module's fixtures (autouse ones come first in their scope),
+    run GpuAcc on the test device, named as a user names a CPU device."""
+    spec = _device_to_name()
+    with pytest.MonkeyPatch.context() as patch:
+        if spec is not None:
+            patch.setenv(DEVICE_ENV, spec)
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -19,7 +47,7 @@ def gpu():
         pytest.skip(f"GpuAcc tests need an OpenCL device: {reason}")
     from flowrt.workers.gpu.context import device_context
 
-    return device_context()
+    return device_context(_device_to_name())
 
 
 @pytest.fixture(scope="session")

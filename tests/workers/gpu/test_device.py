@@ -54,13 +54,17 @@ def _registry():
     return registry
 
 
-def test_without_an_opencl_platform_gpuacc_declines_and_cpuref_takes_over(monkeypatch):
+def test_without_an_opencl_platform_gpuacc_declines_and_naming_it_is_an_error(monkeypatch):
     monkeypatch.setattr(device, "platforms", lambda: [])
-    reason = "GpuAcc is unavailable: no OpenCL platform or device found"
+    answer = GpuAccBackend().layer_support().is_layer_supported("Relu", None, [], [])
+    assert answer.reason == "GpuAcc is unavailable: no OpenCL platform or device found"
     net = flowrt.onnx.load(light_model("squeezenet"))
-    opt = flowrt.optimize(net, backends=["GpuAcc", "CpuRef"], registry=_registry())
-    assert {layer.backend for layer in opt.graph if layer.backend} == {"CpuRef"}
-    assert opt.decisions["n0"].declined == {"GpuAcc": reason}
+    with pytest.raises(
+        BackendError,
+        match=r"GpuAcc needs an OpenCL GPU device, and this machine has no OpenCL device "
+        r"\(no OpenCL platform or device found\)",
+    ):
+        flowrt.optimize(net, backends=["GpuAcc", "CpuRef"], registry=_registry())
     with pytest.raises(BackendError, match="no OpenCL platform or device found"):
         device.choose_device()
 
