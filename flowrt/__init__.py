@@ -61,6 +61,7 @@ _ON_FIRST_USE = {
     "InferenceSession": "flowrt.session",
     "NodeArg": "flowrt.session",
     "GpuAccBackend": "flowrt.workers.gpu.backend",
+    "capi": "flowrt.capi",  # a module: ONNX Runtime's exception names at their ORT path
     **dict.fromkeys(
         (
             "ExecutionMode",
@@ -100,7 +101,8 @@ def __getattr__(name: str) -> Any:
     module = _ON_FIRST_USE.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    imported = importlib.import_module(module)
+    value = imported if module == f"{__name__}.{name}" else getattr(imported, name)
     globals()[name] = value  # later look-ups skip this function
     return value
 

@@ -30,10 +30,10 @@ import trio
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.optimizer import OptimizedNetwork, OptimizerOptions, optimize
 from flowrt.errors import ArgumentError, InputError
-from flowrt.frontends.onnx import load as load_onnx
 from flowrt.loaded_network import LoadedNetwork
 from flowrt.ort_compat import metadata
 from flowrt.ort_compat.free_dims import override_free_dims
+from flowrt.ort_compat.initializers import VariantModels, as_inputs, fed_initializers
 from flowrt.ort_compat.io_binding import IOBinding
 from flowrt.ort_compat.ortvalue import OrtValue
 from flowrt.ort_compat.providers import providers_of
@@ -47,6 +47,7 @@ from flowrt.serialize import is_flowrt_file
 from flowrt.serialize import load as load_flowrt
 from flowrt.serialize import save as save_flowrt
 from flowrt.trio_thread import TrioThread
+from flowrt.types import TensorInfo
 from flowrt.validate import argument_error
 
 logger = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ class InferenceSession:
             sess_options, providers, backends, options
         )
         self._options, self._cpu_workers = options, cpu_workers
-        self._network, self._metadata = _read(path_or_bytes)
+        self._network, self._metadata, self._initializers = _read(path_or_bytes)
         if isinstance(self._network, OptimizedNetwork) and providers is backends is provider_options is None:
             # it runs on the backends it was optimized for: no default list to find (which
             # would probe OpenCL)
@@ -109,7 +110,7 @@ class InferenceSession:
     def _start(self, config: SessionConfig) -> None:
         """Optimize for ``config``, start a runtime in a thread and load; then the session
         runs there (a runtime it ran in before is closed)."""
-        optimized = self._optimize(config)
+        optimized = _optimize(self._network, self._initializers, config)
         runtime = Runtime(**config.runtime)
         # The session's runtime lives in a trio loop of its own until close(): its CPU workers
         # serve every run, whichever thread (or trio loop) the caller is in.
@@ -121,19 +122,20 @@ class InferenceSession:
             raise
         old = self._finalizer
         self._config, self.optimized, self._model, self._thread = config, optimized, model, thread
+        network, initializers = self._network, self._initializers  # not self: no cycle to keep it alive
+        self._variants = VariantModels(
+            lambda names: thread.run(runtime.load, _optimize(network, initializers, config, names))
+        )
         # At garbage collection or interpreter exit: runs in flight end with an error.
         self._finalizer = weakref.finalize(self, thread.close)
         if old is not None:
             old()  # the runtime of set_providers' previous providers
 
-    def _optimize(self, config: SessionConfig) -> OptimizedNetwork:
-        if isinstance(self._network, OptimizedNetwork):
-            return self._network
-        network = override_free_dims(self._network, config.sess_options.free_dimension_overrides)
-        optimized = optimize(network, backends=list(config.backends), options=config.options)
-        if config.sess_options.optimized_model_filepath:
-            save_flowrt(optimized, config.sess_options.optimized_model_filepath)
-        return optimized
+    def _model_for(self, feeds: Any) -> LoadedNetwork:
+        """The model a run of ``feeds`` runs on: the session's, or where ``feeds`` override
+        initializers, the one in which those are inputs (see ``flowrt.ort_compat.initializers``)."""
+        names = fed_initializers(self._initializers, feeds)
+        return self._variants.get(names) if names else self._model
 
     def get_inputs(self) -> list[NodeArg]:
         return [NodeArg(n, _shape(i.shape), type_name(i.dtype)) for n, i in self._model.inputs.items()]
@@ -145,8 +147,11 @@ class InferenceSession:
         ]
 
     def get_overridable_initializers(self) -> list[NodeArg]:
-        """Empty: flowrt folds a model's initializers into its network as constants."""
-        return []
+        """The initializers an ONNX model (IR version 4 or later) also lists as graph inputs:
+        a run may feed them, by name, to replace their values. The first run that feeds a set
+        of them optimizes and loads the model again for it (blocking, ``run_async`` too); runs
+        that feed none run the model with them folded in as constants."""
+        return [NodeArg(n, _shape(i.shape), type_name(i.dtype)) for n, i in self._initializers.items()]
 
     def get_modelmeta(self) -> metadata.ModelMetadata:
         """The ONNX model's metadata (read from its file on first call); empty for a model
@@ -201,7 +206,8 @@ class InferenceSession:
         outputs: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
         feeds = _arrays(input_feed)
-        run = functools.partial(self._model.run, outputs=outputs) if outputs else self._model.run
+        model = self._model_for(feeds)
+        run = functools.partial(model.run, outputs=outputs) if outputs else model.run
         if not _check_run_options(run_options):
             return self._thread.run(run, feeds)  # type: ignore[union-attr]
         return self._thread.run(run_terminable, run_options, run, feeds)  # type: ignore[union-attr]
@@ -278,8 +284,8 @@ class InferenceSession:
                 where="InferenceSession.run_async",
             )
         _check_run_options(run_options)
-        thread, model = self._thread, self._model
-        call = (thread, model, names, _arrays(input_feed), callback, user_data, run_options)
+        thread, feeds = self._thread, _arrays(input_feed)
+        call = (thread, self._model_for(feeds), names, feeds, callback, user_data, run_options)
         thread.start_soon(_run_and_call_back, *call)  # type: ignore[union-attr]
 
     def end_profiling(self) -> str:
@@ -288,8 +294,10 @@ class InferenceSession:
         file's path, or "" when the session is not profiling (as ONNX Runtime does)."""
         if not self._model.profiling:
             return ""
-        self._model.profiling = False
-        records = self._model.profile(clear=True)
+        records = []
+        for model in (self._model, *self._variants.models()):
+            model.profiling = False
+            records += model.profile(clear=True)
         now = datetime.datetime.now()
         stamp = f"{now:%Y-%m-%d_%H-%M-%S}_{now.microsecond // 1000:03d}"
         path = f"{self._config.sess_options.profile_file_prefix}_{stamp}.json"
@@ -331,6 +339,24 @@ async def _run_and_call_back(thread, model, names, feeds, callback, user_data, r
     await thread.call_in_thread(callback, outputs, user_data, error)
 
 
+def _optimize(
+    network: Network | OptimizedNetwork,
+    initializers: Mapping[str, TensorInfo],
+    config: SessionConfig,
+    inputs: frozenset[str] = frozenset(),
+) -> OptimizedNetwork:
+    """``network`` optimized for ``config``, with the overridable initializers named in
+    ``inputs`` as inputs (with none, it is saved to ``optimized_model_filepath``)."""
+    if isinstance(network, OptimizedNetwork):
+        return network
+    graph = as_inputs(network, {n: initializers[n] for n in inputs})
+    graph = override_free_dims(graph, config.sess_options.free_dimension_overrides)
+    optimized = optimize(graph, backends=list(config.backends), options=config.options)
+    if config.sess_options.optimized_model_filepath and not inputs:
+        save_flowrt(optimized, config.sess_options.optimized_model_filepath)
+    return optimized
+
+
 def _check_run_options(run_options: Any) -> bool:
     """True for RunOptions; False for None; ArgumentError for anything else."""
     if run_options is not None and not isinstance(run_options, RunOptions):
@@ -354,23 +380,31 @@ def _arrays(input_feed: Any) -> Any:
 _MODEL_TYPES = "a path (str or os.PathLike), ONNX bytes, an onnx.ModelProto, a flowrt.Network or a flowrt.OptimizedNetwork"
 
 
-def _read(model: Any) -> tuple[Network | OptimizedNetwork, Any]:
-    """The session's model as a Network (or an OptimizedNetwork, which is not optimized again)
-    and what its metadata comes from: ModelMetadata, a path read when asked for, or None.
-    ArgumentError (also a TypeError) naming ``path_or_bytes`` when it is none of the types a
-    session takes."""
+def _read(model: Any) -> tuple[Network | OptimizedNetwork, Any, dict[str, TensorInfo]]:
+    """The session's model as a Network (or an OptimizedNetwork, which is not optimized again),
+    what its metadata comes from (ModelMetadata, a path read when asked for, or None) and its
+    overridable initializers. ArgumentError (also a TypeError) naming ``path_or_bytes`` when
+    it is none of the types a session takes."""
     if isinstance(model, OptimizedNetwork | Network):
-        return model, None
+        return model, None, {}
     if isinstance(model, bytearray | memoryview):
         model = bytes(model)
     if isinstance(model, str | os.PathLike):
         if is_flowrt_file(model):
-            return load_flowrt(model), None
-        return load_onnx(model), os.fspath(model)
+            return load_flowrt(model), None, {}
+        network, initializers = _load_onnx(model)
+        return network, os.fspath(model), initializers
     if isinstance(model, bytes):
-        network = load_onnx(model)  # first, so that bad bytes get its ModelLoadError
-        return network, metadata.read(model)
+        network, initializers = _load_onnx(model)  # first, so that bad bytes get its ModelLoadError
+        return network, metadata.read(model), initializers
     onnx = sys.modules.get("onnx")  # imported when first needed: a ModelProto comes with it
     if onnx is not None and isinstance(model, onnx.ModelProto):
-        return load_onnx(model), metadata.from_model(model)
+        network, initializers = _load_onnx(model)
+        return network, metadata.from_model(model), initializers
     raise argument_error("path_or_bytes", _MODEL_TYPES, model, where="InferenceSession")
+
+
+def _load_onnx(model: Any) -> tuple[Network, dict[str, TensorInfo]]:
+    from flowrt.frontends.onnx.importer import load_with_initializer_inputs  # imports onnx
+
+    return load_with_initializer_inputs(model)

@@ -12,11 +12,9 @@ import types
 import numpy as np
 import onnxruntime
 import pytest
-from onnxruntime.capi import onnxruntime_pybind11_state as ort_exceptions
 from ortmodels import tiny_model
 
 import flowrt
-from flowrt.ort_compat import exceptions as flowrt_exceptions
 
 X = np.array([[-1.0, 0.5, 2.0, -3.0], [4.0, -0.25, 0.0, 1.5]], np.float32)
 
@@ -43,9 +41,10 @@ def _bad_feed_errors(errors, sess) -> dict:
     return caught
 
 
-def daily_idioms(ort: types.ModuleType, errors: types.ModuleType, path: str, workdir: str) -> dict:
+def daily_idioms(ort: types.ModuleType, path: str, workdir: str) -> dict:
     """ONNX Runtime code as users write it, on the module ``ort``; returns what it saw."""
     seen: dict = {}
+    errors = ort.capi.onnxruntime_pybind11_state
     so = ort.SessionOptions()
     so.intra_op_num_threads = 2  # onnxruntime needs 2 for run_async
     so.inter_op_num_threads = 1
@@ -155,8 +154,8 @@ def test_daily_onnxruntime_idioms_give_what_onnxruntime_gives(tmp_path, restore_
     path = str(tmp_path / "tiny.onnx")
     with open(path, "wb") as f:
         f.write(tiny_model().SerializeToString())
-    expected = daily_idioms(onnxruntime, ort_exceptions, path, str(tmp_path))
-    got = daily_idioms(flowrt, flowrt_exceptions, path, str(tmp_path))
+    expected = daily_idioms(onnxruntime, path, str(tmp_path))
+    got = daily_idioms(flowrt, path, str(tmp_path))
     assert got.keys() == expected.keys()
     for key in expected.keys() - {"bad feeds"}:
         _compare(got[key], expected[key], key)

@@ -13,12 +13,12 @@ from flowrt.engine.graph.network import Network
 logger = logging.getLogger(__name__)
 
 
-def override_free_dims(network: Network, overrides: Mapping[str, int]) -> Network | Graph:
+def override_free_dims(network: Network | Graph, overrides: Mapping[str, int]) -> Network | Graph:
     """``network`` with every input dim named in ``overrides`` set to its value (a copy of its
     graph, shapes inferred again); ``network`` itself when there is nothing to override."""
     if not overrides:
         return network
-    graph = network.graph.copy()
+    graph = (network.graph if isinstance(network, Network) else network).copy()
     used = set()
     for layer in graph.input_layers:
         info = layer.descriptor.info

@@ -2,9 +2,10 @@
 
 Every node becomes a layer of the kind named by its op type (see ``descriptors.py`` for the
 attribute rule); initializers and Constant nodes become Constant layers, including
-initializers that are also listed as graph inputs (their values are the model's). Text and
-tensors are checked first (see ``checks.py``); whatever else a malformed node sets off is
-still a ModelLoadError naming the model and the node.
+initializers that are also listed as graph inputs (their values are the model's;
+``load_with_initializer_inputs`` also names those, for a session that lets a run override
+them). Text and tensors are checked first (see ``checks.py``); whatever else a malformed node
+sets off is still a ModelLoadError naming the model and the node.
 """
 
 from __future__ import annotations
@@ -160,6 +161,26 @@ def load(
     opset of an op flowrt does not know; ResourceError, naming the tensor, when the model's
     constants would pass ``memory_budget`` (bytes; None: half the machine's physical memory).
     """
+    return _load(source, check, memory_budget)[0]
+
+
+def load_with_initializer_inputs(
+    source: str | os.PathLike | bytes | onnx.ModelProto,
+    *,
+    check: bool = True,
+    memory_budget: int | None = None,
+) -> tuple[Network, dict[str, TensorInfo]]:
+    """``load``, and ONNX Runtime's overridable initializers: the initializers that a model of
+    IR version 4 or later also lists among its graph inputs (an input with a default value),
+    each with the info its graph input declares, in graph-input order. The network has them
+    as Constant layers named after them, as every initializer."""
+    network, model, where = _load(source, check, memory_budget)
+    return network, _initializer_inputs(model, where)
+
+
+def _load(
+    source: str | os.PathLike | bytes | onnx.ModelProto, check: bool, memory_budget: int | None
+) -> tuple[Network, onnx.ModelProto, str]:
     budget = MemoryBudget(
         check_memory_budget(memory_budget, "flowrt.onnx.load"), "flowrt.onnx.load(memory_budget=...)"
     )
@@ -173,9 +194,19 @@ def load(
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ModelLoadError(f"model {where} fails onnx's checker: {first}") from e
     try:
-        return _build(model, where, TensorReader(where, budget))
+        network = _build(model, where, TensorReader(where, budget))
     except MemoryError as e:
         raise budget.out_of_memory(e, f"model {where}") from e
+    return network, model, where
+
+
+def _initializer_inputs(model: onnx.ModelProto, where: str) -> dict[str, TensorInfo]:
+    # Before IR version 4 every initializer had to be listed as an input, so a listing says
+    # nothing: ONNX Runtime lets none be overridden there.
+    if model.ir_version < 4:
+        return {}
+    initializers = {init.name for init in model.graph.initializer}
+    return {v.name: _tensor_info(v, where) for v in model.graph.input if v.name in initializers}
 
 
 def _build(model: onnx.ModelProto, where: str, reader: TensorReader) -> Network:
