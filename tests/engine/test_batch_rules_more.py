@@ -245,8 +245,8 @@ REFUSED = {
         r"\(MatMul\): input 1 carries the batch on axis 2, one of its matrix axes",
     ),
     "reshape": (
-        _moved("Reshape", (1, 0, 2), "moved", np.array([1, 3, 3], np.int64)),
-        r"\(Reshape\): its target \[1, 3, 3\] does not keep the batch as a 1 on axis 1, after the same dims",
+        _moved("Reshape", (1, 0, 2), "moved", np.array([9], np.int64)),
+        r"\(Reshape\): its target \[9\] regroups the dims before the batch axis 1: \(3, 1, 3\) becomes \(9,\)",
     ),
     "flatten": (
         _single("Flatten", d.Flatten(axis=2), (1, 2, 3)),

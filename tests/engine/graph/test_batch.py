@@ -99,7 +99,8 @@ def _single(kind, descriptor, in_shape, *constants, out_name="y"):
     [
         (
             _single("Reshape", None, (1, 4), np.array([2, 2], np.int64)),
-            r"layer 'suspect' \(Reshape\): its target \[2, 2\] does not keep the batch as a leading 1",
+            # each sample's 4 elements folded into 2 rows, and left so at the output
+            r"cannot batch output 'y': its axis 0 holds 2 rows of each sample; one is expected",
         ),
         (
             _single("Concat", d.Concat(axis=0), (1, 4), _random(1, 4)),

@@ -21,7 +21,11 @@ import attrs
 from flowrt.engine.graph.graph import Graph, OutputSlot
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.optimizer import OptimizedNetwork
-from flowrt.engine.graph.passes import batch_rules_gather_nd, batch_rules_more  # noqa: F401 (register their rules)
+from flowrt.engine.graph.passes import (  # noqa: F401 (register their rules)
+    batch_rules_gather_nd,
+    batch_rules_more,
+    batch_rules_reshape,
+)
 from flowrt.engine.graph.passes.batch_rules import RULES, Axis, Refused, Rewrite, check_output
 from flowrt.errors import ShapeError, UnsupportedLayerError
 from flowrt.registry import BackendRegistry, backend_registry
@@ -38,7 +42,8 @@ def prove_batch_axes(graph: Graph) -> tuple[dict[OutputSlot, Axis], list[Rewrite
     for layer in graph.topological_order():
         inputs = [axes.get(s.source) if s.source is not None else None for s in layer.inputs]  # type: ignore[arg-type]
         if layer.kind == "Output":
-            check_output(layer.descriptor.name, inputs[0])
+            info = layer.input_infos[0]
+            check_output(layer.descriptor.name, inputs[0], None if info is None else info.shape)
             continue
         if layer.kind == "Input":
             out: Axis | tuple[Axis, ...] = 0

@@ -83,6 +83,17 @@ def batched_first(axes: list[Axis], at: int | None = None) -> int:
     return axis
 
 
+def same_fold(layer: Layer, batched: list[tuple[int, Axis]]) -> None:
+    """Inputs that carry the batch hold it with the same size per sample (1, or the rows a
+    Reshape folded into it: ``batch_rules_reshape``); a size of 1 would broadcast one
+    sample's row over another sample's rows."""
+    sizes = {input_shape(layer, i)[axis] for i, axis in batched}  # type: ignore[index]
+    if len(sizes) > 1:
+        raise Refused(
+            f"its inputs hold {sorted(sizes, key=str)} rows of each sample on the batch axis; one size is expected"
+        )
+
+
 def not_along(axis: int, along: int, what: str) -> None:
     if axis == along:
         raise Refused(f"it works {what} axis {along}, which carries the batch")
@@ -132,6 +143,7 @@ def broadcasting(layer: Layer, axes: list[Axis]) -> Axis:
     if len(aligned) != 1:
         raise Refused(f"its inputs carry the batch on different axes ({sorted(aligned)}, right-aligned)")
     axis = aligned.pop()
+    same_fold(layer, [(i, axes[i]) for i in present if axes[i] is not None])
     for i in present:
         k = axis - (rank - len(shapes[i]))
         if axes[i] is None and k >= 0 and shapes[i][k] != 1:
@@ -235,6 +247,7 @@ def matmul(layer: Layer, axes: list[Axis]) -> Axis:
     if len(aligned) != 1:
         raise Refused(f"its inputs carry the batch on axes {axes[:2]}, not on one broadcast axis")
     axis = aligned.pop()
+    same_fold(layer, [(i, axes[i]) for i in (0, 1) if axes[i] is not None])
     for i, shape in enumerate((a, b)):
         at = axis - (rank - len(shape))
         if axes[i] is None and len(shape) > 1 and 0 <= at < len(shape) - 2 and shape[at] != 1:
@@ -313,33 +326,6 @@ def unsqueeze(layer: Layer, axes: list[Axis]) -> Axis:
     return kept[batch]
 
 
-@batch_rule("Reshape")
-def reshape(layer: Layer, axes: list[Axis]) -> Axis | Rewrite:
-    """Provable when the batch keeps its axis and the dims before it are kept: the input is
-    batch-major from that axis on, so the output's 1 there is the batch exactly when the
-    target keeps it as 1 (rewritten to N), 0 (copied) or -1 (the other dims already hold one
-    sample's elements); the dims after it only regroup each sample's elements."""
-    batch = batched_first(axes)
-    target, from_input = _reshape_target(layer)
-    source, out = input_shape(layer, 0), tuple(layer.outputs[0].info.shape)
-    kept = out[:batch] == source[:batch] and all(isinstance(d, int) for d in out[:batch])
-    if len(target) <= batch or len(out) <= batch or out[batch] != 1 or not kept:
-        where = "a leading 1" if batch == 0 else f"a 1 on axis {batch}, after the same dims"
-        raise Refused(f"its target {list(target)} does not keep the batch as {where}: {source} becomes {out}")
-    if target[batch] in (0, -1):
-        return batch
-    return Rewrite(batch, lambda graph, n: _retarget(graph, layer, target, from_input, batch, n))
-
-
-def _reshape_target(layer: Layer) -> tuple[list[int], bool]:
-    if len(layer.inputs) > 1 and layer.inputs[1].source is not None:
-        target = const_ints(constant_value(layer.inputs[1].source))
-        if target is None:
-            raise Refused("its target shape is computed at run time; only a constant target is re-batched")
-        return target, True
-    return list(layer.descriptor.shape or ()), False
-
-
 def replace_constant_input(graph: Graph, layer: Layer, index: int, value: np.ndarray, name: str) -> None:
     """Feed input ``index`` of ``layer`` from a new Constant holding ``value`` (of the old
     constant's dtype); the old constant is left to others that read it."""
@@ -351,23 +337,19 @@ def replace_constant_input(graph: Graph, layer: Layer, index: int, value: np.nda
     const.outputs[0].connect(slot)
 
 
-def _retarget(graph: Graph, layer: Layer, target: list[int], from_input: bool, axis: int, batch: int) -> str:
-    new = [batch if i == axis else t for i, t in enumerate(target)]
-    if from_input:
-        replace_constant_input(graph, layer, 1, np.asarray(new), "batch_shape")
-    else:
-        layer.descriptor = attrs.evolve(layer.descriptor, shape=tuple(new))
-    return f"re-batched Reshape {layer.name!r}: target {target} -> {new}"
-
-
 # -- layers whose output is the batch itself -----------------------------------------------
 @batch_rule("Shape", "Size")
 def shape_of_batch(layer: Layer, axes: list[Axis]) -> Axis:
     raise Refused("its value is the batch-1 shape; fold constants first so it becomes a constant")
 
 
-def check_output(name: str, axis: Axis) -> None:
-    """Outputs carry the batch on axis 0, where a batched run's results are split."""
+def check_output(name: str, axis: Axis, shape: tuple[Dim, ...] | None) -> None:
+    """Outputs carry the batch on axis 0, one row per sample (not folded with other rows: see
+    ``batch_rules_reshape``), where a batched run's results are split."""
     if axis != 0:
         where = "does not depend on the inputs" if axis is None else f"carries the batch on axis {axis}"
         raise ShapeError(f"cannot batch output {name!r}: it {where}; axis 0 is expected")
+    if shape is not None and shape[0] != 1:
+        raise ShapeError(
+            f"cannot batch output {name!r}: its axis 0 holds {shape[0]} rows of each sample; one is expected"
+        )
