@@ -27,11 +27,11 @@ from flowrt.aio import AioLoadedNetwork, AsyncioBridge, async_library, trio_side
 from flowrt.engine.graph.graph import Layer
 from flowrt.engine.graph.optimizer import OptimizedNetwork
 from flowrt.engine.graph.passes.batch import set_batch
+from flowrt.engine.loader.dataflow_builder import build_dataflow
 from flowrt.engine.memory.budget import MemoryBudget, check_layer_outputs, check_memory_budget, claim_arenas
 from flowrt.engine.memory.manager import MemoryManager
 from flowrt.engine.memory.planner import PlannedNode, plan_memory
 from flowrt.engine.memory.pool import PoolManager
-from flowrt.engine.scheduler.dataflow import build_dataflow
 from flowrt.engine.scheduler.executor import DeviceRunner
 from flowrt.errors import BackendError, FlowrtError
 from flowrt.loaded_network import LoadedNetwork
@@ -317,6 +317,7 @@ class Runtime:
             return AioLoadedNetwork(await self._aio.call(load), self._aio)
         if self._workers is None:
             raise FlowrtError("Runtime.load needs an active runtime: use 'async with Runtime() as rt'")
+        assert self._nursery is not None  # opened with the workers
         where = "Runtime.load"
         check_instance(
             "optimized",
@@ -344,7 +345,7 @@ class Runtime:
         # the cores).
         show = load_progress.get() if progress is None else progress
         layers = sum(layer.kind not in ("Constant", "Input", "Output") for layer in shaped.graph)
-        async with layer_progress(self._nursery, layers, show) as prepared:  # type: ignore[arg-type]
+        async with layer_progress(self._nursery, layers, show) as prepared:
             model = await self._workers.run_sync(self._build, shaped, pools, prepared)
         model.batch, model.unbatched, model._runtime = batch, optimized, self
         model.network_id = network_id
@@ -361,21 +362,22 @@ class Runtime:
         close unloads the networks still loaded."""
         if self._aio is not None and async_library() != "trio":
             return await self._aio.call(self.unload, trio_side(model))
-        if self._loaded.get(model.network_id) is not model:  # type: ignore[arg-type]
+        network_id = model.network_id
+        if network_id is None or self._loaded.get(network_id) is not model:
             raise FlowrtError(
                 f"Runtime.unload expects a network loaded by this runtime and not yet unloaded; "
-                f"network {model.network_id} is {'unloaded' if model.unloaded else 'not one of them'}"
+                f"network {network_id} is {'unloaded' if model.unloaded else 'not one of them'}"
             )
-        call_hooks(self._contexts, "before_unload", model.network_id)  # type: ignore[arg-type]
-        del self._loaded[model.network_id]  # type: ignore[arg-type]
+        call_hooks(self._contexts, "before_unload", network_id)
+        del self._loaded[network_id]
         try:
             await model._release()  # runs to its end, cancelled or not
         finally:
-            call_hooks(self._contexts, "after_unload", model.network_id)  # type: ignore[arg-type]
+            call_hooks(self._contexts, "after_unload", network_id)
 
     @staticmethod
     def _backends_of(optimized: OptimizedNetwork) -> list[str]:
-        return list(dict.fromkeys(layer.backend for layer in optimized.graph if layer.backend))  # type: ignore[misc]
+        return list(dict.fromkeys(layer.backend for layer in optimized.graph if layer.backend))
 
     def _backend(self, bid: str) -> Backend:
         """This runtime's object for backend ``bid`` (made once, so a context's choices stick)."""
@@ -395,16 +397,17 @@ class Runtime:
         except Exception as e:
             raise BackendError(f"backend {bid} failed to create its context: {e}") from e
         if hasattr(context, "run"):
-            await self._nursery.start(context.run)  # type: ignore[union-attr]
+            assert self._nursery is not None  # load runs in an active runtime
+            await self._nursery.start(context.run)
         self._contexts[bid] = context
 
     def _device_runners(self, bids: Any) -> dict[str, DeviceRunner]:
         """The backends among ``bids`` whose workloads run on a device, with their runners."""
-        runners = {}
+        runners: dict[str, DeviceRunner] = {}
         for bid in bids:
             context = self._contexts.get(bid)
             on_host = self._backend(bid).capabilities.get("host_memory", True)
-            if not on_host and hasattr(context, "submit"):
+            if not on_host and context is not None and hasattr(context, "submit"):
                 runners[bid] = context
         return runners
 
@@ -417,7 +420,8 @@ class Runtime:
         job = job_context()
 
         def make_workload(layer: Layer, info: WorkloadInfo):
-            bid: str = layer.backend  # type: ignore[assignment]
+            bid = layer.backend
+            assert bid is not None  # the optimizer assigns every compute layer a backend
             if bid not in factories:
                 backend = self._backend(bid)
                 managers[bid] = backend.create_memory_manager() or MemoryManager()
@@ -471,4 +475,5 @@ class Runtime:
             zero_on_release=self.zero_memory_on_release,
             aging_interval=self.priority_aging,
         )
-        return LoadedNetwork(optimized, dataflow, self._workers, layout, pools, self.profiling, devices)  # type: ignore[arg-type]
+        assert self._workers is not None  # load checked the runtime is active
+        return LoadedNetwork(optimized, dataflow, self._workers, layout, pools, self.profiling, devices)

@@ -4,7 +4,7 @@ from fakes import PartialBackend
 from netbuild import branchy_network
 
 import flowrt
-from flowrt.engine.scheduler.dataflow import build_dataflow
+from flowrt.engine.loader.dataflow_builder import build_dataflow
 from flowrt.registry import BackendRegistry
 from flowrt.types import TensorInfo
 from flowrt.workers.cpu.ref import RefBackend

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 import numpy as np
@@ -210,3 +210,44 @@ def infer_unsqueeze(desc: SqueezeDescriptor, inputs, consts):
     if data.shape is None or not isinstance(count, int):
         return [TensorInfo(None, data.dtype)]
     return [TensorInfo((None,) * (len(data.shape) + count), data.dtype)]
+
+
+# The shape a view kind gives its data input at run time, from the input's shape and the
+# values of its other inputs: what every backend's view kernel computes, written once.
+
+
+def reshaped_shape(desc: ReshapeDescriptor, shape: tuple[int, ...], target=None) -> tuple[Dim, ...]:
+    """Reshape's output shape (ints, for a run's shape): ``target`` (the second input's value)
+    or the ``shape`` attribute."""
+    dims = const_ints(target) if target is not None else desc.shape
+    if dims is None:
+        raise ShapeError(
+            "Reshape: a target shape is expected (second input or 'shape' attribute), found none"
+        )
+    return reshape_dims(shape, dims, bool(desc.allowzero))
+
+
+def flattened_shape(desc: FlattenDescriptor, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Flatten's output shape: (product of the dims before ``axis``, product of the rest)."""
+    axis = desc.axis % len(shape) if desc.axis < 0 else desc.axis
+    return (math.prod(shape[:axis]), math.prod(shape[axis:]))
+
+
+def squeezed_shape(desc: SqueezeDescriptor, shape: tuple[int, ...], axes=None) -> tuple[int, ...]:
+    """Squeeze's output shape: ``shape`` without the chosen dims (every 1 when none are chosen)."""
+    drop = squeeze_axes(shape, chosen_axes(desc, axes))
+    return tuple(d for i, d in enumerate(shape) if i not in drop)
+
+
+def unsqueezed_shape(desc: SqueezeDescriptor, shape: tuple[int, ...], axes=None) -> tuple[Dim, ...]:
+    """Unsqueeze's output shape (ints, for a run's shape): ``shape`` with a 1 inserted at each
+    chosen axis."""
+    return unsqueeze_shape(shape, chosen_axes(desc, axes) or [])
+
+
+VIEW_SHAPES: dict[str, Callable[..., tuple[Dim, ...]]] = {
+    "Reshape": reshaped_shape,
+    "Flatten": flattened_shape,
+    "Squeeze": squeezed_shape,
+    "Unsqueeze": unsqueezed_shape,
+}

@@ -1,5 +1,6 @@
-"""Resize and Upsample: resize.cl gathers the taps that the host computes per dim, with
-CpuRef's own coordinate mapping, rounding and interpolation weights."""
+"""Resize and Upsample: resize.cl gathers the taps that the host computes per dim, with the
+coordinate mapping, rounding and interpolation weights every backend shares
+(``flowrt.engine.graph.layers.resize_coordinates``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ from typing import Any
 import numpy as np
 
 from flowrt.engine.graph.layers.resize import ResizeDescriptor, resize_inputs, resize_plan
+from flowrt.engine.graph.layers.resize_coordinates import (
+    interpolation_taps,
+    nearest_index,
+    source_coordinates,
+)
 from flowrt.errors import BackendError
-from flowrt.workers.cpu.ref.kernels.resize import interpolation_taps, nearest_index, source_coordinates
 from flowrt.workers.gpu.device import cl
 from flowrt.workers.gpu.kernels import RANK, GpuKernel, gpu_kernel, static_shape
 from flowrt.workers.gpu.kernels.elementwise import broadcast_strides

@@ -8,10 +8,10 @@ from oracle import assert_matches_reference, run_flowrt_node, run_onnx_reference
 
 from flowrt.engine.graph.layer_kind import get_layer_kind
 from flowrt.engine.graph.layers.resize import ResizeDescriptor, resize_plan
+from flowrt.engine.graph.layers.resize_coordinates import source_coordinates
 from flowrt.errors import ModelLoadError, ShapeError
 from flowrt.frontends.onnx.descriptors import make_descriptor
 from flowrt.types import DataType, TensorInfo
-from flowrt.workers.cpu.ref.kernels.resize import source_coordinates
 
 COORDINATE_MODES = [
     "half_pixel",

@@ -1,20 +1,18 @@
 """Reshape, Flatten, Squeeze and Unsqueeze: views of their input, no copy, any data type.
 
 The memory planner gives these kinds no bytes of their own (``VIEW_KINDS``): the output is the
-input seen with another shape. The shape logic is CpuRef's own kernels; CpuAcc takes these
-layers so that they do not cut a chain of CpuAcc layers.
+input seen with another shape. The shapes come from the layers' own module (``VIEW_SHAPES``),
+as CpuRef's do; CpuAcc takes these layers so that they do not cut a chain of CpuAcc layers.
 """
 
 from __future__ import annotations
 
+from flowrt.engine.graph.layers.reshape import VIEW_SHAPES
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.workers.cpu.acc.kernels import acc_kernel
-from flowrt.workers.cpu.ref.kernels import reshape as ref
-
-_REF = {"Reshape": ref.reshape, "Flatten": ref.flatten, "Squeeze": ref.squeeze, "Unsqueeze": ref.unsqueeze}
 
 
-@acc_kernel(*_REF)
+@acc_kernel(*VIEW_SHAPES)
 class ViewKernel:
     """The input with the layer's output shape; ``outputs`` are never given (they own no bytes)."""
 
@@ -26,7 +24,7 @@ class ViewKernel:
 
     def __init__(self, info: WorkloadInfo, workers: int) -> None:
         self.info = info
-        self.view = _REF[info.kind]
+        self.view_shape = VIEW_SHAPES[info.kind]
         # Static shapes in and out: the output shape is known now, and a run only reshapes.
         out = info.outputs[0] if info.outputs else None
         static = out is not None and out.is_static and info.inputs[0].is_static  # type: ignore[union-attr]
@@ -38,4 +36,4 @@ class ViewKernel:
         x = inputs[0]
         if self.out_shape is not None and x.shape == self.in_shape:
             return [x.reshape(self.out_shape)]
-        return [self.view(self.info.descriptor, *inputs)]
+        return [x.reshape(self.view_shape(self.info.descriptor, x.shape, *inputs[1:]))]

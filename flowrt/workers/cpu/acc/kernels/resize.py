@@ -19,12 +19,16 @@ import numpy as np
 from numba import njit, prange
 
 from flowrt.engine.graph.layers.resize import resize_inputs, resize_plan
+from flowrt.engine.graph.layers.resize_coordinates import (
+    interpolation_taps,
+    nearest_index,
+    source_coordinates,
+)
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.errors import BackendError
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels.activation import MIN_SLICE
-from flowrt.workers.cpu.ref.kernels.resize import interpolation_taps, nearest_index, source_coordinates
 
 
 @njit(nogil=True, cache=True)
