@@ -12,6 +12,7 @@ would with such a model, and the result carries a note saying so with ONNX Runti
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
@@ -140,7 +141,7 @@ async def _in_thread(round_fn: Callable[..., Any], *args: Any) -> Any:
     return at once instead of waiting for every request of the round."""
     stop = threading.Event()
     try:
-        return await trio.to_thread.run_sync(round_fn, *args, stop, abandon_on_cancel=True)
+        return await trio.to_thread.run_sync(functools.partial(round_fn, *args, stop), abandon_on_cancel=True)
     finally:
         stop.set()
 
@@ -274,13 +275,15 @@ def plot_latencies(results: Sequence[BenchResult], path: str) -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.container import BarContainer
     except ImportError as e:
         raise InputError(f"--plot needs matplotlib (pip install 'flowrt[plot]'): {e}") from None
     figure, axes = plt.subplots(figsize=(8, 4.5))
     for r in results:
         ms = np.asarray(r.latencies) * 1e3
-        line = axes.hist(ms, bins=40, alpha=0.55, label=f"{r.engine} (p50 {r.percentile_ms(50):.2f} ms)")[2]
-        color = line[0].get_facecolor()
+        bars = axes.hist(ms, bins=40, alpha=0.55, label=f"{r.engine} (p50 {r.percentile_ms(50):.2f} ms)")[2]
+        assert isinstance(bars, BarContainer)  # one data set, histtype "bar"
+        color = bars[0].get_facecolor()
         for q, style in ((50, "-"), (99, ":")):
             axes.axvline(r.percentile_ms(q), color=color, linestyle=style, alpha=0.9)
     axes.set_xlabel("latency (ms); solid: p50, dotted: p99")

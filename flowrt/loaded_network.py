@@ -23,7 +23,7 @@ from flowrt.engine.scheduler.feeds import check_feeds, check_output_buffers
 from flowrt.errors import FlowrtError
 from flowrt.profiling import ProfileRecord
 from flowrt.stream import BatchingStream, Stream
-from flowrt.types import Priority, TensorInfo
+from flowrt.types import Priority, TensorInfo, static_dims
 from flowrt.validate import check_bool, check_int, check_priority, check_seconds
 
 if TYPE_CHECKING:
@@ -40,7 +40,8 @@ def _bindings(dataflow: Dataflow, layout: MemoryLayout) -> dict[int, Binding]:
     for backend, plan in layout.plans.items():
         for tid, placement in plan.placements.items():
             info = dataflow.tensor_infos[tid]
-            bindings[tid] = Binding(backend, placement.offset, tuple(info.shape), info.dtype.numpy)  # type: ignore[arg-type]
+            shape = static_dims(info.shape)  # the planner places tensors of known size only
+            bindings[tid] = Binding(backend, placement.offset, shape, info.dtype.numpy)
     return bindings
 
 
@@ -189,7 +190,7 @@ class LoadedNetwork:
             return Stream(self, self.pools.count if max_in_flight is None else max_in_flight, priority)
         if max_in_flight is None:
             max_in_flight = self.pools.count * max_batch
-        return BatchingStream(self, max_in_flight, priority, max_batch, max_delay)  # type: ignore[arg-type]
+        return BatchingStream(self, max_in_flight, priority, max_batch, max_delay)
 
     async def batched(self, batch: int) -> LoadedNetwork:
         """This network re-shaped to run ``batch`` samples per run (``flowrt.set_batch``), loaded

@@ -9,6 +9,7 @@ as OpenBLAS does on some CPUs, cannot reproduce; see ``flowrt.cli.run``.)
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 
@@ -59,7 +60,14 @@ def expected_outputs(model_path: str | Path) -> list[np.ndarray]:
     return found
 
 
-def expected_tolerance(model_path: str | Path) -> dict[str, float]:
+class Tolerance(TypedDict):
+    """Keyword arguments of ``np.allclose`` / ``np.testing.assert_allclose``."""
+
+    rtol: float
+    atol: float
+
+
+def expected_tolerance(model_path: str | Path) -> Tolerance:
     """rtol/atol for comparing with a light model's expected output, as onnx's test data gives them."""
     import json
 

@@ -181,10 +181,12 @@ class PipelineStream(OrderedStream):
 
     def _launch(self, request: Request) -> None:
         request.values = request.feeds  # what the first stage takes
-        self._entry.send_nowait(request)  # type: ignore[union-attr]
+        assert self._entry is not None  # requests start once the stream is open
+        self._entry.send_nowait(request)
 
     def _closing(self) -> None:
-        self._entry.close()  # type: ignore[union-attr]
+        assert self._entry is not None  # called on an open stream only
+        self._entry.close()
 
     async def _serve(
         self, call: _StageCall, receive: trio.MemoryReceiveChannel, send: trio.MemorySendChannel

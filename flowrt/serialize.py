@@ -241,7 +241,7 @@ def _read(where: str, mapped: bool) -> np.ndarray:
                 )
             buffer = _host_buffer(info.st_size)
             filled = 0
-            with memoryview(buffer) as view:
+            with buffer.data as view:
                 while filled < len(buffer):
                     count = f.readinto(view[filled:])
                     if not count:
@@ -305,7 +305,7 @@ def _check_header(buffer: np.ndarray, where: str) -> _Header:
         raise ModelLoadError(
             f"{corrupt}: {size - length} bytes follow the end its header declares (byte {length})"
         )
-    with memoryview(buffer) as view:
+    with buffer.data as view:
         computed = zlib.crc32(view[CHECKSUM_FIELD.stop :], zlib.crc32(view[: CHECKSUM_FIELD.start]))
     if computed != checksum:
         raise ModelLoadError(
@@ -334,7 +334,7 @@ def _decode(buffer: np.ndarray, where: str, registry: BackendRegistry) -> Optimi
     section = f"metadata (bytes 64-{header.metadata_end})"
     limit = header.metadata_end - HEADER.size
     try:
-        with memoryview(buffer) as view:
+        with buffer.data as view:
             metadata = msgpack.unpackb(
                 view[HEADER.size : header.metadata_end],
                 raw=False,

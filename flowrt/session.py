@@ -208,9 +208,10 @@ class InferenceSession:
         feeds = _arrays(input_feed)
         model = self._model_for(feeds)
         run = functools.partial(model.run, outputs=outputs) if outputs else model.run
+        assert self._thread is not None  # started by __init__
         if not _check_run_options(run_options):
-            return self._thread.run(run, feeds)  # type: ignore[union-attr]
-        return self._thread.run(run_terminable, run_options, run, feeds)  # type: ignore[union-attr]
+            return self._thread.run(run, feeds)
+        return self._thread.run(run_terminable, run_options, run, feeds)
 
     def run(
         self,
@@ -285,8 +286,9 @@ class InferenceSession:
             )
         _check_run_options(run_options)
         thread, feeds = self._thread, _arrays(input_feed)
+        assert thread is not None  # started by __init__
         call = (thread, self._model_for(feeds), names, feeds, callback, user_data, run_options)
-        thread.start_soon(_run_and_call_back, *call)  # type: ignore[union-attr]
+        thread.start_soon(_run_and_call_back, *call)
 
     def end_profiling(self) -> str:
         """Write the workloads' timings since profiling began (``enable_profiling``) as a Chrome
@@ -311,8 +313,9 @@ class InferenceSession:
         ``run_async`` callbacks are called with the error. Returns once the thread has ended,
         except from a callback, where it returns at once and the session ends after it.
         """
-        self._finalizer.detach()  # type: ignore[union-attr]
-        self._thread.close()  # type: ignore[union-attr]
+        assert self._finalizer is not None and self._thread is not None  # set by __init__
+        self._finalizer.detach()
+        self._thread.close()
 
     def __enter__(self) -> InferenceSession:
         return self

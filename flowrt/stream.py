@@ -90,13 +90,14 @@ def batch_sizes(max_batch: int) -> list[int]:
 def _request_rows(inputs: Mapping[str, TensorInfo]) -> int:
     """The leading dim every request has (the batch the model was loaded for)."""
     leading = {info.shape[0] if info.shape else None for info in inputs.values()}
-    if len(leading) != 1 or not isinstance(next(iter(leading)), int):
+    rows = next(iter(leading), None)
+    if len(leading) != 1 or not isinstance(rows, int):
         found = ", ".join(f"{name} {info}" for name, info in inputs.items())
         raise ShapeError(
             f"batching a stream needs inputs with one fixed leading (batch) dim, found {found}; "
             "load the model with batch=1"
         )
-    return next(iter(leading))
+    return rows
 
 
 def _stack(batch: list[Request], size: int) -> Mapping[str, Any]:

@@ -140,8 +140,9 @@ class TrioThread:
                 raise self._closed_error()
             # Queued under the lock, so it runs before close()'s cancel (the queue is FIFO):
             # every task accepted here starts, and sees the cancel if the loop closes.
+            assert self._token is not None  # set before __init__ returned
             try:
-                self._token.run_sync_soon(fn, *args)  # type: ignore[union-attr]
+                self._token.run_sync_soon(fn, *args)
             except trio.RunFinishedError:
                 raise self._closed_error() from None
 
@@ -153,8 +154,9 @@ class TrioThread:
         with self._lock:
             self._waiting.add(call.future)
         call.future.add_done_callback(self._forget)
+        assert self._nursery is not None  # set before __init__ returned
         try:
-            self._submit(self._nursery.start_soon, self._serve, call, async_fn, args)  # type: ignore[union-attr]
+            self._submit(self._nursery.start_soon, self._serve, call, async_fn, args)
         except BaseException as e:
             call.future.set_exception(e)
             raise
@@ -204,8 +206,9 @@ class TrioThread:
         """Queue ``fn(*args)`` to run in the loop, also while it closes (calls queued from one
         thread run in that order, before any later ``call_soon`` task starts); nothing once
         the loop has ended. For wake-ups (``trio.Event.set``) and other quick sync work."""
+        assert self._token is not None  # set before __init__ returned
         with contextlib.suppress(trio.RunFinishedError):
-            self._token.run_sync_soon(fn, *args)  # type: ignore[union-attr]
+            self._token.run_sync_soon(fn, *args)
 
     def start_soon(self, async_fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Start ``async_fn(*args)`` as a task of the loop's nursery; returns at once.
@@ -213,7 +216,8 @@ class TrioThread:
         FlowrtError if the loop is closed. A task accepted here always starts, cancelled at
         once if ``close()`` follows, so it can tell its caller (a callback) why it ended.
         """
-        self._submit(self._nursery.start_soon, async_fn, *args)  # type: ignore[union-attr]
+        assert self._nursery is not None  # set before __init__ returned
+        self._submit(self._nursery.start_soon, async_fn, *args)
 
     async def call_in_thread(self, fn: Callable[..., Any], *args: Any) -> None:
         """From a task of the loop: call user code ``fn(*args)`` in a worker thread and wait.
@@ -255,9 +259,10 @@ class TrioThread:
         """
         with self._lock:
             first, self._closing = not self._closing, True
-            token = self._token
+            token, nursery = self._token, self._nursery
         if first and token is not None:
+            assert nursery is not None  # set with the token
             with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(self._nursery.cancel_scope.cancel)  # type: ignore[union-attr]
+                token.run_sync_soon(nursery.cancel_scope.cancel)
         if getattr(_owner, "loop", None) is not self:
             self._thread.join()

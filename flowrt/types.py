@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import enum
-import math
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import attrs
 import numpy as np
 
-from flowrt.errors import DataTypeError
+from flowrt.errors import DataTypeError, ShapeError
 
 
 class DataType(enum.Enum):
@@ -64,10 +65,18 @@ class DataType(enum.Enum):
 Dim = int | str | None
 
 
-def _to_shape(value: object) -> tuple[Dim, ...] | None:
+def static_dims(dims: Sequence[Dim] | None) -> tuple[int, ...]:
+    """``dims`` as a static shape: ShapeError unless the rank and every dim are known ints."""
+    known = tuple(d for d in dims or () if isinstance(d, int))
+    if dims is None or len(known) != len(dims):
+        raise ShapeError(f"expected a static shape, got {None if dims is None else tuple(dims)}")
+    return known
+
+
+def _to_shape(value: Iterable[Any] | None) -> tuple[Dim, ...] | None:
     if value is None:
         return None
-    return tuple(d if d is None or isinstance(d, str) else int(d) for d in value)  # type: ignore[union-attr]
+    return tuple(d if d is None or isinstance(d, str) else int(d) for d in value)
 
 
 @attrs.frozen
@@ -104,16 +113,21 @@ class TensorInfo:
 
     @property
     def num_elements(self) -> int | None:
-        if not self.is_static:
+        if self.shape is None:
             return None
-        return math.prod(self.shape)  # type: ignore[arg-type]  # a Python int: never overflows
+        count = 1  # a Python int: never overflows
+        for d in self.shape:
+            if not isinstance(d, int):
+                return None
+            count *= d
+        return count
 
     @property
     def num_bytes(self) -> int | None:
         n = self.num_elements
         return None if n is None else n * self.dtype.itemsize
 
-    def with_shape(self, shape: object) -> TensorInfo:
+    def with_shape(self, shape: Iterable[Any] | None) -> TensorInfo:
         return attrs.evolve(self, shape=shape)
 
     def with_dtype(self, dtype: DataType | np.dtype | type) -> TensorInfo:

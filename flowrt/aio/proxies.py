@@ -59,7 +59,7 @@ class AioLoadedNetwork(LoadedNetwork):
         run = functools.partial(self._target.run, feeds, priority=priority, outputs=outputs, profile=profile)
         return await self._bridge.call(run)
 
-    def stream(self, **options: Any) -> AioStream:  # type: ignore[override]
+    def stream(self, **options: Any) -> AioStream:  # type: ignore[override]  # the asyncio face of a Stream
         """``LoadedNetwork.stream(**options)``, used from asyncio (see ``AioStream``)."""
         return AioStream(self._target.stream(**options), self._bridge)
 

@@ -39,7 +39,7 @@ def command(args: argparse.Namespace) -> int:
     opt = open_model(args.model, args.backends, default=DEFAULT_BACKENDS)
     layers = opt.backend_counts().get("GpuAcc", 0)
     if not layers:
-        reasons = {a.declined.get("GpuAcc") for a in opt.decisions.values()} - {None}
+        reasons = {a.declined["GpuAcc"] for a in opt.decisions.values() if "GpuAcc" in a.declined}
         why = f" (GpuAcc: {sorted(reasons)[0]})" if reasons else ""
         if "GpuAcc" not in opt.backends:
             why = f" (it runs on {','.join(opt.backends)})"

@@ -19,7 +19,7 @@ def override_free_dims(network: Network | Graph, overrides: Mapping[str, int]) -
     if not overrides:
         return network
     graph = (network.graph if isinstance(network, Network) else network).copy()
-    used = set()
+    used: set[str] = set()
     for layer in graph.input_layers:
         info = layer.descriptor.info
         if info.shape is None:

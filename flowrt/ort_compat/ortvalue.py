@@ -123,4 +123,4 @@ def array_at(buffer_ptr: int, element_type: Any, shape: Sequence[int], where: st
         raise argument_error("shape", "a sequence of ints >= 0", shape, where)
     size = math.prod(shape) * dtype.itemsize
     raw = (ctypes.c_char * size).from_address(buffer_ptr)
-    return np.frombuffer(raw, dtype).reshape(tuple(shape))
+    return np.frombuffer(memoryview(raw), dtype).reshape(tuple(shape))

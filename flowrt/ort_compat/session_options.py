@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import os
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -16,6 +16,7 @@ from flowrt.errors import ArgumentError
 from flowrt.validate import check_bool, check_instance, check_int
 
 _WHERE = "SessionOptions"
+E = TypeVar("E", bound=enum.IntEnum)
 
 
 class GraphOptimizationLevel(enum.IntEnum):
@@ -43,19 +44,29 @@ class ExecutionOrder(enum.IntEnum):
     MEMORY_EFFICIENT = 2
 
 
-def _enum(kind: type[enum.IntEnum]):
-    def convert(value: Any) -> enum.IntEnum:
-        if isinstance(value, kind):
-            return value
-        if isinstance(value, int) and not isinstance(value, bool):
-            try:
-                return kind(value)
-            except ValueError:
-                pass
-        members = ", ".join(f"{kind.__name__}.{m}" for m in kind.__members__)
-        raise ArgumentError(f"{_WHERE}: expected one of {members}, got {value!r}")
+def _enum(kind: type[E], value: Any) -> E:
+    if isinstance(value, kind):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    members = ", ".join(f"{kind.__name__}.{m}" for m in kind.__members__)
+    raise ArgumentError(f"{_WHERE}: expected one of {members}, got {value!r}")
 
-    return convert
+
+# One named converter per field: attrs' mypy plugin reads only named functions as converters.
+def _execution_mode(value: Any) -> ExecutionMode:
+    return _enum(ExecutionMode, value)
+
+
+def _execution_order(value: Any) -> ExecutionOrder:
+    return _enum(ExecutionOrder, value)
+
+
+def _optimization_level(value: Any) -> GraphOptimizationLevel:
+    return _enum(GraphOptimizationLevel, value)
 
 
 def _int(minimum: int, maximum: int | None = None):
@@ -94,13 +105,11 @@ class SessionOptions:
     intra_op_num_threads: int = attrs.field(default=0, validator=_int(0))
     inter_op_num_threads: int = attrs.field(default=0, validator=_int(0))
     execution_mode: ExecutionMode = attrs.field(
-        default=ExecutionMode.ORT_SEQUENTIAL, converter=_enum(ExecutionMode)
+        default=ExecutionMode.ORT_SEQUENTIAL, converter=_execution_mode
     )
-    execution_order: ExecutionOrder = attrs.field(
-        default=ExecutionOrder.DEFAULT, converter=_enum(ExecutionOrder)
-    )
+    execution_order: ExecutionOrder = attrs.field(default=ExecutionOrder.DEFAULT, converter=_execution_order)
     graph_optimization_level: GraphOptimizationLevel = attrs.field(
-        default=GraphOptimizationLevel.ORT_ENABLE_ALL, converter=_enum(GraphOptimizationLevel)
+        default=GraphOptimizationLevel.ORT_ENABLE_ALL, converter=_optimization_level
     )
     enable_profiling: bool = attrs.field(default=False, validator=_bool)
     profile_file_prefix: str = attrs.field(default="flowrt_profile_", converter=_path, validator=_str)

@@ -119,7 +119,8 @@ class PriorityLender(Generic[T]):
             elif not waiter.used:  # handed an item just as we were cancelled: pass it on
                 self.give_back(waiter.item)
             raise
-        return waiter.item  # type: ignore[return-value]
+        assert waiter.item is not None  # give_back sets it before the event
+        return waiter.item
 
     def give_back(self, item: T) -> None:
         """Return a borrowed item (or add a new one): to the first waiter in priority order,

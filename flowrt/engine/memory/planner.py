@@ -66,15 +66,16 @@ def _concat_parts(
         if node.kind != "Concat" or len(node.writes) != 1 or len(node.reads) < 2:
             continue
         whole = infos.get(node.writes[0])
-        shapes = [infos[t].shape if t in infos else None for t in node.reads]
+        shapes = [s for t in node.reads if t in infos and (s := infos[t].shape) is not None]
         if (
             whole is None
+            or whole.shape is None
             or whole.num_bytes is None
             or node.writes[0] not in owner
-            or any(s is None for s in shapes)
+            or len(shapes) < len(node.reads)  # a read's shape is unknown
         ):
             continue
-        axes = {a for s in shapes for a, (d, w) in enumerate(zip(s, whole.shape)) if d != w}  # type: ignore[arg-type]
+        axes = {a for s in shapes for a, (d, w) in enumerate(zip(s, whole.shape)) if d != w}
         if len(axes) != 1 or any(d != 1 for d in whole.shape[: min(axes)]):
             continue
         backend = owner[node.writes[0]]
@@ -148,5 +149,7 @@ def _place_parts(
         if not placed:
             return  # wholes of another backend's plan
         for tid, (whole, at) in placed.items():
-            plan.placements[tid] = Placement(plan.placements[whole].offset + at, infos[tid].num_bytes)  # type: ignore[arg-type]
+            nbytes = infos[tid].num_bytes
+            assert nbytes is not None  # only tensors of known size become parts
+            plan.placements[tid] = Placement(plan.placements[whole].offset + at, nbytes)
             del pending[tid]

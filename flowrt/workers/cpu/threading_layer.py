@@ -102,14 +102,14 @@ def _select() -> str:
         logger.info("numba's %r threading layer was started before CpuAcc's first use: it stays", started)
         return started
     if os.environ.get("NUMBA_THREADING_LAYER"):
-        return str(numba.config.THREADING_LAYER)
+        return str(numba.config.THREADING_LAYER)  # type: ignore[attr-defined]  # numba.config sets its options at import
     if path is None:
         logger.info(
             "TBB is not installed: CpuAcc runs on numba's default threading layer, which "
             "slows down more when other processes share the cores (pip install tbb)"
         )
-        return str(numba.config.THREADING_LAYER)
-    numba.config.THREADING_LAYER = "tbb"
+        return str(numba.config.THREADING_LAYER)  # type: ignore[attr-defined]  # numba.config sets its options at import
+    numba.config.THREADING_LAYER = "tbb"  # type: ignore[attr-defined]  # numba.config sets its options at import
     logger.debug("CpuAcc's parallel regions run on TBB (%s)", path)
     return "tbb"
 

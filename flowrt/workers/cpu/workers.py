@@ -272,7 +272,7 @@ class CpuWorkerPool:
         import numba
 
         # A job's parallel regions never use more threads than numba has.
-        self.threads = min(count, numba.config.NUMBA_NUM_THREADS)
+        self.threads = min(count, numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]  # numba.config sets its options at import
         self._workers = [_Worker(f"flowrt-cpu-{i}", self.threads, self) for i in range(count)]
         self._reserve = [_Worker(f"flowrt-cpu-high-{i}", self.threads) for i in range(count)]
         self._idle: PriorityLender[_Worker] = PriorityLender(aging_interval=aging_interval)

@@ -82,7 +82,7 @@ class OpenCLAllocator:
 
     def zero(self, arena: DeviceArena) -> None:
         """Fill the arena with zero bytes; blocks until done (the pool is idle when zeroed)."""
-        cl.enqueue_fill_buffer(self.context.queue, arena.buffer, np.uint8(0), 0, arena.nbytes).wait()
+        cl.enqueue_fill_buffer(self.context.queue, arena.buffer, b"\0", 0, arena.nbytes).wait()
 
 
 def device_memory_manager(context: DeviceContext) -> MemoryManager:

@@ -63,7 +63,8 @@ class EventCompletion:
 
     async def wait(self) -> int:
         await self._done.wait()
-        return self.status  # type: ignore[return-value]
+        assert self.status is not None  # set before the event
+        return self.status
 
 
 class CompletionWaiter:

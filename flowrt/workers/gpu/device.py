@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 try:
     import pyopencl as cl
 except Exception as _e:  # ImportError, or an ICD loader that fails while loading
-    cl: Any = None  # type: ignore[no-redef]
+    cl: Any = None  # type: ignore[no-redef]  # None: pyopencl is unusable
     _IMPORT_ERROR = f"pyopencl failed to import ({type(_e).__name__}: {_e})"
 else:
     _IMPORT_ERROR = ""
@@ -69,7 +69,7 @@ def gpu_device_present() -> bool:
 
 def _devices() -> list[tuple[int, int, Any]]:
     """Every device as (platform index, device index, device)."""
-    found = []
+    found: list[tuple[int, int, Any]] = []
     for p, platform in enumerate(platforms()):
         try:
             devices = platform.get_devices()
@@ -158,7 +158,7 @@ def takes_priority_hints(device: Any, context: Any = None) -> bool:
     """
     context = context or cl.Context([device])
     try:
-        cl.CommandQueue(context, device, properties=priority_properties(CL_QUEUE_PRIORITY_HIGH_KHR))
+        cl.CommandQueue(context, device, properties=priority_properties(CL_QUEUE_PRIORITY_HIGH_KHR))  # type: ignore[arg-type]  # pyopencl's stubs lack property lists
     except (cl.Error, RuntimeError, TypeError):
         return False
     return True
@@ -189,7 +189,7 @@ def describe_devices() -> list[DeviceDescription]:
             index=f"{p}:{d}",
             name=device.name.strip(),
             platform=device.platform.name.strip(),
-            type=cl.device_type.to_string(device.type),
+            type=cl.device_type.to_string(device.type),  # type: ignore[operator]  # pyopencl's stubs: not callable
             driver_version=device.driver_version,
             global_memory_bytes=int(device.global_mem_size),
             priority_hints=takes_priority_hints(device),

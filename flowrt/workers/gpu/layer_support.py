@@ -15,12 +15,12 @@ from flowrt.workers.gpu.kernels import load_all
 def _tensor_problem(info: TensorInfo, what: str) -> str:
     if info.dtype is not DataType.FLOAT32:
         return f"GpuAcc runs float32 only; {what} is {info.dtype.value}"
-    if not info.is_static:
+    if info.shape is None or not info.is_static:
         return f"GpuAcc needs static shapes; {what} has shape {info.shape}"
     if info.num_elements == 0:
         return f"GpuAcc leaves empty tensors to the host; {what} has shape {info.shape}"
-    if len(info.shape) > 6:  # type: ignore[arg-type]
-        return f"GpuAcc runs tensors of rank 6 or less; {what} has rank {len(info.shape)}"  # type: ignore[arg-type]
+    if len(info.shape) > 6:
+        return f"GpuAcc runs tensors of rank 6 or less; {what} has rank {len(info.shape)}"
     return ""
 
 
@@ -50,4 +50,4 @@ class GpuLayerSupport:
             problem = _tensor_problem(info, what)
             if problem:
                 return Support.no(problem)
-        return kernel.supports(WorkloadInfo("", kind, descriptor, tuple(inputs), tuple(outputs)))  # type: ignore[arg-type]
+        return kernel.supports(WorkloadInfo("", kind, descriptor, tuple(inputs), tuple(outputs)))  # type: ignore[arg-type]  # inferred outputs are never None

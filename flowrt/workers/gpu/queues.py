@@ -119,7 +119,11 @@ class QueueActor:
         self.priority = Priority(priority)
         self.priority_hinted = context.priority_hints
         properties = priority_properties(PRIORITY_LEVELS[self.priority]) if self.priority_hinted else 0
-        self.queue = cl.CommandQueue(context.context, context.device, properties=properties)
+        self.queue = cl.CommandQueue(
+            context.context,
+            context.device,
+            properties=properties,  # type: ignore[arg-type]  # pyopencl's stubs lack property lists
+        )
         self.admission = admission or Admission(None)
         self.scratch_sets = context.scratch_sets
         self.waiter = CompletionWaiter(f"flowrt-gpu-{self.priority.name.lower()}-completion")

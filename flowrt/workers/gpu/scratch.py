@@ -77,7 +77,12 @@ class ScratchSet:
         flags = cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR
         buffer = cl.Buffer(self.context, flags, max(nbytes, 1))
         mapped, _ = cl.enqueue_map_buffer(
-            self.map_queue, buffer, cl.map_flags.READ | cl.map_flags.WRITE, 0, (max(nbytes, 1),), np.uint8
+            self.map_queue,
+            buffer,
+            cl.map_flags.READ | cl.map_flags.WRITE,  # type: ignore[arg-type]  # pyopencl's stubs: OR-ed flags are ints
+            0,
+            (max(nbytes, 1),),
+            np.dtype(np.uint8),
         )
         return mapped  # the mapping (and the buffer) live as long as this array
 

@@ -94,10 +94,11 @@ class GpuWorkload:
         with self.kernel.lock:
             self.kernel.enqueue(queue, args, targets)
             if self.activation_kernel is not None:
+                assert self.info.activation is not None  # what the activation kernel was made for
                 # In place: a kernel's outputs never alias its inputs.
                 enqueue_activation(
                     self.kernel, self.activation_kernel, queue, targets[0], targets[0], self.info.activation
-                )  # type: ignore[arg-type]
+                )
         return targets
 
     def execute(self, inputs: Sequence[Any], outputs: Sequence[GpuTensor] | None = None) -> list[GpuTensor]:

@@ -22,8 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from flowrt.errors import ShapeError
 from flowrt.registry import FusedActivation, Support, WorkloadInfo
 from flowrt.registry.kernel_modules import import_kernel_modules
+from flowrt.types import TensorInfo, static_dims
 from flowrt.workers.gpu.tensor import GpuTensor
 from flowrt.workers.gpu.tuner import DEFAULT_LOCAL_SIZE, Tuner
 
@@ -55,8 +57,11 @@ def ints(*values: int) -> list[np.int32]:
     return [np.int32(v) for v in values]
 
 
-def static_shape(info: Any) -> tuple[int, ...]:
-    return tuple(int(d) for d in info.shape)
+def static_shape(info: TensorInfo | None) -> tuple[int, ...]:
+    """The shape of ``info``, static in a layer GpuAcc takes (its layer support checks)."""
+    if info is None:
+        raise ShapeError("GpuAcc needs static shapes, got a tensor of no info")
+    return static_dims(info.shape)
 
 
 class GpuKernel:

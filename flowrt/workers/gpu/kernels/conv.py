@@ -13,6 +13,7 @@ from typing import Any
 
 from flowrt.engine.graph.layers.conv import window_geometry
 from flowrt.registry import Support, WorkloadInfo
+from flowrt.types import static_dims
 from flowrt.workers.gpu.kernels import GpuKernel, gpu_kernel, ints, static_shape
 from flowrt.workers.gpu.kernels.gemm import Operand, enqueue_gemm
 from flowrt.workers.gpu.tensor import GpuTensor
@@ -34,6 +35,7 @@ class ConvKernel(GpuKernel):
         x_shape, w_shape = static_shape(self.info.inputs[0]), static_shape(self.info.inputs[1])
         self.kernel_hw = w_shape[2:]
         self.geometry = window_geometry(self.info.descriptor, x_shape[2:], self.kernel_hw)
+        self.out_hw = static_dims(self.geometry.out)
         self.gemm = self.context.kernel("gemm", "gemm")
         g = self.geometry
         self.direct = (
@@ -47,17 +49,18 @@ class ConvKernel(GpuKernel):
 
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor | None], outputs: Sequence[GpuTensor]) -> Any:
         x, w, *rest = inputs
+        assert x is not None and w is not None  # required inputs; only the bias is optional
         bias = rest[0] if rest else None
-        n, c, h, wid = x.shape  # type: ignore[union-attr]
-        m, groups = w.shape[0], self.info.descriptor.group  # type: ignore[union-attr]
-        (oh, ow), (kh, kw) = self.geometry.out, self.kernel_hw
+        n, c, h, wid = x.shape
+        m, groups = w.shape[0], self.info.descriptor.group
+        (oh, ow), (kh, kw) = self.out_hw, self.kernel_hw
         cells = (c // groups) * kh * kw
-        pixels = int(oh) * int(ow)  # type: ignore[arg-type]
-        cols = x if self.direct else self._columns(queue, x, n * c * kh * kw * pixels)  # type: ignore[arg-type]
+        pixels = oh * ow
+        cols = x if self.direct else self._columns(queue, x, n * c * kh * kw * pixels)
         y = outputs[0]
         return enqueue_gemm(
             self.gemm, queue, (m // groups, pixels, cells),
-            Operand(w.buffer, cells, 1, (m // groups) * cells),  # type: ignore[union-attr]
+            Operand(w.buffer, cells, 1, (m // groups) * cells),
             Operand(cols.buffer, pixels, 1, cells * pixels),
             y,
             Operand(bias.buffer, 1, 0, m // groups) if bias is not None else None,
@@ -70,7 +73,7 @@ class ConvKernel(GpuKernel):
         cols = self.context.scratch((total,))
         self.launch(
             self.im2col, queue, total, x.buffer, cols.buffer,
-            *ints(x.shape[1], *x.shape[2:], *self.kernel_hw, *g.out, *g.strides, *g.pads_begin,  # type: ignore[misc]
+            *ints(x.shape[1], *x.shape[2:], *self.kernel_hw, *self.out_hw, *g.strides, *g.pads_begin,
                   *g.dilations, total),
         )  # fmt: skip
         return cols

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from flowrt.engine.graph.layers.elementwise import legacy_b_shape
+from flowrt.types import static_dims
 from flowrt.workers.gpu.device import cl
 from flowrt.workers.gpu.kernels import (
     RANK,
@@ -51,7 +52,7 @@ class BinaryKernel(GpuKernel):
         self.kernel = self.context.kernel("elementwise", "binary")
         shapes = [static_shape(i) for i in self.info.inputs]
         if getattr(self.info.descriptor, "legacy", False):
-            shapes[1] = tuple(legacy_b_shape(shapes[0], shapes[1], self.info.descriptor))
+            shapes[1] = static_dims(legacy_b_shape(shapes[0], shapes[1], self.info.descriptor))
         self.op = np.int32(OPS[self.info.kind])
         # One stride table per step of the fold: the running result has the broadcast shape so far.
         self.steps = []

@@ -84,13 +84,14 @@ class GemmKernel(_MatrixProduct):
 
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor | None], outputs: Sequence[GpuTensor]) -> Any:
         a, b, *rest = inputs
+        assert a is not None and b is not None  # required inputs; only C is optional
         desc = self.info.descriptor
         (m, n) = self.output_shapes[0]
-        k = a.shape[0] if desc.transA else a.shape[1]  # type: ignore[union-attr]
+        k = a.shape[0] if desc.transA else a.shape[1]
         y = outputs[0]
         c = rest[0] if rest and desc.beta != 0 else None
         bias = bias_operand(c) if c is not None else None
         return enqueue_gemm(
-            self.kernel, queue, (m, n, k), matrix(a, desc.transA), matrix(b, desc.transB), y, bias,  # type: ignore[arg-type]
+            self.kernel, queue, (m, n, k), matrix(a, desc.transA), matrix(b, desc.transB), y, bias,
             alpha=desc.alpha, beta=desc.beta, activation=self.info.activation,
         )  # fmt: skip

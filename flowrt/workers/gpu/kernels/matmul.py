@@ -53,11 +53,13 @@ class MatMulKernel(GpuKernel):
     def prepare(self) -> None:
         self.kernel = self.context.kernel("gemm", "gemm")
         a, b = (static_shape(x) for x in self.info.inputs[:2])
-        self.plan = matmul_plan(a, b)
+        plan = matmul_plan(a, b)
+        assert plan is not None  # supports() declines the shapes with none
+        self.plan = plan
 
     def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
         a, b = inputs[:2]
-        m, n, k, batches, a_batches, _ = self.plan  # type: ignore[misc]
+        m, n, k, batches, a_batches, _ = self.plan
         return enqueue_gemm(
             self.kernel, queue, (m, n, k),
             Operand(a.buffer, k, 1, m * k), Operand(b.buffer, n, 1, k * n), outputs[0],

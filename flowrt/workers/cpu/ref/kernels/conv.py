@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from flowrt.engine.graph.layers.conv import WindowGeometry, conv_transpose_geometry, window_geometry
+from flowrt.types import static_dims
 from flowrt.workers.cpu.ref.kernels import ref_kernel
 
 
@@ -25,9 +26,10 @@ def compute_dtype(dtype: np.dtype) -> np.dtype:
 def window_slices(offset: Sequence[int], geometry: WindowGeometry) -> tuple[slice, ...]:
     """The strided slices (over a padded array's spatial axes) that kernel cell ``offset`` reads,
     one element per output position."""
+    out = static_dims(geometry.out)
     return tuple(
-        slice(k * d, k * d + (int(o) - 1) * s + 1, s)  # type: ignore[arg-type]
-        for k, d, o, s in zip(offset, geometry.dilations, geometry.out, geometry.strides, strict=True)
+        slice(k * d, k * d + (o - 1) * s + 1, s)
+        for k, d, o, s in zip(offset, geometry.dilations, out, geometry.strides, strict=True)
     )
 
 
@@ -42,7 +44,7 @@ def pad_spatial(
     for size, begin, o, s, k, d in zip(
         spatial, geometry.pads_begin, geometry.out, geometry.strides, kernel, geometry.dilations, strict=True
     ):
-        reach = (int(o) - 1) * s + (k - 1) * d + 1  # type: ignore[arg-type]
+        reach = (int(o) - 1) * s + (k - 1) * d + 1
         shape.append(max(reach, begin + size))
         inner.append(slice(begin, begin + size))
     if tuple(shape) == x.shape:
@@ -60,7 +62,7 @@ def im2col(padded: np.ndarray, kernel: Sequence[int], geometry: WindowGeometry) 
         # A 1x1 kernel reads the input itself (strided when the stride is not 1).
         view = padded[lead + window_slices((0,) * len(kernel), geometry)]
         return np.ascontiguousarray(view).reshape(*padded.shape[:2], *kernel, *view.shape[2:])
-    cols = np.empty((*padded.shape[:2], *kernel, *geometry.out), dtype=padded.dtype)  # type: ignore[misc]
+    cols = np.empty((*padded.shape[:2], *kernel, *geometry.out), dtype=padded.dtype)
     for offset in np.ndindex(*kernel):
         cols[lead + offset] = padded[lead + window_slices(offset, geometry)]
     return cols

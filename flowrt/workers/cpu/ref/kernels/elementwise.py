@@ -74,7 +74,7 @@ def same_dtype(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
     return kernel
 
 
-_UNARY = {
+_UNARY: dict[str, Callable[..., np.ndarray]] = {
     "Exp": np.exp, "Log": np.log, "Sqrt": np.sqrt, "Neg": np.negative, "Abs": np.abs,
     "Reciprocal": np.reciprocal, "Floor": np.floor, "Ceil": np.ceil, "Round": np.round, "Sign": np.sign,
     "Erf": erf, "Sin": np.sin, "Cos": np.cos, "Tan": np.tan, "Asin": np.arcsin, "Acos": np.arccos,
@@ -133,7 +133,7 @@ def bit_shift(a: np.ndarray, b: np.ndarray, left: bool) -> np.ndarray:
     return np.where(valid, np.right_shift(a, shift), fill).astype(a.dtype)
 
 
-_BINARY = {
+_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": truncating_divide,
     "Pow": np.power, "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor,
     "Equal": np.equal, "Less": np.less, "Greater": np.greater,

@@ -13,6 +13,7 @@ import numpy as np
 
 from flowrt.engine.graph.layers.conv import WindowGeometry
 from flowrt.engine.graph.layers.pooling import pool_geometry
+from flowrt.types import static_dims
 from flowrt.workers.cpu.ref.kernels import ref_kernel
 from flowrt.workers.cpu.ref.kernels.conv import compute_dtype, pad_spatial, window_slices
 
@@ -84,11 +85,11 @@ def _window_sums(x: np.ndarray, desc, geometry: WindowGeometry) -> np.ndarray:
 def _window_counts(desc, spatial: Sequence[int], geometry: WindowGeometry) -> np.ndarray:
     """How many cells of each window AveragePool divides by: the input cells, plus the pad cells
     with ``count_include_pad`` (never the cells ceil mode reaches past the trailing pads)."""
-    counts = np.ones((1, 1), dtype=np.int64)
+    counts, out = np.ones((1, 1), dtype=np.int64), static_dims(geometry.out)
     for axis, size in enumerate(spatial):
         begin, end = geometry.pads_begin[axis], geometry.pads_end[axis]
         low, high = (0, begin + size + end) if desc.count_include_pad else (begin, begin + size)
-        starts = np.arange(geometry.out[axis]) * geometry.strides[axis]  # type: ignore[arg-type]
+        starts = np.arange(out[axis]) * geometry.strides[axis]
         cells = starts[:, None] + np.arange(desc.kernel_shape[axis]) * geometry.dilations[axis]
         per_axis = ((cells >= low) & (cells < high)).sum(axis=1)
         counts = np.multiply.outer(counts, per_axis)

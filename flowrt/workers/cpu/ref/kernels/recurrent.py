@@ -15,6 +15,8 @@ import numpy as np
 
 from flowrt.engine.graph.layers.recurrent import (
     CellActivation,
+    GRUDescriptor,
+    LSTMDescriptor,
     RecurrentDescriptor,
     cell_activations,
     sequence_lengths,
@@ -70,7 +72,8 @@ def _gru_step(cell: _Cell, x, h, c):
     rbz, rbr, rbh = np.split(cell.rb, 3)
     z = cell.act(0, x @ wz.T + h @ rz.T + wbz + rbz)
     reset = cell.act(0, x @ wr.T + h @ rr.T + wbr + rbr)
-    if cell.desc.linear_before_reset:  # type: ignore[attr-defined]
+    assert isinstance(cell.desc, GRUDescriptor)  # the GRU layer kind's descriptor
+    if cell.desc.linear_before_reset:
         candidate = cell.act(1, x @ wh.T + reset * (h @ rh.T + rbh) + wbh)
     else:
         candidate = cell.act(1, x @ wh.T + (reset * h) @ rh.T + rbh + wbh)
@@ -82,7 +85,8 @@ def _lstm_step(cell: _Cell, x, h, c):
     i, o, f, g = np.split(gates, 4, axis=-1)
     pi, po, pf = np.split(cell.p, 3)
     i = cell.act(0, i + pi * c)
-    f = 1 - i if cell.desc.input_forget else cell.act(0, f + pf * c)  # type: ignore[attr-defined]
+    assert isinstance(cell.desc, LSTMDescriptor)  # the LSTM layer kind's descriptor
+    f = 1 - i if cell.desc.input_forget else cell.act(0, f + pf * c)
     c_new = f * c + i * cell.act(1, g)
     o = cell.act(0, o + po * c_new)
     return o * cell.act(2, c_new, clip=False), c_new

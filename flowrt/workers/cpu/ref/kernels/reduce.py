@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 
@@ -25,7 +26,9 @@ def reduce_over_axes(desc, data: np.ndarray, axes: np.ndarray | None, reduction:
     work = data.astype(np.float32) if data.dtype == np.float16 else data
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         out = np.asarray(reduction(work, chosen))
-    return out.reshape(reduced_shape(data.shape, chosen, bool(desc.keepdims))).astype(data.dtype, copy=False)
+    # data's dims are ints, so are the reduced ones (reduced_shape is typed for symbolic dims too)
+    shape = cast(tuple[int, ...], reduced_shape(data.shape, chosen, bool(desc.keepdims)))
+    return out.reshape(shape).astype(data.dtype, copy=False)
 
 
 def _lowest(dtype: np.dtype) -> object:
