@@ -37,28 +37,18 @@ def registry() -> BackendRegistry:
 
 def check_gpu(backends: list[str], origin: str) -> None:
     """BackendError when ``backends`` has GpuAcc and it cannot run here, or would run on a CPU
-    OpenCL device nobody named. ``origin`` says where the list came from ("--backends names")."""
+    OpenCL device nobody named. ``origin`` says where the list came from ("--backends names");
+    the rest is the message every entry point gives (``device.gpu_needed_message``)."""
     if GPU not in backends:
         return
     from flowrt.workers.gpu import device
 
-    reason = device.unavailable_reason()
-    if reason:
-        raise BackendError(
-            f"{origin} GpuAcc, which cannot run here: {reason}; leave GpuAcc out (CpuAcc,CpuRef "
-            "are the default) or install an OpenCL driver"
-        )
     spec = os.environ.get(device.DEVICE_ENV)
-    if spec:
+    if spec and not device.unavailable_reason():
         device.choose_device(spec)  # BackendError listing the devices when it names none
         return
-    if not defaults.gpu_device_present():
-        found = ", ".join(f"{d.index} {d.name!r}" for d in device.describe_devices())
-        raise BackendError(
-            f"{origin} GpuAcc, but OpenCL shows no GPU, only CPU devices ({found}), which run "
-            f"models slower than CpuAcc; to use one anyway, name it: {device.DEVICE_ENV}=<platform:device "
-            "or name> (flowrt backends lists them), or leave GpuAcc out"
-        )
+    if device.unavailable_reason() or not defaults.gpu_device_present():
+        raise BackendError(f"{origin} GpuAcc: {device.gpu_needed_message('GpuAcc', option=None)}")
 
 
 def parse_backends(text: str, known: BackendRegistry) -> list[str]:

@@ -88,11 +88,11 @@ def unavailable_reason() -> str:
     return ""
 
 
-def gpu_needed_message(asked: str, option: str = "Runtime(opencl_device='{device}')") -> str:
+def gpu_needed_message(asked: str, option: str | None = "Runtime(opencl_device='{device}')") -> str:
     """The error for ``asked`` ("GpuAcc", "OpenCLExecutionProvider"), wanted with no device
     named where OpenCL shows no GPU: what the machine has instead and what to do. ``option`` is
-    how the caller names a device, with ``{device}`` for the first one's index; the message
-    offers it after FLOWRT_OPENCL_DEVICE. One builder, so every entry point says the same."""
+    how the caller names a device besides FLOWRT_OPENCL_DEVICE, with ``{device}`` for the first
+    one's index (None: the variable alone). One builder, so every entry point says the same."""
     reason = unavailable_reason()
     if reason:
         return (
@@ -100,21 +100,19 @@ def gpu_needed_message(asked: str, option: str = "Runtime(opencl_device='{device
             "install an OpenCL driver (docs/gpu-setup.md), or leave GpuAcc out: the default "
             "backends, CpuAcc and CpuRef, need none"
         )
-    devices = _devices()
-    kind = "CPU" if all(device.type & cl.device_type.CPU for _, _, device in devices) else "non-GPU"
-    found = ", ".join(
-        f"{p}:{d} {device.name.strip()!r} ({device.platform.name.strip()})" for p, d, device in devices
-    )
-    first = f"{devices[0][0]}:{devices[0][1]}"
+    devices = _descriptions(None)
+    kind = "CPU" if all("CPU" in d.type for d in devices) else "non-GPU"
+    found = ", ".join(f"{d.index} {d.name!r} ({d.platform})" for d in devices)
+    first = devices[0].index
     some, runs, it = (
         (f"a {kind} OpenCL device", "runs", "it")
         if len(devices) == 1
         else (f"{kind} OpenCL devices", "run", "one")
     )
+    also = "" if option is None else f" or {option.replace('{device}', first)}"
     return (
         f"{asked} needs an OpenCL GPU device, and this machine has only {some}: {found}, which "
-        f"{runs} most models slower than CpuAcc; to use {it} anyway, name it: {DEVICE_ENV}={first} "
-        f"or {option.replace('{device}', first)}"
+        f"{runs} most models slower than CpuAcc; to use {it} anyway, name it: {DEVICE_ENV}={first}{also}"
     )
 
 
@@ -184,6 +182,11 @@ def describe_devices() -> list[DeviceDescription]:
         chosen = choose_device().int_ptr
     except BackendError:  # none, or FLOWRT_OPENCL_DEVICE names none
         chosen = None
+    return _descriptions(chosen)
+
+
+def _descriptions(chosen: int | None) -> list[DeviceDescription]:
+    """Every device's description; ``chosen``: the pointer of the one GpuAcc takes."""
     return [
         DeviceDescription(
             index=f"{p}:{d}",
