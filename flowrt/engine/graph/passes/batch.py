@@ -14,7 +14,7 @@ given (at batch 1) on sample ``i`` of each input; outputs carry the batch on axi
 from __future__ import annotations
 
 import copy
-from typing import TypeVar
+from typing import overload
 
 import attrs
 
@@ -22,15 +22,13 @@ from flowrt.engine.graph.graph import Graph, OutputSlot
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.optimizer import OptimizedNetwork
 from flowrt.engine.graph.passes import (  # noqa: F401 (register their rules)
-    batch_rules_gather_nd,
+    batch_rules_gather,
     batch_rules_more,
     batch_rules_reshape,
 )
 from flowrt.engine.graph.passes.batch_rules import RULES, Axis, Refused, Rewrite, check_output
 from flowrt.errors import ShapeError, UnsupportedLayerError
 from flowrt.registry import BackendRegistry, backend_registry
-
-Batchable = TypeVar("Batchable", Network, OptimizedNetwork)
 
 
 def prove_batch_axes(graph: Graph) -> tuple[dict[OutputSlot, Axis], list[Rewrite]]:
@@ -119,7 +117,15 @@ def _check_backends(optimized: OptimizedNetwork, registry: BackendRegistry, batc
             )
 
 
-def set_batch(model: Batchable, batch: int, registry: BackendRegistry | None = None) -> Batchable:
+@overload
+def set_batch(model: Network, batch: int, registry: BackendRegistry | None = None) -> Network: ...
+@overload
+def set_batch(
+    model: OptimizedNetwork, batch: int, registry: BackendRegistry | None = None
+) -> OptimizedNetwork: ...
+def set_batch(
+    model: Network | OptimizedNetwork, batch: int, registry: BackendRegistry | None = None
+) -> Network | OptimizedNetwork:
     """A copy of ``model`` (a Network or an OptimizedNetwork) that runs ``batch`` samples per run.
 
     Constants are shared with ``model``, which is left unchanged. Layers of an optimized network

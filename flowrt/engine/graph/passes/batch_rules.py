@@ -139,7 +139,7 @@ def broadcasting(layer: Layer, axes: list[Axis]) -> Axis:
     present = [i for i, slot in enumerate(layer.inputs) if slot.source is not None]
     shapes = {i: input_shape(layer, i) for i in present}
     rank = max(len(s) for s in shapes.values())
-    aligned = {axes[i] + rank - len(shapes[i]) for i in present if axes[i] is not None}
+    aligned = {given + rank - len(shapes[i]) for i in present if (given := axes[i]) is not None}
     if len(aligned) != 1:
         raise Refused(f"its inputs carry the batch on different axes ({sorted(aligned)}, right-aligned)")
     axis = aligned.pop()
@@ -171,9 +171,10 @@ def along_axis(layer: Layer, axes: list[Axis]) -> Axis:
     if layer.kind == "LpNormalization":
         along = layer.descriptor.axis
     else:
-        along = (const_ints(constant_value(layer.inputs[1].source)) or [None])[0]
-        if along is None:
+        values = const_ints(constant_value(layer.inputs[1].source))
+        if not values:
             raise Refused("its axis is computed at run time")
+        along = values[0]
     not_along(batch, normalize_axis(along, len(input_shape(layer, 0)), layer.kind), "along")
     return batch
 
@@ -255,17 +256,6 @@ def matmul(layer: Layer, axes: list[Axis]) -> Axis:
                 f"input {i} has {shape[at]} on the batch axis {axis}; 1 is expected, so that it broadcasts"
             )
     return axis
-
-
-@batch_rule("Gather")
-def gather(layer: Layer, axes: list[Axis]) -> Axis:
-    data, indices = input_shape(layer, 0), input_shape(layer, 1)
-    along = normalize_axis(layer.descriptor.axis, len(data))
-    if axes[0] is None:  # a lookup into a table by batched indices
-        return along + axes[1]  # type: ignore[operator]
-    batch = batched_first(axes)
-    not_along(batch, along, "along")
-    return batch if batch < along else batch + len(indices) - 1
 
 
 # -- layout -------------------------------------------------------------------------------

@@ -65,7 +65,9 @@ def repeat_constants(
 
     def apply(graph: Graph, n: int) -> str:
         for index, at in repeats.items():
-            value = np.repeat(constant_value(layer.inputs[index].source), n, axis=at)
+            constant = constant_value(layer.inputs[index].source)
+            assert constant is not None  # repeats names constant inputs only
+            value = np.repeat(constant, n, axis=at)
             replace_constant_input(graph, layer, index, value, f"batch_input{index}")
         shown = ", ".join((names or {}).get(i, f"input {i}") for i in repeats)
         return f"re-batched {layer.kind} {layer.name!r}: {shown} repeated for each of {n} samples"

@@ -28,6 +28,7 @@ from flowrt.engine.graph.passes.batch_rules import (
     input_shape,
     replace_constant_input,
 )
+from flowrt.types import static_dims
 
 
 def _target(layer: Layer) -> tuple[list[int], bool]:
@@ -64,10 +65,14 @@ def reshape(layer: Layer, axes: list[Axis]) -> Axis | Rewrite:
     that, unless it is -1 (inferred) or 0 copying the input's batch axis of the same size."""
     batch = batched_first(axes)
     target, from_input = _target(layer)
-    source, out = input_shape(layer, 0), tuple(layer.outputs[0].info.shape)
-    if not all(isinstance(d, int) and d > 0 for d in (*source, *out)):
-        raise Refused(f"its shapes {source} -> {out} are not all known and non-empty")
-    at = _output_axis(source, batch, out)  # type: ignore[arg-type]
+    info = layer.outputs[0].info
+    if info is None or info.shape is None:
+        raise Refused("its output shape is not known")
+    given, produced = input_shape(layer, 0), tuple(info.shape)
+    if not all(isinstance(d, int) and d > 0 for d in (*given, *produced)):
+        raise Refused(f"its shapes {given} -> {produced} are not all known and non-empty")
+    source, out = static_dims(given), static_dims(produced)
+    at = _output_axis(source, batch, out)
     if at is None or len(target) != len(out):
         raise Refused(
             f"its target {list(target)} regroups the dims before the batch axis {batch}: {source} becomes {out}"

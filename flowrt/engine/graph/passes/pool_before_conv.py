@@ -21,6 +21,7 @@ import math
 import attrs
 
 from flowrt.engine.graph.graph import Graph, Layer
+from flowrt.types import TensorInfo, static_dims
 
 
 def _pointwise(conv: Layer) -> bool:
@@ -48,13 +49,20 @@ def _plain_average(pool: Layer) -> bool:
     )
 
 
+def _static_shape(info: TensorInfo | None) -> tuple[int, ...] | None:
+    """``info``'s shape where every dim is known and there are spatial dims (N, C, ...)."""
+    if info is None or not info.is_static or (info.rank or 0) < 3:
+        return None
+    return static_dims(info.shape)
+
+
 def _saves(conv: Layer, pool: Layer) -> bool:
     """Whether the conv's multiplies saved outweigh the pool's added reads (known shapes only)."""
-    x, y, pooled = conv.input_infos[0], conv.output_infos[0], pool.output_infos[0]
-    if not all(i is not None and i.is_static and i.rank and i.rank >= 3 for i in (x, y, pooled)):
+    x, y, pooled = map(_static_shape, (conv.input_infos[0], conv.output_infos[0], pool.output_infos[0]))
+    if x is None or y is None or pooled is None:
         return False
-    channels_in, channels_out = x.shape[1], y.shape[1]  # type: ignore[union-attr]
-    pixels_in, pixels_out = math.prod(y.shape[2:]), math.prod(pooled.shape[2:])  # type: ignore[union-attr,arg-type]
+    channels_in, channels_out = x[1], y[1]
+    pixels_in, pixels_out = math.prod(y[2:]), math.prod(pooled[2:])
     window = math.prod(pool.descriptor.kernel_shape)
     saved = channels_in * channels_out // conv.descriptor.group * (pixels_in - pixels_out)
     added = (channels_in - channels_out) * pixels_out * window
@@ -74,14 +82,15 @@ def pool_before_conv(graph: Graph) -> list[str]:
         if x is None or not _pointwise(conv) or not _plain_average(pool) or not _saves(conv, pool):
             continue
         x_info, pooled = conv.input_infos[0], pool.output_infos[0]
+        assert x_info is not None and pooled is not None  # _saves found both shapes static
         # x -> pool -> conv -> the pool's readers
         x.disconnect(conv.inputs[0])
         conv.outputs[0].disconnect(pool.inputs[0])
         graph.reroute(pool.outputs[0], conv.outputs[0])
         x.connect(pool.inputs[0])
         pool.outputs[0].connect(conv.inputs[0])
-        channels = x_info.shape[1]  # type: ignore[union-attr]
-        pool.outputs[0].info = attrs.evolve(pooled, shape=(pooled.shape[0], channels, *pooled.shape[2:]))  # type: ignore[union-attr,misc]
+        channels, pooled_shape = static_dims(x_info.shape)[1], static_dims(pooled.shape)
+        pool.outputs[0].info = attrs.evolve(pooled, shape=(pooled_shape[0], channels, *pooled_shape[2:]))
         conv.outputs[0].info = pooled  # what the pool gave before, the conv gives now
         changes.append(
             f"moved AveragePool {pool.name!r} before Conv {conv.name!r}: a 1x1 conv commutes with an "

@@ -1,6 +1,8 @@
-"""Re-batching GatherND with constant indices: a mask lookup made for batch 1 (as exported
-bert, distilbert and llama read their attention mask) gives each of N samples its own rows;
-where a sample could read another's, the layer is refused with the reason."""
+"""Re-batching Gather and GatherND with constant indices: a mask lookup made for batch 1 (as
+exported bert, distilbert and llama read their attention mask) and a Gather of positions
+along a flattened tensor (torch's as_strided in convnext and swin) give each of N samples
+its own elements; where a sample could read another's, the layer is refused with the
+reason."""
 
 import numpy as np
 import pytest
@@ -72,7 +74,34 @@ async def test_a_lookup_that_keeps_the_batch_axis_whole_is_left_as_it_is():
     assert await _per_sample(_lookup((1, 5, 3), np.array([[4], [1]], np.int64), perm=(1, 0, 2))) == []
 
 
+def _positions(indices: np.ndarray, computed: bool = False) -> flowrt.Network:
+    """x (1, 6) -> Reshape [-1]: (6,), the sample's 6 values on the batch axis -> Gather
+    ``indices`` along it (Abs of them, computed at run time, with ``computed``) -> y."""
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, 6)))
+    flat = net.add_layer("Reshape", inputs=[x, np.array([-1], np.int64)])
+    index = net.add_layer("Abs", inputs=[indices]) if computed else indices
+    net.add_output("y", net.add_layer("Gather", d.Gather(axis=0), inputs=[flat, index], name="suspect"))
+    return net
+
+
+async def test_positions_gathered_along_a_flattened_sample_are_moved_to_each_samples_values():
+    # as torch's as_strided exports: (1, 6, 1) positions, here reversed and one negative
+    indices = np.array([5, 4, 3, 2, 1, -6], np.int64).reshape(1, 6, 1)
+    assert await _per_sample(_positions(indices)) == [
+        "re-batched Gather 'suspect': indices moved to each of 3 samples' rows"
+    ]
+
+
 REFUSED = {
+    "gather past the sample": (
+        _positions(np.array([[6]], np.int64)),
+        r"\(Gather\): its indices reach past the 6 rows of each sample on the batch axis 0",
+    ),
+    "gather by computed indices": (
+        _positions(np.array([[1]], np.int64), computed=True),
+        r"\(Gather\): it looks up along the batch axis 0 by indices that are not a constant array",
+    ),
     "computed indices": (
         _lookup((1, 6), _mask_indices(6), computed=True),
         "its indices are computed at run time; only constant indices are re-batched",
@@ -90,5 +119,6 @@ REFUSED = {
 
 @pytest.mark.parametrize(("net", "reason"), REFUSED.values(), ids=REFUSED.keys())
 def test_a_lookup_that_could_mix_samples_is_refused_with_the_reason(net, reason):
-    with pytest.raises(ShapeError, match=r"cannot batch layer 'suspect' \(GatherND\): " + reason):
+    reason = reason if reason.startswith(r"\(") else r"\(GatherND\): " + reason
+    with pytest.raises(ShapeError, match=r"cannot batch layer 'suspect' " + reason):
         set_batch(net, 2)

@@ -1,10 +1,11 @@
-"""The batching rule of GatherND: constant indices into batched data.
+"""The batching rules of Gather and GatherND: lookups into batched data.
 
 Exporters write a mask lookup as GatherND (bert's, distilbert's and gpt2's attention mask:
-``mask[0, j]`` for every position ``j``, i.e. the mask broadcast to the attention's shape). At
-batch 1 the indices address sample 0; for N samples each sample must read its own row, so the
-indices are repeated for each sample with the sample's index in place of 0. Registered beside
-``batch_rules`` (same contract).
+``mask[0, j]`` for every position ``j``, i.e. the mask broadcast to the attention's shape),
+and torch's ``as_strided`` as a Gather of constant positions along a flattened tensor
+(convnext's and swin's layer norms). At batch 1 the indices address sample 0's elements; for
+N samples each sample must read its own, so the indices are repeated for each sample, moved
+to that sample's elements. Registered beside ``batch_rules`` (same contract).
 """
 
 from __future__ import annotations
@@ -17,9 +18,40 @@ from flowrt.engine.graph.passes.batch_rules import (
     Refused,
     Rewrite,
     batch_rule,
+    batched_first,
     input_shape,
     replace_constant_input,
 )
+from flowrt.engine.graph.shapes import normalize_axis
+
+
+@batch_rule("Gather")
+def gather(layer: Layer, axes: list[Axis]) -> Axis | Rewrite:
+    """A lookup into a constant table by batched indices keeps the indices' batch; batched data
+    looked up along another axis keeps its batch axis. Along the batch's own axis (k rows of
+    each sample at batch 1, ``batch_rules_reshape``), constant indices into those k rows are
+    repeated for each sample, moved to its rows: the output holds the batch on that axis."""
+    data, indices = input_shape(layer, 0), input_shape(layer, 1)
+    along = normalize_axis(layer.descriptor.axis, len(data))
+    if axes[0] is None:  # a lookup into a table by batched indices
+        return along + axes[1]  # type: ignore[operator]
+    batch = batched_first(axes)
+    if batch != along:
+        return batch if batch < along else batch + len(indices) - 1
+    positions = constant_value(layer.inputs[1].source)
+    if positions is None or positions.ndim == 0:
+        raise Refused(f"it looks up along the batch axis {batch} by indices that are not a constant array")
+    rows = data[batch]
+    if not isinstance(rows, int) or np.any(positions < -rows) or np.any(positions >= rows):
+        raise Refused(f"its indices reach past the {rows} rows of each sample on the batch axis {batch}")
+    own = positions % rows
+
+    def apply(graph: Graph, n: int) -> str:
+        moved = np.concatenate([own + i * rows for i in range(n)], axis=0)
+        replace_constant_input(graph, layer, 1, moved, "batch_indices")
+        return f"re-batched Gather {layer.name!r}: indices moved to each of {n} samples' rows"
+
+    return Rewrite(batch, apply)
 
 
 def _sample_indices(indices: np.ndarray, n: int, coordinate: bool) -> np.ndarray:
