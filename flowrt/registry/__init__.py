@@ -3,8 +3,6 @@
 from flowrt.registry.backend_registry import BackendId, BackendRegistry, backend_registry
 from flowrt.registry.optimization_views import OptimizationViews, ReplacementLayer, Substitution
 from flowrt.registry.protocols import (
-    ACTIVATION_KINDS,
-    CURVE_ACTIVATION_KINDS,
     Backend,
     FusedActivation,
     LayerSupport,
@@ -22,8 +20,6 @@ __all__ = [
     "Backend",
     "BackendId",
     "BackendRegistry",
-    "ACTIVATION_KINDS",
-    "CURVE_ACTIVATION_KINDS",
     "FusedActivation",
     "LayerSupport",
     "OptimizationViews",

@@ -6,7 +6,7 @@ in Python spelling.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -31,22 +31,35 @@ class Support:
         return cls(False, reason)
 
 
-ACTIVATION_KINDS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh")
-# More curves a backend may offer to fuse through its own optimize_subgraph (CpuAcc does);
-# the engine's capability-driven pass fuses only ACTIVATION_KINDS.
-CURVE_ACTIVATION_KINDS = ("HardSigmoid", "HardSwish", "Swish", "Elu", "Gelu")
+# The kinds a FusedActivation may name. They are facts of the layer kinds (the activation table,
+# ``flowrt.engine.graph.layer_kind``), a room above this one: it hands this over when
+# imported, as a backend registers itself here. ``import flowrt`` imports it.
+_fusable_activation_kinds: Callable[[], Collection[str]] = tuple
+
+
+def set_fusable_activation_kinds(kinds: Callable[[], Collection[str]]) -> None:
+    """Make ``kinds()`` the kinds a :class:`FusedActivation` may name (called once, by the
+    activation table)."""
+    global _fusable_activation_kinds
+    _fusable_activation_kinds = kinds
+
+
+def _fusable_kind(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+    kinds = _fusable_activation_kinds()
+    if value not in kinds:
+        raise ValueError(f"{attribute.name!r} must be in {tuple(kinds)!r} (got {value!r})")
 
 
 @attrs.frozen
 class FusedActivation:
     """An activation a workload applies to its own output before writing it.
 
-    ``kind`` is one of ``ACTIVATION_KINDS`` or ``CURVE_ACTIVATION_KINDS``; ``alpha`` is
-    LeakyRelu's slope, Clip's minimum, HardSigmoid's slope or Swish's and Elu's alpha; ``beta``
-    Clip's maximum or HardSigmoid's offset. Gelu is its exact (erf) form.
+    ``kind`` is an activation kind that may be fused (its ``ActivationFact`` in the activation
+    table says so); ``alpha`` and ``beta`` are what that fact's ``params`` read from the layer
+    (LeakyRelu's slope, Clip's bounds, ...).
     """
 
-    kind: str = attrs.field(validator=attrs.validators.in_(ACTIVATION_KINDS + CURVE_ACTIVATION_KINDS))
+    kind: str = attrs.field(validator=_fusable_kind)
     alpha: float = 0.0
     beta: float = 0.0
 

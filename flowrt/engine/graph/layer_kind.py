@@ -1,19 +1,27 @@
-"""Layer kinds: what each kind of layer is called, its descriptor, and its shape inference.
+"""Layer kinds: what each kind of layer is called, its descriptor, its shape inference and
+the facts the engine and backends ask of it.
 
 A layer kind is registered once, by name (the ONNX op type where the concept is ONNX's),
 in one small module under ``flowrt/engine/graph/layers/``. Backends say per kind whether
 they support it; the front ends and the Python builder create layers by kind name.
+
+An activation declares its :class:`ActivationFact` where its kind is registered
+(``layer_kind(..., activation=ActivationFact(...))``): its code in the backends' ``activate()``
+switches and how its descriptor gives the ``alpha`` and ``beta`` those take. That is the one
+activation table: the fuse passes, ``FusedActivation``'s check, CpuAcc's epilogue and GpuAcc's
+codes all read it (:func:`activation_facts`, :func:`activation_kinds`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
 
 import attrs
 import numpy as np
 
 from flowrt.errors import GraphError
+from flowrt.registry.protocols import set_fusable_activation_kinds
 from flowrt.types import TensorInfo
 
 # infer(descriptor, input infos, constant input values) -> output infos.
@@ -25,6 +33,44 @@ InferFn = Callable[[Any, Sequence["TensorInfo | None"], Sequence["np.ndarray | N
 @attrs.frozen
 class NoDescriptor:
     """Descriptor of a layer kind that has no attributes."""
+
+
+# (descriptor, constant input values) -> (alpha, beta) for activate(); None where this layer
+# cannot be a fused activation (Clip's bounds not constants, Gelu's tanh form).
+ActivationParams = Callable[[Any, Sequence[Any]], tuple[float, float] | None]
+# Who fuses an activation into the layer before it: every backend that fuses activations
+# (capability ``fused_activation``; the engine's pass fuses these), only a backend that offers
+# it through its own ``optimize_subgraph`` (CpuAcc's curves), or none (only the kind's own
+# Activation kernels use its code).
+Fused = Literal["everywhere", "curve", "never"]
+# activate()'s code for no activation; an activation's code is 1 or more.
+NO_ACTIVATION = 0
+
+
+def no_params(descriptor: Any, constants: Sequence[Any]) -> tuple[float, float]:
+    """``(alpha, beta)`` of an activation that takes neither."""
+    return 0.0, 0.0
+
+
+@attrs.frozen
+class ActivationFact:
+    """What an activation kind is to the kernels that apply it as they store a value.
+
+    ``code`` is its case in every backend's ``activate(v, code, alpha, beta)`` switch (CpuAcc's
+    ``kernels/epilogue.py``, GpuAcc's ``kernels/common.cl``). Codes are compiled into cached
+    kernels (numba's cache, OpenCL binaries): a code once given is never changed, and a new
+    activation takes the next free one. ``params`` gives its ``alpha`` and ``beta`` from a
+    layer's descriptor and constant inputs; ``fused`` says who fuses it (see ``Fused``).
+    ``variants`` are codes of forms of the kind that are never fused, by name (Gelu's "tanh"),
+    held here so that no other activation takes them.
+    """
+
+    code: int = attrs.field(validator=attrs.validators.ge(1))
+    params: ActivationParams = no_params
+    fused: Fused = attrs.field(
+        default="everywhere", validator=attrs.validators.in_(("everywhere", "curve", "never"))
+    )
+    variants: Mapping[str, int] = attrs.field(factory=dict, hash=False)
 
 
 @attrs.frozen
@@ -43,10 +89,17 @@ class LayerKind:
     max_inputs: int | None = 1
     num_outputs: int | None = 1
 
+    @property
+    def activation(self) -> ActivationFact | None:
+        """This kind's entry in the activation table; None when it is no activation."""
+        return ACTIVATIONS.get(self.name)
+
 
 # Filled as the modules of ``flowrt.engine.graph.layers`` are imported; complete once
 # ``_register_all`` ran (the look-ups below run it first).
 LAYER_KINDS: dict[str, LayerKind] = {}
+# The activation table, by kind: filled with LAYER_KINDS, and as complete.
+ACTIVATIONS: dict[str, ActivationFact] = {}
 _all_registered = False
 
 
@@ -57,18 +110,55 @@ def layer_kind(
     min_inputs: int = 1,
     max_inputs: int | None = 1,
     num_outputs: int | None = 1,
+    activation: ActivationFact | None = None,
 ) -> Callable[[InferFn], InferFn]:
-    """Register the decorated infer function for one or several layer kind names."""
+    """Register the decorated infer function for one or several layer kind names;
+    ``activation`` (one name only) enters the kind in the activation table."""
     names = [name] if isinstance(name, str) else list(name)
+    if activation is not None and len(names) != 1:
+        raise GraphError(f"an activation fact is one kind's, not {names}'s")
 
     def register(infer: InferFn) -> InferFn:
         for n in names:
             if n in LAYER_KINDS:
                 raise GraphError(f"layer kind {n!r} registered twice")
+            if activation is not None:
+                declare_activation(n, activation)
             LAYER_KINDS[n] = LayerKind(n, descriptor, infer, min_inputs, max_inputs, num_outputs)
         return infer
 
     return register
+
+
+def declare_activation(name: str, fact: ActivationFact) -> None:
+    """Enter kind ``name`` in the activation table; GraphError where the kind is in it already
+    or one of its codes is another activation's. ``layer_kind(..., activation=fact)`` calls
+    this; a module calls it itself only for a kind registered elsewhere."""
+    if name in ACTIVATIONS:
+        raise GraphError(f"activation {name!r} declared twice")
+    owner = {code: kind for kind, f in ACTIVATIONS.items() for code in (f.code, *f.variants.values())}
+    owner[NO_ACTIVATION] = "no activation"
+    codes = [fact.code, *fact.variants.values()]
+    for code in codes:
+        if code in owner or codes.count(code) > 1:
+            raise GraphError(f"activation {name!r} takes code {code}, which is {owner.get(code, name)!r}'s")
+    ACTIVATIONS[name] = fact
+
+
+def activation_facts() -> dict[str, ActivationFact]:
+    """The activation table: every activation kind's fact, in code order."""
+    _register_all()
+    return dict(sorted(ACTIVATIONS.items(), key=lambda item: item[1].code))
+
+
+def activation_kinds(*fused: Fused) -> tuple[str, ...]:
+    """The activation kinds whose ``fused`` is one of ``fused``, in code order:
+    ``activation_kinds("everywhere")`` are those every backend that fuses activations applies."""
+    return tuple(kind for kind, fact in activation_facts().items() if fact.fused in fused)
+
+
+# FusedActivation (in the registry, which may not import this room) names these kinds only.
+set_fusable_activation_kinds(lambda: activation_kinds("everywhere", "curve"))
 
 
 def _register_all() -> None:

@@ -7,6 +7,7 @@ from fakes import PartialBackend
 import flowrt
 from flowrt import serialize
 from flowrt.engine.graph.graph import workload_info
+from flowrt.engine.graph.layer_kind import activation_kinds
 from flowrt.registry import BackendRegistry, FusedActivation
 from flowrt.types import TensorInfo
 
@@ -90,3 +91,23 @@ def test_fused_activation_survives_save_and_load(tmp_path):
     serialize.save(opt, tmp_path / "m.flowrt")
     loaded = serialize.load(tmp_path / "m.flowrt", registry=registry)
     assert _layers(loaded)["add"].activation == FusedActivation("LeakyRelu", 0.5)
+
+
+@pytest.mark.parametrize("activation", ["Sigmoid", "HardSigmoid", "Softplus"])
+def test_engine_pass_fuses_only_the_activations_every_fusing_backend_applies(activation):
+    registry = BackendRegistry()
+    registry.register("Fuser", lambda: FusingBackend("Fuser", {"Add", activation}))
+    opt = flowrt.optimize(_network(activation), backends=["Fuser"], registry=registry)
+    fused = activation in activation_kinds("everywhere")
+    assert ("act" not in _layers(opt)) is fused
+    assert _layers(opt)["add"].activation == (FusedActivation(activation) if fused else None)
+
+
+def test_matmul_with_symbolic_rows_and_a_bias_optimizes_on_cpuacc_unfused():
+    # the bias's broadcast to (N, 8) cannot be checked: MatMul and Add stay two layers
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo(("N", 4)))
+    product = net.add_layer("MatMul", inputs=[x, np.ones((4, 8), np.float32)], name="mm")
+    net.add_output("y", net.add_layer("Add", inputs=[product, np.ones(8, np.float32)], name="add"))
+    opt = flowrt.optimize(net, backends=["CpuAcc", "CpuRef"])
+    assert opt.assignments() == {"mm": "CpuAcc", "add": "CpuAcc"}

@@ -2,6 +2,11 @@
 
 Each keeps its input's shape and dtype. Attribute defaults are ONNX's; Selu's changed at
 opset 6 and Clip's bounds moved from attributes to optional inputs at opset 11.
+
+The activations that kernels apply by code declare their :class:`ActivationFact` here, with
+their kind: its code in the backends' ``activate()`` switches, who fuses it (those fused
+"everywhere" are in GpuAcc's ``common.cl`` too; the curves in CpuAcc's epilogue only), and how
+the descriptor gives ``alpha`` and ``beta``. A new activation takes the next free code.
 """
 
 from __future__ import annotations
@@ -10,8 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
+import numpy as np
 
-from flowrt.engine.graph.layer_kind import as_tuple, layer_kind
+from flowrt.engine.graph.layer_kind import ActivationFact, as_tuple, declare_activation, layer_kind
 from flowrt.engine.graph.layers.elementwise import (
     FLOAT_TYPES,
     NUMERIC_TYPES,
@@ -35,9 +41,32 @@ def _nonzero(instance: object, attribute: attrs.Attribute, value: float) -> None
         raise ValueError(f"{attribute.name!r} expects a nonzero value, got {value!r}")
 
 
-layer_kind("Relu", LegacyUnaryDescriptor)(same_info_infer(FLOAT_TYPES | SIGNED_TYPES))
-layer_kind(["Sigmoid", "Tanh"], LegacyUnaryDescriptor)(same_info_infer(FLOAT_TYPES))
-layer_kind(["Softplus", "Softsign", "HardSwish", "Mish"])(same_info_infer(FLOAT_TYPES))
+def _alpha(descriptor: Any, constants: Sequence[Any]) -> tuple[float, float]:
+    """``alpha`` from the descriptor, no ``beta``."""
+    return float(descriptor.alpha), 0.0
+
+
+def _alpha_beta(descriptor: Any, constants: Sequence[Any]) -> tuple[float, float]:
+    return float(descriptor.alpha), float(descriptor.beta)
+
+
+def _gelu(descriptor: Any, constants: Sequence[Any]) -> tuple[float, float] | None:
+    """The erf form is fused; the tanh form (its variant code) is not."""
+    return (0.0, 0.0) if descriptor.approximate == "none" else None
+
+
+_float_infer = same_info_infer(FLOAT_TYPES)
+layer_kind("Relu", LegacyUnaryDescriptor, activation=ActivationFact(1))(
+    same_info_infer(FLOAT_TYPES | SIGNED_TYPES)
+)
+layer_kind("Sigmoid", LegacyUnaryDescriptor, activation=ActivationFact(4))(_float_infer)
+layer_kind("Tanh", LegacyUnaryDescriptor, activation=ActivationFact(5))(_float_infer)
+layer_kind("HardSwish", activation=ActivationFact(7, fused="curve"))(_float_infer)
+layer_kind("Softplus", activation=ActivationFact(9, fused="never"))(_float_infer)
+layer_kind("Mish", activation=ActivationFact(13, fused="never"))(_float_infer)
+layer_kind("Softsign")(_float_infer)
+# Swish's kind is registered with LpNormalization's family (lp_norm.py).
+declare_activation("Swish", ActivationFact(12, _alpha, fused="curve"))
 
 
 @attrs.frozen
@@ -79,7 +108,7 @@ class HardSigmoidDescriptor:
     consumed_inputs: tuple[int, ...] | None = _consumed_inputs()
 
 
-def _selu_default(alpha_1: float, alpha_6: float) -> attrs.Factory:
+def _selu_default(alpha_1: float, alpha_6: float) -> Any:
     return attrs.Factory(lambda self: alpha_1 if self.opset < 6 else alpha_6, takes_self=True)
 
 
@@ -101,17 +130,17 @@ class GeluDescriptor:
     approximate: str = attrs.field(default="none", validator=attrs.validators.in_(("none", "tanh")))
 
 
-_float_infer = same_info_infer(FLOAT_TYPES)
-for _kind, _desc in [
-    ("LeakyRelu", LeakyReluDescriptor),
-    ("Elu", EluDescriptor),
-    ("Celu", CeluDescriptor),
-    ("ThresholdedRelu", ThresholdedReluDescriptor),
-    ("HardSigmoid", HardSigmoidDescriptor),
-    ("Selu", SeluDescriptor),
-    ("Gelu", GeluDescriptor),
-]:
-    layer_kind(_kind, _desc)(_float_infer)
+_ACTIVATIONS_WITH_ATTRIBUTES: list[tuple[str, type, ActivationFact | None]] = [
+    ("LeakyRelu", LeakyReluDescriptor, ActivationFact(2, _alpha)),
+    ("Elu", EluDescriptor, ActivationFact(8, _alpha, fused="curve")),
+    ("Celu", CeluDescriptor, None),
+    ("ThresholdedRelu", ThresholdedReluDescriptor, None),
+    ("HardSigmoid", HardSigmoidDescriptor, ActivationFact(6, _alpha_beta, fused="curve")),
+    ("Selu", SeluDescriptor, None),
+    ("Gelu", GeluDescriptor, ActivationFact(10, _gelu, fused="curve", variants={"tanh": 11})),
+]
+for _kind, _desc, _fact in _ACTIVATIONS_WITH_ATTRIBUTES:
+    layer_kind(_kind, _desc, activation=_fact)(_float_infer)
 
 
 @attrs.frozen
@@ -159,7 +188,22 @@ class ClipDescriptor:
     opset: int = 22
 
 
-@layer_kind("Clip", ClipDescriptor, min_inputs=1, max_inputs=3)
+def _clip_bounds(descriptor: ClipDescriptor, constants: Sequence[Any]) -> tuple[float, float] | None:
+    """Clip's ``(min, max)``: the attributes before opset 11, else the constant inputs (absent:
+    unbounded); None where a bound is not a constant, or (from constants alone) might not be."""
+    bounds = list(constants[1:3]) + [None] * (3 - len(constants))
+    if descriptor.opset < 11:
+        bounds = [descriptor.min, descriptor.max]
+    elif any(b is None for b in bounds[:2]) and len(constants) > 1:
+        return None
+    # .item(): a bound is one element, of shape () or (1,) alike (shape inference allows both)
+    low, high = (
+        np.inf * sign if b is None else float(np.asarray(b).item()) for b, sign in zip(bounds, (-1, 1))
+    )
+    return low, high
+
+
+@layer_kind("Clip", ClipDescriptor, min_inputs=1, max_inputs=3, activation=ActivationFact(3, _clip_bounds))
 def infer_clip(desc: ClipDescriptor, inputs, consts):
     x = inputs[0]
     expect_dtype(x, NUMERIC_TYPES, "input")

@@ -2,48 +2,31 @@
 apply it as it writes its output (Arm NN's fused Conv+Relu, ONNX Runtime's FusedConv).
 
 A backend says which layer kinds take a fused activation through its capabilities:
-``{"fused_activation": frozenset({"Conv", "Gemm", ...})}``. The pass runs after layers are
-assigned, so both layers are on the same backend; the activation layer is removed and its
-readers read the producer's output, which now carries ``layer.activation``.
+``{"fused_activation": frozenset({"Conv", "Gemm", ...})}``; it then applies every activation
+the activation table marks fused "everywhere" (``activation_kinds("everywhere")``). The pass
+runs after layers are assigned, so both layers are on the same backend; the activation layer
+is removed and its readers read the producer's output, which now carries ``layer.activation``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from flowrt.engine.graph.graph import Graph, Layer, constant_value
-from flowrt.registry import ACTIVATION_KINDS, FusedActivation
+from flowrt.engine.graph.layer_kind import activation_facts, activation_kinds
+from flowrt.registry import FusedActivation
 from flowrt.types import DataType
 
 
-def as_fused_activation(
-    kind: str, descriptor: Any, constants: tuple[Any, ...] = ()
-) -> FusedActivation | None:
-    """The activation layer ``kind`` as a ``FusedActivation``; None when it cannot be one (a Clip
-    whose bounds are not constants, a Gelu in its tanh form)."""
-    if kind == "LeakyRelu":
-        return FusedActivation("LeakyRelu", float(descriptor.alpha))
-    if kind == "HardSigmoid":
-        return FusedActivation(kind, float(descriptor.alpha), float(descriptor.beta))
-    if kind in ("Swish", "Elu"):
-        return FusedActivation(kind, float(descriptor.alpha))
-    if kind == "Gelu":
-        return FusedActivation(kind) if descriptor.approximate == "none" else None
-    if kind == "Clip":
-        bounds = list(constants[1:3]) + [None] * (3 - len(constants))
-        if descriptor.opset < 11:
-            bounds = [descriptor.min, descriptor.max]
-        elif any(b is None for b in bounds[:2]) and len(constants) > 1:
-            return None
-        # .item(): a bound is one element, of shape () or (1,) alike (shape inference allows both)
-        low, high = (
-            np.inf * sign if b is None else float(np.asarray(b).item()) for b, sign in zip(bounds, (-1, 1))
-        )
-        return FusedActivation("Clip", low, high)
-    return FusedActivation(kind)
+def as_fused_activation(kind: str, descriptor: Any, constants: Sequence[Any] = ()) -> FusedActivation | None:
+    """The activation layer ``kind`` as a ``FusedActivation``, its parameters as its fact in the
+    activation table reads them from ``descriptor`` and the layer's ``constants`` (one value or
+    None per input); None when it cannot be one (no activation that is fused, a Clip whose
+    bounds are not constants, a Gelu in its tanh form)."""
+    fact = activation_facts().get(kind)
+    params = None if fact is None or fact.fused == "never" else fact.params(descriptor, constants)
+    return None if params is None else FusedActivation(kind, *params)
 
 
 def _fusable(layer: Layer, producer: Layer, capabilities: Mapping[str, Mapping[str, Any]]) -> bool:
@@ -63,8 +46,9 @@ def _fusable(layer: Layer, producer: Layer, capabilities: Mapping[str, Mapping[s
 def fuse_activations(graph: Graph, capabilities: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Fold each activation into its producer where the producer's backend can apply it."""
     changes = []
+    kinds = activation_kinds("everywhere")
     for layer in graph.topological_order():
-        if layer.kind not in ACTIVATION_KINDS or layer.inputs[0].source is None:
+        if layer.kind not in kinds or layer.inputs[0].source is None:
             continue
         producer = layer.inputs[0].source.layer
         if not _fusable(layer, producer, capabilities):

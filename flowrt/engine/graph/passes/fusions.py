@@ -21,12 +21,13 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 
 import numpy as np
 
+from flowrt.engine.graph import layer_kind
 from flowrt.engine.graph.graph import Layer, constant_value
 from flowrt.engine.graph.layer_kind import NoDescriptor
 from flowrt.engine.graph.layers.gemm import GemmDescriptor
 from flowrt.engine.graph.passes.fuse_activation import as_fused_activation
-from flowrt.registry import ACTIVATION_KINDS, LayerSupport, OptimizationViews, ReplacementLayer
-from flowrt.types import DataType
+from flowrt.registry import FusedActivation, LayerSupport, OptimizationViews, ReplacementLayer
+from flowrt.types import DataType, static_dims
 
 Fusion = tuple[list[Layer], ReplacementLayer]
 
@@ -42,8 +43,11 @@ def _only_reader(layer: Layer, members: set[str]) -> Layer | None:
     return reader
 
 
-def _activation_of(layer: Layer | None, activations: Collection[str] = ACTIVATION_KINDS):
-    """``layer`` as a FusedActivation when it is one of ``activations`` with constant parameters."""
+def _activation_of(layer: Layer | None, activations: Collection[str] | None) -> FusedActivation | None:
+    """``layer`` as a FusedActivation when it is one of ``activations`` (None: those every
+    backend that fuses activations applies) with constant parameters."""
+    if activations is None:
+        activations = layer_kind.activation_kinds("everywhere")
     if layer is None or layer.kind not in activations:
         return None
     constants = tuple(constant_value(s.source) for s in layer.inputs)
@@ -58,11 +62,14 @@ def _bias_of(add: Layer, product: Layer) -> np.ndarray | None:
         return None
     slots = [s.source for s in add.inputs]
     other = slots[1] if slots[0] is product.outputs[0] else slots[0]
-    bias, shape = constant_value(other), product.outputs[0].info.shape  # type: ignore[union-attr]
+    bias, info = constant_value(other), product.outputs[0].info
     if bias is None or bias.dtype != np.float32 or bias.ndim > 2:
         return None
+    if info is None or not info.is_static:
+        return None  # a symbolic dim: whether the bias grows the output is not known
+    shape = static_dims(info.shape)
     try:
-        return bias if np.broadcast_shapes(bias.shape, shape) == tuple(shape) else None
+        return bias if np.broadcast_shapes(bias.shape, shape) == shape else None
     except ValueError:
         return None
 
@@ -80,33 +87,34 @@ def matmul_add(
     layer: Layer,
     members: set[str],
     activation_kinds: frozenset[str] = frozenset(),
-    activations: Collection[str] = ACTIVATION_KINDS,
+    activations: Collection[str] | None = None,
 ) -> Fusion | None:
     """MatMul (matrices) + Add (constant bias) [+ activation] -> Gemm; MatMul (A of any
     other rank by a matrix) + Add (a constant vector along the columns) -> MatMulBias.
     The activation is fused where the resulting kind is one of ``activation_kinds``."""
-    infos = layer.input_infos
-    if layer.kind != "MatMul" or any(i is None or i.shape is None for i in infos) or len(infos[1].shape) != 2:
+    shapes = [None if i is None else i.shape for i in layer.input_infos]
+    a, b = (shapes + [None, None])[:2]
+    if layer.kind != "MatMul" or a is None or b is None or len(b) != 2:
         return None
-    kind = "Gemm" if len(infos[0].shape) == 2 else "MatMulBias"
+    kind = "Gemm" if len(a) == 2 else "MatMulBias"
     add = _only_reader(layer, members)
     if add is None:
         return None
     if kind == "Gemm" and _bias_of(add, layer) is None:
         return None
-    if kind == "MatMulBias" and not _is_column_vector(add, layer, infos[1].shape[1]):
+    if kind == "MatMulBias" and not _is_column_vector(add, layer, b[1]):
         return None
     bias_slot = next(s.source for s in add.inputs if s.source is not layer.outputs[0])
     after = _only_reader(add, members)
     activation = _activation_of(after, activations) if kind in activation_kinds else None
-    fused = [layer, add, after] if activation is not None else [layer, add]
+    fused = [layer, add] if after is None or activation is None else [layer, add, after]
     sources = (layer.inputs[0].source, layer.inputs[1].source, bias_slot)
     descriptor = GemmDescriptor() if kind == "Gemm" else NoDescriptor()
-    return fused, ReplacementLayer(kind, descriptor, sources, activation, layer.name)  # type: ignore[list-item]
+    return fused, ReplacementLayer(kind, descriptor, sources, activation, layer.name)
 
 
 def fused_activation(
-    layer: Layer, members: set[str], kinds: frozenset[str], activations: Collection[str] = ACTIVATION_KINDS
+    layer: Layer, members: set[str], kinds: frozenset[str], activations: Collection[str] | None = None
 ) -> Fusion | None:
     """A layer of ``kinds`` + the activation of ``activations`` that is its only reader -> the
     layer, fused."""
@@ -114,10 +122,10 @@ def fused_activation(
         return None
     after = _only_reader(layer, members)
     activation = _activation_of(after, activations)
-    if activation is None:
+    if after is None or activation is None:
         return None
     sources = tuple(s.source for s in layer.inputs)
-    return [layer, after], ReplacementLayer(layer.kind, layer.descriptor, sources, activation, layer.name)  # type: ignore[list-item]
+    return [layer, after], ReplacementLayer(layer.kind, layer.descriptor, sources, activation, layer.name)
 
 
 def _supported(support: LayerSupport, fusion: Fusion) -> bool:
@@ -132,12 +140,14 @@ def offer_fusions(
     support: LayerSupport,
     activation_kinds: frozenset[str] = frozenset(),
     patterns: Sequence[Callable[[Layer, set[str]], Fusion | None]] = (),
-    activations: Collection[str] = ACTIVATION_KINDS,
+    activations: Collection[str] | None = None,
 ) -> OptimizationViews:
     """The substitutions ``support``'s backend can run in ``view``; the rest untouched.
 
-    ``activations`` are the activation kinds the backend applies fused (``ACTIVATION_KINDS``,
-    or more of ``CURVE_ACTIVATION_KINDS``) to the layers of ``activation_kinds``.
+    ``activations`` are the activation kinds the backend applies fused to the layers of
+    ``activation_kinds``: by default those every such backend applies
+    (``activation_kinds("everywhere")`` of the activation table), or more (CpuAcc adds its
+    curves).
 
     ``patterns`` are more finders, ``(layer, names of the view's layers) -> Fusion | None``,
     tried first (``pattern_fusions.PATTERN_FUSIONS``: activations and norms written out)."""
@@ -145,6 +155,8 @@ def offer_fusions(
     with_activation = getattr(getattr(view, "options", None), "fuse_activations", True)
     if not with_activation:
         activation_kinds = frozenset()
+    if activations is None:
+        activations = layer_kind.activation_kinds("everywhere")
     members = {layer.name for layer in layers}
     taken: set[str] = set()
     views = OptimizationViews()

@@ -118,7 +118,7 @@ def _tanh(g: OutputSlot, x: OutputSlot, members: set[str]) -> Gate | None:
         return None
     inner = producer(scaled.num[0], members, "Add")
     cubic = monomial(other_operand(inner, x), members) if inner is not None else None
-    if cubic is None or not cubic.is_power(x, 3, 0.044715):
+    if inner is None or cubic is None or not cubic.is_power(x, 3, 0.044715):
         return None
     return "Gelu", GeluDescriptor("tanh"), 0.5, (*cubic.layers, inner, *scaled.layers, tanh, add)
 

@@ -56,17 +56,13 @@ class AccBackend:
         """MatMul + bias Add (+ activation) as one Gemm, an activation fused into the
         layer before it (Conv + bias + Relu as one Conv), and activations and norms written
         out of small ops as one layer (``PATTERN_FUSIONS``): see ``offer_fusions``."""
+        from flowrt.engine.graph.layer_kind import activation_kinds
         from flowrt.engine.graph.passes.fusions import offer_fusions
         from flowrt.engine.graph.passes.pattern_fusions import PATTERN_FUSIONS
-        from flowrt.registry import ACTIVATION_KINDS, CURVE_ACTIVATION_KINDS
 
-        return offer_fusions(
-            view,
-            self.layer_support(),
-            FUSED_ACTIVATION_KINDS,
-            PATTERN_FUSIONS,
-            ACTIVATION_KINDS + CURVE_ACTIVATION_KINDS,
-        )
+        # The curves too: the epilogue has every code of the activation table.
+        activations = activation_kinds("everywhere", "curve")
+        return offer_fusions(view, self.layer_support(), FUSED_ACTIVATION_KINDS, PATTERN_FUSIONS, activations)
 
     def create_memory_manager(self) -> MemoryManager:
         return MemoryManager()

@@ -16,12 +16,14 @@ launched with :meth:`GpuKernel.launch`, which takes its local work size from the
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from flowrt.engine.graph.layer_kind import NO_ACTIVATION, activation_facts, activation_kinds
 from flowrt.errors import ShapeError
 from flowrt.registry import FusedActivation, Support, WorkloadInfo
 from flowrt.registry.kernel_modules import import_kernel_modules
@@ -29,20 +31,27 @@ from flowrt.types import TensorInfo, static_dims
 from flowrt.workers.gpu.tensor import GpuTensor
 from flowrt.workers.gpu.tuner import DEFAULT_LOCAL_SIZE, Tuner
 
-# The codes of common.cl's activate().
-ACTIVATION_CODES = {"Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "Tanh": 5}
 # One-dimensional kernels run in work-groups of this size unless tuned (PoCL compiles a
 # kernel once per work-group size it meets).
 LOCAL_SIZE = DEFAULT_LOCAL_SIZE
 RANK = 6  # the largest rank strided_offset handles
 
 
+@functools.cache
+def activation_codes() -> dict[str, int]:
+    """The codes of common.cl's ``activate()``, by kind: the activation table's kinds fused
+    "everywhere", which every backend that fuses activations applies (common.cl spells each
+    as an ``ACT_`` macro; tests/workers/gpu/test_activation_codes.py checks they agree)."""
+    facts = activation_facts()
+    return {kind: facts[kind].code for kind in activation_kinds("everywhere")}
+
+
 def activation_args(activation: FusedActivation | None) -> tuple[np.int32, np.float32, np.float32]:
     """The (code, alpha, beta) kernel arguments of ``activate()``; code 0 is none."""
     if activation is None:
-        return np.int32(0), np.float32(0), np.float32(0)
+        return np.int32(NO_ACTIVATION), np.float32(0), np.float32(0)
     return (
-        np.int32(ACTIVATION_CODES[activation.kind]),
+        np.int32(activation_codes()[activation.kind]),
         np.float32(activation.alpha),
         np.float32(activation.beta),
     )

@@ -1,5 +1,7 @@
-// Shared by every GpuAcc program: the activation epilogue. Codes match ACTIVATION_CODES in
-// flowrt/workers/gpu/kernels/__init__.py and the semantics of CpuRef's activation kernels.
+// Shared by every GpuAcc program: the activation epilogue. Each ACT_<KIND> is the code of the
+// activation table (flowrt/engine/graph/layer_kind.py, declared with the kind in its layers/
+// file), for every kind fused "everywhere"; tests/workers/gpu/test_activation_codes.py checks
+// that they agree. The semantics are CpuRef's activation kernels'.
 #define ACT_NONE 0
 #define ACT_RELU 1
 #define ACT_LEAKY_RELU 2

@@ -7,10 +7,12 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import flowrt
+from flowrt.engine.graph.layer_kind import activation_facts
 from flowrt.registry import WorkloadInfo
 from flowrt.types import TensorInfo
+from flowrt.workers.cpu.acc.kernels import epilogue
 from flowrt.workers.cpu.acc.kernels import load_all as acc_kernels
-from flowrt.workers.cpu.acc.kernels.activation import MIN_SLICE
+from flowrt.workers.cpu.acc.kernels.activation import MIN_SLICE, ActivationKernel
 from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
 
 # (kind, attributes): every activation CpuAcc runs, the attributes away from their defaults
@@ -29,6 +31,19 @@ EDGES = np.array(
      104.0, -104.0, 1e4, -1e4, 3.4e38, -3.4e38],
     np.float32,
 )  # fmt: skip
+
+
+def test_cases_cover_every_activation_of_the_table_and_each_variant():
+    facts = activation_facts()
+    assert {kind for kind, _ in CASES} == set(facts)
+    for kind, fact in facts.items():
+        assert sum(k == kind for k, _ in CASES) >= 1 + len(fact.variants), kind
+
+
+def test_epilogue_codes_are_the_table_codes_and_one_kernel_runs_every_activation():
+    assert epilogue.CODES == {kind: fact.code for kind, fact in activation_facts().items()}
+    assert epilogue.GELU_TANH == activation_facts()["Gelu"].variants["tanh"]
+    assert {acc_kernels()[kind] for kind in activation_facts()} == {ActivationKernel}
 
 
 def _run_both(kind, x, workers, **attributes):

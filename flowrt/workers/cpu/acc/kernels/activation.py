@@ -1,5 +1,5 @@
-"""Activations over a flat window (Relu, LeakyRelu, Sigmoid, Tanh, Clip, HardSigmoid,
-HardSwish, Elu, Softplus, Gelu, Swish, Mish): one numba parallel region runs every slice.
+"""Activations over a flat window (every kind of the activation table: Relu, LeakyRelu, Clip,
+Sigmoid, Tanh, the curves): one numba parallel region runs every slice.
 
 The window is the flattened tensor; it is split into one slice per worker (never below
 ``MIN_SLICE`` elements), and each slice is a tight loop compiled ``nogil``. Work of one slice
@@ -14,9 +14,10 @@ import numpy as np
 from numba import njit, types
 from numba._dispatcher import compute_fingerprint
 
+from flowrt.engine.graph.layer_kind import activation_facts
 from flowrt.engine.graph.passes.fuse_activation import as_fused_activation
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
-from flowrt.registry import ACTIVATION_KINDS, Support, WorkloadInfo
+from flowrt.registry import Support, WorkloadInfo
 from flowrt.workers.cpu.acc.calls import SliceFunction, call_native, native_address
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels import epilogue as ep
@@ -45,6 +46,7 @@ def clip_bounds(info: WorkloadInfo) -> list[float | None]:
     absent input is unbounded); None for a bound that is an input computed at run time."""
     if info.descriptor.opset < 11:
         fused = as_fused_activation("Clip", info.descriptor)
+        assert fused is not None  # attribute bounds are always constants
         return [fused.alpha, fused.beta]
     # Not as_fused_activation here: it gives up on Clip(x, min) with min a constant, since
     # from constants alone it cannot tell an absent max from one computed at run time.
@@ -59,20 +61,17 @@ def clip_bounds(info: WorkloadInfo) -> list[float | None]:
 
 
 def activation_arguments(info: WorkloadInfo) -> tuple[int, float, float]:
-    """``(code, alpha, beta)`` of an activation layer, as :func:`epilogue.activate` takes them
-    (Clip's bounds: see :func:`clip_bounds`)."""
-    desc = info.descriptor
+    """``(code, alpha, beta)`` of an activation layer, as :func:`epilogue.activate` takes them:
+    its fact's in the activation table (Clip's bounds: see :func:`clip_bounds`)."""
     if info.kind == "Clip":
         low, high = (0.0 if b is None else b for b in clip_bounds(info))
         return ep.CLIP, low, high
-    if info.kind == "Gelu":
-        return (ep.GELU_TANH if desc.approximate == "tanh" else ep.GELU), 0.0, 0.0
-    if info.kind in ("HardSigmoid", "Elu", "Swish"):
-        return ep.CODES[info.kind], desc.alpha, getattr(desc, "beta", 0.0)
-    if info.kind in ACTIVATION_KINDS:
-        code, alpha, beta = ep.activation_args(as_fused_activation(info.kind, desc))
-        return code, float(alpha), float(beta)
-    return ep.CODES[info.kind], 0.0, 0.0
+    if info.kind == "Gelu" and info.descriptor.approximate == "tanh":
+        return ep.GELU_TANH, 0.0, 0.0
+    fact = activation_facts()[info.kind]
+    params = fact.params(info.descriptor, info.constants)
+    assert params is not None  # only Clip's and Gelu's can be None, answered above
+    return fact.code, params[0], params[1]
 
 
 class FlatKernel:
@@ -125,12 +124,10 @@ class FlatKernel:
         return [out]
 
 
-@acc_kernel(
-    "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip", "HardSigmoid", "HardSwish", "Elu", "Softplus",
-    "Gelu", "Swish", "Mish",
-)  # fmt: skip
+@acc_kernel(*ep.CODES)
 class ActivationKernel(FlatKernel):
-    """One activation over every element, split into slices across the CPU workers.
+    """One activation over every element, split into slices across the CPU workers: every
+    activation of the activation table (the epilogue has each one's code).
 
     Clip's bounds that are inputs computed at run time are read from each run's inputs."""
 

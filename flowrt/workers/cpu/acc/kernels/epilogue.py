@@ -9,8 +9,12 @@ loop that branches on the code for every element.
 
 Each curve is also a function of its own, ``curve(v, alpha, beta)`` (``sigmoid``, ``gelu``,
 ...): a ``fastmath`` intrinsic, straight-line float32 code that a loop over it vectorizes and
-that costs numba nothing to inline (the Activation kernels run one loop per curve). The codes
-past Tanh (HardSigmoid to Mish) are not fused by the graph yet: no FusedActivation names them.
+that costs numba nothing to inline (the Activation kernels run one loop per curve).
+
+The codes are the activation table's (``flowrt.engine.graph.layer_kind.activation_facts``),
+declared with each activation's layer kind; a new activation adds its curve and its branch in
+:func:`activate` and :func:`_curve_loops` here. numba compiles a code in as a constant, and
+its cache does not see the table change: hence a code, once given, is never changed.
 """
 
 from __future__ import annotations
@@ -18,22 +22,24 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, types
 
+from flowrt.engine.graph.layer_kind import NO_ACTIVATION, activation_facts
 from flowrt.registry import FusedActivation
 from flowrt.workers.cpu.acc.calls import LateFunction, call_late
 from flowrt.workers.cpu.acc.kernels import fastmath as fm
 from flowrt.workers.cpu.acc.kernels.fastmath import Value, where
 
-NONE, RELU, LEAKY_RELU, CLIP, SIGMOID, TANH = range(6)
+# Every activation's code, by kind (in code order).
+CODES = {kind: fact.code for kind, fact in activation_facts().items()}
+NONE = NO_ACTIVATION
+RELU, LEAKY_RELU, CLIP, SIGMOID, TANH = (CODES[k] for k in ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh"))
 # alpha and beta: HardSigmoid's slope and offset, Elu's and Swish's alpha; Gelu's two forms
 # ("none", with erf, and "tanh") have a code each.
-HARD_SIGMOID, HARD_SWISH, ELU, SOFTPLUS, GELU, GELU_TANH, SWISH, MISH = range(6, 14)
+HARD_SIGMOID, HARD_SWISH, ELU, SOFTPLUS, GELU, SWISH, MISH = (
+    CODES[k] for k in ("HardSigmoid", "HardSwish", "Elu", "Softplus", "Gelu", "Swish", "Mish")
+)
+GELU_TANH = activation_facts()["Gelu"].variants["tanh"]
 # The bias to pass activate_row for none: x + (-0.0) is x for every x, -0.0 included.
 NO_BIAS = np.float32(-0.0)
-CODES = {
-    "Relu": RELU, "LeakyRelu": LEAKY_RELU, "Clip": CLIP, "Sigmoid": SIGMOID, "Tanh": TANH,
-    "HardSigmoid": HARD_SIGMOID, "HardSwish": HARD_SWISH, "Elu": ELU, "Softplus": SOFTPLUS,
-    "Gelu": GELU, "Swish": SWISH, "Mish": MISH,
-}  # fmt: skip
 
 
 def activation_args(activation: FusedActivation | None) -> tuple[int, np.float32, np.float32]:

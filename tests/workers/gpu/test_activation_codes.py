@@ -1,0 +1,37 @@
+"""common.cl's activate() switch has a case for each activation every fusing backend applies,
+under the activation table's code (no OpenCL device needed: this reads the source)."""
+
+import re
+from importlib import resources
+
+from flowrt.engine.graph.layer_kind import activation_facts, activation_kinds
+from flowrt.registry import FusedActivation
+from flowrt.workers.gpu.kernels import activation_args, activation_codes
+
+
+def _macro(kind: str) -> str:
+    """``ACT_LEAKY_RELU`` for LeakyRelu."""
+    return "ACT_" + re.sub(r"(?<!^)(?=[A-Z])", "_", kind).upper()
+
+
+def _common_cl() -> str:
+    return (resources.files("flowrt.workers.gpu.kernels") / "common.cl").read_text()
+
+
+def test_common_cl_defines_each_code_of_the_table():
+    defines = {name: int(code) for name, code in re.findall(r"#define (ACT_\w+) (\d+)", _common_cl())}
+    expected = {_macro(kind): activation_facts()[kind].code for kind in activation_kinds("everywhere")}
+    assert defines == {"ACT_NONE": 0, **expected}
+
+
+def test_activate_switch_has_a_case_for_each_activation():
+    switch = _common_cl().split("inline float activate(", 1)[1].split("\n}\n", 1)[0]
+    cases = set(re.findall(r"case (ACT_\w+):", switch))
+    assert cases == {_macro(kind) for kind in activation_kinds("everywhere")}
+
+
+def test_kernel_arguments_carry_the_table_code():
+    assert activation_codes() == {k: activation_facts()[k].code for k in activation_kinds("everywhere")}
+    code, alpha, beta = activation_args(FusedActivation("Clip", -1.0, 6.0))
+    assert (int(code), float(alpha), float(beta)) == (3, -1.0, 6.0)
+    assert int(activation_args(None)[0]) == 0
