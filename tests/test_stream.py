@@ -245,7 +245,9 @@ async def test_a_model_that_cannot_be_rebatched_refuses_a_batching_stream():
     net.add_output("y", net.add_layer("Reshape", inputs=[x, np.array([2, 2], np.int64)], name="fold"))
     async with flowrt.Runtime(registry) as rt:
         model = await rt.load(flowrt.optimize(net, backends=["B"], registry=registry))
-        with pytest.raises(ShapeError, match=r"cannot batch output 'y': its axis 0 holds 2 rows of each sample"):
+        with pytest.raises(
+            ShapeError, match=r"cannot batch output 'y': its axis 0 holds 2 rows of each sample"
+        ):
             model.stream(max_batch=4)
         assert isinstance(model.stream(max_batch=1), flowrt.stream.Stream)
 

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
 
 from flowrt.registry.protocols import FusedActivation
+
+
+def _slots(inputs: Iterable[Any]) -> tuple[Any, ...]:
+    # A named converter: attrs' mypy plugin cannot type a field converted by ``tuple`` itself.
+    return tuple(inputs)
 
 
 @attrs.frozen
@@ -23,7 +29,7 @@ class ReplacementLayer:
 
     kind: str
     descriptor: Any
-    inputs: tuple[Any, ...] = attrs.field(converter=tuple)
+    inputs: tuple[Any, ...] = attrs.field(converter=_slots)
     activation: FusedActivation | None = None
     name: str | None = None
 

@@ -289,7 +289,7 @@ def workload_info(layer: Layer) -> WorkloadInfo:
         layer.kind,
         layer.descriptor,
         tuple(layer.input_infos),
-        tuple(o.info for o in layer.outputs),  # type: ignore[misc]
+        tuple(o.info for o in layer.outputs),  # type: ignore[misc]  # inferred outputs are never None
         tuple(constant_value(s.source) for s in layer.inputs),
         layer.activation,
     )

@@ -55,7 +55,7 @@ def _hint_pairs(value: Any) -> tuple[tuple[str, str], ...]:
             raise InputError(
                 f"layer_backend_hints expects {{layer name: backend id}} with str keys and values, found {pair!r}"
             )
-    return tuple(sorted(pairs))  # type: ignore[arg-type]
+    return tuple(sorted(pairs))
 
 
 def _flag(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -139,7 +139,7 @@ class OptimizedNetwork:
 
     def assignments(self) -> dict[str, str]:
         """``{layer_name: backend_id}`` for every compute layer, in execution order."""
-        return {layer.name: layer.backend for layer in self.graph.topological_order() if layer.backend}  # type: ignore[misc]
+        return {layer.name: layer.backend for layer in self.graph.topological_order() if layer.backend}
 
     def backend_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -400,7 +400,7 @@ def optimize(
     BackendError for an unknown backend id or a named one that cannot run here (GpuAcc
     without OpenCL). The network itself is left unchanged.
     """
-    check_instance("network", network, Network | Graph, "a flowrt.Network", where="optimize")
+    check_instance("network", network, (Network, Graph), "a flowrt.Network", where="optimize")
     options = OptimizerOptions() if options is None else options
     check_instance(
         "options", options, OptimizerOptions, "a flowrt.OptimizerOptions or None", where="optimize"

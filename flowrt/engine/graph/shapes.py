@@ -14,15 +14,16 @@ def broadcast_shapes(*shapes: Sequence[Dim] | None, where: str = "") -> tuple[Di
     Returns None when a shape's rank is unknown; raises ShapeError naming ``where`` when two
     known dims disagree.
     """
-    if any(s is None for s in shapes):
+    known_shapes = [s for s in shapes if s is not None]
+    if len(known_shapes) < len(shapes):
         return None
-    rank = max((len(s) for s in shapes), default=0)  # type: ignore[arg-type]
+    rank = max((len(s) for s in known_shapes), default=0)
     out: list[Dim] = []
     for axis in range(rank):
-        dims = [s[len(s) - rank + axis] for s in shapes if len(s) - rank + axis >= 0]  # type: ignore[arg-type]
+        dims = [s[len(s) - rank + axis] for s in known_shapes if len(s) - rank + axis >= 0]
         known = {d for d in dims if isinstance(d, int) and d != 1}
         if len(known) > 1:
-            found = " and ".join(str(tuple(s)) for s in shapes)  # type: ignore[arg-type]
+            found = " and ".join(str(tuple(s)) for s in known_shapes)
             raise ShapeError(f"{where}: shapes {found} cannot be broadcast together")
         if known:
             out.append(known.pop())

@@ -12,6 +12,7 @@ import attrs
 from flowrt.engine.graph.graph import Graph, Layer, OutputSlot, workload_info
 from flowrt.engine.scheduler.dataflow import Dataflow, Segment, WorkloadNode, host_slots
 from flowrt.registry import Workload, WorkloadInfo
+from flowrt.types import TensorInfo
 
 WorkloadMaker = Callable[[Layer, WorkloadInfo], Workload]
 
@@ -34,7 +35,8 @@ def build_dataflow(
     def tensor_id(slot: OutputSlot) -> int:
         return ids.setdefault((slot.layer.name, slot.index), len(ids))
 
-    constants, inputs, input_infos, outputs, output_infos, infos = {}, {}, {}, {}, {}, {}
+    constants, inputs, input_infos, outputs, output_infos = {}, {}, {}, {}, {}
+    infos: dict[int, TensorInfo] = {}
     nodes: list[tuple[Layer, WorkloadNode]] = []
     for layer in graph.topological_order():
         if layer.kind == "Constant":
@@ -44,20 +46,25 @@ def build_dataflow(
             input_infos[layer.descriptor.name] = layer.descriptor.info
         elif layer.kind == "Output":
             source = layer.inputs[0].source
-            outputs[layer.descriptor.name] = tensor_id(source)  # type: ignore[arg-type]
-            output_infos[layer.descriptor.name] = source.info  # type: ignore[union-attr]
+            assert source is not None  # a validated graph connects every Output
+            outputs[layer.descriptor.name] = tensor_id(source)
+            output_infos[layer.descriptor.name] = source.info
         else:
+            assert layer.backend is not None  # the optimizer assigned every compute layer
             info = workload_info(layer)
             node = WorkloadNode(
                 layer.name,
                 layer.kind,
-                layer.backend,  # type: ignore[arg-type]
+                layer.backend,
                 make_workload(layer, info),
                 tuple(tensor_id(s.source) if s.source else None for s in layer.inputs),
                 tuple(tensor_id(o) if o.connections else None for o in layer.outputs),
             )
             nodes.append((layer, node))
-            infos.update({tid: out.info for tid, out in zip(node.outputs, layer.outputs) if tid is not None})
+            for tid, out in zip(node.outputs, layer.outputs):
+                if tid is not None:
+                    assert out.info is not None  # shapes were inferred, and the output is read
+                    infos[tid] = out.info
     # Inputs and outputs keep the network's declared order, not the execution order.
     inputs = {layer.descriptor.name: inputs[layer.descriptor.name] for layer in graph.input_layers}
     outputs = {layer.descriptor.name: outputs[layer.descriptor.name] for layer in graph.output_layers}

@@ -11,7 +11,7 @@ chain of small elementwise layers). The other workloads stay steps of their own.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, final
 
 import attrs
 import numpy as np
@@ -20,6 +20,7 @@ from flowrt.engine.scheduler.dataflow import Segment, WorkloadNode
 from flowrt.errors import RunError
 
 
+@final  # the executor tells a step from a WorkloadNode by ``type(step) is BoundStep``
 @attrs.frozen(eq=False)
 class BoundStep:
     """Consecutive bound workloads of a segment, run by one call; ``outputs`` are the arrays
@@ -42,10 +43,10 @@ class BoundStep:
 def bind_segment(
     segment: Segment,
     constants: Mapping[int, np.ndarray],
-    placement: Callable[[WorkloadNode], tuple[Any, tuple[Any, ...], int]],
+    placement: Callable[[WorkloadNode], tuple[list[Any] | None, tuple[Any, ...], int, bool]],
 ) -> list[WorkloadNode | BoundStep]:
     """``segment``'s steps in the pool whose output views ``placement(node)`` gives
-    (``(targets, views, produced)``, as the executor records them)."""
+    (``(targets, views, produced, takes_job)``, as the executor records them)."""
     fixed: dict[int, Any] = dict(constants)
     steps: list[WorkloadNode | BoundStep] = []
     run: list[tuple[WorkloadNode, Any]] = []

@@ -139,9 +139,9 @@ class _RunState:
             try:
                 targets, views, produced, takes_job = self._placement(node)
                 if takes_job:
-                    results = node.workload.execute(args, targets, job)
+                    results = node.workload.execute(args, targets, job)  # type: ignore[call-arg]  # a takes_job workload's execute
                 else:
-                    results = node.workload.execute(args, targets) if targets else node.workload.execute(args)
+                    results = node.workload.execute(args, targets) if targets else node.workload.execute(args)  # type: ignore[call-arg]  # an in-place workload's execute
                 if len(results) < produced:
                     raise FlowrtError(f"workload returned {len(results)} outputs, expected {produced}")
                 for tid, value, view in zip(node.outputs, results, views):
@@ -155,11 +155,11 @@ class _RunState:
 
     def program(self, segment: Segment) -> Sequence[WorkloadNode | BoundStep]:
         """The steps of ``segment`` in this run's pool (made on the pool's first run of it)."""
-        steps = self.pool.programs.get(segment.index)  # type: ignore[union-attr]
+        pool = self.pool
+        assert pool is not None  # run_segment asks for a program only in a pool
+        steps = pool.programs.get(segment.index)
         if steps is None:
-            steps = self.pool.programs[segment.index] = bind_segment(  # type: ignore[union-attr]
-                segment, self.constants, self._placement
-            )
+            steps = pool.programs[segment.index] = bind_segment(segment, self.constants, self._placement)
         return steps
 
     def enqueue_segment(self, segment: Segment, runner: DeviceRunner, queue: Any, keep: list[Any]) -> None:
@@ -176,7 +176,7 @@ class _RunState:
             args = [self._device_argument(tid, i in on_host) for i, tid in enumerate(node.inputs)]
             start = time.perf_counter_ns()
             try:
-                results = node.workload.enqueue(queue, args, self._targets(node))  # type: ignore[attr-defined]
+                results = node.workload.enqueue(queue, args, self._targets(node))  # type: ignore[attr-defined]  # a device workload's enqueue
                 self._store(node, results, self.device_values)
             except Exception as e:
                 raise RunError(node.layer, node.backend, e) from e
@@ -229,7 +229,8 @@ class _RunState:
         binding = self.bindings.get(tid) if tid is not None else None
         if binding is None:
             return None
-        return self.pool.view(binding.backend, binding.offset, binding.shape, binding.dtype)  # type: ignore[union-attr]
+        assert self.pool is not None  # there are bindings only with a pool
+        return self.pool.view(binding.backend, binding.offset, binding.shape, binding.dtype)
 
     def _bind(self, value: np.ndarray, target: np.ndarray | None) -> np.ndarray:
         """Move a result into its planned place ``target`` in the run's pool (unplanned ones,

@@ -8,7 +8,7 @@ overlap and together cover the window exactly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import attrs
 import numpy as np
@@ -36,11 +36,16 @@ class Dimension:
         return -(-(self.end - self.start) // self.step)
 
 
+def _dims(dims: Iterable[Dimension]) -> tuple[Dimension, ...]:
+    # A named converter: attrs' mypy plugin cannot type a field converted by ``tuple`` itself.
+    return tuple(dims)
+
+
 @attrs.frozen
 class Window:
     """An n-dimensional iteration range."""
 
-    dims: tuple[Dimension, ...] = attrs.field(converter=tuple)
+    dims: tuple[Dimension, ...] = attrs.field(converter=_dims)
 
     @classmethod
     def of_shape(cls, shape: Sequence[int]) -> Window:

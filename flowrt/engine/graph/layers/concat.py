@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, overload
 
 import attrs
 
@@ -57,7 +58,8 @@ def infer_concat(desc: ConcatDescriptor, inputs, consts):
         raise ShapeError(f"Concat: inputs of one rank expected, got {found}")
     axis = normalize_axis(desc.concat_axis, rank, "Concat")
     sizes = [None if i.shape is None else i.shape[axis] for i in inputs]
-    total = sum(sizes) if all(isinstance(d, int) for d in sizes) else None  # type: ignore[arg-type]
+    known = [d for d in sizes if isinstance(d, int)]
+    total = sum(known) if len(known) == len(sizes) else None
     out = [total if i == axis else _merge_dim([s[i] for s in shapes], i, "Concat") for i in range(rank)]
     return [TensorInfo(tuple(out), dtype)]
 
@@ -84,8 +86,13 @@ def split_lengths(dim: int, count: int) -> list[int]:
     return [piece] * (count - 1) + [last]
 
 
-def resolve_split(desc: SplitDescriptor, split: Sequence[int] | None, dim: Dim) -> list[Dim]:
-    """The length of each output along the axis (None where unknown); ShapeError on a conflict.
+@overload
+def resolve_split(desc: SplitDescriptor, split: Sequence[int] | None, dim: int) -> list[int]: ...
+@overload
+def resolve_split(desc: SplitDescriptor, split: Sequence[int] | None, dim: Dim) -> list[Dim]: ...
+def resolve_split(desc: SplitDescriptor, split: Sequence[int] | None, dim: Dim) -> list[Any]:
+    """The length of each output along the axis (None where unknown: only where ``dim`` is);
+    ShapeError on a conflict.
 
     ``split`` is the lengths from the input or attribute; None or empty means equal pieces.
     """

@@ -8,6 +8,7 @@ thing everywhere: in shape inference and in every backend's kernel.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeGuard
 
 import attrs
 
@@ -160,14 +161,13 @@ def expect_float(info: TensorInfo, what: str) -> None:
         )
 
 
-def _known(d: Dim) -> bool:
+def _known(d: Dim) -> TypeGuard[int]:
     return isinstance(d, int)
 
 
-def _conv_operands(
-    x: TensorInfo, w: TensorInfo, what: str
-) -> tuple[tuple[Dim, ...] | None, tuple[Dim, ...] | None]:
-    """Shapes of data and weights with a common rank (unknown ranks filled from the other)."""
+def _conv_operands(x: TensorInfo, w: TensorInfo, what: str) -> tuple[tuple[Dim, ...], tuple[Dim, ...]] | None:
+    """Shapes of data and weights with a common rank (unknown ranks filled from the other);
+    None where neither rank is known."""
     expect_float(x, what)
     if x.dtype != w.dtype:
         raise DataTypeError(
@@ -176,7 +176,7 @@ def _conv_operands(
     xs, ws = x.shape, w.shape
     rank = len(xs) if xs is not None else len(ws) if ws is not None else None
     if rank is None:
-        return None, None
+        return None
     if rank < 3:
         raise ShapeError(f"{what} expects data of rank >= 3 (N, C, spatial...), got rank {rank}")
     xs = xs if xs is not None else (None,) * rank
@@ -209,16 +209,17 @@ def _check_bias(b: TensorInfo | None, channels: Dim, what: str) -> None:
 
 
 def _divisible(d: Dim, group: int, what: str) -> None:
-    if _known(d) and d % group:  # type: ignore[operator]
+    if _known(d) and d % group:
         raise ShapeError(f"{what} divisible by group {group}, got {d}")
 
 
 @layer_kind("Conv", ConvDescriptor, min_inputs=2, max_inputs=3)
 def infer_conv(desc: ConvDescriptor, inputs, consts):
     x, w, b = (list(inputs) + [None])[:3]
-    xs, ws = _conv_operands(x, w, "Conv")
-    if xs is None:
+    operands = _conv_operands(x, w, "Conv")
+    if operands is None:
         return [TensorInfo(None, x.dtype)]
+    xs, ws = operands
     n, c, m = xs[0], xs[1], ws[0]
     if _known(c) and _known(ws[1]) and c != ws[1] * desc.group:
         raise ShapeError(
@@ -228,10 +229,11 @@ def infer_conv(desc: ConvDescriptor, inputs, consts):
     _divisible(m, desc.group, "Conv expects output channels")
     _check_bias(b, m, "Conv")
     kernel = conv_kernel_shape(desc, ws, "Conv")
-    if not all(_known(k) for k in kernel):
+    known_kernel = [k for k in kernel if _known(k)]
+    if len(known_kernel) < len(kernel):
         spatial = window_geometry(desc, (None,) * len(kernel), (1,) * len(kernel)).out
     else:
-        spatial = window_geometry(desc, xs[2:], kernel).out  # type: ignore[arg-type]
+        spatial = window_geometry(desc, xs[2:], known_kernel).out
     return [TensorInfo((n, m, *spatial), x.dtype)]
 
 
@@ -257,7 +259,7 @@ def conv_transpose_geometry(
     dilations = spatial_attribute(desc.dilations, rank, 1, "dilations")
     extra = spatial_attribute(desc.output_padding, rank, 0, "output_padding")
     pads = spatial_attribute(desc.pads, 2 * rank, 0, "pads")
-    target: Sequence[Dim] | None = None
+    target: Sequence[int | None] | None = None
     if desc.output_shape is not None:
         # Some exporters write N and C too; the spatial dims are the last ones.
         target = spatial_attribute(desc.output_shape[-rank:], rank, 0, "output_shape")
@@ -275,11 +277,12 @@ def conv_transpose_geometry(
             out.append(None if full is None else full - begin - end)
             begins.append(begin)
             continue
-        out.append(target[i])
-        if full is None or target[i] is None:
+        wanted = target[i]
+        out.append(wanted)
+        if full is None or wanted is None:
             begins.append(None)
             continue
-        total = full - target[i]  # type: ignore[operator]
+        total = full - wanted
         begins.append(total // 2 if desc.auto_pad == "SAME_UPPER" else total - total // 2)
     if any(_known(o) and o <= 0 for o in out):
         raise ShapeError(f"ConvTranspose output spatial shape {out} is not positive")
@@ -289,9 +292,10 @@ def conv_transpose_geometry(
 @layer_kind("ConvTranspose", ConvTransposeDescriptor, min_inputs=2, max_inputs=3)
 def infer_conv_transpose(desc: ConvTransposeDescriptor, inputs, consts):
     x, w, b = (list(inputs) + [None])[:3]
-    xs, ws = _conv_operands(x, w, "ConvTranspose")
-    if xs is None:
+    operands = _conv_operands(x, w, "ConvTranspose")
+    if operands is None:
         return [TensorInfo(None, x.dtype)]
+    xs, ws = operands
     c = xs[1]
     if _known(c) and _known(ws[0]) and c != ws[0]:
         raise ShapeError(
@@ -299,11 +303,12 @@ def infer_conv_transpose(desc: ConvTransposeDescriptor, inputs, consts):
             f"{x.format_shape()}, got {w.format_shape()}"
         )
     _divisible(c, desc.group, "ConvTranspose expects input channels")
-    m = ws[1] * desc.group if _known(ws[1]) else None  # type: ignore[operator]
+    m = ws[1] * desc.group if _known(ws[1]) else None
     _check_bias(b, m, "ConvTranspose")
     kernel = conv_kernel_shape(desc, ws, "ConvTranspose")
-    if all(_known(k) for k in kernel):
-        spatial = conv_transpose_geometry(desc, xs[2:], kernel).out  # type: ignore[arg-type]
+    known_kernel = [k for k in kernel if _known(k)]
+    if len(known_kernel) == len(kernel):
+        spatial = conv_transpose_geometry(desc, xs[2:], known_kernel).out
     elif desc.output_shape is not None:
         spatial = tuple(desc.output_shape[-len(kernel) :])
     else:

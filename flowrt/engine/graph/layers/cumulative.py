@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import attrs
+import numpy as np
 
 from flowrt.engine.graph.layer_kind import layer_kind
 from flowrt.engine.graph.layers.elementwise import NUMERIC_TYPES, expect_dtype
@@ -25,9 +26,10 @@ class CumulativeDescriptor:
     reverse: int = attrs.field(default=0, validator=attrs.validators.in_((0, 1)))
 
 
-def cumulative_axis(axis_value, rank: int, op: str) -> int:
+def cumulative_axis(axis_value: np.ndarray, rank: int, op: str) -> int:
     """The non-negative axis from the value of the axis input (a scalar or one element)."""
     values = const_ints(axis_value)
+    assert values is not None  # the values of an array
     if len(values) != 1:
         raise ShapeError(f"{op}: axis must hold one value, got {values}")
     return normalize_axis(values[0], rank, op)

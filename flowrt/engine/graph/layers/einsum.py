@@ -102,6 +102,7 @@ def infer_einsum(desc: EinsumDescriptor, inputs, consts):
         return [TensorInfo(None, inputs[0].dtype)]
     head = rhs.index(ELLIPSIS) if ELLIPSIS in rhs else len(rhs)
     letters = rhs.replace(ELLIPSIS, "")
-    out = [dims[c] for c in letters[:head]] + list(ellipsis_shape if ELLIPSIS in rhs else ())
+    middle = list(ellipsis_shape) if ellipsis_shape and ELLIPSIS in rhs else []
+    out = [dims[c] for c in letters[:head]] + middle
     out += [dims[c] for c in letters[head:]]
     return [TensorInfo(tuple(out), inputs[0].dtype)]

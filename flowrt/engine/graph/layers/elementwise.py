@@ -8,6 +8,7 @@ B's dims line up with A's from ``axis`` (from the end when unset) and the output
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import attrs
@@ -221,13 +222,14 @@ def binary_infer(
     return infer
 
 
-_binary = {"min_inputs": 2, "max_inputs": 2}
-layer_kind(["Add", "Sub", "Mul", "Div"], LegacyBinaryDescriptor, **_binary)(binary_infer(NUMERIC_TYPES))
-layer_kind("Pow", LegacyBinaryDescriptor, **_binary)(binary_infer(NUMERIC_TYPES, same_dtype=False))
-layer_kind(["And", "Or", "Xor"], LegacyBinaryDescriptor, **_binary)(binary_infer(frozenset({D.BOOL})))
-layer_kind("Equal", LegacyBinaryDescriptor, **_binary)(binary_infer(ANY_TYPE, D.BOOL))
-layer_kind(["Less", "Greater"], LegacyBinaryDescriptor, **_binary)(binary_infer(NUMERIC_TYPES, D.BOOL))
-layer_kind(["LessOrEqual", "GreaterOrEqual"], **_binary)(binary_infer(NUMERIC_TYPES, D.BOOL))
+# The binary kinds: two inputs each.
+_binary = functools.partial(layer_kind, min_inputs=2, max_inputs=2)
+_binary(["Add", "Sub", "Mul", "Div"], LegacyBinaryDescriptor)(binary_infer(NUMERIC_TYPES))
+_binary("Pow", LegacyBinaryDescriptor)(binary_infer(NUMERIC_TYPES, same_dtype=False))
+_binary(["And", "Or", "Xor"], LegacyBinaryDescriptor)(binary_infer(frozenset({D.BOOL})))
+_binary("Equal", LegacyBinaryDescriptor)(binary_infer(ANY_TYPE, D.BOOL))
+_binary(["Less", "Greater"], LegacyBinaryDescriptor)(binary_infer(NUMERIC_TYPES, D.BOOL))
+_binary(["LessOrEqual", "GreaterOrEqual"])(binary_infer(NUMERIC_TYPES, D.BOOL))
 
 
 @attrs.frozen
@@ -238,7 +240,7 @@ class ModDescriptor:
     fmod: int = attrs.field(default=0, validator=attrs.validators.in_((0, 1)))
 
 
-layer_kind("Mod", ModDescriptor, **_binary)(binary_infer(NUMERIC_TYPES))
+_binary("Mod", ModDescriptor)(binary_infer(NUMERIC_TYPES))
 
 
 @attrs.frozen
@@ -248,7 +250,7 @@ class BitShiftDescriptor:
     direction: str = attrs.field(validator=attrs.validators.in_(("LEFT", "RIGHT")))
 
 
-layer_kind("BitShift", BitShiftDescriptor, **_binary)(binary_infer(INT_TYPES))
+_binary("BitShift", BitShiftDescriptor)(binary_infer(INT_TYPES))
 
 
 @attrs.frozen

@@ -82,13 +82,14 @@ def infer_gemm(desc: GemmDescriptor, inputs, consts):
 
 def _check_c(desc: GemmDescriptor, c: TensorInfo, product: tuple[Dim, Dim]) -> None:
     expected = f"(M, N) = ({product[0]}, {product[1]})"
+    assert c.shape is not None  # infer_gemm checks C where its shape is known
     if not desc.broadcasts_c:
-        if len(c.shape) != 2 or not all(_same_dim(d, p) for d, p in zip(c.shape, product, strict=True)):  # type: ignore[arg-type]
+        if len(c.shape) != 2 or not all(_same_dim(d, p) for d, p in zip(c.shape, product, strict=True)):
             raise ShapeError(
                 f"Gemm (opset {desc.opset}, broadcast=0) expects C of shape {expected}, got {c.format_shape()}"
             )
         return
-    dims = list(c.shape)  # type: ignore[arg-type]
+    dims = list(c.shape)
     if len(dims) > 2 or not all(
         d == 1 or _same_dim(d, p) for d, p in zip(dims, product[2 - len(dims) :], strict=True)
     ):
@@ -111,9 +112,10 @@ def matmul_shape(a: TensorInfo, b: TensorInfo, what: str) -> tuple[Dim, ...] | N
             f"{what} expects A's last dim to equal B's row count, got {a.format_shape()} and {b.format_shape()}"
         )
     batch = broadcast_shapes(a2[:-2], b2[:-2], where=what)
+    assert batch is not None  # both shapes are known
     rows = (a2[-2],) if len(a.shape) > 1 else ()
     cols = (b2[-1],) if len(b.shape) > 1 else ()
-    return (*batch, *rows, *cols)  # type: ignore[misc]
+    return (*batch, *rows, *cols)
 
 
 @layer_kind("MatMul", NoDescriptor, min_inputs=2, max_inputs=2)

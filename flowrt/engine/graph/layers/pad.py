@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 import attrs
 
@@ -12,7 +13,8 @@ from flowrt.engine.graph.shapes import normalize_axis
 from flowrt.errors import ShapeError
 from flowrt.types import Dim, TensorInfo
 
-PAD_MODES = ("constant", "reflect", "edge", "wrap")
+PadMode = Literal["constant", "reflect", "edge", "wrap"]
+PAD_MODES: tuple[PadMode, ...] = get_args(PadMode)
 
 
 @attrs.frozen
@@ -21,7 +23,7 @@ class PadDescriptor:
     from opset 11 pads, the constant value and (opset 18) axes are inputs. ``pads`` lists
     every axis's begin count, then every axis's end count."""
 
-    mode: str = attrs.field(default="constant", validator=attrs.validators.in_(PAD_MODES))
+    mode: PadMode = attrs.field(default="constant", validator=attrs.validators.in_(PAD_MODES))
     pads: tuple[int, ...] | None = attrs.field(default=None, converter=as_tuple)
     paddings: tuple[int, ...] | None = attrs.field(default=None, converter=as_tuple)
     value: float = 0.0

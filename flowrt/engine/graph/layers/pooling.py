@@ -88,8 +88,8 @@ def pool_geometry(desc, spatial):
 
 
 def _pooled_shape(desc, x: TensorInfo, what: str):
-    rank = x.rank if x.shape is not None else len(desc.kernel_shape) + 2
-    shape = x.shape if x.shape is not None else (None,) * rank
+    shape = x.shape if x.shape is not None else (None,) * (len(desc.kernel_shape) + 2)
+    rank = len(shape)
     if rank < 3:
         raise ShapeError(f"{what} expects data of rank >= 3 (N, C, spatial...), got shape {x.format_shape()}")
     if len(desc.kernel_shape) != rank - 2:

@@ -122,10 +122,7 @@ def _check_params(desc, x: TensorInfo, scale: TensorInfo, zero_point: TensorInfo
     check_quant_params(x, zero_point, desc.axis, desc.block_size, "zero point")
 
 
-_quant_inputs = {"min_inputs": 2, "max_inputs": 3}
-
-
-@layer_kind("QuantizeLinear", QuantizeLinearDescriptor, **_quant_inputs)
+@layer_kind("QuantizeLinear", QuantizeLinearDescriptor, min_inputs=2, max_inputs=3)
 def infer_quantize_linear(desc: QuantizeLinearDescriptor, inputs, consts):
     x, scale = inputs[:2]
     zero_point = inputs[2] if len(inputs) > 2 else None
@@ -136,7 +133,7 @@ def infer_quantize_linear(desc: QuantizeLinearDescriptor, inputs, consts):
     return [x.with_dtype(quantized_type(desc, None if zero_point is None else zero_point.dtype))]
 
 
-@layer_kind("DequantizeLinear", DequantizeLinearDescriptor, **_quant_inputs)
+@layer_kind("DequantizeLinear", DequantizeLinearDescriptor, min_inputs=2, max_inputs=3)
 def infer_dequantize_linear(desc: DequantizeLinearDescriptor, inputs, consts):
     x, scale = inputs[:2]
     zero_point = inputs[2] if len(inputs) > 2 else None

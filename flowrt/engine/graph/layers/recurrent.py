@@ -53,8 +53,8 @@ def _flag(instance: object, attribute: attrs.Attribute, value: int) -> None:
         raise ValueError(f"{attribute.name!r} expects 0 or 1, got {value!r}")
 
 
-def _positive_or_none(instance: object, attribute: attrs.Attribute, value: object) -> None:
-    if value is not None and not value > 0:  # type: ignore[operator]
+def _positive_or_none(instance: object, attribute: attrs.Attribute, value: float | None) -> None:
+    if value is not None and not value > 0:
         raise ValueError(f"{attribute.name!r} expects a value > 0, got {value!r}")
 
 

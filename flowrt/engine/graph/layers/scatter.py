@@ -70,12 +70,11 @@ def infer_scatter_elements(desc, inputs, consts):
     return [data]
 
 
-_three_inputs = {"min_inputs": 3, "max_inputs": 3}
-layer_kind("ScatterElements", ScatterElementsDescriptor, **_three_inputs)(infer_scatter_elements)
-layer_kind("Scatter", ScatterDescriptor, **_three_inputs)(infer_scatter_elements)
+layer_kind("ScatterElements", ScatterElementsDescriptor, min_inputs=3, max_inputs=3)(infer_scatter_elements)
+layer_kind("Scatter", ScatterDescriptor, min_inputs=3, max_inputs=3)(infer_scatter_elements)
 
 
-@layer_kind("ScatterND", ScatterNDDescriptor, **_three_inputs)
+@layer_kind("ScatterND", ScatterNDDescriptor, min_inputs=3, max_inputs=3)
 def infer_scatter_nd(desc: ScatterNDDescriptor, inputs, consts):
     data, indices, updates = inputs
     _check_types(data, indices, updates)

@@ -83,7 +83,7 @@ def range_length(start: float | int, limit: float | int, delta: float | int) -> 
     """Number of Range elements: max(ceil((limit - start) / delta), 0)."""
     if delta == 0:
         raise ShapeError("Range: delta may not be 0")
-    if all(isinstance(v, int) for v in (start, limit, delta)):
+    if isinstance(start, int) and isinstance(limit, int) and isinstance(delta, int):
         return max(-((start - limit) // delta), 0)  # exact for large ints
     return max(math.ceil((limit - start) / delta), 0)
 

@@ -32,14 +32,18 @@ def slice_params(desc: SliceDescriptor, values: Sequence[Sequence[int] | None]) 
     None when starts or ends are not known.
     """
     values = list(values) + [None] * (4 - len(values))
+    starts: Sequence[int] | None
+    ends: Sequence[int] | None
+    given_axes: Sequence[int] | None
+    given_steps: Sequence[int] | None
     if desc.starts is not None:
-        starts, ends, axes, steps = list(desc.starts), list(desc.ends or ()), desc.axes, None
+        starts, ends, given_axes, given_steps = list(desc.starts), list(desc.ends or ()), desc.axes, None
     else:
-        starts, ends, axes, steps = values
+        starts, ends, given_axes, given_steps = values
     if starts is None or ends is None:
         return None
-    axes = list(range(len(starts))) if not axes else list(axes)
-    steps = [1] * len(starts) if not steps else list(steps)
+    axes = list(range(len(starts))) if not given_axes else list(given_axes)
+    steps = [1] * len(starts) if not given_steps else list(given_steps)
     if not len(starts) == len(ends) == len(axes) == len(steps):
         raise ShapeError(
             f"Slice: starts, ends, axes and steps of one length expected, got {starts}, {ends}, {axes}, {steps}"
@@ -66,7 +70,7 @@ def infer_slice(desc: SliceDescriptor, inputs, consts):
     given = [i < len(inputs) and inputs[i] is not None for i in range(5)]
     values = [const_ints(consts[i]) if given[i] else None for i in range(1, 5)]
     if desc.starts is None and any(g and v is None for g, v in zip(given[1:], values, strict=True)):
-        return [TensorInfo(_unknown_slice_shape(data.shape, given[3] and values[2]), data.dtype)]
+        return [TensorInfo(_unknown_slice_shape(data.shape, values[2] if given[3] else None), data.dtype)]
     params = slice_params(desc, values)
     if params is None:
         raise ShapeError(
@@ -82,11 +86,11 @@ def infer_slice(desc: SliceDescriptor, inputs, consts):
     return [TensorInfo(tuple(out), data.dtype)]
 
 
-def _unknown_slice_shape(shape: tuple[Dim, ...], axes: list[int] | None | bool) -> tuple[Dim, ...]:
+def _unknown_slice_shape(shape: tuple[Dim, ...], axes: list[int] | None) -> tuple[Dim, ...]:
     """Dims of the slice when starts, ends or steps are not known: the sliced ones are None."""
     if not axes:
         return (None,) * len(shape)
-    chosen = {normalize_axis(a, len(shape), "Slice") for a in axes}  # type: ignore[union-attr]
+    chosen = {normalize_axis(a, len(shape), "Slice") for a in axes}
     return tuple(None if i in chosen else d for i, d in enumerate(shape))
 
 

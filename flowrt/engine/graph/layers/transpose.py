@@ -48,7 +48,7 @@ def _nchw(info: TensorInfo, where: str) -> tuple[Dim, Dim, Dim, Dim]:
     shape = info.shape if info.shape is not None else (None,) * 4
     if len(shape) != 4:
         raise ShapeError(f"{where}: a 4-D input (N, C, H, W) expected, got shape {info.format_shape()}")
-    return shape  # type: ignore[return-value]
+    return shape
 
 
 def _times(d: Dim, k: int) -> Dim:

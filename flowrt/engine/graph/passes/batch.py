@@ -38,7 +38,7 @@ def prove_batch_axes(graph: Graph) -> tuple[dict[OutputSlot, Axis], list[Rewrite
     axes: dict[OutputSlot, Axis] = {}
     rewrites: list[Rewrite] = []
     for layer in graph.topological_order():
-        inputs = [axes.get(s.source) if s.source is not None else None for s in layer.inputs]  # type: ignore[arg-type]
+        inputs = [axes.get(s.source) if s.source is not None else None for s in layer.inputs]
         if layer.kind == "Output":
             info = layer.input_infos[0]
             check_output(layer.descriptor.name, inputs[0], None if info is None else info.shape)

@@ -83,11 +83,11 @@ def batched_first(axes: list[Axis], at: int | None = None) -> int:
     return axis
 
 
-def same_fold(layer: Layer, batched: list[tuple[int, Axis]]) -> None:
+def same_fold(layer: Layer, batched: list[tuple[int, int]]) -> None:
     """Inputs that carry the batch hold it with the same size per sample (1, or the rows a
     Reshape folded into it: ``batch_rules_reshape``); a size of 1 would broadcast one
     sample's row over another sample's rows."""
-    sizes = {input_shape(layer, i)[axis] for i, axis in batched}  # type: ignore[index]
+    sizes = {input_shape(layer, i)[axis] for i, axis in batched}
     if len(sizes) > 1:
         raise Refused(
             f"its inputs hold {sorted(sizes, key=str)} rows of each sample on the batch axis; one size is expected"
@@ -143,7 +143,7 @@ def broadcasting(layer: Layer, axes: list[Axis]) -> Axis:
     if len(aligned) != 1:
         raise Refused(f"its inputs carry the batch on different axes ({sorted(aligned)}, right-aligned)")
     axis = aligned.pop()
-    same_fold(layer, [(i, axes[i]) for i in present if axes[i] is not None])
+    same_fold(layer, [(i, given) for i in present if (given := axes[i]) is not None])
     for i in present:
         k = axis - (rank - len(shapes[i]))
         if axes[i] is None and k >= 0 and shapes[i][k] != 1:
@@ -248,7 +248,7 @@ def matmul(layer: Layer, axes: list[Axis]) -> Axis:
     if len(aligned) != 1:
         raise Refused(f"its inputs carry the batch on axes {axes[:2]}, not on one broadcast axis")
     axis = aligned.pop()
-    same_fold(layer, [(i, axes[i]) for i in (0, 1) if axes[i] is not None])
+    same_fold(layer, [(i, given) for i in (0, 1) if (given := axes[i]) is not None])
     for i, shape in enumerate((a, b)):
         at = axis - (rank - len(shape))
         if axes[i] is None and len(shape) > 1 and 0 <= at < len(shape) - 2 and shape[at] != 1:
@@ -320,10 +320,11 @@ def replace_constant_input(graph: Graph, layer: Layer, index: int, value: np.nda
     """Feed input ``index`` of ``layer`` from a new Constant holding ``value`` (of the old
     constant's dtype); the old constant is left to others that read it."""
     slot = layer.inputs[index]
-    old = slot.source
-    value = np.asarray(value, dtype=constant_value(old).dtype)  # type: ignore[union-attr]
-    const = graph.add_layer("Constant", type(old.layer.descriptor)(value), name=f"{layer.name}/{name}")  # type: ignore[union-attr]
-    old.disconnect(slot)  # type: ignore[union-attr]
+    old, current = slot.source, constant_value(slot.source)
+    assert old is not None and current is not None  # the input is a constant
+    value = np.asarray(value, dtype=current.dtype)
+    const = graph.add_layer("Constant", type(old.layer.descriptor)(value), name=f"{layer.name}/{name}")
+    old.disconnect(slot)
     const.outputs[0].connect(slot)
 
 

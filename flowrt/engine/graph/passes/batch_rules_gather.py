@@ -34,7 +34,9 @@ def gather(layer: Layer, axes: list[Axis]) -> Axis | Rewrite:
     data, indices = input_shape(layer, 0), input_shape(layer, 1)
     along = normalize_axis(layer.descriptor.axis, len(data))
     if axes[0] is None:  # a lookup into a table by batched indices
-        return along + axes[1]  # type: ignore[operator]
+        indices_axis = axes[1]
+        assert indices_axis is not None  # a rule runs only where an input carries the batch
+        return along + indices_axis
     batch = batched_first(axes)
     if batch != along:
         return batch if batch < along else batch + len(indices) - 1

@@ -17,8 +17,8 @@ def _static_shape(layer: Layer) -> tuple[int, ...] | None:
     info = layer.outputs[0].info
     if info is None or info.shape is None:
         return None
-    shape = tuple(info.shape)
-    return shape if all(isinstance(d, int) and d > 0 for d in shape) else None  # type: ignore[return-value]
+    known = tuple(d for d in info.shape if isinstance(d, int) and d > 0)
+    return known if len(known) == len(info.shape) else None
 
 
 def _collapsible(first: Layer) -> Layer | None:
@@ -42,7 +42,8 @@ def _collapse(graph: Graph, first: Layer, second: Layer) -> None:
     graph.remove_layer(second)
     graph.remove_layer(first)
     merged = graph.add_layer("Reshape", ReshapeDescriptor(), name=second.name, num_inputs=2)
-    source.connect(merged.inputs[0])  # type: ignore[union-attr]
+    assert source is not None  # _collapsible found it
+    source.connect(merged.inputs[0])
     constant_slot(graph, f"{merged.name}/shape", target).connect(merged.inputs[1])
     merged.outputs[0].info = info
     for destination in readers:

@@ -29,9 +29,10 @@ def _affine(bn: Layer) -> tuple[np.ndarray, np.ndarray] | None:
     if any(out.connections for out in bn.outputs[1:]) or len(bn.inputs) < 5:
         return None
     params = [constant_value(slot.source) for slot in bn.inputs[1:5]]
-    if any(p is None or p.ndim != 1 or p.dtype.kind != "f" for p in params):
+    vectors = [p for p in params if p is not None and p.ndim == 1 and p.dtype.kind == "f"]
+    if len(vectors) < len(params):
         return None
-    scale, shift, mean, var = (p.astype(np.float64) for p in params)  # type: ignore[union-attr]
+    scale, shift, mean, var = (p.astype(np.float64) for p in vectors)
     factor = scale / np.sqrt(var + float(getattr(desc, "epsilon", 1e-5)))
     return factor, shift - mean * factor
 
@@ -86,8 +87,10 @@ def _into_conv(
 
 
 def _into_batch_norm(graph: Graph, first: Layer, factor: np.ndarray, offset: np.ndarray) -> None:
-    f1, o1 = _affine(first)  # type: ignore[misc]
-    dtype = constant_value(first.inputs[1].source).dtype  # type: ignore[union-attr]
+    affine, first_scale = _affine(first), constant_value(first.inputs[1].source)
+    assert affine is not None and first_scale is not None  # fold_batch_norm found first foldable
+    f1, o1 = affine
+    dtype = first_scale.dtype
     channels = factor.shape[0]
     for index, (suffix, value) in enumerate(
         [

@@ -18,7 +18,7 @@ from flowrt.engine.graph.graph import Graph, Layer, constant_value
 from flowrt.engine.graph.layers.io import ConstantDescriptor
 from flowrt.engine.memory.budget import MemoryBudget, tensor_bytes
 from flowrt.errors import FlowrtError, GraphError
-from flowrt.types import TensorInfo
+from flowrt.types import TensorInfo, static_dims
 
 # evaluate(layer, input arrays) -> output arrays; the optimizer supplies one from a backend.
 Evaluator = Callable[[Layer, Sequence["np.ndarray | None"]], Sequence[np.ndarray]]
@@ -35,7 +35,7 @@ def _shape_stand_in(layer: Layer) -> list[np.ndarray | None] | None:
     if info is None or not info.is_static:
         return None
     try:
-        return [np.broadcast_to(np.zeros((), dtype=np.float32), info.shape)]  # type: ignore[arg-type]
+        return [np.broadcast_to(np.zeros((), dtype=np.float32), static_dims(info.shape))]
     except ValueError:  # more elements than numpy can index: no array has this shape, none is fed one
         return None
 
@@ -53,7 +53,7 @@ def _planned_bytes(layer: Layer) -> int | None:
             continue
         if out.info is None or not out.info.is_static:
             return None
-        total += tensor_bytes(out.info.shape, out.info.dtype.itemsize)  # type: ignore[arg-type]
+        total += tensor_bytes(static_dims(out.info.shape), out.info.dtype.itemsize)
     return total
 
 

@@ -25,7 +25,9 @@ def _per_channel(layer: Layer) -> tuple[OutputSlot, np.ndarray] | None:
         return None
     for data, other in ((0, 1), (1, 0)):
         source, value = layer.inputs[data].source, constant_value(layer.inputs[other].source)
-        info, out = (source.info if source else None), layer.outputs[0].info
+        if source is None:
+            continue
+        info, out = source.info, layer.outputs[0].info
         if value is None or info is None or out is None or info.dtype is not DataType.FLOAT32:
             continue
         shape = info.shape
@@ -40,7 +42,7 @@ def _per_channel(layer: Layer) -> tuple[OutputSlot, np.ndarray] | None:
             (1, channels) + (1,) * trailing,
         ):
             continue
-        return source, value.reshape(channels)  # type: ignore[return-value]
+        return source, value.reshape(channels)
     return None
 
 
@@ -65,9 +67,9 @@ def fold_scale_shift(graph: Graph) -> list[str]:
             scale = vector
             after = _only_reader(layer.outputs[0])
             add = _per_channel(after) if after is not None else None
-            if add is not None and add[0] is layer.outputs[0]:
+            if after is not None and add is not None and add[0] is layer.outputs[0]:
                 shift = add[1]
-                folded.append(after)  # type: ignore[arg-type]
+                folded.append(after)
         else:
             shift = vector
         bn = graph.add_layer(

@@ -17,7 +17,9 @@ def _perm(layer: Layer) -> list[int] | None:
 
 def _drop(graph: Graph, layer: Layer) -> None:
     """Remove ``layer``, its readers reading its input instead."""
-    graph.reroute(layer.outputs[0], layer.inputs[0].source)  # type: ignore[arg-type]
+    source = layer.inputs[0].source
+    assert source is not None  # a Transpose's data input is always fed
+    graph.reroute(layer.outputs[0], source)
     graph.remove_layer(layer)
 
 

@@ -68,16 +68,16 @@ def _root_mean_square(
     """(its layers, u, epsilon, axis) when ``slot`` is ``sqrt(mean(u^2) + epsilon)``."""
     root = producer(slot, members, "Sqrt")
     add = producer(sources(root)[0], members, "Add") if root is not None else None
-    if add is None or len(add.inputs) != 2:
+    if root is None or add is None or len(add.inputs) != 2:
         return None
     for variance, eps in (sources(add), sources(add)[::-1]):
         epsilon = scalar(eps)
         mean = _trailing_mean(variance, members) if epsilon is not None else None
-        if mean is None:
+        if epsilon is None or mean is None:
             continue
         square = monomial(mean[1], members)
         if square.num and square.is_power(square.num[0], 2):
-            return (*square.layers, mean[0], add, root), square.num[0], epsilon, mean[2]  # type: ignore[return-value]
+            return (*square.layers, mean[0], add, root), square.num[0], epsilon, mean[2]
     return None
 
 
@@ -108,7 +108,7 @@ def _centered(found: _Normalized, members: set[str]) -> tuple[tuple[Layer, Layer
     mean = _trailing_mean(mean_slot, members)
     if mean is None or mean[1] is not x or mean[2] != found.axis:
         return None
-    return (mean[0], sub), x  # type: ignore[return-value]
+    return (mean[0], sub), mean[1]  # x itself, read by the mean
 
 
 def _fits(param: OutputSlot | None, x: OutputSlot, axis: int) -> bool:
@@ -135,7 +135,8 @@ def _layer_norm(
     """The LayerNormalization of x by ``found``'s gamma (and ``beta``), when they fit."""
     if not _fits(found.gamma, x, found.axis) or (beta is not None and not _fits(beta, x, found.axis)):
         return None
-    rank = len(x.info.shape)  # type: ignore[union-attr, arg-type]
+    assert x.info is not None and x.info.shape is not None  # _fits found them
+    rank = len(x.info.shape)
     descriptor = LayerNormalizationDescriptor(axis=found.axis - rank, epsilon=found.epsilon)
     inputs = (x, found.gamma) if beta is None else (x, found.gamma, beta)
     return ReplacementLayer("LayerNormalization", descriptor, inputs, None, name)
@@ -148,11 +149,11 @@ def layer_norm_with_bias(layer: Layer, members: set[str]) -> Fusion | None:
     for y, beta in (sources(layer), sources(layer)[::-1]):
         found = _normalized(producer(y, members, "Mul", "Div"), members)
         centered = _centered(found, members) if found is not None else None
-        if centered is None:
+        if found is None or centered is None:
             continue
-        replacement = _layer_norm(found, centered[1], beta, layer.name)  # type: ignore[arg-type]
+        replacement = _layer_norm(found, centered[1], beta, layer.name)
         if replacement is not None:
-            return accept([*centered[0], *found.layers, layer], layer, replacement, members)  # type: ignore[union-attr]
+            return accept([*centered[0], *found.layers, layer], layer, replacement, members)
     return None
 
 
@@ -171,7 +172,8 @@ def normalization(layer: Layer, members: set[str]) -> Fusion | None:
     # Also when x - mean(x) is read elsewhere: the RMS of u, the Sub and its mean left in place.
     if not _fits(found.gamma, found.u, found.axis):
         return None
-    rank = len(found.u.info.shape)  # type: ignore[union-attr, arg-type]
+    assert found.u.info is not None and found.u.info.shape is not None  # _fits found them
+    rank = len(found.u.info.shape)
     descriptor = RMSNormalizationDescriptor(axis=found.axis - rank, epsilon=found.epsilon)
     replacement = ReplacementLayer("RMSNormalization", descriptor, (found.u, found.gamma), None, layer.name)
     return accept(found.layers, layer, replacement, members)

@@ -115,12 +115,11 @@ def monomial(slot: OutputSlot | None, members: set[str], top: bool = True) -> Mo
     if value is not None:
         return Monomial(value)
     layer = producer(slot, members, *_PRODUCT_KINDS)
-    read = None
-    if layer is not None and (top or len(slot.connections) == 1):  # type: ignore[union-attr]
+    if slot is not None and layer is not None and (top or len(slot.connections) == 1):
         read = _read(layer, members)
-    if read is None:
-        return Monomial(1.0, (slot,))  # type: ignore[arg-type]
-    return attrs.evolve(read, layers=read.layers + (layer,))
+        if read is not None:
+            return attrs.evolve(read, layers=read.layers + (layer,))
+    return Monomial(1.0, (slot,))  # type: ignore[arg-type]  # an absent slot (None) is a factor no pattern matches
 
 
 def accept(

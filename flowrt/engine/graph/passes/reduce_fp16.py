@@ -48,7 +48,8 @@ def _convertible(layer: Layer, support: LayerSupport) -> bool:
 def _cast(graph: Graph, source: OutputSlot, to: int, name: str) -> Layer:
     cast = graph.add_layer("Cast", CastDescriptor(to=to), name=name)
     source.connect(cast.inputs[0])
-    cast.outputs[0].info = source.info.with_dtype(F16 if to == ONNX_FLOAT16 else F32)  # type: ignore[union-attr]
+    assert source.info is not None  # a float32 tensor of a converted layer
+    cast.outputs[0].info = source.info.with_dtype(F16 if to == ONNX_FLOAT16 else F32)
     return cast
 
 
@@ -70,7 +71,8 @@ def _convert_inputs(graph: Graph, layer: Layer, converted: set[str], place: Plac
                 made[key] = constant_slot(graph, f"{source.layer.name}/fp16", value.astype("float16"))
             else:
                 cast = _cast(graph, source, ONNX_FLOAT16, f"{source.layer.name}/to_fp16")
-                place(cast, layer.backend)  # type: ignore[arg-type]
+                assert layer.backend is not None  # only assigned layers are converted
+                place(cast, layer.backend)
                 made[key] = cast.outputs[0]
         source.disconnect(slot)
         made[key].connect(slot)
@@ -85,7 +87,8 @@ def _convert_outputs(graph: Graph, layer: Layer, converted: set[str], place: Pla
         for destination in outside:
             out.disconnect(destination)
         cast = _cast(graph, out, ONNX_FLOAT, f"{layer.name}/to_fp32")
-        place(cast, layer.backend)  # type: ignore[arg-type]
+        assert layer.backend is not None  # only assigned layers are converted
+        place(cast, layer.backend)
         for destination in outside:
             cast.outputs[0].connect(destination)
 

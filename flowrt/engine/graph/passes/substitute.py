@@ -94,15 +94,16 @@ def substitute(
     """
     subgraph = list(subgraph)
     replacement = attrs.evolve(replacement, inputs=tuple(moved.get(s, s) for s in replacement.inputs))
-    layers = [graph.layers.get(name) for name in _names(subgraph)]
-    if any(found is not given for found, given in zip(layers, subgraph)):
+    found_layers = [graph.layers.get(name) for name in _names(subgraph)]
+    if any(found is not given for found, given in zip(found_layers, subgraph)):
         raise BackendError(
             f"backend {bid}'s substitution of {_names(subgraph)}: a layer is no longer in the graph"
         )
     where = f"backend {bid}'s substitution of {_names(subgraph)}"
-    if not layers or any(layer is None or layer.backend != bid for layer in layers):
+    layers = [layer for layer in found_layers if layer is not None]
+    if not layers or len(layers) < len(found_layers) or any(layer.backend != bid for layer in layers):
         raise BackendError(f"{where}: every replaced layer must be a layer of the graph assigned to {bid}")
-    view = SubgraphView(graph, layers)  # type: ignore[arg-type]
+    view = SubgraphView(graph, layers)
     members = {layer.name for layer in view}
     outputs = view.output_slots
     infos = _outputs_of(replacement, graph, members, where)

@@ -110,7 +110,7 @@ def leading_dimension(x):
     return max(ld, cols, 1)
 
 
-@njit(nogil=True, cache=True, no_cfunc_wrapper=True)
+@njit(nogil=True, cache=True, no_cfunc_wrapper=True)  # type: ignore[call-overload]  # numba's stubs lack no_cfunc_wrapper
 def sgemm(trans_a, trans_b, alpha, a, b, beta, c):
     """``c = alpha * op(a) @ op(b) + beta * c`` on float32 2-D views with unit column stride;
     ``op(x)`` is ``x.T`` when its flag is set. Runs on the calling thread (see the module doc),

@@ -17,13 +17,18 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from numba.core import caching
 
-# numba 0.59-0.6x names these with a leading underscore
-_IMPL = getattr(caching, "CacheImpl", None) or caching._CacheImpl
-_USER_DIR = getattr(caching, "UserProvidedCacheLocator", None) or caching._UserProvidedCacheLocator
-_IN_TREE = getattr(caching, "InTreeCacheLocator", None) or caching._InTreeCacheLocator
+if TYPE_CHECKING:  # the names of the numba this is checked against
+    from numba.core.caching import CacheImpl as _IMPL
+    from numba.core.caching import InTreeCacheLocator as _IN_TREE
+    from numba.core.caching import UserProvidedCacheLocator as _USER_DIR
+else:  # numba 0.59-0.6x names these with a leading underscore
+    _IMPL = getattr(caching, "CacheImpl", None) or caching._CacheImpl
+    _USER_DIR = getattr(caching, "UserProvidedCacheLocator", None) or caching._UserProvidedCacheLocator
+    _IN_TREE = getattr(caching, "InTreeCacheLocator", None) or caching._InTreeCacheLocator
 
 ROOT = Path(__file__).resolve().parent  # flowrt/workers/cpu/acc: every jitted function
 

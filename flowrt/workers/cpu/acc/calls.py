@@ -21,6 +21,7 @@ import ctypes
 import hashlib
 import logging
 import os
+from typing import Any
 
 import numba
 import numpy as np
@@ -45,8 +46,9 @@ cache_stamp.register()  # before this module jits anything
 # ``parallel=True`` numba also makes a parallel loop of every array allocation (np.zeros,
 # np.full) and array expression in the kernel, each one more gufunc to compile and link on a
 # cold cache (the Winograd loop nest: 23 -> 20 s), for work that a slice does in place, or
-# that is tiny beside the kernel's.
-PRANGE_ONLY = ParallelOptions(
+# that is tiny beside the kernel's. Typed Any: numba takes a ParallelOptions for ``parallel``,
+# where its stubs say bool.
+PRANGE_ONLY: Any = ParallelOptions(
     {"comprehension": False, "reduction": False, "inplace_binop": False, "setitem": False, "numpy": False,
      "stencil": False}
 )  # fmt: skip
@@ -73,8 +75,9 @@ def call_native(typingctx, address, args):
 
 # The jit options of a function that only compiled code calls (by address, or linked into its
 # callers): no Python or C wrapper to compile with it. Each wrapper converts every argument,
-# 5-10% of the compile time of a small function on a cold cache.
-NATIVE = {"nogil": True, "cache": True, "no_cpython_wrapper": True, "no_cfunc_wrapper": True}
+# 5-10% of the compile time of a small function on a cold cache. Typed dict[str, Any]: numba's
+# stubs list neither wrapper option among njit's.
+NATIVE: dict[str, Any] = {"nogil": True, "cache": True, "no_cpython_wrapper": True, "no_cfunc_wrapper": True}
 
 
 class SliceFunction:
@@ -228,7 +231,7 @@ def _launch(typingctx, address, tasks, step, args):
 # _parallel_tasks, compiled once, which also runs a single task on the calling thread: one
 # launch per stage to compile here, not a second call for that case). Python calls them:
 # no C wrapper.
-@njit(nogil=True, cache=True, no_cfunc_wrapper=True)
+@njit(nogil=True, cache=True, no_cfunc_wrapper=True)  # type: ignore[call-overload]  # numba's stubs lack no_cfunc_wrapper
 def run_tasks(address, tasks, args):
     """Tasks ``0 .. tasks`` of a :class:`SliceFunction` at ``address`` (step 0), in parallel; a
     single task on the calling thread, with no parallel region."""
@@ -236,7 +239,7 @@ def run_tasks(address, tasks, args):
         _launch(address, np.int64(tasks), np.int64(0), args)
 
 
-@njit(nogil=True, cache=True, no_cfunc_wrapper=True)
+@njit(nogil=True, cache=True, no_cfunc_wrapper=True)  # type: ignore[call-overload]  # numba's stubs lack no_cfunc_wrapper
 def run_stages(steps, first, first_tasks, first_args, second, second_tasks, second_args):
     """For each step (an image, a group of images): the ``first_tasks`` tasks of the slice
     function at address ``first`` in parallel (none when 0), then the ``second_tasks`` of
@@ -287,7 +290,9 @@ class LateFunction:
             ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, *map(_ctype, arguments)
         )
         self._first = self._prototype(self._first_call)
-        self._first_address = ctypes.cast(self._first, ctypes.c_void_p).value
+        first_address = ctypes.cast(self._first, ctypes.c_void_p).value
+        assert first_address is not None  # a callback's address, never null
+        self._first_address = first_address
         self._slot = ctypes.c_int64(self._first_address)
         llvm.add_symbol(name, ctypes.addressof(self._slot))
 

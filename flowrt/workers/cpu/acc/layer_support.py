@@ -23,4 +23,4 @@ class AccLayerSupport:
         kernel = load_all().get(kind)
         if kernel is None:
             return Support.no(f"no CpuAcc kernel for {kind}")
-        return kernel.supports(WorkloadInfo("", kind, descriptor, tuple(inputs), tuple(outputs)))  # type: ignore[arg-type]
+        return kernel.supports(WorkloadInfo("", kind, descriptor, tuple(inputs), tuple(outputs)))  # type: ignore[arg-type]  # inferred outputs are never None

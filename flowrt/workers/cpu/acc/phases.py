@@ -94,7 +94,7 @@ pair_low, pair_high = _pair_half(False), _pair_half(True)
 # pools) call it once a plane, and each inlined copy cost its kernel 0.5-1 s to compile. It
 # indexes the flat plane by unsigned offsets, with no views: each view of the plane as words
 # cost as much to compile as a loop, and a negative index keeps LLVM from vectorizing.
-@njit(nogil=True, cache=True, no_cfunc_wrapper=True)
+@njit(nogil=True, cache=True, no_cfunc_wrapper=True)  # type: ignore[call-overload]  # numba's stubs lack no_cfunc_wrapper
 def fill_phase_planes(dst, x, rows, pitch, phase_stride, sh, sw, ph, pw):
     """Input plane ``x`` (zero-padded by ``ph`` rows and ``pw`` columns in front) into its
     ``sh * sw`` phase planes: phase (i, j), at ``dst[(i * sw + j) * phase_stride:]``, holds the

@@ -91,7 +91,9 @@ class Tape:
 
     @staticmethod
     def compile(calls: Sequence[BoundCall]) -> Callable[[], None]:
-        rows, walks, params = [], [], []
+        rows: list[list[int]] = []
+        walks: list[tuple[int, ...]] = []
+        params: list[tuple[float, float]] = []
         keep = []  # the operands' memory lives as long as the tape that holds their addresses
         for call in calls:
             instruction = call.instruction
@@ -114,7 +116,7 @@ class Tape:
         def run() -> None:
             run_tape(table, flat_walks, table_params)
 
-        run.keep = keep  # type: ignore[attr-defined]
+        run.keep = keep  # type: ignore[attr-defined]  # held by the call, as long as it lives
         return run
 
 
@@ -144,8 +146,8 @@ def _bind_binary(kernel: ElementwiseKernel, inputs, outputs) -> BoundCall | None
     if len(inputs) != 2 or kernel.legacy or outputs[0] is None:
         return None
     a, b, out = inputs[0], inputs[1], outputs[0]
-    flat = [_flat(a), _flat(b), _flat(out)]
-    if any(x is None for x in flat) or out.size == 0:
+    flat = [x for x in (_flat(a), _flat(b), _flat(out)) if x is not None]
+    if len(flat) < 3 or out.size == 0:
         return None
     if np.broadcast_shapes(a.shape, b.shape) != out.shape:
         return None
@@ -172,7 +174,7 @@ def _bind_binary(kernel: ElementwiseKernel, inputs, outputs) -> BoundCall | None
     row.append(int(walk.bounds[1]))
     walk_data = tuple(int(v) for v in (*walk.outer, *walk.a_strides, *walk.b_strides))
     operands = (flat[2], flat[0], flat[1])
-    return _call([out], Instruction(tuple(row), walk_data, (float(alpha), float(beta)), operands))  # type: ignore[arg-type]
+    return _call([out], Instruction(tuple(row), walk_data, (float(alpha), float(beta)), operands))
 
 
 def _bind_activation(kernel: ActivationKernel, inputs, outputs) -> BoundCall | None:

@@ -266,7 +266,7 @@ def _block(panels, p, b, q, ldb, c, c_at, ldc, k, bias, relu, columns):
         _tile_part(panels, p * k * TILE_ROWS, b, q, ldb, c, c_at, ldc, k, bias, p * TILE_ROWS, relu, columns)
 
 
-@njit(nogil=True, cache=True, no_cfunc_wrapper=True)
+@njit(nogil=True, cache=True, no_cfunc_wrapper=True)  # type: ignore[call-overload]  # numba's stubs lack no_cfunc_wrapper
 def gemm_panels(panels, bias, b, c, code, alpha, beta):
     """``c = activation(w @ b + bias)`` for the ``c.shape[0]`` rows of ``w`` packed in
     ``panels`` (:func:`pack_panels`); ``bias`` padded as by :func:`pad_rows`; ``b`` (K, N) and

@@ -11,6 +11,7 @@ import numpy as np
 from flowrt.engine.scheduler.job import JobContext
 from flowrt.errors import BackendError
 from flowrt.registry import WorkloadInfo
+from flowrt.types import static_dims
 from flowrt.workers.cpu.acc.kernels import load_all
 from flowrt.workers.cpu.acc.tape import BoundCall, bind, warm_up
 from flowrt.workers.cpu.blas_threads import hold_for_job
@@ -45,7 +46,7 @@ class AccWorkload:
             return
         constants = self.info.constants or (None,) * len(infos)
         inputs = [
-            c if c is not None else None if i is None else np.ones(i.shape, i.dtype.numpy)  # type: ignore[arg-type]
+            c if c is not None else None if i is None else np.ones(static_dims(i.shape), i.dtype.numpy)
             for i, c in zip(infos, constants)
         ]
         try:

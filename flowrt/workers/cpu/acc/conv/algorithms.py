@@ -8,7 +8,7 @@ applies to every shape, so one is always found.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -26,6 +26,10 @@ from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
 from flowrt.workers.cpu.acc.conv.vector import Vector
 from flowrt.workers.cpu.acc.conv.weights import ConvWeights
 from flowrt.workers.cpu.acc.conv.winograd_conv import Winograd
+
+# A conv's fused activation, (code, alpha, beta) as ``epilogue.activation_args`` gives them:
+# a fixed-length tuple, which the algorithms spread into their kernels' arguments.
+ActArgs = tuple[int, np.float32, np.float32]
 
 
 class ConvAlgorithm(Protocol):
@@ -55,7 +59,7 @@ class ConvAlgorithm(Protocol):
         out: np.ndarray,
         finish: bool,
         constant: bool,
-        act: tuple[Any, ...],
+        act: ActArgs,
     ) -> None:
         """One call, blocking: ``out`` (N, M, oh, ow) from ``x`` (N, C, H, W), C-contiguous
         float32, and ``w``, the weights packed as ``ConvWeights.pack`` does (of shape

@@ -11,7 +11,7 @@ activation. The copies are small against the GEMM they widen. Its algorithm is :
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 import numpy as np
@@ -23,6 +23,7 @@ from flowrt.workers.cpu.acc.conv.packed import Packed
 from flowrt.workers.cpu.acc.kernels.epilogue import activate_row
 
 if TYPE_CHECKING:
+    from flowrt.workers.cpu.acc.conv.algorithms import ActArgs
     from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
     from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
     from flowrt.workers.cpu.acc.conv.weights import ConvWeights
@@ -171,7 +172,7 @@ class Batched:
         return cls(geometry.geo(), geometry.direct, geometry.batch_bounds(tuning))
 
     def run(
-        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
+        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: ActArgs
     ) -> None:
         """See ``algorithms.ConvAlgorithm.run``."""
         x_flat, out_flat = x.reshape(*x.shape[:2], -1), out.reshape(*out.shape[:2], -1)

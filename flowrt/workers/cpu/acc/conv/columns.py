@@ -13,7 +13,7 @@ planes of each image, split once (``im2col.im2col_phases``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 import numpy as np
@@ -27,6 +27,7 @@ from flowrt.workers.cpu.acc.phases import fill_phase_planes_late
 from flowrt.workers.cpu.acc.tiles import TILE_COLUMNS, panels_address
 
 if TYPE_CHECKING:
+    from flowrt.workers.cpu.acc.conv.algorithms import ActArgs
     from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
     from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
     from flowrt.workers.cpu.acc.conv.weights import ConvWeights
@@ -280,7 +281,7 @@ class Columns:
         return cls(geometry.geo(), geometry.direct, geometry.column_bounds(tuning), chunk, tiles, phase_shape)
 
     def run(
-        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
+        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: ActArgs
     ) -> None:
         """See ``algorithms.ConvAlgorithm.run``."""
         panels, panel_bias = weights.panels(w, bias, constant) if self.tiles else (_NO_PANELS, _NO_BIAS)
@@ -311,7 +312,7 @@ class Rows:
         return cls(geometry.geo(), geometry.direct, geometry.row_bounds(tuning))
 
     def run(
-        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
+        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: ActArgs
     ) -> None:
         """See ``algorithms.ConvAlgorithm.run``."""
         x_flat, out_flat = x.reshape(*x.shape[:2], -1), out.reshape(*out.shape[:2], -1)

@@ -28,6 +28,7 @@ from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, RELU, activate, act
 from flowrt.workers.cpu.acc.phases import cell_offset, fill_phase_planes
 
 if TYPE_CHECKING:
+    from flowrt.workers.cpu.acc.conv.algorithms import ActArgs
     from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
     from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
     from flowrt.workers.cpu.acc.conv.weights import ConvWeights
@@ -319,7 +320,7 @@ class Depthwise:
         return cls(geometry.geo(), split_bounds(planes, SplitHint(0, 1), geometry.workers))
 
     def run(
-        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
+        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: ActArgs
     ) -> None:
         """See ``algorithms.ConvAlgorithm.run``: by the subclass's ``plane_kernel`` where the
         output is C-contiguous, else by :func:`depthwise`."""

@@ -10,6 +10,7 @@ import numpy as np
 
 from flowrt.engine.graph.layers.conv import WindowGeometry, window_geometry
 from flowrt.engine.scheduler.window import split_bounds
+from flowrt.types import static_dims
 
 if TYPE_CHECKING:
     from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
@@ -46,7 +47,8 @@ class ConvGeometry:
     @property
     def out_hw(self) -> tuple[int, int]:
         """The output's (height, width)."""
-        return int(self.window.out[0]), int(self.window.out[1])
+        oh, ow = static_dims(self.window.out)  # static, as the input's shape is
+        return oh, ow
 
     @property
     def out_shape(self) -> tuple[int, int, int, int]:

@@ -13,7 +13,7 @@ is a GEMM per group, which register tiles run better).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 import numpy as np
@@ -27,6 +27,7 @@ from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, NONE, RELU, relu
 from flowrt.workers.cpu.acc.phases import cell_offset, fill_phase_planes_late
 
 if TYPE_CHECKING:
+    from flowrt.workers.cpu.acc.conv.algorithms import ActArgs
     from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
     from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
     from flowrt.workers.cpu.acc.conv.weights import ConvWeights
@@ -149,7 +150,7 @@ class Grouped:
         return cls(geometry.geo(), split_bounds(tasks, SplitHint(0, 1), geometry.workers))
 
     def run(
-        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
+        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: ActArgs
     ) -> None:
         """See ``algorithms.ConvAlgorithm.run``."""
         grouped_direct(x, w.reshape(w_shape), bias, out, self.geo, *act, self.bounds)

@@ -17,7 +17,7 @@ at stride 2, (1, 48, 112, 112) 911 -> 591 us, (1, 440, 14, 14) 609 -> 189 us.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 import numpy as np
@@ -29,6 +29,7 @@ from flowrt.workers.cpu.acc.conv.grouped import MAX_GROUP_CHANNELS
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, activate_row
 
 if TYPE_CHECKING:
+    from flowrt.workers.cpu.acc.conv.algorithms import ActArgs
     from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
     from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
     from flowrt.workers.cpu.acc.conv.weights import ConvWeights
@@ -122,7 +123,7 @@ class GroupedSame3:
         return cls(column > 0, column < width - 1)
 
     def run(
-        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
+        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: ActArgs
     ) -> None:
         """See ``algorithms.ConvAlgorithm.run``."""
         batch, channels, height, width = x.shape
@@ -214,7 +215,7 @@ class GroupedStrided2:
         return cls(np.arange(oh * ow) % ow > 0)
 
     def run(
-        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
+        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: ActArgs
     ) -> None:
         """See ``algorithms.ConvAlgorithm.run``."""
         batch, channels, height, width = x.shape

@@ -168,7 +168,7 @@ def fill_address(kind: str, src: np.ndarray, geo: np.ndarray) -> int:
     return found
 
 
-@njit(nogil=True, cache=True, no_cfunc_wrapper=True)
+@njit(nogil=True, cache=True, no_cfunc_wrapper=True)  # type: ignore[call-overload]  # numba's stubs lack no_cfunc_wrapper
 def fill_columns(x, x_flat, c0, geo, r0, q0, dst):
     """The im2col rows ``r0 ..`` (as many as ``dst`` has) for pixels ``q0 ..`` of one image
     ``x`` (channels, height, width), ``x_flat`` its (channels, pixels) view; ``dst``

@@ -13,7 +13,7 @@ Its algorithm is :class:`Packed`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 import numpy as np
@@ -23,6 +23,7 @@ from flowrt.workers.cpu.acc.blas import NATIVE, SliceFunction, call_native, run_
 from flowrt.workers.cpu.acc.tiles import TILE_COLUMNS, panels_address
 
 if TYPE_CHECKING:
+    from flowrt.workers.cpu.acc.conv.algorithms import ActArgs
     from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
     from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
     from flowrt.workers.cpu.acc.conv.weights import ConvWeights
@@ -133,7 +134,7 @@ class Packed:
         return cls(geometry.batch_bounds(tuning))
 
     def run(
-        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
+        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: ActArgs
     ) -> None:
         """See ``algorithms.ConvAlgorithm.run``."""
         panels, panel_bias = weights.panels(w, bias, constant)

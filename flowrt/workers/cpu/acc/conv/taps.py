@@ -10,7 +10,7 @@ Its algorithm, :class:`Taps`, takes such convs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 import numpy as np
@@ -21,6 +21,7 @@ from flowrt.workers.cpu.acc.blas import NATIVE, SliceFunction, run_stages, sgemm
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, activate_row
 
 if TYPE_CHECKING:
+    from flowrt.workers.cpu.acc.conv.algorithms import ActArgs
     from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
     from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
     from flowrt.workers.cpu.acc.conv.weights import ConvWeights
@@ -129,7 +130,7 @@ class Taps:
         return cls(geometry.geo(), padded_shape, row_bounds, block_rows)
 
     def run(
-        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
+        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: ActArgs
     ) -> None:
         """See ``algorithms.ConvAlgorithm.run``."""
         w_taps = weights.taps(w, w_shape)

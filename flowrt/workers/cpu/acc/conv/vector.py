@@ -3,7 +3,7 @@ image, weights (M, C) times a vector of C, by ``gemv.py``. Its algorithm is :cla
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 import numpy as np
@@ -11,6 +11,7 @@ import numpy as np
 from flowrt.workers.cpu.acc.gemv import MAX_VECTORS, gemv, row_bounds
 
 if TYPE_CHECKING:
+    from flowrt.workers.cpu.acc.conv.algorithms import ActArgs
     from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
     from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
     from flowrt.workers.cpu.acc.conv.weights import ConvWeights
@@ -40,7 +41,7 @@ class Vector:
         return cls(row_bounds(geometry.mg, geometry.rows, geometry.workers))
 
     def run(
-        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
+        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: ActArgs
     ) -> None:
         """See ``algorithms.ConvAlgorithm.run``."""
         gemv(w[0], x.reshape(x.shape[0], -1), bias, out.reshape(out.shape[0], -1), self.bounds, *act)

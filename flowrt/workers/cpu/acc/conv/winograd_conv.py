@@ -12,7 +12,7 @@ that runs it: the 3x3 stride-1 convs of one group that :class:`~.winograd.Winogr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 import numba
@@ -42,6 +42,7 @@ from flowrt.workers.cpu.acc.conv.winograd4 import input_transform4, interleave4,
 from flowrt.workers.cpu.acc.phases import fill_phase_planes_late
 
 if TYPE_CHECKING:
+    from flowrt.workers.cpu.acc.conv.algorithms import ActArgs
     from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
     from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
     from flowrt.workers.cpu.acc.conv.weights import ConvWeights
@@ -265,7 +266,7 @@ class Winograd:
         return cls(tile, geometry.geo(), bounds, np.int64(1), block, group)
 
     def run(
-        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: Any
+        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: ActArgs
     ) -> None:
         """See ``algorithms.ConvAlgorithm.run``."""
         u = weights.winograd(w, w_shape, self.tile)

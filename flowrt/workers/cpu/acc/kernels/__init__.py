@@ -27,6 +27,7 @@ A kernel whose layer has a fused activation (``info.activation``) applies it wit
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.registry.kernel_modules import import_kernel_modules
@@ -41,15 +42,25 @@ from flowrt.workers.cpu.acc import cache_stamp
 threading_layer.prepare()
 cache_stamp.register()
 
-AccKernel = type
 
-ACC_KERNELS: dict[str, AccKernel] = {}
+class AccKernel(Protocol):
+    """A kernel class as :func:`acc_kernel` registers it (see above)."""
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support: ...
+
+    def __init__(self, info: WorkloadInfo, workers: int) -> None: ...
 
 
-def acc_kernel(*names: str) -> Callable[[AccKernel], AccKernel]:
+K = TypeVar("K", bound=type[AccKernel])
+
+ACC_KERNELS: dict[str, type[AccKernel]] = {}
+
+
+def acc_kernel(*names: str) -> Callable[[K], K]:
     """Register the decorated kernel class for each named layer kind."""
 
-    def register(cls: AccKernel) -> AccKernel:
+    def register(cls: K) -> K:
         for name in names:
             if name in ACC_KERNELS:
                 raise ValueError(f"CpuAcc kernel for {name!r} registered twice")
@@ -59,7 +70,7 @@ def acc_kernel(*names: str) -> Callable[[AccKernel], AccKernel]:
     return register
 
 
-def load_all() -> dict[str, AccKernel]:
+def load_all() -> dict[str, type[AccKernel]]:
     """Import every kernel module (registering its kernels), once, and return the table."""
     import_kernel_modules(__name__)
     return ACC_KERNELS

@@ -76,8 +76,10 @@ class CastKernel:
             raise BackendError(f"CpuAcc {info.kind} {info.layer_name!r} cannot apply a fused activation")
         self.info = info
         self.workers = workers
-        self.dtype = target_type(info).numpy  # type: ignore[union-attr]
-        self.half = info.inputs[0].dtype is D.FLOAT16 or self.dtype == np.float16  # type: ignore[union-attr]
+        source, target = info.inputs[0], target_type(info)
+        assert source is not None and target is not None  # supports took the layer
+        self.dtype = target.numpy
+        self.half = source.dtype is D.FLOAT16 or self.dtype == np.float16
         self._bounds: dict[int, np.ndarray] = {}
 
     def bounds(self, size: int) -> np.ndarray:

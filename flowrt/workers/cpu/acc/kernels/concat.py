@@ -54,9 +54,10 @@ class ConcatKernel:
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
-        if not info.inputs or any(x is None for x in info.inputs):
+        first = info.inputs[0] if info.inputs else None
+        if first is None or any(x is None for x in info.inputs):
             return Support.no("CpuAcc Concat takes present inputs only")
-        if not has_word_size(info.inputs[0].dtype.numpy):
+        if not has_word_size(first.dtype.numpy):
             return Support.no("CpuAcc Concat takes data types of 1, 2, 4 or 8 bytes only")
         return Support.yes()
 

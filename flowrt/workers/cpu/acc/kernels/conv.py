@@ -88,16 +88,17 @@ class ConvKernel:
     def execute(self, inputs: Any, outputs: Any = None, job: JobContext | None = None) -> list[np.ndarray]:
         x = np.ascontiguousarray(inputs[0], np.float32)
         weights = self.weights
-        w = weights.packed if weights.packed is not None else weights.pack(inputs[1])
-        w_shape = weights.shape if weights.packed is not None else tuple(inputs[1].shape)
+        w, w_shape = weights.packed, weights.shape
+        if w is None or w_shape is None:  # the weights are an input: packed per call
+            w, w_shape = weights.pack(inputs[1]), tuple(inputs[1].shape)
         # as many slices as the job has threads now: a run sharing the cores with others
         # steps down to one, and one slice runs wider GEMMs than two run one after the other
         workers = self.workers if job is None else min(self.workers, job.threads)
-        plan, out_shape = self._chosen(x.shape, w_shape, workers)  # type: ignore[arg-type]
+        plan, out_shape = self._chosen(x.shape, w_shape, workers)
         out = np.empty(out_shape, np.float32) if outputs is None else outputs[0]
         b = self.bias if self.bias is not None else inputs[2] if len(inputs) > 2 else None
         finish = b is not None or self.code != NONE
-        if b is self.bias and b is not None:
+        if b is self.bias and self._bias_ro is not None:  # the layer's own bias
             bias = self._bias_ro
         else:
             bias = read_only(
@@ -105,5 +106,5 @@ class ConvKernel:
             )
         # the operands are the layer's constants: what the algorithm derives from them is kept
         constant = w is weights.packed and (self.bias is not None or b is None)
-        plan.run(weights, x, w, w_shape, bias, out, finish, constant, self.act)  # type: ignore[arg-type]
+        plan.run(weights, x, w, w_shape, bias, out, finish, constant, self.act)
         return [out]

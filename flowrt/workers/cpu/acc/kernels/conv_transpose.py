@@ -35,7 +35,7 @@ from flowrt.engine.scheduler.job import JobContext
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.errors import BackendError
 from flowrt.registry import Support, WorkloadInfo
-from flowrt.types import DataType
+from flowrt.types import DataType, static_dims
 from flowrt.workers.cpu.acc.blas import pin_scipy_blas, sgemm
 from flowrt.workers.cpu.acc.conv.tuning import TILES_MAX_WEIGHTS
 from flowrt.workers.cpu.acc.kernels import acc_kernel
@@ -291,10 +291,11 @@ class ConvTransposeKernel:
             return cached
         kernel = tuple(w_shape[2:])
         g = conv_transpose_geometry(self.desc, x_shape[2:], kernel)
+        out, begins = static_dims(g.out), static_dims(g.pads_begin)  # known, as x_shape is
         lift = (1,) * (2 - len(kernel))  # 1-D as 2-D with one row: kernel, stride 1, no pad
         kh, kw = (*lift, *kernel)
         (sh, sw), (dh, dw) = (*lift, *g.strides), (*lift, *g.dilations)
-        (ph, pw), (oh, ow) = ((0,) * len(lift) + tuple(g.pads_begin)), (*lift, *g.out)
+        (ph, pw), (oh, ow) = (0,) * len(lift) + begins, (*lift, *out)
         ih, iw = (*lift, *x_shape[2:])
         ytab = _axis_phases(sh, ph, kh, dh, oh, ih, kw)
         xtab = _axis_phases(sw, pw, kw, dw, ow, iw, 1)
@@ -310,7 +311,7 @@ class ConvTransposeKernel:
         geo = [kh, kw, sh, sw, dh, dw, ph, pw, ih, iw, oh, ow, min(offsets), max(offsets), left, pitch]
         cached = self._plans[key] = _Plan(
             np.array(geo, np.int64),
-            (n, group * mg, *g.out),
+            (n, group * mg, *out),
             (n, x_shape[1], ih * pitch),
             ytab,
             xtab,
@@ -319,7 +320,9 @@ class ConvTransposeKernel:
         )
         return cached
 
-    def _split(self, planes: int, rows: int, mg: int, unit: int, macs: int, workers: int):
+    def _split(
+        self, planes: int, rows: int, mg: int, unit: int, macs: int, workers: int
+    ) -> tuple[np.ndarray, np.ndarray, bool]:
         """(bands, parts, parallel): phase rows per slice, and output channels per slice where
         ``planes`` (images times groups) of too few rows leave workers idle (1-D, say), in
         units of ``unit`` channels; ``macs`` is the GEMM's work per plane."""
@@ -334,8 +337,10 @@ class ConvTransposeKernel:
 
     def execute(self, inputs, outputs=None, job: JobContext | None = None):
         x = np.ascontiguousarray(inputs[0], np.float32)
-        w, panels, gemm_bias = self.weights if self.weights is not None else self._pack(inputs[1])
-        w_shape = self.weights_shape if self.weights is not None else tuple(inputs[1].shape)
+        packed, w_shape = self.weights, self.weights_shape
+        if packed is None or w_shape is None:  # the weights are an input: packed per call
+            packed, w_shape = self._pack(inputs[1]), tuple(inputs[1].shape)
+        w, panels, gemm_bias = packed
         workers = self.workers if job is None else max(1, min(self.workers, job.threads))
         plan = self.plan(x.shape, w_shape, workers)
         out = np.empty(plan.out_shape, np.float32) if outputs is None else outputs[0]

@@ -18,6 +18,7 @@ from flowrt.engine.graph.layers.tile import tile_repeats
 from flowrt.engine.graph.shapes import broadcast_shapes
 from flowrt.errors import BackendError, ShapeError
 from flowrt.registry import Support, WorkloadInfo
+from flowrt.types import static_dims
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 from flowrt.workers.cpu.acc.kernels.shape_inputs import ShapeInputs, Values
 from flowrt.workers.cpu.acc.kernels.strided import (
@@ -33,8 +34,8 @@ def expand_copy(shape: Sequence[int], values: Values, workers: int) -> tuple[tup
     """Expand's output shape and copy: ``shape`` broadcast with the target ``values[0]``."""
     if values[0] is None:
         raise ShapeError("Expand: a target shape expected, found none")
-    out_shape = broadcast_shapes(shape, values[0], where="Expand")
-    copy = StridedCopy(out_shape, broadcast_strides(shape, out_shape), 0, workers)  # type: ignore[arg-type]
+    out_shape = static_dims(broadcast_shapes(shape, values[0], where="Expand"))  # of known shapes
+    copy = StridedCopy(out_shape, broadcast_strides(shape, out_shape), 0, workers)
     return copy.shape, copy
 
 

@@ -34,7 +34,7 @@ class Value:
     intrinsic's call site; Python numbers mix in as float32 constants."""
 
     __slots__ = ("builder", "ir")
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # == builds IR, so a Value is not hashable
 
     def __init__(self, builder: ir.IRBuilder, value: ir.Value) -> None:
         self.builder, self.ir = builder, value
@@ -94,10 +94,10 @@ class Value:
     def __ge__(self, o):
         return self._compare(">=", o)
 
-    def __eq__(self, o):  # type: ignore[override]
+    def __eq__(self, o):
         return self._compare("==", o)
 
-    def __ne__(self, o):  # type: ignore[override]
+    def __ne__(self, o):
         return self._compare("!=", o, ordered=False)
 
     def __or__(self, o):
@@ -174,6 +174,7 @@ def float32_function(build: Callable[..., Value]):
 
     # numba lowers no *args intrinsic: one typing function per arity
     arity = build.__code__.co_argcount
+    fn: Callable[..., object]
     if arity == 1:
         fn = lambda typingctx, x: typer(typingctx, (x,))  # noqa: E731
     elif arity == 3:

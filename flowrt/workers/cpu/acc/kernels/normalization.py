@@ -236,10 +236,11 @@ class LayerNormalizationKernel:
         cached = self._params.get(normalized)
         if cached is None:
             bias = inputs[2] if len(inputs) > 2 and inputs[2] is not None else np.zeros((), np.float32)
-            cached = tuple(
+            scale, shift = (
                 np.ascontiguousarray(np.broadcast_to(p, normalized), np.float32).reshape(-1)
                 for p in (inputs[1], bias)
             )
+            cached = (scale, shift)
             if self.constant:
                 self._params[normalized] = cached
         return cached

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from flowrt.engine.graph.layers.pad import pad_widths
+from flowrt.engine.graph.layers.pad import PadMode, pad_widths
 from flowrt.engine.graph.layers.reshape import const_ints
 from flowrt.errors import BackendError
 from flowrt.registry import Support, WorkloadInfo
@@ -59,7 +59,7 @@ def _pad(x, out, maps, map_starts, outer, in_strides, inner, value, bounds):
         _pad_rows(x, out, maps, map_starts, outer, in_strides, inner, value, bounds[s], bounds[s + 1])
 
 
-def index_map(size: int, begin: int, end: int, mode: str) -> np.ndarray:
+def index_map(size: int, begin: int, end: int, mode: PadMode) -> np.ndarray:
     """Input index of each output index along one dimension; -1 for the constant."""
     kept = np.arange(max(-begin, 0), size - max(-end, 0), dtype=np.int64)
     grow = (max(begin, 0), max(end, 0))
@@ -71,7 +71,7 @@ def index_map(size: int, begin: int, end: int, mode: str) -> np.ndarray:
 class PadWalk:
     """The index maps and row grid of one padding of one input shape."""
 
-    def __init__(self, shape, widths, mode: str, workers: int) -> None:
+    def __init__(self, shape, widths, mode: PadMode, workers: int) -> None:
         maps = [index_map(n, b, e, mode) for n, (b, e) in zip(shape, widths, strict=True)]
         self.shape = tuple(len(m) for m in maps)
         strides = contiguous_strides(shape)[:-1]
@@ -109,6 +109,7 @@ class PadKernel:
         """(begin, end) per axis, from the attribute (old opsets) or the pads input."""
         desc = self.info.descriptor
         counts = list(desc.pads_attribute) if desc.pads_attribute is not None else const_ints(pads)
+        assert counts is not None  # pads are an attribute (old opsets) or an input
         return tuple(pad_widths(x.ndim, counts, const_ints(axes)))
 
     def fill(self, x, constant_value) -> np.ndarray:

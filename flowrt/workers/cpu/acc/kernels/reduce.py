@@ -113,7 +113,8 @@ class ReduceKernel:
 
     def walk(self, shape, axes_input) -> ReduceWalk:
         """The walk for an input shape and axes input (planned once per pair)."""
-        key = (shape, None if axes_input is None else tuple(const_ints(axes_input)))
+        given = const_ints(axes_input)
+        key = (shape, None if given is None else tuple(given))
         cached = self._walks.get(key)
         if cached is None:
             desc = self.info.descriptor

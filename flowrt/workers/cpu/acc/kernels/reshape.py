@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from flowrt.engine.graph.layers.reshape import VIEW_SHAPES
 from flowrt.registry import Support, WorkloadInfo
+from flowrt.types import static_dims
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 
 
@@ -26,10 +27,11 @@ class ViewKernel:
         self.info = info
         self.view_shape = VIEW_SHAPES[info.kind]
         # Static shapes in and out: the output shape is known now, and a run only reshapes.
-        out = info.outputs[0] if info.outputs else None
-        static = out is not None and out.is_static and info.inputs[0].is_static  # type: ignore[union-attr]
-        self.in_shape = tuple(info.inputs[0].shape) if static else None  # type: ignore[union-attr]
-        self.out_shape = tuple(out.shape) if static else None  # type: ignore[union-attr]
+        x, out = info.inputs[0], info.outputs[0] if info.outputs else None
+        self.in_shape: tuple[int, ...] | None = None
+        self.out_shape: tuple[int, ...] | None = None
+        if x is not None and out is not None and x.is_static and out.is_static:
+            self.in_shape, self.out_shape = static_dims(x.shape), static_dims(out.shape)
 
     def execute(self, inputs, outputs=None):
         # A non-contiguous input is copied by numpy's reshape; every other input is viewed.

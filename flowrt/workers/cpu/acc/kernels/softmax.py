@@ -101,7 +101,7 @@ def _columns(x, out, top, total, log):
                 dst[j] = dst[j] / np.float32(total[j])
 
 
-@njit(nogil=True, cache=True, no_cfunc_wrapper=True)
+@njit(nogil=True, cache=True, no_cfunc_wrapper=True)  # type: ignore[call-overload]  # numba's stubs lack no_cfunc_wrapper
 def _softmax_rows(task, step, x, out, bounds, blocks, log):
     """The rows of slice ``task`` (a :class:`SliceFunction`), ``x`` and ``out`` (outer,
     length) when ``inner`` is 1: each row is then typed contiguous, and its loops vectorize.
@@ -110,7 +110,7 @@ def _softmax_rows(task, step, x, out, bounds, blocks, log):
         _row(x[o], out[o], log)
 
 
-@njit(nogil=True, cache=True, no_cfunc_wrapper=True)
+@njit(nogil=True, cache=True, no_cfunc_wrapper=True)  # type: ignore[call-overload]  # numba's stubs lack no_cfunc_wrapper
 def _softmax_units(task, step, x, out, bounds, blocks, log):
     """The (row, column block) units of slice ``task`` (a :class:`SliceFunction`), ``x`` and
     ``out`` (outer, length, inner)."""

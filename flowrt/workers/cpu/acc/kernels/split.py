@@ -54,7 +54,7 @@ class SplitKernel:
             for length in resolve_split(desc, None if given is None else list(given), shape[axis]):
                 piece = shape[:axis] + (length,) + shape[axis + 1 :]
                 cached.append(StridedCopy(piece, own, offset * own[axis], self.workers))
-                offset += length  # type: ignore[operator]
+                offset += length
             self._copies[key] = cached
         return cached
 

@@ -10,7 +10,7 @@ and shufflenet's ``(0, 2, 1, 3, 4)`` transpose becomes ``60 x 4`` rows of ``28*2
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from numba import njit
@@ -59,7 +59,7 @@ def collapse(shape: Sequence[int], *strides: Sequence[int]) -> tuple[list[int], 
     return out_dims, out_steps
 
 
-def as_index(values: Sequence[int]) -> np.ndarray:
+def as_index(values: Iterable[int]) -> np.ndarray:
     """An int64 array a jitted loop reads shapes and strides from (never empty)."""
     return np.array(list(values) or [1], dtype=np.int64)
 

@@ -15,7 +15,7 @@ from numba import njit, prange
 from flowrt.engine.graph.shapes import broadcast_shapes
 from flowrt.errors import BackendError
 from flowrt.registry import Support, WorkloadInfo
-from flowrt.types import DataType
+from flowrt.types import DataType, static_dims
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 from flowrt.workers.cpu.acc.kernels.strided import (
     as_index,
@@ -100,7 +100,7 @@ class SelectWalk:
     elements over an ``outer`` grid (equal shapes: flat rows, the last one shorter)."""
 
     def __init__(self, shapes: list[tuple[int, ...]], workers: int) -> None:
-        self.shape: tuple[int, ...] = broadcast_shapes(*shapes, where="Where")  # type: ignore[assignment]
+        self.shape = static_dims(broadcast_shapes(*shapes, where="Where"))  # of known shapes
         dims, strides = cut_flat(*collapse(self.shape, *(broadcast_strides(s, self.shape) for s in shapes)))
         self.inner, self.outer = dims[-1], as_index(dims[:-1])
         self.strides = [as_index(s[:-1]) for s in strides]
@@ -123,12 +123,13 @@ class WhereKernel:
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
-        if len(info.inputs) != 3 or any(i is None for i in info.inputs):
+        present = [i for i in info.inputs if i is not None]
+        if len(info.inputs) != 3 or len(present) != 3:
             return Support.no("CpuAcc Where takes three present inputs only")
-        condition, x, y = info.inputs
-        if condition.dtype is not DataType.BOOL:  # type: ignore[union-attr]
+        condition, x, y = present
+        if condition.dtype is not DataType.BOOL:
             return Support.no("CpuAcc Where takes a bool condition only")
-        if x.dtype is not y.dtype or not has_word_size(x.dtype.numpy):  # type: ignore[union-attr]
+        if x.dtype is not y.dtype or not has_word_size(x.dtype.numpy):
             return Support.no("CpuAcc Where takes X and Y of one data type of 1, 2, 4 or 8 bytes only")
         return Support.yes()
 
