@@ -37,8 +37,11 @@ def _run_both(op, inputs, attributes, num_outputs, *, constant=True, given_out=F
 def _close(got, expected):
     for g, e in zip(got, expected, strict=True):
         assert g.dtype == np.float32 and g.shape == e.shape
-        # float32 sums in another order, carried through the steps of a sequence
-        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
+        # float32 sums in another order, carried through the steps of a sequence; unbounded
+        # activations (Affine with a slope above 1) may grow the state by orders of magnitude,
+        # each step amplifying the rounding of the last: the tolerance grows with the doublings
+        growth = max(1.0, float(np.log2(1.0 + np.abs(e).max(initial=0.0))))
+        np.testing.assert_allclose(g, e, rtol=1e-4 * growth, atol=1e-5)
 
 
 @settings(max_examples=25, deadline=None)
