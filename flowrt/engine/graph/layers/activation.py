@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from flowrt.engine.graph.layer_kind import ActivationFact, as_tuple, declare_activation, layer_kind
+from flowrt.engine.graph.layer_kind import ActivationFact, as_tuple, layer_kind
 from flowrt.engine.graph.layers.elementwise import (
     FLOAT_TYPES,
     NUMERIC_TYPES,
@@ -65,8 +65,6 @@ layer_kind("HardSwish", activation=ActivationFact(7, fused="curve"))(_float_infe
 layer_kind("Softplus", activation=ActivationFact(9, fused="never"))(_float_infer)
 layer_kind("Mish", activation=ActivationFact(13, fused="never"))(_float_infer)
 layer_kind("Softsign")(_float_infer)
-# Swish's kind is registered with LpNormalization's family (lp_norm.py).
-declare_activation("Swish", ActivationFact(12, _alpha, fused="curve"))
 
 
 @attrs.frozen

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from flowrt.engine.graph.layer_kind import layer_kind
+from flowrt.engine.graph.layer_kind import ActivationFact, layer_kind
 from flowrt.engine.graph.layers.elementwise import FLOAT_TYPES, NUMERIC_TYPES, same_info_infer
 from flowrt.engine.graph.shapes import normalize_axis
 
@@ -47,4 +47,10 @@ class SwishDescriptor:
     alpha: float = 1.0
 
 
-layer_kind("Swish", SwishDescriptor)(_float_same_info)
+def _swish_alpha(descriptor: SwishDescriptor, constants: object) -> tuple[float, float]:
+    return float(descriptor.alpha), 0.0
+
+
+layer_kind("Swish", SwishDescriptor, activation=ActivationFact(12, _swish_alpha, fused="curve"))(
+    _float_same_info
+)
