@@ -29,7 +29,10 @@ from flowrt.registry import BackendId, BackendRegistry, backend_registry
 from flowrt.serialize import load, save
 from flowrt.types import DataType, Priority, TensorInfo
 from flowrt.workers.cpu.acc import AccBackend
+from flowrt.workers.cpu.acc.backend import DEFAULT_RANK as _ACC_RANK
 from flowrt.workers.cpu.ref import RefBackend
+from flowrt.workers.cpu.ref.backend import DEFAULT_RANK as _REF_RANK
+from flowrt.workers.gpu.backend_default import DEFAULT_RANK as _GPU_RANK
 
 if TYPE_CHECKING:
     from flowrt.loaded_network import LoadedNetwork
@@ -92,9 +95,14 @@ def _gpu_acc() -> Any:
     return GpuAccBackend()
 
 
-for _id, _factory in (("CpuRef", RefBackend), ("CpuAcc", AccBackend), ("GpuAcc", _gpu_acc)):
+# Each with its place in the default list (GpuAcc's asks OpenCL when a default is first built).
+for _id, _factory, _rank in (
+    ("CpuRef", RefBackend, _REF_RANK),
+    ("CpuAcc", AccBackend, _ACC_RANK),
+    ("GpuAcc", _gpu_acc, _GPU_RANK),
+):
     if not backend_registry().is_registered(_id):
-        backend_registry().register(_id, _factory)
+        backend_registry().register(_id, _factory, _rank)
 
 
 def __getattr__(name: str) -> Any:

@@ -7,35 +7,36 @@ falls back to the reference), with GpuAcc first only where OpenCL shows a real G
 OpenCL device (PoCL) does not count: it runs most models slower than CpuAcc, so it is used
 only when named.
 
-Importing this module costs nothing: OpenCL (pyopencl) is probed on the first call of
-:func:`gpu_device_present`, once per process.
+The list is built from the process registry: each backend is registered with its place in
+it (``flowrt.registry.DefaultRank``) and answers whether it runs here, so this module names
+no backend module. Importing it costs nothing: GpuAcc's answer probes OpenCL (imports
+pyopencl) when a default list is first built, once per process.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
+from flowrt.registry import backend_registry
 from flowrt.validate import argument_error
 
 GPU_BACKEND = "GpuAcc"
 CPU_BACKENDS = ("CpuAcc", "CpuRef")
 
 
-@functools.cache
 def gpu_device_present() -> bool:
-    """Whether OpenCL shows a GPU device (a CPU device does not count). Imports pyopencl on the
-    first call only; the answer is kept for the life of the process."""
-    from flowrt.workers.gpu.device import gpu_device_present as probe
-
-    return probe()
+    """Whether GpuAcc runs by default here: OpenCL shows a GPU device (a CPU device does not
+    count). The first call imports pyopencl; the answer is kept for the life of the process."""
+    return backend_registry().runs_by_default(GPU_BACKEND)
 
 
 def default_backends() -> list[str]:
-    """The fastest backends available: ``["GpuAcc", "CpuAcc", "CpuRef"]`` where OpenCL shows a
-    GPU, else ``["CpuAcc", "CpuRef"]``. A new list each call: the caller may change it."""
-    return [GPU_BACKEND, *CPU_BACKENDS] if gpu_device_present() else list(CPU_BACKENDS)
+    """The fastest backends available, from the process registry's default ranks:
+    ``["GpuAcc", "CpuAcc", "CpuRef"]`` where OpenCL shows a GPU, else ``["CpuAcc", "CpuRef"]``
+    (and any backend registered with a DefaultRank in its place). A new list each call: the
+    caller may change it."""
+    return [str(bid) for bid in backend_registry().default_ids()]
 
 
 def backend_ids(backends: Any, where: str) -> list[str]:

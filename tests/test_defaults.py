@@ -1,13 +1,15 @@
 """One default backend list for every entry point: ``flowrt.optimize``, ``InferenceSession``
 with no providers, the onnx backend and the command line all take the fastest list available
-(CpuAcc, CpuRef; GpuAcc first only where OpenCL shows a real GPU). The OpenCL probe is
-replaced here, so these tests mean the same on a machine with a GPU and one without."""
+(CpuAcc, CpuRef; GpuAcc first only where OpenCL shows a real GPU), built from the registry's
+default ranks. The OpenCL probe is replaced here, so these tests mean the same on a machine
+with a GPU and one without."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,8 +19,9 @@ from ortmodels import relu_model
 import flowrt
 import flowrt.workers.gpu.device as opencl_device
 from flowrt import defaults
-from flowrt.errors import BackendError
+from flowrt.errors import ArgumentError, BackendError
 from flowrt.onnx import backend as onnx_backend
+from flowrt.registry import DefaultRank
 
 X = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
 
@@ -30,7 +33,7 @@ def opencl(monkeypatch):
     monkeypatch.delenv(opencl_device.DEVICE_ENV, raising=False)
 
     def show(gpu: bool) -> None:
-        monkeypatch.setattr(defaults, "gpu_device_present", lambda: gpu)
+        monkeypatch.setattr(opencl_device, "gpu_device_present", lambda: gpu)
         if gpu:
             factories = flowrt.backend_registry()._factories
             monkeypatch.setitem(factories, "GpuAcc", lambda: PartialBackend("GpuAcc", set()))
@@ -114,13 +117,47 @@ def test_the_onnx_backend_runs_on_the_cpu_default_even_where_opencl_shows_a_gpu(
 
 def test_the_gpu_probe_runs_once_per_process(monkeypatch):
     calls = []
-    monkeypatch.setattr(opencl_device, "gpu_device_present", lambda: calls.append(1) or False)
-    defaults.gpu_device_present.cache_clear()
+    monkeypatch.setattr(opencl_device, "cl", SimpleNamespace())  # an OpenCL with no platform
+    monkeypatch.setattr(opencl_device, "platforms", lambda: calls.append(1) or [])
+    opencl_device.gpu_device_present.cache_clear()
     try:
         assert defaults.default_backends() == defaults.default_backends() == ["CpuAcc", "CpuRef"]
+        assert not defaults.gpu_device_present()
         assert calls == [1]
     finally:
-        defaults.gpu_device_present.cache_clear()  # the next caller probes the real OpenCL
+        opencl_device.gpu_device_present.cache_clear()  # the next caller probes the real OpenCL
+
+
+def test_a_backend_registered_with_a_default_rank_joins_the_default_list_in_rank_order(opencl):
+    opencl(gpu=False)
+    acme = PartialBackend("Acme_Relu", {"Relu"})
+    registry = flowrt.backend_registry()
+    registry.register("Acme_Relu", lambda: acme, DefaultRank(15))  # between GpuAcc and CpuAcc
+    registry.register("Acme_Idle", lambda: acme, DefaultRank(5, runs_here=lambda: False))
+    registry.register("Acme_Named", lambda: acme)  # no rank: only when named
+    try:
+        assert defaults.default_backends() == ["Acme_Relu", "CpuAcc", "CpuRef"]
+        assert flowrt.optimize(_relu_network()).assignments() == {"relu": "Acme_Relu"}
+        with flowrt.InferenceSession(relu_model().SerializeToString()) as sess:
+            assert sess.optimized.backends == ["Acme_Relu", "CpuAcc", "CpuRef"]
+            np.testing.assert_array_equal(sess.run(None, {"x": X})[0], np.maximum(X, 0))
+        assert acme.calls == ["relu"]
+    finally:
+        for bid in ("Acme_Relu", "Acme_Idle", "Acme_Named"):
+            registry.unregister(bid)
+    assert defaults.default_backends() == ["CpuAcc", "CpuRef"]
+
+
+def test_a_default_rank_whose_answer_raises_is_an_error_naming_the_backend():
+    def broken() -> bool:
+        raise OSError("driver crashed")
+
+    registry = flowrt.BackendRegistry()
+    registry.register("Acme_Broken", flowrt.RefBackend, DefaultRank(1, runs_here=broken))
+    with pytest.raises(BackendError, match="'Acme_Broken' failed to say whether it runs by default: OSError"):
+        registry.default_ids()
+    with pytest.raises(ArgumentError, match="default_rank must be a DefaultRank or None, got 1"):
+        registry.register("Acme_Int", flowrt.RefBackend, 1)
 
 
 _BACKENDS_CAPABILITIES = """

@@ -50,9 +50,9 @@ def no_opencl(monkeypatch, unnamed):
     GPU probe is asked afresh and forgotten afterwards."""
     monkeypatch.setattr(opencl, "cl", None)
     monkeypatch.setattr(opencl, "_IMPORT_ERROR", "pyopencl failed to import (ImportError: blocked)")
-    defaults.gpu_device_present.cache_clear()
+    opencl.gpu_device_present.cache_clear()
     yield
-    defaults.gpu_device_present.cache_clear()
+    opencl.gpu_device_present.cache_clear()
 
 
 @needs_cpu_only_opencl

@@ -17,12 +17,7 @@ PACKAGE = ROOT / "flowrt"
 MAX_LINES = 500
 
 # (importing module, imported module): why it is not fixed yet.
-ALLOWED = {
-    ("flowrt.defaults", "flowrt.workers.gpu.device"): (
-        "the default backend list probes OpenCL for a GPU itself, lazily; goes when backends "
-        "report whether they can run through the registry's backend contract"
-    ),
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 # Folders that hold rooms but are none themselves: their __init__ imports nothing of flowrt.
 PACKAGE_MARKERS = {"flowrt/engine/__init__.py", "flowrt/workers/__init__.py"}

@@ -15,7 +15,7 @@ from gatedbackend import gated_model
 from ortmodels import TYPED_INPUTS, constant_subgraph_model, relu_model, tiny_model, typed_model
 
 import flowrt
-from flowrt import defaults
+import flowrt.workers.gpu.device as opencl_device
 from flowrt.defaults import gpu_device_present
 from flowrt.errors import ArgumentError, BackendError, RunError
 from flowrt.ort_compat import RunTerminatedError
@@ -29,7 +29,7 @@ def _session(model=None, *args, **kwargs) -> flowrt.InferenceSession:
 
 
 def test_cpu_execution_provider_is_cpu_acc_then_cpu_ref_and_the_default(monkeypatch):
-    monkeypatch.setattr(defaults, "gpu_device_present", lambda: False)  # with a GPU, GpuAcc comes first
+    monkeypatch.setattr(opencl_device, "gpu_device_present", lambda: False)  # with a GPU, GpuAcc comes first
     with _session(providers=["CPUExecutionProvider"]) as explicit, _session() as default:
         assert explicit.optimized.backends == default.optimized.backends == ["CpuAcc", "CpuRef"]
         assert default.get_providers() == ["CPUExecutionProvider"]

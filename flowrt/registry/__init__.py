@@ -1,6 +1,6 @@
 """Backends: their protocols, the registry that finds them, and what their optimizers answer."""
 
-from flowrt.registry.backend_registry import BackendId, BackendRegistry, backend_registry
+from flowrt.registry.backend_registry import BackendId, BackendRegistry, DefaultRank, backend_registry
 from flowrt.registry.optimization_views import OptimizationViews, ReplacementLayer, Substitution
 from flowrt.registry.protocols import (
     Backend,
@@ -20,6 +20,7 @@ __all__ = [
     "Backend",
     "BackendId",
     "BackendRegistry",
+    "DefaultRank",
     "FusedActivation",
     "LayerSupport",
     "OptimizationViews",

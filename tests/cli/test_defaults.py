@@ -5,7 +5,6 @@ import json
 
 import pytest
 
-from flowrt import defaults
 from flowrt.cli import main
 from flowrt.workers.gpu import device
 from flowrt.workers.gpu.device import DeviceDescription
@@ -17,7 +16,7 @@ def opencl(monkeypatch):
     monkeypatch.delenv(device.DEVICE_ENV, raising=False)
 
     def show(gpu: bool = False, reason: str = "", cpu_devices=()):
-        monkeypatch.setattr(defaults, "gpu_device_present", lambda: gpu)
+        monkeypatch.setattr(device, "gpu_device_present", lambda: gpu)
         monkeypatch.setattr(device, "unavailable_reason", lambda: reason)
         found = [
             DeviceDescription(f"0:{i}", name, "PoCL", "CPU", "3.0", 2**30, False)

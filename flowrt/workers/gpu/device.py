@@ -14,6 +14,7 @@ a missing or broken OpenCL install leaves ``cl`` as None and GpuAcc reports itse
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Any
@@ -53,9 +54,10 @@ def platforms() -> list[Any]:
         return []
 
 
+@functools.cache
 def gpu_device_present() -> bool:
     """Whether OpenCL shows a GPU device (a CPU device, such as PoCL's, does not count): what
-    makes GpuAcc a default backend."""
+    makes GpuAcc a default backend. Probed once per process; ``cache_clear()`` asks again."""
     if cl is None:
         return False
     for platform in platforms():

@@ -10,11 +10,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from flowrt.engine.memory.manager import MemoryManager
+from flowrt.registry import DefaultRank
 
 if TYPE_CHECKING:
     from flowrt.registry import OptimizationViews
     from flowrt.workers.cpu.acc.layer_support import AccLayerSupport
     from flowrt.workers.cpu.acc.workload_factory import AccWorkloadFactory
+
+# In the default list on every machine, after GpuAcc and before CpuRef.
+DEFAULT_RANK = DefaultRank(20)
 
 FUSED_ACTIVATION_KINDS = frozenset(
     {"Conv", "Gemm", "MatMul", "MatMulBias", "Add", "Sub", "Mul", "Div", "Sum", "BatchNormalization"}

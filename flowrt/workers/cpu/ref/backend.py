@@ -6,9 +6,12 @@ from typing import Any
 
 from flowrt.engine.graph.passes.fusions import offer_fusions
 from flowrt.engine.memory.manager import MemoryManager
-from flowrt.registry import OptimizationViews
+from flowrt.registry import DefaultRank, OptimizationViews
 from flowrt.workers.cpu.ref.layer_support import RefLayerSupport
 from flowrt.workers.cpu.ref.workload_factory import RefWorkloadFactory
+
+# Last in the default list: it takes every layer, so a model never fails for want of a kernel.
+DEFAULT_RANK = DefaultRank(30)
 
 
 class RefBackend:
