@@ -14,6 +14,7 @@ from flowrt.frontends.onnx.descriptors import make_descriptor
 from flowrt.registry import WorkloadInfo
 from flowrt.types import DataType, TensorInfo
 from flowrt.workers.cpu.acc.kernels import load_all as acc_kernels
+from flowrt.workers.cpu.acc.kernels.recurrent import GATES, KINDS, PARALLEL_WEIGHTS
 from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
 
 
@@ -51,6 +52,20 @@ def _close(got, expected):
 def test_layers_match_cpuref(case, constant, given_out):
     op, inputs, attributes, num_outputs = case
     _close(*_run_both(op, inputs, attributes, num_outputs, constant=constant, given_out=given_out))
+
+
+@pytest.mark.parametrize(
+    ("op", "attributes"),
+    [("LSTM", {}), ("GRU", {"linear_before_reset": 0}), ("GRU", {"linear_before_reset": 1})],
+)
+def test_a_large_r_split_over_the_workers_matches_cpuref(op, attributes):
+    # hidden 256: R holds at least PARALLEL_WEIGHTS floats, so the input projection and each
+    # step's product by R run as blocks of gate rows on two threads; batch 2, both directions
+    hidden = 256
+    assert GATES[KINDS[op]] * hidden * hidden >= PARALLEL_WEIGHTS
+    inputs = layer_inputs(op, 3, 2, 8, hidden, direction="bidirectional", seed=7, scale=0.1)
+    attributes = {"hidden_size": hidden, "direction": "bidirectional", **attributes}
+    _close(*_run_both(op, inputs, attributes, 2))
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)

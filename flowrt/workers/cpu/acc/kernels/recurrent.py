@@ -3,8 +3,11 @@
 Per direction, the input projection of every time step is one GEMM (X (seq * batch, input)
 by W^T); then a loop over the time steps multiplies the hidden state by R^T (one GEMM, or a
 GEMV at batch 1) and runs the gate arithmetic row by row, each gate's activation one
-vectorized loop over the row. It runs on the calling thread: each step needs the one before,
-and the work of a step is small (a hidden size of 256 at batch 1 is a 1 MB GEMV).
+vectorized loop over the row. Each step needs the one before, so the steps run in order on
+the calling thread; where R is large (``PARALLEL_WEIGHTS``), the input projection and each
+step's product by R are split into blocks of gate rows over the job's threads. A hidden size of 256 at batch 1 is a
+1 MB GEMV per step: from one core's L2 and L3 it is most of the step's time, and two threads
+each reading their half (which stays in that core's L2) take less than half of it.
 
 Every array crosses into numba flat, 1-D and float32 (inputs read-only, outputs writable),
 with the shapes in an int64 array, so that one compiled specialization serves every layer.
@@ -16,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from flowrt.engine.graph.layers.recurrent import cell_activations, sequence_lengths
+from flowrt.engine.scheduler.job import JobContext
 from flowrt.errors import ShapeError
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
@@ -29,11 +33,16 @@ from flowrt.workers.cpu.acc.kernels.recurrent_steps import (
     RNN,
     compile_all,
     direction,
+    product_address,
 )
 
 pin_scipy_blas()
 
 GATES = {RNN: 1, GRU: 3, LSTM: 4}
+# Fewest weights in R (floats, per direction) for which each step's product by R is split
+# over the job's threads: below it a step's product takes a few microseconds, about what a
+# parallel region costs.
+PARALLEL_WEIGHTS = 1 << 17
 _INPUT_NAMES = ("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P")
 
 
@@ -46,6 +55,9 @@ def _flat(a) -> np.ndarray:
 class RecurrentKernel:
     """A recurrent layer, every direction, activation, clip, layout and optional input of the
     spec; absent optional inputs are zeros. Declines data other than float32."""
+
+    # The products by W and R are split over as many threads as the job has now.
+    takes_job = True
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
@@ -68,7 +80,9 @@ class RecurrentKernel:
         constants = tuple(info.constants) + (None,) * 8
         self.constants = [None if c is None or i == 4 else _flat(c) for i, c in enumerate(constants[:8])]
         self._zeros: dict[int, np.ndarray] = {}
+        self.workers = workers
         compile_all()
+        self._product = product_address() if workers > 1 else 0
 
     def _zeros_of(self, size: int) -> np.ndarray:
         """Read-only zeros standing for an absent bias, peephole or initial state."""
@@ -90,7 +104,7 @@ class RecurrentKernel:
             )
         return a
 
-    def execute(self, inputs, outputs=None):
+    def execute(self, inputs, outputs=None, job: JobContext | None = None):
         desc = self.desc
         inputs = list(inputs) + [None] * (8 - len(inputs))
         x_shape = np.shape(inputs[0])
@@ -121,6 +135,8 @@ class RecurrentKernel:
         dims = np.array([seq, batch, size, hidden, dirs, desc.layout, self.flag, *self.reverse], np.int64)
         y, y_h, y_c = (a.reshape(-1) for a in results)
         per = len(self.codes) // dirs
+        threads = self.workers if job is None else min(self.workers, job.threads)
+        tasks = np.int64(threads if self._product and rows * hidden >= PARALLEL_WEIGHTS else 1)
         for d in range(dirs):
             w_d, r_d = w.reshape(dirs, -1)[d], r.reshape(dirs, -1)[d]
             b_d, p_d = bias.reshape(dirs, -1)[d], peep.reshape(dirs, -1)[d]
@@ -145,5 +161,7 @@ class RecurrentKernel:
                 alphas,
                 betas,
                 self.clip,
+                np.int64(self._product),
+                tasks,
             )
         return results[: self.num_outputs]

@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, types
 
 from flowrt.workers.cpu.acc.blas import sgemm
-from flowrt.workers.cpu.acc.calls import LateFunction, call_late
+from flowrt.workers.cpu.acc.calls import NATIVE, LateFunction, SliceFunction, call_late, run_stages
 from flowrt.workers.cpu.acc.kernels import epilogue as ep
 
 RNN, GRU, LSTM = range(3)
@@ -244,17 +244,51 @@ _STEP_ARGS = (
 STEP = LateFunction(step, _STEP_ARGS, _STEP_SLOT)
 
 
+# A block of the recurrent product starts on a multiple of this many gate rows: the threads
+# writing neighbouring blocks of ``hp`` then share no cache line (16 floats).
+_BLOCK_ROWS = 16
+
+
+@njit(**NATIVE)
+def _product_slice(task, _step, h, r, hp, tasks):
+    """Task ``task`` of ``tasks`` of ``hp = h @ r.T``: a block of the gate rows of ``r``, so
+    that each thread reads only its part of R, step after step."""
+    rows = r.shape[0]
+    lo = 0 if task == 0 else task * rows // tasks // _BLOCK_ROWS * _BLOCK_ROWS
+    hi = rows if task == tasks - 1 else (task + 1) * rows // tasks // _BLOCK_ROWS * _BLOCK_ROWS
+    if hi > lo:
+        sgemm(False, True, np.float32(1), h, r[lo:hi], np.float32(0), hp[:, lo:hi])
+
+
+PRODUCT = SliceFunction(_product_slice)
+
+
+def product_address() -> int:
+    """The address of :func:`_product_slice` for the arrays :func:`direction` passes it
+    (compiled, or loaded from numba's cache, on the first call)."""
+    h = np.empty((1, 1), np.float32)
+    r = np.empty((1, 1), np.float32)
+    r.flags.writeable = False
+    return PRODUCT.address((h, r, h, np.int64(1)))
+
+
 @njit(nogil=True, cache=True, error_model="numpy")
-def direction(kind, d, x, w, r, bias, peep, h0, c0, lens, y, y_h, y_c, dims, acts, alphas, betas, clip):
+def direction(kind, d, x, w, r, bias, peep, h0, c0, lens, y, y_h, y_c, dims, acts, alphas, betas, clip,
+              blocks_at, tasks):  # fmt: skip
     """Direction ``d`` of an RNN, GRU or LSTM layer (``kind``): its part of Y, Y_h and Y_c
     (flat, see the module doc for ``dims``), from the flat inputs (``w``, ``r``, ``bias``,
-    ``peep``, ``acts``, ``alphas`` and ``betas``: this direction's only; ``clip`` < 0: none)."""
+    ``peep``, ``acts``, ``alphas`` and ``betas``: this direction's only; ``clip`` < 0: none).
+    The input projection and each step's product by R run as ``tasks`` blocks of gate rows
+    in parallel when ``tasks`` > 1 (``blocks_at``: :func:`product_address`), else on the
+    calling thread."""
     seq, batch, size, hidden = dims[0], dims[1], dims[2], dims[3]
     rows = (1 if kind == RNN else 3 if kind == GRU else 4) * hidden
     xw = np.empty((seq * batch, rows), np.float32)
-    sgemm(
-        False, True, np.float32(1), x.reshape((seq * batch, size)), w.reshape((rows, size)), np.float32(0), xw
-    )
+    projection = (x.reshape((seq * batch, size)), w.reshape((rows, size)), xw, tasks)
+    if tasks > 1:  # every step's input projection, in blocks of gate rows as each step's product
+        run_stages(1, 0, 0, projection, blocks_at, tasks, projection)
+    else:
+        sgemm(False, True, np.float32(1), projection[0], projection[1], np.float32(0), xw)
     split = kind == GRU and dims[6] == 0  # the candidate's product comes after the reset gate
     first = 2 * hidden if split else rows
     product = np.empty(batch * rows, np.float32)
@@ -270,8 +304,12 @@ def direction(kind, d, x, w, r, bias, peep, h0, c0, lens, y, y_h, y_c, dims, act
     z, reset, rh = np.empty_like(h), np.empty_like(h), np.empty_like(h)
     _load_states(d, h0, c0, h, c, dims)
     phase = RNN_CELLS if kind == RNN else LSTM_CELLS if kind == LSTM else GRU_GATES
+    blocks = (h, r_first, hp, tasks)
     for s in range(seq):
-        sgemm(False, True, np.float32(1), h, r_first, np.float32(0), hp)
+        if tasks > 1:
+            run_stages(1, 0, 0, blocks, blocks_at, tasks, blocks)
+        else:
+            sgemm(False, True, np.float32(1), h, r_first, np.float32(0), hp)
         args = (
             s, d, dims[7 + d], xw, hp, hq, h, c, bias, bsum, peep, lens, y, dims, acts, alphas, betas, clip,
             pre, cell, z, reset, rh,
