@@ -20,7 +20,7 @@ from flowrt.registry import FusedActivation
 # Compiled into cached kernels (numba's cache, OpenCL binaries): these never change.
 CODES = {
     "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "Tanh": 5, "HardSigmoid": 6,
-    "HardSwish": 7, "Elu": 8, "Softplus": 9, "Gelu": 10, "Swish": 12, "Mish": 13,
+    "HardSwish": 7, "Elu": 8, "Softplus": 9, "Gelu": 10, "Swish": 12, "Mish": 13, "Softsign": 14,
 }  # fmt: skip
 
 
@@ -38,7 +38,7 @@ def test_codes_are_those_compiled_into_kernels():
 def test_table_is_in_code_order_and_splits_by_who_fuses():
     assert list(activation_facts()) == sorted(CODES, key=CODES.get)
     assert activation_kinds("everywhere") == ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh")
-    assert activation_kinds("curve") == ("HardSigmoid", "HardSwish", "Elu", "Gelu", "Swish")
+    assert activation_kinds("curve") == ("HardSigmoid", "HardSwish", "Elu", "Gelu", "Swish", "Softsign")
     assert activation_kinds("never") == ("Softplus", "Mish")
 
 
@@ -48,7 +48,7 @@ def test_each_activation_is_a_layer_kind_carrying_its_fact(kind):
 
 
 def test_a_kind_that_is_no_activation_has_no_fact():
-    assert get_layer_kind("Softsign").activation is None
+    assert get_layer_kind("Exp").activation is None
     assert get_layer_kind("Conv").activation is None
 
 
@@ -94,20 +94,20 @@ def test_fused_activation_takes_its_parameters_as_the_fact_reads_them(kind, desc
 
 @pytest.mark.usefixtures("scratch_table")
 def test_a_declared_activation_is_fusable_everywhere_the_table_is_read():
-    declare_activation("Softsign", ActivationFact(14, fused="curve"))
-    assert activation_kinds("curve")[-1] == "Softsign"
-    assert get_layer_kind("Softsign").activation == ActivationFact(14, fused="curve")
-    assert as_fused_activation("Softsign", flowrt.descriptors.Softsign()) == FusedActivation("Softsign")
+    declare_activation("Selu", ActivationFact(15, fused="curve"))
+    assert activation_kinds("curve")[-1] == "Selu"
+    assert get_layer_kind("Selu").activation == ActivationFact(15, fused="curve")
+    assert as_fused_activation("Selu", flowrt.descriptors.Selu()) == FusedActivation("Selu")
 
 
 @pytest.mark.usefixtures("scratch_table")
 @pytest.mark.parametrize(
     "name, fact, message",
     [
-        ("Softsign", ActivationFact(4), r"'Softsign' takes code 4, which is 'Sigmoid'"),
-        ("Softsign", ActivationFact(14, variants={"x": 11}), r"takes code 11, which is 'Gelu'"),
-        ("Softsign", ActivationFact(14, variants={"x": 14}), r"takes code 14, which is 'Softsign'"),
-        ("Relu", ActivationFact(14), r"activation 'Relu' declared twice"),
+        ("Selu", ActivationFact(4), r"'Selu' takes code 4, which is 'Sigmoid'"),
+        ("Selu", ActivationFact(15, variants={"x": 11}), r"takes code 11, which is 'Gelu'"),
+        ("Selu", ActivationFact(15, variants={"x": 15}), r"takes code 15, which is 'Selu'"),
+        ("Relu", ActivationFact(15), r"activation 'Relu' declared twice"),
     ],
 )
 def test_an_activation_that_takes_a_taken_code_or_kind_is_refused(name, fact, message):

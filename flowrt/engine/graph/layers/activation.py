@@ -64,7 +64,7 @@ layer_kind("Tanh", LegacyUnaryDescriptor, activation=ActivationFact(5))(_float_i
 layer_kind("HardSwish", activation=ActivationFact(7, fused="curve"))(_float_infer)
 layer_kind("Softplus", activation=ActivationFact(9, fused="never"))(_float_infer)
 layer_kind("Mish", activation=ActivationFact(13, fused="never"))(_float_infer)
-layer_kind("Softsign")(_float_infer)
+layer_kind("Softsign", activation=ActivationFact(14, fused="curve"))(_float_infer)
 
 
 @attrs.frozen

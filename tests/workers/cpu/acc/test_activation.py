@@ -20,7 +20,7 @@ CASES = [
     ("Relu", {}), ("LeakyRelu", {}), ("Sigmoid", {}), ("Tanh", {}), ("HardSwish", {}),
     ("HardSigmoid", {"alpha": 0.3, "beta": 0.45}), ("Elu", {"alpha": 0.7}), ("Softplus", {}),
     ("Gelu", {}), ("Gelu", {"approximate": "tanh"}), ("Swish", {"alpha": 1.7}), ("Mish", {}),
-    ("Clip", {"min": -2.5, "max": 6.0, "opset": 6}),
+    ("Clip", {"min": -2.5, "max": 6.0, "opset": 6}), ("Softsign", {}),
 ]  # fmt: skip
 # Gelu is x/2 (1 + erf(x / sqrt 2)) in float32, as in onnxruntime: 1 + erf cancels for x < 0,
 # leaving an absolute error of a few float32 ulps of 1 (CpuRef's runs in float64).

@@ -1,6 +1,6 @@
 """CpuAcc fuses the curves of mobile and transformer models into the layer before them:
-HardSwish, HardSigmoid, SiLU (x * Sigmoid(x), first written as one Swish), Elu and exact Gelu,
-after a Conv, a Gemm or an elementwise layer; the result is ONNX Runtime's."""
+HardSwish, HardSigmoid, SiLU (x * Sigmoid(x), first written as one Swish), Elu, exact Gelu and
+Softsign, after a Conv, a Gemm or an elementwise layer; the result is ONNX Runtime's."""
 
 import numpy as np
 import onnxruntime as ort
@@ -48,6 +48,7 @@ def _run(opt: flowrt.OptimizedNetwork, x: np.ndarray) -> np.ndarray:
         ("SiLU", {}, "Swish"),
         ("Elu", {"alpha": 0.7}, "Elu"),
         ("Gelu", {}, "Gelu"),
+        ("Softsign", {}, "Softsign"),
     ],
 )
 def test_a_curve_after_a_conv_is_applied_by_the_conv_as_onnxruntime_computes_it(curve, attributes, fused):

@@ -34,8 +34,8 @@ NONE = NO_ACTIVATION
 RELU, LEAKY_RELU, CLIP, SIGMOID, TANH = (CODES[k] for k in ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh"))
 # alpha and beta: HardSigmoid's slope and offset, Elu's and Swish's alpha; Gelu's two forms
 # ("none", with erf, and "tanh") have a code each.
-HARD_SIGMOID, HARD_SWISH, ELU, SOFTPLUS, GELU, SWISH, MISH = (
-    CODES[k] for k in ("HardSigmoid", "HardSwish", "Elu", "Softplus", "Gelu", "Swish", "Mish")
+HARD_SIGMOID, HARD_SWISH, ELU, SOFTPLUS, GELU, SWISH, MISH, SOFTSIGN = (
+    CODES[k] for k in ("HardSigmoid", "HardSwish", "Elu", "Softplus", "Gelu", "Swish", "Mish", "Softsign")
 )
 GELU_TANH = activation_facts()["Gelu"].variants["tanh"]
 # The bias to pass activate_row for none: x + (-0.0) is x for every x, -0.0 included.
@@ -110,13 +110,19 @@ def _mish(v: Value, alpha: Value, beta: Value) -> Value:
     return where(v > 20.0, v, v * (n / (n + 2.0)))
 
 
+def _softsign(v: Value, alpha: Value, beta: Value) -> Value:
+    return v / (fm.fabs(v) + 1.0)
+
+
 relu, leaky_relu, clip, sigmoid, tanh = map(
     fm.float32_function, (_relu, _leaky_relu, fm.clamp, _sigmoid, _tanh)
 )
 hard_sigmoid, hard_swish, elu, softplus = map(
     fm.float32_function, (_hard_sigmoid, _hard_swish, _elu, _softplus)
 )
-gelu, gelu_tanh, swish, mish = map(fm.float32_function, (_gelu, _gelu_tanh, _swish, _mish))
+gelu, gelu_tanh, swish, mish, softsign = map(
+    fm.float32_function, (_gelu, _gelu_tanh, _swish, _mish, _softsign)
+)
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -148,6 +154,8 @@ def activate(v, code, alpha, beta):
         return gelu_tanh(v, alpha, beta)
     if code == SWISH:
         return swish(v, alpha, beta)
+    if code == SOFTSIGN:
+        return softsign(v, alpha, beta)
     return mish(v, alpha, beta)
 
 
@@ -195,6 +203,9 @@ def _curve_loops(dst, src, code, alpha, beta):
     elif code == MISH:
         for j in range(n):
             dst[j] = mish(src[j], alpha, beta)
+    elif code == SOFTSIGN:
+        for j in range(n):
+            dst[j] = softsign(src[j], alpha, beta)
     else:  # a loop, not dst[:] = src: that compiles numba's error formatting (seconds)
         for j in range(n):
             dst[j] = src[j]
@@ -224,7 +235,7 @@ def affine_row(dst, src, a, b, code, alpha, beta):
     """``dst[j] = activate(src[j] * a + b)`` over a row (``dst`` may be ``src``; ``dst`` has
     unit stride): one loop for none, Relu and Clip; any other activation is a second pass
     over ``dst`` (:func:`activate_late`), so that every loop vectorizes."""
-    # Each loop calls its curve, not activate(): inlining activate's fourteen branches at
+    # Each loop calls its curve, not activate(): inlining activate's fifteen branches at
     # each loop cost every kernel using this a second of compile time on a cold cache.
     if code == RELU:
         for j in range(dst.shape[0]):
