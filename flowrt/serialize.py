@@ -27,7 +27,9 @@ the network as ``flowrt.engine.graph.encoding`` writes it ("backends", "options"
 
     "tensors"   [{"dtype": "float32", "shape": [...], "offset": int, "nbytes": int}]: raw
                 little-endian C-order bytes at D + offset (a multiple of 64); Constant weights
-                and any array in a descriptor, each array once
+                and any array in a descriptor, each array once. The dtype is a DataType's
+                value; ml_dtypes' types ("bfloat16", "float8_e4m3fn", "int4", ...) are kept
+                one element a byte (two for bfloat16), never packed
     "prepared"  {backend id: {"version": [major, minor], "layers": {layer name: tensor}}}:
                 data a backend made ahead of time for its layers (uint8 tensors); loaded
                 only for a backend registered with that same version
@@ -68,6 +70,7 @@ from flowrt.engine.graph.optimizer import OptimizedNetwork
 from flowrt.engine.graph.recheck import recheck
 from flowrt.errors import FlowrtError, ModelLoadError
 from flowrt.registry import BACKEND_API_VERSION, BackendRegistry, backend_registry
+from flowrt.types import DataType
 
 logger = logging.getLogger(__name__)
 
@@ -377,7 +380,7 @@ def _tensor_views(table: list, buffer: np.ndarray, data_start: int) -> list[np.n
         nbytes = expect_field(entry, "nbytes", int, where)
         if name not in ARRAY_DTYPES:
             raise ModelLoadError(f"{where}.dtype: {name!r} is not one of {', '.join(sorted(ARRAY_DTYPES))}")
-        dtype = np.dtype(name).newbyteorder("<")
+        dtype = DataType(name).numpy.newbyteorder("<")  # ml_dtypes' by attribute, not name
         if len(shape) > MAX_RANK or any(type(d) is not int or d < 0 for d in shape):
             raise ModelLoadError(
                 f"{where}.shape: expected up to {MAX_RANK} non-negative ints, found {shape[:8]}"

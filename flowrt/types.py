@@ -7,18 +7,36 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
+import ml_dtypes
 import numpy as np
 
 from flowrt.errors import DataTypeError, ShapeError
 
 
 class DataType(enum.Enum):
-    """Element type of a tensor; values are the numpy dtype names."""
+    """Element type of a tensor; values are the numpy dtype names.
+
+    The low-precision types ONNX defines beyond numpy's (bfloat16, the float8, float6 and float4
+    kinds, and the 4- and 2-bit integers) are ``ml_dtypes``' numpy dtypes. Each element takes a
+    whole byte in memory (two for bfloat16): ONNX packs the 6-, 4- and 2-bit types only in files.
+    """
 
     FLOAT32 = "float32"
     FLOAT16 = "float16"
     FLOAT64 = "float64"
     BFLOAT16 = "bfloat16"
+    FLOAT8E4M3FN = "float8_e4m3fn"
+    FLOAT8E4M3FNUZ = "float8_e4m3fnuz"
+    FLOAT8E5M2 = "float8_e5m2"
+    FLOAT8E5M2FNUZ = "float8_e5m2fnuz"
+    FLOAT8E8M0 = "float8_e8m0fnu"
+    FLOAT6E2M3 = "float6_e2m3fn"
+    FLOAT6E3M2 = "float6_e3m2fn"
+    FLOAT4E2M1 = "float4_e2m1fn"
+    INT4 = "int4"
+    UINT4 = "uint4"
+    INT2 = "int2"
+    UINT2 = "uint2"
     INT8 = "int8"
     UINT8 = "uint8"
     INT16 = "int16"
@@ -32,19 +50,29 @@ class DataType(enum.Enum):
 
     @property
     def numpy(self) -> np.dtype:
-        """The numpy dtype of this data type."""
-        if self is DataType.BFLOAT16:
-            raise DataTypeError("bfloat16 has no numpy dtype")
-        return np.dtype(self.value)
+        """The numpy dtype of this data type (an ``ml_dtypes`` one for the low-precision types)."""
+        return _ML_DTYPES[self] if self in _ML_DTYPES else np.dtype(self.value)
 
     @property
     def itemsize(self) -> int:
-        """Bytes per element."""
-        return 2 if self is DataType.BFLOAT16 else self.numpy.itemsize
+        """Bytes per element in memory."""
+        return self.numpy.itemsize
+
+    @property
+    def bits(self) -> int:
+        """Bits per element as ONNX counts them: 4 for int4 and float4e2m1, 6 for the float6
+        types, 2 for int2 (each still takes a byte in memory)."""
+        return _SUB_BYTE_BITS.get(self, 8 * self.itemsize)
 
     @property
     def is_float(self) -> bool:
-        return self in (DataType.FLOAT16, DataType.FLOAT32, DataType.FLOAT64, DataType.BFLOAT16)
+        """True for every floating-point type, the 8-, 6- and 4-bit ones included."""
+        return self in _FLOAT_TYPES
+
+    @property
+    def is_low_precision(self) -> bool:
+        """True for the types numpy has only through ``ml_dtypes``."""
+        return self in _ML_DTYPES
 
     @classmethod
     def from_numpy(cls, dtype: np.dtype | type) -> DataType:
@@ -59,6 +87,23 @@ class DataType(enum.Enum):
 
     def __repr__(self) -> str:
         return f"DataType.{self.name}"
+
+
+_D = DataType
+# By attribute rather than by name: numpy knows ml_dtypes' names only once it is imported.
+_ML_DTYPES = {
+    d: np.dtype(getattr(ml_dtypes, d.value))
+    for d in (
+        _D.BFLOAT16, _D.FLOAT8E4M3FN, _D.FLOAT8E4M3FNUZ, _D.FLOAT8E5M2, _D.FLOAT8E5M2FNUZ,
+        _D.FLOAT8E8M0, _D.FLOAT6E2M3, _D.FLOAT6E3M2, _D.FLOAT4E2M1, _D.INT4, _D.UINT4, _D.INT2, _D.UINT2,
+    )
+}  # fmt: skip
+_SUB_BYTE_BITS = {
+    _D.FLOAT6E2M3: 6, _D.FLOAT6E3M2: 6, _D.FLOAT4E2M1: 4, _D.INT4: 4, _D.UINT4: 4, _D.INT2: 2, _D.UINT2: 2,
+}  # fmt: skip
+_FLOAT_TYPES = frozenset({_D.FLOAT16, _D.FLOAT32, _D.FLOAT64}) | (
+    _ML_DTYPES.keys() - {_D.INT4, _D.UINT4, _D.INT2, _D.UINT2}
+)
 
 
 # A dimension is an int when known, a str when the model names it symbolically, None when unknown.

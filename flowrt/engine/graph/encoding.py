@@ -25,7 +25,7 @@ raises ModelLoadError naming where, e.g. ``layers[12] 'conv1' (Conv): descriptor
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import attrs
 import numpy as np
@@ -40,8 +40,9 @@ from flowrt.registry import FusedActivation
 from flowrt.types import DataType, Quantization, TensorInfo
 
 MAX_DEPTH = 16
-# The numpy dtypes an array may have in a file: every DataType numpy can hold as raw bytes.
-ARRAY_DTYPES = frozenset(d.value for d in DataType if d not in (DataType.STRING, DataType.BFLOAT16))
+# The numpy dtypes an array may have in a file: every DataType numpy can hold as raw bytes
+# (the low-precision ones as ml_dtypes arrays, one element a byte or two, never packed).
+ARRAY_DTYPES = frozenset(d.value for d in DataType if d is not DataType.STRING)
 _RECORDS: dict[str, type] = {
     "TensorInfo": TensorInfo,
     "Quantization": Quantization,
@@ -49,6 +50,14 @@ _RECORDS: dict[str, type] = {
 }
 _PLAIN = (type(None), bool, int, float, str)
 _SCALAR_VALUES = {"b": (bool,), "i": (int,), "u": (int,), "f": (int, float)}  # by numpy dtype kind
+
+
+def _scalar_kind(dtype: DataType) -> str:
+    """The numpy kind of a scalar's values; ml_dtypes' types say "V" (float8_e5m2 "f")."""
+    if dtype.is_low_precision:
+        return "f" if dtype.is_float else "i"
+    return dtype.numpy.kind
+
 
 Store = Callable[[np.ndarray, str], int]
 Fetch = Callable[[int, str], np.ndarray]
@@ -142,13 +151,14 @@ def decode_value(data: Any, fetch: Fetch, where: str, depth: int = 0) -> Any:
     if tag == "scalar":
         if type(payload) is not list or len(payload) != 2 or payload[0] not in ARRAY_DTYPES:
             _fail(where, "a scalar is [dtype name, value] with a numeric or bool dtype")
-        dtype, value = np.dtype(payload[0]), payload[1]
-        if type(value) not in _SCALAR_VALUES[dtype.kind]:
-            _fail(where, f"a {dtype} scalar cannot hold a {type(value).__name__}")
+        dtype, value = DataType(payload[0]), payload[1]
+        kind = _scalar_kind(dtype)
+        if type(value) not in _SCALAR_VALUES[kind]:
+            _fail(where, f"a {dtype.value} scalar cannot hold a {type(value).__name__}")
         try:
-            return dtype.type(value)
-        except (OverflowError, ValueError) as e:
-            _fail(where, f"not a {dtype} value: {value!r}: {e}")
+            return _make_scalar(dtype, value)
+        except (OverflowError, ValueError, TypeError) as e:
+            _fail(where, f"not a {dtype.value} value: {value!r}: {e}")
     if tag == "DataType":
         try:
             return DataType(expect_type(payload, str, where))
@@ -157,6 +167,18 @@ def decode_value(data: Any, fetch: Fetch, where: str, depth: int = 0) -> Any:
     if tag in _RECORDS:
         return decode_fields(_RECORDS[tag], payload, fetch, where, depth + 1)
     _fail(where, f"unknown value tag {tag!r}")
+
+
+def _make_scalar(dtype: DataType, value: int | float | bool) -> np.generic:
+    """A numpy scalar of ``dtype`` holding ``value``, which must fit it exactly (a float that
+    rounds, or an int out of range, is refused rather than changed)."""
+    if not dtype.is_low_precision:
+        return dtype.numpy.type(value)
+    scalar = cast(np.generic, np.asarray(float(value) if dtype.is_float else value).astype(dtype.numpy)[()])
+    same = scalar.item() == value or (value != value and scalar != scalar)  # NaN is NaN
+    if not same:
+        raise ValueError(f"{value!r} is not exactly a {dtype.value}")
+    return scalar
 
 
 def decode_fields(cls: type, data: Any, fetch: Fetch, where: str, depth: int = 0) -> Any:

@@ -26,6 +26,14 @@ def _as_array(name: str, info: TensorInfo, value: Any) -> np.ndarray:
         ) from e
 
 
+def _data_type(dtype: np.dtype) -> DataType | None:
+    """The DataType of a feed's dtype (ml_dtypes' included), None for one flowrt lacks."""
+    try:
+        return DataType.from_numpy(dtype)
+    except DataTypeError:
+        return None
+
+
 def check_feeds(infos: Mapping[str, TensorInfo], feeds: Any) -> dict[str, np.ndarray]:
     """Return the feeds as arrays, or raise naming the input and what was expected and found.
 
@@ -42,8 +50,7 @@ def check_feeds(infos: Mapping[str, TensorInfo], feeds: Any) -> dict[str, np.nda
     arrays = {}
     for name, info in infos.items():
         array = _as_array(name, info, feeds[name])
-        found = DataType.from_numpy(array.dtype) if array.dtype.kind not in "V" else None
-        if found != info.dtype:
+        if _data_type(array.dtype) != info.dtype:
             raise DataTypeError(f"input {name!r} expects {info.dtype.name.lower()}, got {array.dtype}")
         if info.shape is not None:
             expected = tuple(info.shape)
@@ -72,7 +79,7 @@ def check_output_buffers(infos: Mapping[str, TensorInfo | None], outputs: Any) -
             raise InputError(f"output {name!r} must be bound to a writeable numpy array")
         if info is None:
             continue
-        if DataType.from_numpy(target.dtype) != info.dtype:
+        if _data_type(target.dtype) != info.dtype:
             raise DataTypeError(
                 f"output {name!r} produces {info.dtype.name.lower()}, bound array is {target.dtype}"
             )

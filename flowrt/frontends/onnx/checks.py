@@ -17,15 +17,19 @@ import onnx
 from google.protobuf.descriptor import FieldDescriptor
 from onnx import numpy_helper
 
+from flowrt.engine.graph.layers.elementwise import onnx_dtype_to_datatype
 from flowrt.engine.memory.budget import MemoryBudget, tensor_bytes
-from flowrt.errors import ModelLoadError
+from flowrt.errors import DataTypeError, ModelLoadError
 
-# Element types stored two to a byte: their raw data is half their element count.
-_PACKED_TYPES = frozenset(
-    getattr(onnx.TensorProto, name)
-    for name in ("INT4", "UINT4", "FLOAT4E2M1")
+# Element types ONNX packs below a byte each (low bits first): their bits per element.
+_PACKED_BITS = {
+    getattr(onnx.TensorProto, name): bits
+    for name, bits in (
+        ("INT4", 4), ("UINT4", 4), ("FLOAT4E2M1", 4), ("INT2", 2), ("UINT2", 2), ("FLOAT6E2M3", 6),
+        ("FLOAT6E3M2", 6),
+    )
     if hasattr(onnx.TensorProto, name)
-)
+}  # fmt: skip
 _SHOWN_BYTES = 40
 
 
@@ -71,6 +75,20 @@ def _element_type(tensor: onnx.TensorProto, what: str) -> np.dtype:
         raise ModelLoadError(f"{what}: unknown element type {tensor.data_type}") from e
 
 
+def _check_low_precision(tensor: onnx.TensorProto, array: np.ndarray, what: str) -> None:
+    """ModelLoadError when onnx read a low-precision tensor as another dtype: older onnx
+    releases read bfloat16, float8 and the 4-bit types into numpy's own dtypes."""
+    try:
+        expected = onnx_dtype_to_datatype(tensor.data_type)
+    except DataTypeError:
+        return  # complex: flowrt refuses it where it is used
+    if expected.is_low_precision and array.dtype != expected.numpy:
+        raise ModelLoadError(
+            f"{what}: onnx {onnx.__version__} reads its {expected.name} data as {array.dtype}; "
+            "flowrt needs onnx >= 1.18 (which reads it with ml_dtypes) for this type"
+        )
+
+
 class TensorReader:
     """Makes the arrays of a model's tensors (initializers, Constant values, tensor
     attributes), each checked and claimed from ``budget`` before it is made."""
@@ -97,21 +115,23 @@ class TensorReader:
         dtype = _element_type(tensor, what)
         shape, count = self._declared(tensor.dims, dtype, what)
         if tensor.HasField("raw_data") and dtype.kind != "O":
-            packed = tensor.data_type in _PACKED_TYPES
-            needed = (count + 1) // 2 if packed else count * dtype.itemsize
+            bits = _PACKED_BITS.get(tensor.data_type)
+            needed = -(-count * bits // 8) if bits else count * dtype.itemsize
             if len(tensor.raw_data) != needed:
                 raise ModelLoadError(
                     f"{what}: raw_data holds {len(tensor.raw_data)} bytes; its {dtype} shape {shape} "
                     f"needs {needed}"
                 )
         try:
-            return numpy_helper.to_array(tensor)
+            array = numpy_helper.to_array(tensor)  # unpacks the 4- and 2-bit types, low bits first
         except MemoryError as e:
             raise self.budget.out_of_memory(e, what) from e
         except Exception as e:  # onnx's own checks of the data: counts, types
             raise ModelLoadError(
                 f"{what}: its data does not match its dims {shape}: {type(e).__name__}: {e}"
             ) from e
+        _check_low_precision(tensor, array, what)
+        return array
 
     def sparse(self, sparse: onnx.SparseTensorProto, what: str) -> np.ndarray:
         """The dense array of a sparse tensor, its indices checked against its dims."""

@@ -19,12 +19,13 @@ from google.protobuf.message import DecodeError
 
 from flowrt.engine.graph.graph import Layer, OutputSlot
 from flowrt.engine.graph.layer_kind import known_layer_kinds
+from flowrt.engine.graph.layers.elementwise import onnx_dtype_to_datatype
 from flowrt.engine.graph.network import Network
 from flowrt.engine.memory.budget import MemoryBudget, check_memory_budget
 from flowrt.errors import FlowrtError, ModelLoadError, UnsupportedLayerError
 from flowrt.frontends.onnx.checks import TensorReader, check_text
 from flowrt.frontends.onnx.descriptors import attribute_value, make_descriptor, node_attributes
-from flowrt.types import DataType, TensorInfo
+from flowrt.types import TensorInfo
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -109,8 +110,9 @@ def _tensor_info(value: onnx.ValueInfoProto, where: str) -> TensorInfo:
             f"model {where}: input {value.name!r} is not a tensor; flowrt supports tensor inputs only"
         )
     try:
-        dtype = DataType.from_numpy(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
-    except (KeyError, ValueError, TypeError, FlowrtError) as e:
+        # flowrt's own table: older onnx maps bfloat16, float8 and int4 to other numpy dtypes.
+        dtype = onnx_dtype_to_datatype(tensor_type.elem_type)
+    except FlowrtError as e:
         name = _type_name(tensor_type.elem_type)
         raise UnsupportedLayerError(
             f"model {where}: input {value.name!r} has element type {name}, which flowrt does not support"

@@ -23,12 +23,13 @@ def bitcast_target(desc: BitCastDescriptor, source: DataType) -> DataType:
     widths differ."""
     target = onnx_dtype_to_datatype(desc.to)
     for dtype, role in ((source, "input"), (target, "target 'to'")):
-        if dtype in (DataType.STRING, DataType.BFLOAT16):
+        if dtype is DataType.STRING:
             raise DataTypeError(f"BitCast: {role} type {dtype.name.lower()} cannot be bit-cast by flowrt")
-    if source.itemsize != target.itemsize:
+    # ONNX's widths: int4 is 4 bits, though flowrt keeps it in a byte.
+    if source.bits != target.bits:
         raise DataTypeError(
             f"BitCast: a target as wide as the input expected: {source.name.lower()} is "
-            f"{source.itemsize * 8} bits, {target.name.lower()} {target.itemsize * 8}"
+            f"{source.bits} bits, {target.name.lower()} {target.bits}"
         )
     return target
 

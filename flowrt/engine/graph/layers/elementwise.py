@@ -30,11 +30,11 @@ ANY_TYPE = frozenset(DataType)
 _ONNX_DTYPES = {
     1: D.FLOAT32, 2: D.UINT8, 3: D.INT8, 4: D.UINT16, 5: D.INT16, 6: D.INT32, 7: D.INT64,
     8: D.STRING, 9: D.BOOL, 10: D.FLOAT16, 11: D.FLOAT64, 12: D.UINT32, 13: D.UINT64, 16: D.BFLOAT16,
+    17: D.FLOAT8E4M3FN, 18: D.FLOAT8E4M3FNUZ, 19: D.FLOAT8E5M2, 20: D.FLOAT8E5M2FNUZ, 21: D.UINT4,
+    22: D.INT4, 23: D.FLOAT4E2M1, 24: D.FLOAT8E8M0, 25: D.UINT2, 26: D.INT2, 27: D.FLOAT6E2M3,
+    28: D.FLOAT6E3M2,
 }  # fmt: skip
-_ONNX_ONLY_DTYPES = {
-    14: "COMPLEX64", 15: "COMPLEX128", 17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ", 19: "FLOAT8E5M2",
-    20: "FLOAT8E5M2FNUZ", 21: "UINT4", 22: "INT4", 23: "FLOAT4E2M1", 24: "FLOAT8E8M0", 25: "UINT2", 26: "INT2",
-}  # fmt: skip
+_ONNX_ONLY_DTYPES = {14: "COMPLEX64", 15: "COMPLEX128"}
 # Opset 1-5 Cast names its target by TensorProto name rather than number.
 _ONNX_DTYPE_NAMES = {
     "FLOAT": 1, "UINT8": 2, "INT8": 3, "UINT16": 4, "INT16": 5, "INT32": 6, "INT64": 7, "STRING": 8,
@@ -287,8 +287,8 @@ def _onnx_dtype_code(value: int | str) -> int:
 
 @attrs.frozen
 class CastDescriptor:
-    """Cast to the ONNX data type number ``to``. ``saturate`` and ``round_mode`` only affect
-    float8 targets, which flowrt refuses."""
+    """Cast to the ONNX data type number ``to``. ``saturate`` only affects float8 targets,
+    ``round_mode`` only float8e8m0 ones (ONNX's Cast tables)."""
 
     to: int = attrs.field(converter=_onnx_dtype_code)
     saturate: int = attrs.field(default=1, validator=attrs.validators.in_((0, 1)))
@@ -296,8 +296,8 @@ class CastDescriptor:
 
 
 def cast_target(dtype: DataType) -> DataType:
-    """``dtype`` when flowrt can cast to it; DataTypeError for bfloat16 and string."""
-    if dtype in (D.BFLOAT16, D.STRING):
+    """``dtype`` when flowrt can cast to it; DataTypeError for string."""
+    if dtype is D.STRING:
         raise DataTypeError(f"Cast to {dtype.name.lower()} is not supported")
     return dtype
 

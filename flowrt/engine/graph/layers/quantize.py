@@ -1,10 +1,11 @@
 """QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear: affine conversions between real
-numbers and 8- or 16-bit integers, real = scale * (q - zero_point).
+numbers and a quantized type, real = scale * (q - zero_point).
 
-The scale and zero point are per tensor (a scalar or one element), per axis (1-D, one per slice
-along ``axis``, opset 13 on) or per block (opset 21 on: the input's shape with ``axis`` divided
-into blocks of ``block_size``). The float8, int4 and int2 types ONNX also allows have no flowrt
-DataType and are refused with a DataTypeError.
+The quantized types are the 16-, 8-, 4- and 2-bit integers, the float8 types but e8m0, the
+float6 types and float4e2m1. The scale and zero point are per tensor (a scalar or one
+element), per axis (1-D, one per slice along ``axis``, opset 13 on) or per block (opset 21 on:
+the input's shape with ``axis`` divided into blocks of ``block_size``). A float8e8m0 scale
+(opset 23 on) holds powers of two, as the MX formats use.
 """
 
 from __future__ import annotations
@@ -20,9 +21,14 @@ from flowrt.errors import DataTypeError, ShapeError
 from flowrt.types import DataType, Dim, TensorInfo
 
 D = DataType
-QUANTIZED_TYPES = frozenset({D.UINT8, D.INT8, D.UINT16, D.INT16})
+QUANTIZED_INT_TYPES = frozenset({D.UINT8, D.INT8, D.UINT16, D.INT16, D.UINT4, D.INT4, D.UINT2, D.INT2})
+QUANTIZED_FLOAT_TYPES = frozenset({
+    D.FLOAT8E4M3FN, D.FLOAT8E4M3FNUZ, D.FLOAT8E5M2, D.FLOAT8E5M2FNUZ, D.FLOAT6E2M3, D.FLOAT6E3M2, D.FLOAT4E2M1,
+})  # fmt: skip
+QUANTIZED_TYPES = QUANTIZED_INT_TYPES | QUANTIZED_FLOAT_TYPES
 # DequantizeLinear also reads int32 (e.g. a quantized bias).
 DEQUANTIZABLE_TYPES = QUANTIZED_TYPES | {D.INT32}
+SCALE_TYPES = FLOAT_TYPES | {D.FLOAT8E8M0}
 _block_size_field = attrs.field(default=0, validator=attrs.validators.ge(0))
 
 
@@ -32,7 +38,8 @@ class QuantizeLinearDescriptor:
 
     The output type is the zero point's, else ``output_dtype`` (an ONNX type number, opset 21
     on), else uint8. ``precision`` (opset 23 on) names the float type the division runs in.
-    ``saturate`` only matters for float8 outputs, which flowrt refuses.
+    A float output is ``x / scale + zero_point`` cast as Cast does; ``saturate`` applies to
+    float8 outputs as Cast's does.
     """
 
     axis: int = 1
@@ -62,8 +69,9 @@ def quantized_type(desc: QuantizeLinearDescriptor, zero_point: DataType | None) 
         )
     target = zero_point or wanted or D.UINT8
     if target not in QUANTIZED_TYPES:
+        names = ", ".join(sorted(d.name.lower() for d in QUANTIZED_TYPES))
         raise DataTypeError(
-            f"QuantizeLinear: uint8, int8, uint16 or int16 output expected, got {target.name.lower()}"
+            f"QuantizeLinear: an output of one of {names} expected, got {target.name.lower()}"
         )
     return target
 
@@ -73,15 +81,16 @@ def precision_type(desc: QuantizeLinearDescriptor) -> DataType | None:
     if not desc.precision:
         return None
     dtype = onnx_dtype_to_datatype(desc.precision)
-    if dtype not in FLOAT_TYPES - {D.BFLOAT16}:
+    if dtype not in FLOAT_TYPES:
         raise DataTypeError(
-            f"QuantizeLinear: a float16, float32 or float64 precision expected, got {dtype.name.lower()}"
+            f"QuantizeLinear: a bfloat16, float16, float32 or float64 precision expected, got {dtype.name.lower()}"
         )
     return dtype
 
 
 def dequantized_type(desc: DequantizeLinearDescriptor, scale: DataType) -> DataType:
-    """DequantizeLinear's output type: ``output_dtype`` when set, else the scale's."""
+    """DequantizeLinear's output type: ``output_dtype`` when set, else the scale's (which must
+    then not be float8e8m0: ONNX requires ``output_dtype`` with such a scale)."""
     target = onnx_dtype_to_datatype(desc.output_dtype) if desc.output_dtype else scale
     if target not in FLOAT_TYPES:
         raise DataTypeError(f"DequantizeLinear: a float output expected, got {target.name.lower()}")
@@ -127,7 +136,7 @@ def infer_quantize_linear(desc: QuantizeLinearDescriptor, inputs, consts):
     x, scale = inputs[:2]
     zero_point = inputs[2] if len(inputs) > 2 else None
     expect_dtype(x, FLOAT_TYPES | {D.INT32}, "input x")
-    expect_dtype(scale, FLOAT_TYPES | {D.INT32}, "scale")
+    expect_dtype(scale, SCALE_TYPES | {D.INT32}, "scale")
     precision_type(desc)
     _check_params(desc, x, scale, zero_point)
     return [x.with_dtype(quantized_type(desc, None if zero_point is None else zero_point.dtype))]
@@ -138,7 +147,7 @@ def infer_dequantize_linear(desc: DequantizeLinearDescriptor, inputs, consts):
     x, scale = inputs[:2]
     zero_point = inputs[2] if len(inputs) > 2 else None
     expect_dtype(x, DEQUANTIZABLE_TYPES, "input x")
-    expect_dtype(scale, FLOAT_TYPES, "scale")
+    expect_dtype(scale, SCALE_TYPES, "scale")
     if zero_point is not None and zero_point.dtype != x.dtype:
         raise DataTypeError(
             f"DequantizeLinear: a zero point of x's type {x.dtype.name.lower()} expected, got {zero_point.dtype.name.lower()}"

@@ -1,4 +1,9 @@
-"""Which layers CpuRef runs: every kind it has a numpy kernel for, on host data types."""
+"""Which layers CpuRef runs: every kind it has a numpy kernel for, on every data type.
+
+The low-precision types (bfloat16, float8, float4, int4, int2) are ``ml_dtypes`` arrays, which
+numpy computes with; each layer kind's type inference already limits them to the operators
+ONNX allows them in (Cast, QuantizeLinear, data movement, and bfloat16 arithmetic).
+"""
 
 from __future__ import annotations
 
@@ -6,14 +11,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from flowrt.registry import Support
-from flowrt.types import DataType, TensorInfo
+from flowrt.types import TensorInfo
 from flowrt.workers.cpu.ref.kernels import load_all
-
-_UNSUPPORTED_TYPES = {DataType.BFLOAT16}
 
 
 class RefLayerSupport:
-    """CpuRef's answers: a kernel must exist and no tensor may be of a type numpy lacks."""
+    """CpuRef's answers: a kernel must exist."""
 
     def is_layer_supported(
         self,
@@ -24,7 +27,4 @@ class RefLayerSupport:
     ) -> Support:
         if kind not in load_all():
             return Support.no(f"no CpuRef kernel for {kind}")
-        for info in [*inputs, *outputs]:
-            if info is not None and info.dtype in _UNSUPPORTED_TYPES:
-                return Support.no(f"data type {info.dtype.name} is not supported")
         return Support.yes()

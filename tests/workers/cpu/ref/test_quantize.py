@@ -99,8 +99,8 @@ def test_bad_scales_and_types_raise():
         quantize(QuantizeLinearDescriptor(), [x, TensorInfo((4,))], [None, None])
     with pytest.raises(ShapeError, match=r"\(2, 3, 2\) expected"):
         quantize(QuantizeLinearDescriptor(axis=2, block_size=2), [x, TensorInfo((2, 3, 3))], [None, None])
-    with pytest.raises(DataTypeError, match="FLOAT8E4M3FN"):
-        quantize(QuantizeLinearDescriptor(output_dtype=17), [x, TensorInfo(())], [None, None])
+    with pytest.raises(DataTypeError, match="got float32"):
+        quantize(QuantizeLinearDescriptor(output_dtype=1), [x, TensorInfo(())], [None, None])
     with pytest.raises(DataTypeError, match="disagree"):
         zero_point = TensorInfo((), DataType.UINT8)
         quantize(QuantizeLinearDescriptor(output_dtype=3), [x, TensorInfo(()), zero_point], [None] * 3)
@@ -108,5 +108,5 @@ def test_bad_scales_and_types_raise():
     with pytest.raises(DataTypeError, match="zero point of x's type int8"):
         args = [TensorInfo((2,), DataType.INT8), TensorInfo(()), TensorInfo((), DataType.UINT8)]
         dequantize(DequantizeLinearDescriptor(), args, [None] * 3)
-    with pytest.raises(DataTypeError, match="int4|INT4"):
-        run_flowrt_node("QuantizeLinear", [np.ones(2, np.float32), np.float32(1)], {"output_dtype": 22})
+    with pytest.raises(DataTypeError, match="got float8e8m0"):
+        run_flowrt_node("QuantizeLinear", [np.ones(2, np.float32), np.float32(1)], {"output_dtype": 24})

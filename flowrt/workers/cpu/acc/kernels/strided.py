@@ -77,8 +77,9 @@ def as_words(x: np.ndarray) -> np.ndarray:
 
 
 def has_word_size(dtype: np.dtype) -> bool:
-    """Whether ``as_words`` can view arrays of ``dtype``."""
-    return dtype.itemsize in _WORDS and dtype.kind not in "OUSV"
+    """Whether ``as_words`` can view arrays of ``dtype``: numpy's own types only (ml_dtypes'
+    low-precision ones are user-defined, isbuiltin 2, whatever numpy kind they claim)."""
+    return dtype.itemsize in _WORDS and dtype.kind not in "OUSV" and dtype.isbuiltin == 1
 
 
 @njit(nogil=True, cache=True)

@@ -14,13 +14,16 @@ from collections.abc import Sequence
 import numpy as np
 
 from flowrt.engine.graph.layers.conv import WindowGeometry, conv_transpose_geometry, window_geometry
-from flowrt.types import static_dims
+from flowrt.types import DataType, static_dims
 from flowrt.workers.cpu.ref.kernels import ref_kernel
+
+_HALF_TYPES = (np.dtype(np.float16), DataType.BFLOAT16.numpy)
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype to accumulate in: float16 has no BLAS and overflows sums, so it works in float32."""
-    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
+    """The dtype to accumulate in: float16 and bfloat16 have no BLAS and lose sums to rounding
+    (float16 also overflows them), so they work in float32."""
+    return np.dtype(np.float32) if dtype in _HALF_TYPES else np.dtype(dtype)
 
 
 def window_slices(offset: Sequence[int], geometry: WindowGeometry) -> tuple[slice, ...]:

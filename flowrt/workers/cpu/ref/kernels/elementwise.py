@@ -1,5 +1,5 @@
 """Elementwise kernels: unary math, broadcasting binary ops and comparisons, Max/Min/Sum/Mean,
-Where, Cast, CastLike, Identity and Dropout.
+Where, Identity and Dropout (Cast and CastLike are in ``cast.py``).
 
 Like onnx's reference ops, each op hands one numpy function to a shared base; the base keeps the
 ONNX output dtype (numpy would upcast float16 or mixed operands) and silences the floating-point
@@ -12,12 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from flowrt.engine.graph.layers.elementwise import (
-    cast_target,
-    check_dropout_inference,
-    legacy_b_shape,
-    onnx_dtype_to_datatype,
-)
+from flowrt.engine.graph.layers.elementwise import check_dropout_inference, legacy_b_shape
 from flowrt.workers.cpu.ref.kernels import ref_kernel
 
 # W. J. Cody's rational Chebyshev fits ("Rational Chebyshev approximations for the error
@@ -196,15 +191,3 @@ def mean(desc, *inputs):
 @ref_kernel("Where")
 def where(desc, condition, x, y):
     return np.where(condition, x, y)
-
-
-@ref_kernel("Cast")
-def cast(desc, x):
-    with np.errstate(all="ignore"):
-        return x.astype(cast_target(onnx_dtype_to_datatype(desc.to)).numpy)
-
-
-@ref_kernel("CastLike")
-def cast_like(desc, x, target):
-    with np.errstate(all="ignore"):
-        return x.astype(target.dtype)

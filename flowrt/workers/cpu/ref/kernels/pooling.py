@@ -13,7 +13,7 @@ import numpy as np
 
 from flowrt.engine.graph.layers.conv import WindowGeometry
 from flowrt.engine.graph.layers.pooling import pool_geometry
-from flowrt.types import static_dims
+from flowrt.types import DataType, static_dims
 from flowrt.workers.cpu.ref.kernels import ref_kernel
 from flowrt.workers.cpu.ref.kernels.conv import compute_dtype, pad_spatial, window_slices
 
@@ -27,7 +27,8 @@ def _windows(padded: np.ndarray, kernel: Sequence[int], geometry: WindowGeometry
 
 
 def _lowest(dtype: np.dtype) -> float | int:
-    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+    # By DataType: ml_dtypes' bfloat16 has numpy kind "V", not "f".
+    return -np.inf if DataType.from_numpy(dtype).is_float else np.iinfo(dtype).min
 
 
 @ref_kernel("MaxPool")

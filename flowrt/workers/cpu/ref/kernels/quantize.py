@@ -1,12 +1,22 @@
-"""QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear kernels."""
+"""QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear kernels.
+
+Integer outputs round half to even and clamp to the type's range; float8, float6 and float4
+outputs are ``x / scale + zero_point`` converted as Cast converts (``saturate`` included)."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
-from flowrt.engine.graph.layers.quantize import dequantized_type, precision_type, quantized_type
+from flowrt.engine.graph.layers.quantize import (
+    QUANTIZED_FLOAT_TYPES,
+    dequantized_type,
+    precision_type,
+    quantized_type,
+)
 from flowrt.types import DataType
 from flowrt.workers.cpu.ref.kernels import ref_kernel
+from flowrt.workers.cpu.ref.kernels.cast import convert, widened
 
 
 def expand_param(param: np.ndarray, shape: tuple[int, ...], axis: int, block_size: int) -> np.ndarray:
@@ -20,31 +30,48 @@ def expand_param(param: np.ndarray, shape: tuple[int, ...], axis: int, block_siz
     return np.repeat(param, block_size, axis=axis)[(slice(None),) * axis + (slice(0, shape[axis]),)]
 
 
+def _scaled(desc, x: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """``x / scale`` in ``precision`` when set, else in numpy's type of the two; a float8e8m0
+    scale (a power of two, held exactly by float32) is float32 there."""
+    precision = precision_type(desc)
+    if precision is not None:
+        x, scale = widened(x).astype(precision.numpy), widened(scale).astype(precision.numpy)
+    elif scale.dtype == DataType.FLOAT8E8M0.numpy:
+        scale = scale.astype(np.float32)
+    return x / scale
+
+
 @ref_kernel("QuantizeLinear")
 def quantize_linear(desc, x, scale, zero_point=None):
     target = quantized_type(desc, None if zero_point is None else DataType.from_numpy(zero_point.dtype))
     scale = expand_param(scale, x.shape, desc.axis, desc.block_size)
-    precision = precision_type(desc)
-    if precision is not None:
-        x, scale = x.astype(precision.numpy), scale.astype(precision.numpy)
+    if zero_point is not None:
+        zero_point = expand_param(widened(zero_point), x.shape, desc.axis, desc.block_size)
     with np.errstate(all="ignore"):  # 0 scales and NaNs saturate as the cast makes them
+        scaled = _scaled(desc, x, scale)
+        if target in QUANTIZED_FLOAT_TYPES:
+            # The zero point (float32, exact) adds in at least float32; the cast then rounds once.
+            y = scaled if zero_point is None else widened(scaled) + zero_point
+            return convert(y, target, saturate=bool(desc.saturate))
         # float64 holds every rounded value and zero point exactly (float16 would not).
-        q = np.rint(x / scale).astype(np.float64)
+        q = np.rint(widened(scaled)).astype(np.float64)
         if zero_point is not None:
-            q += expand_param(zero_point, x.shape, desc.axis, desc.block_size)
-        info = np.iinfo(target.numpy)
+            q += zero_point
+        info = ml_dtypes.iinfo(target.numpy)
         return np.clip(q, info.min, info.max).astype(target.numpy)
 
 
 @ref_kernel("DequantizeLinear")
 def dequantize_linear(desc, x, scale, zero_point=None):
     target = dequantized_type(desc, DataType.from_numpy(scale.dtype))
-    # float32 holds 8- and 16-bit integers exactly; int32 needs float64.
+    # float32 holds the 16-, 8-, 4- and 2-bit integers and every float8, float6 and float4 value
+    # exactly; int32 needs float64.
     compute = np.float64 if x.dtype == np.int32 else np.float32
     shifted = x.astype(compute)
     if zero_point is not None:
         shifted -= expand_param(zero_point, x.shape, desc.axis, desc.block_size).astype(compute)
-    return (shifted * expand_param(scale, x.shape, desc.axis, desc.block_size)).astype(target.numpy)
+    scale = widened(expand_param(scale, x.shape, desc.axis, desc.block_size))
+    return (shifted * scale).astype(target.numpy)
 
 
 @ref_kernel("DynamicQuantizeLinear")

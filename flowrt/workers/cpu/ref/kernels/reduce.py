@@ -16,6 +16,7 @@ import numpy as np
 from flowrt.engine.graph.layers.reduce import reduce_axes, reduced_shape
 from flowrt.engine.graph.layers.reshape import const_ints
 from flowrt.workers.cpu.ref.kernels import ref_kernel
+from flowrt.workers.cpu.ref.kernels.conv import compute_dtype
 
 Reduction = Callable[[np.ndarray, tuple[int, ...]], np.ndarray]
 
@@ -23,7 +24,7 @@ Reduction = Callable[[np.ndarray, tuple[int, ...]], np.ndarray]
 def reduce_over_axes(desc, data: np.ndarray, axes: np.ndarray | None, reduction: Reduction) -> np.ndarray:
     """Apply ``reduction`` over the axes the descriptor and the axes input name."""
     chosen = reduce_axes(desc, data.ndim, const_ints(axes))
-    work = data.astype(np.float32) if data.dtype == np.float16 else data
+    work = data.astype(compute_dtype(data.dtype), copy=False)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         out = np.asarray(reduction(work, chosen))
     # data's dims are ints, so are the reduced ones (reduced_shape is typed for symbolic dims too)
