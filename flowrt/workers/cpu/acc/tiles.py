@@ -38,7 +38,7 @@ from numba.core.extending import intrinsic
 
 from flowrt.errors import BackendError
 from flowrt.workers.cpu.acc.blas import leading_dimension, native_address
-from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, NONE, RELU, activate_row
+from flowrt.workers.cpu.acc.kernels.epilogue import CLIP, NONE, RELU, activate_in_place
 
 
 def _tile_shape(choice: str | None) -> tuple[int, int, bool]:
@@ -63,6 +63,11 @@ def _tile_shape(choice: str | None) -> tuple[int, int, bool]:
 _LANES, TILE_ROWS, AVAILABLE = _tile_shape(os.environ.get("FLOWRT_TILES"))
 _VECTORS = 2  # vectors of _LANES floats per tile row
 TILE_COLUMNS = _LANES * _VECTORS
+# What a tile applies as it stores (its ``mode``): nothing, Relu, or a clip to its bounds.
+RELU_MODE, CLIP_MODE = 1, 2
+# The block of ``c`` (floats) that :func:`gemm_panels` finishes before applying a curve other
+# than Relu to it: it is still in L2 then.
+CURVE_BLOCK_FLOATS = 32 * 1024
 # How far ahead of the row it reads (in floats: two tiles) the micro-kernel asks for ``b``.
 # A tile reads one short run of each of K rows; the hardware prefetchers follow few such
 # streams, and without this the 1x1 convs of DenseNet-121 ran at 89 GFLOP/s instead of 111.
@@ -78,15 +83,18 @@ def _intrinsic_function(builder, name, return_type, argument_types):
 def _emit_tile(context, builder, signature, args, masked: bool, rows_in_place: bool = False):
     """The micro-kernel's IR (see :func:`_tile`); ``masked``: only the first ``columns``
     columns are read and written. ``rows_in_place`` (:func:`_row_tile`): ``a`` is read in
-    place, row i from ``a_at + i * lda``, ``b`` is a packed panel, and the bias is per column."""
-    accumulate = None
+    place, row i from ``a_at + i * lda``, ``b`` is a packed panel, and the bias is per column
+    (and ``mode`` is Relu or none: no bounds)."""
+    accumulate = low = high = None
     if rows_in_place:  # lda and accumulate come out; the rest reads as _tile's arguments
         lda, accumulate = args[2], args[13]
         args = (*args[:2], *args[3:13], *args[14:])
         signature_args = (*signature.args[:2], *signature.args[3:13], *signature.args[14:])
-    else:
-        signature_args = signature.args
-    a_arr, a_at, b_arr, b_at, ldb, c_arr, c_at, ldc, k, bias_arr, bias_at, relu = args[:12]
+    else:  # the clip bounds come out
+        low, high = args[12], args[13]
+        args = (*args[:12], *args[14:])
+        signature_args = (*signature.args[:12], *signature.args[14:])
+    a_arr, a_at, b_arr, b_at, ldb, c_arr, c_at, ldc, k, bias_arr, bias_at, mode = args[:12]
     a_ptr, b_ptr, c_ptr, bias_ptr = (
         builder.gep(context.make_array(signature_args[i])(context, builder, args[i]).data, [args[i + 1]])
         for i in (0, 2, 5, 9)
@@ -186,7 +194,10 @@ def _emit_tile(context, builder, signature, args, masked: bool, rows_in_place: b
 
     builder.position_at_end(done)
     totals = [[builder.phi(vec) for _ in range(_VECTORS)] for _ in range(TILE_ROWS)]
-    with_relu = builder.icmp_signed("!=", relu, ir.Constant(i64, 0))
+    with_relu = builder.icmp_signed("==", mode, ir.Constant(i64, RELU_MODE))
+    if low is not None:
+        with_clip = builder.icmp_signed("==", mode, ir.Constant(i64, CLIP_MODE))
+        lows, highs = broadcast(low), broadcast(high)
     for i in range(TILE_ROWS):
         c_row = builder.gep(c_ptr, [builder.mul(ir.Constant(i64, i), ldc)])
         for v in range(_VECTORS):
@@ -197,23 +208,29 @@ def _emit_tile(context, builder, signature, args, masked: bool, rows_in_place: b
                 total = builder.select(onto_c, builder.fadd(total, load(c_row, v)), total)
             # ReLU as activate(): NaN stays NaN (unordered compare), -0.0 becomes +0.0
             rectified = builder.select(builder.fcmp_unordered(">", total, zero), total, zero)
-            store(builder.select(with_relu, rectified, total), c_row, v)
+            value = builder.select(with_relu, rectified, total)
+            if low is not None:  # Clip as fastmath.clamp: NaN stays NaN (ordered compares)
+                above = builder.select(builder.fcmp_ordered("<", total, lows), lows, total)
+                clipped = builder.select(builder.fcmp_ordered(">", above, highs), highs, above)
+                value = builder.select(with_clip, clipped, value)
+            store(value, c_row, v)
     return context.get_dummy_value()
 
 
 @intrinsic
-def _tile(typingctx, a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu):
+def _tile(typingctx, a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, mode, low, high):
     """``c[c_at + i*ldc + j] = act(bias[bias_at + i] + sum_p a[a_at + p*TILE_ROWS + i] *
     b[b_at + p*ldb + j])`` for ``i < TILE_ROWS``, ``j < TILE_COLUMNS``; ``act`` is ReLU when
-    ``relu`` is non-zero, else none. Offsets and strides count float32 elements."""
-    sig = types.void(a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu)
+    ``mode`` is RELU_MODE, a clip to [``low``, ``high``] when CLIP_MODE, else none. Offsets
+    and strides count float32 elements."""
+    sig = types.void(a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, mode, low, high)
     return sig, lambda context, builder, signature, args: _emit_tile(context, builder, signature, args, False)
 
 
 @intrinsic
-def _tile_part(typingctx, a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu, columns):
+def _tile_part(typingctx, a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, mode, low, high, columns):
     """:func:`_tile` on the first ``columns`` (< TILE_COLUMNS) columns only."""
-    sig = types.void(a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu, columns)
+    sig = types.void(a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, mode, low, high, columns)
     return sig, lambda context, builder, signature, args: _emit_tile(context, builder, signature, args, True)
 
 
@@ -257,13 +274,14 @@ def pad_rows(bias: np.ndarray) -> np.ndarray:
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _block(panels, p, b, q, ldb, c, c_at, ldc, k, bias, relu, columns):
+def _block(panels, p, b, q, ldb, c, c_at, ldc, k, bias, mode, low, high, columns):
     """Panel ``p`` times columns ``q .. q + columns`` of ``b`` into ``c`` from ``c_at`` on:
     a whole tile, or a masked one for the last columns."""
+    at = p * k * TILE_ROWS
     if columns == TILE_COLUMNS:
-        _tile(panels, p * k * TILE_ROWS, b, q, ldb, c, c_at, ldc, k, bias, p * TILE_ROWS, relu)
+        _tile(panels, at, b, q, ldb, c, c_at, ldc, k, bias, p * TILE_ROWS, mode, low, high)
     else:
-        _tile_part(panels, p * k * TILE_ROWS, b, q, ldb, c, c_at, ldc, k, bias, p * TILE_ROWS, relu, columns)
+        _tile_part(panels, at, b, q, ldb, c, c_at, ldc, k, bias, p * TILE_ROWS, mode, low, high, columns)
 
 
 @njit(nogil=True, cache=True, no_cfunc_wrapper=True)  # type: ignore[call-overload]  # numba's stubs lack no_cfunc_wrapper
@@ -275,26 +293,37 @@ def gemm_panels(panels, bias, b, c, code, alpha, beta):
     k = b.shape[0]
     if m == 0 or n == 0:
         return
-    relu = 1 if code == RELU else 0
-    other = code != NONE and code != RELU
+    # Relu and Clip as the tiles store; another curve on the stored block
+    mode = RELU_MODE if code == RELU else CLIP_MODE if code == CLIP else 0
+    other = mode == 0 and code != NONE
+    low, high = np.float32(alpha), np.float32(beta)
     ldb, ldc = leading_dimension(b), leading_dimension(c)
     full_rows = m // TILE_ROWS
     scratch = np.empty((TILE_ROWS, TILE_COLUMNS), np.float32)
-    for q in range(0, n, TILE_COLUMNS):
-        columns = min(TILE_COLUMNS, n - q)
-        for p in range(full_rows):
-            _block(panels, p, b, q, ldb, c, p * TILE_ROWS * ldc + q, ldc, k, bias, relu, columns)
-        if full_rows * TILE_ROWS < m:  # the last panel's padding rows go to scratch
-            _block(panels, full_rows, b, q, ldb, scratch, 0, TILE_COLUMNS, k, bias, relu, columns)
-            # A loop, not a slice assignment: that compiles numba's formatted messages for
-            # shapes that do not broadcast (seconds on a cold cache).
-            for i in range(m - full_rows * TILE_ROWS):
-                for j in range(columns):
-                    c[full_rows * TILE_ROWS + i, q + j] = scratch[i, j]
-    if other:  # over whole rows: a call per tile row would cost more than the curve
-        for i in range(m):
-            row = c[i, :n]
-            activate_row(row, row, NO_BIAS, code, alpha, beta)
+    # Another curve is applied a block of columns at a time, each block as soon as it is
+    # stored, while it is in L2: over the whole of a large c, each row would come back from
+    # memory (a 96 x 12544 Conv+Swish spent twice as long on the curve as on the GEMM).
+    block = n if not other else max(TILE_COLUMNS, CURVE_BLOCK_FLOATS // m // TILE_COLUMNS * TILE_COLUMNS)
+    for q0 in range(0, n, block):
+        q1 = min(q0 + block, n)
+        for q in range(q0, q1, TILE_COLUMNS):
+            columns = min(TILE_COLUMNS, q1 - q)
+            for p in range(full_rows):
+                _block(
+                    panels, p, b, q, ldb, c, p * TILE_ROWS * ldc + q, ldc, k, bias, mode, low, high, columns
+                )
+            if full_rows * TILE_ROWS < m:  # the last panel's padding rows go to scratch
+                _block(
+                    panels, full_rows, b, q, ldb, scratch, 0, TILE_COLUMNS, k, bias, mode, low, high, columns
+                )
+                # A loop, not a slice assignment: that compiles numba's formatted messages for
+                # shapes that do not broadcast (seconds on a cold cache).
+                for i in range(m - full_rows * TILE_ROWS):
+                    for j in range(columns):
+                        c[full_rows * TILE_ROWS + i, q + j] = scratch[i, j]
+        if other:  # a row of the block per call: a call per tile row would cost more than the curve
+            for i in range(m):
+                activate_in_place(c[i, q0:q1], code, alpha, beta)
 
 
 # The views gemm_panels multiplies when called by address from the conv slices.

@@ -63,6 +63,23 @@ def test_gemm_panels_matches_numpy_on_strided_views(m, k, n, code, b_pad, c_pad,
     assert (canvas[:, :c_pad] == 7).all() and (canvas[:, c_pad + n :] == 7).all()
 
 
+@pytest.mark.parametrize("code", [SIGMOID, LEAKY_RELU, NONE])
+def test_a_curve_is_applied_block_by_block_over_every_column(code):
+    # 200 rows: blocks of CURVE_BLOCK_FLOATS // 200 columns, rounded down to whole tiles; 2.5
+    # blocks of them, c a view inside a wider canvas
+    m, k = 200, 8
+    block = max(tiles.TILE_COLUMNS, tiles.CURVE_BLOCK_FLOATS // m // tiles.TILE_COLUMNS * tiles.TILE_COLUMNS)
+    n = 2 * block + block // 2 + 3
+    rng = np.random.default_rng(3)
+    w, bias = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal(m, dtype=np.float32)
+    b = rng.standard_normal((k, n), dtype=np.float32)
+    canvas = np.full((m, n + 4), 7.0, np.float32)
+    run_tiles(w, bias, b, canvas[:, 2 : 2 + n], code)
+    expected = EXPECTED[code](w.astype(np.float64) @ b + bias[:, None])
+    np.testing.assert_allclose(canvas[:, 2 : 2 + n], expected, rtol=1e-4, atol=1e-4)
+    assert (canvas[:, :2] == 7).all() and (canvas[:, 2 + n :] == 7).all()
+
+
 def test_relu_keeps_nan_and_clears_negative_zero_as_activate_does():
     w = np.ones((tiles.TILE_ROWS, 1), np.float32)
     b = np.full((1, tiles.TILE_COLUMNS + 3), -0.0, np.float32)

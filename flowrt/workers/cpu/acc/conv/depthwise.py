@@ -24,7 +24,7 @@ from numba import njit, prange
 
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.workers.cpu.acc.blas import PRANGE_ONLY
-from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, RELU, activate, activate_row
+from flowrt.workers.cpu.acc.kernels.epilogue import RELU, activate, activate_in_place
 from flowrt.workers.cpu.acc.phases import cell_offset, fill_phase_planes
 
 if TYPE_CHECKING:
@@ -163,7 +163,7 @@ def _depthwise_plane(src, x, wm, b, out, n, m, acc, geo, rows, pitch, code, alph
             acc, b, ki == 0, relu and ki == kh - 1 and kh > 1, wm[ki], kw, src, 0, geo, rows, pitch, ki, total
         )
     if kh == 1 or not relu:
-        activate_row(acc[:total], acc[:total], NO_BIAS, code, alpha, beta)
+        activate_in_place(acc[:total], code, alpha, beta)
     store_plane(acc, out, n, m, pitch)
 
 
@@ -250,7 +250,7 @@ def _same3_plane(x, xo, wm, b, o, oo, width, pixels, middle, first, last, code, 
     else:
         _nine_taps(o, np.uint64(oo), b, wm, middle, first, last, width, pixels, False)
         plane = o[oo : oo + pixels]
-        activate_row(plane, plane, NO_BIAS, code, alpha, beta)
+        activate_in_place(plane, code, alpha, beta)
 
 
 @njit(parallel=PRANGE_ONLY, nogil=True, cache=True)

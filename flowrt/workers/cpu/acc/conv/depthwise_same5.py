@@ -21,7 +21,7 @@ from numba import njit, prange
 
 from flowrt.workers.cpu.acc.blas import PRANGE_ONLY
 from flowrt.workers.cpu.acc.conv.depthwise import Depthwise
-from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, RELU, activate, activate_row
+from flowrt.workers.cpu.acc.kernels.epilogue import RELU, activate, activate_in_place
 
 if TYPE_CHECKING:
     from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
@@ -91,7 +91,7 @@ def depthwise_same5(x, w, bias, out, code, alpha, beta, bounds):
             else:
                 _twenty_five_taps(out_flat, oo, bias[m], w[m], middle, masks, width, pixels, False)
                 plane = out_flat[oo : oo + np.uint64(pixels)]
-                activate_row(plane, plane, NO_BIAS, code, alpha, beta)
+                activate_in_place(plane, code, alpha, beta)
 
 
 @attrs.frozen(eq=False)

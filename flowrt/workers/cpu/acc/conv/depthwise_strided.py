@@ -24,7 +24,7 @@ from numba import njit, prange
 
 from flowrt.workers.cpu.acc.blas import PRANGE_ONLY
 from flowrt.workers.cpu.acc.conv.depthwise import Depthwise
-from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, RELU, activate, activate_row
+from flowrt.workers.cpu.acc.kernels.epilogue import RELU, activate, activate_in_place
 
 if TYPE_CHECKING:
     from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
@@ -169,7 +169,7 @@ def depthwise_strided2(x, w, bias, out, code, alpha, beta, bounds):
                 )
             if not relu:
                 plane = out_flat[oo : oo + np.uint64(pixels)]
-                activate_row(plane, plane, NO_BIAS, code, alpha, beta)
+                activate_in_place(plane, code, alpha, beta)
 
 
 @attrs.frozen(eq=False)

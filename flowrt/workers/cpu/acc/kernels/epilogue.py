@@ -259,6 +259,21 @@ def activate_late(row, code, alpha, beta):
 
 
 @njit(inline="always", nogil=True, cache=True)
+def activate_in_place(row, code, alpha, beta):
+    """``row = activate(row)`` over a row with unit stride, in one pass: Relu and Clip here,
+    any other curve through :func:`activate_late`; nothing for none. (:func:`activate_row`
+    with no bias would first copy the row onto itself.)"""
+    if code == RELU:
+        for j in range(row.shape[0]):
+            row[j] = relu(row[j], alpha, beta)
+    elif code == CLIP:
+        for j in range(row.shape[0]):
+            row[j] = clip(row[j], alpha, beta)
+    elif code != NONE:
+        activate_late(row, code, alpha, beta)
+
+
+@njit(inline="always", nogil=True, cache=True)
 def activate_row(dst, src, b, code, alpha, beta):
     """``dst[j] = activate(src[j] + b)`` over a row (``dst`` may be ``src``)."""
     # x * 1 is x for every float32 x: the multiply folds away.
