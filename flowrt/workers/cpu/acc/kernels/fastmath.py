@@ -211,6 +211,25 @@ def exp_of(x: Value) -> Value:
     return where(zero, 0.0, (p * pow2(half)) * pow2(n - half))
 
 
+# 2**-64: e**y below 2**-100 is made as (p 2**(n + 64)) 2**-64, a normal product rounded once
+# into the subnormals by the second multiply.
+_TINY_SHIFT = 64.0
+_TINY_SCALE = 5.421010862427522e-20
+
+
+def exp_nonpositive_of(x: Value) -> Value:
+    """``e ** x`` for ``x`` <= 0 (or NaN), as :func:`exp_of`, in a third fewer instructions:
+    no upper clamp, one power of two where the result is normal, and no lanes forced to 0
+    (at -104 and below the product rounds to 0 by itself). The curves built on e ** -|x|
+    (sigmoid, and so swish, and softplus) call it, few of their inputs being that negative."""
+    x = where(x < _EXP_LO, _EXP_LO, x)
+    n = rint(x * _LOG2E)
+    r = (x - n * _LN2_HI) - n * _LN2_LO
+    p = horner(r, _EXP_POLY) * (r * r) + r + 1.0
+    tiny = n < -100.0
+    return (p * pow2(where(tiny, n + _TINY_SHIFT, n))) * where(tiny, _TINY_SCALE, 1.0)
+
+
 # expm1 near 0, where exp(x) - 1 cancels: its Taylor series to x**10 (relative error below
 # 1e-9 for |x| < 0.7), as x * (1 + x * (...)) so that -0.0 stays -0.0.
 _EXPM1_NEAR_ZERO = 0.7
@@ -259,7 +278,7 @@ def log_of(x: Value) -> Value:
 
 def softplus_of(x: Value) -> Value:
     """``log(1 + e ** x)`` without overflow: max(x, 0) + log1p(e ** -|x|), as np.logaddexp."""
-    e = exp_of(-fabs(x))
+    e = exp_nonpositive_of(-fabs(x))
     u = e + 1.0
     # log1p(e) = log(u) + log(1 + (e - (u - 1)) / u): the second term, to first order,
     # restores what rounding 1 + e lost (u - 1 is exact); it is all of log1p(e) when u is 1.
@@ -284,7 +303,7 @@ def tanh_of(x: Value) -> Value:
 def sigmoid_of(x: Value) -> Value:
     """``1 / (1 + e ** -x)`` from e = e ** -|x|, which never overflows; ``e / (1 + e)`` below
     0, so that it reaches the subnormals as CpuRef's does."""
-    e = exp_of(-fabs(x))
+    e = exp_nonpositive_of(-fabs(x))
     s = 1.0 / (e + 1.0)
     return where(x >= 0.0, s, e * s)
 
