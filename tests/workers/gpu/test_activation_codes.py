@@ -4,7 +4,10 @@ under the activation table's code (no OpenCL device needed: this reads the sourc
 import re
 from importlib import resources
 
+import pytest
+
 from flowrt.engine.graph.layer_kind import activation_facts, activation_kinds
+from flowrt.errors import BackendError
 from flowrt.registry import FusedActivation
 from flowrt.workers.gpu.kernels import activation_args, activation_codes
 
@@ -35,3 +38,9 @@ def test_kernel_arguments_carry_the_table_code():
     code, alpha, beta = activation_args(FusedActivation("Clip", -1.0, 6.0))
     assert (int(code), float(alpha), float(beta)) == (3, -1.0, 6.0)
     assert int(activation_args(None)[0]) == 0
+
+
+def test_an_activation_gpuacc_does_not_apply_is_refused_by_name():
+    # a curve (fused by CpuAcc only) on a GpuAcc layer: only a hand-edited .flowrt file has one
+    with pytest.raises(BackendError, match=r"GpuAcc applies the fused activations Relu, .* only; got Swish"):
+        activation_args(FusedActivation("Swish", 1.0))

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from flowrt.engine.graph.layer_kind import NO_ACTIVATION, activation_facts, activation_kinds
-from flowrt.errors import ShapeError
+from flowrt.errors import BackendError, ShapeError
 from flowrt.registry import FusedActivation, Support, WorkloadInfo
 from flowrt.registry.kernel_modules import import_kernel_modules
 from flowrt.types import TensorInfo, static_dims
@@ -47,11 +47,18 @@ def activation_codes() -> dict[str, int]:
 
 
 def activation_args(activation: FusedActivation | None) -> tuple[np.int32, np.float32, np.float32]:
-    """The (code, alpha, beta) kernel arguments of ``activate()``; code 0 is none."""
+    """The (code, alpha, beta) kernel arguments of ``activate()``; code 0 is none.
+    BackendError for an activation GpuAcc does not apply (a ``.flowrt`` file edited by hand
+    may carry one the optimizer would never have fused here)."""
     if activation is None:
         return np.int32(NO_ACTIVATION), np.float32(0), np.float32(0)
+    codes = activation_codes()
+    if activation.kind not in codes:
+        raise BackendError(
+            f"GpuAcc applies the fused activations {', '.join(codes)} only; got {activation.kind}"
+        )
     return (
-        np.int32(activation_codes()[activation.kind]),
+        np.int32(codes[activation.kind]),
         np.float32(activation.alpha),
         np.float32(activation.beta),
     )
