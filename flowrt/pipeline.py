@@ -38,7 +38,7 @@ import attrs
 import trio
 
 from flowrt.aio import AioStream, async_library, asyncio_stages
-from flowrt.errors import FlowrtError, RunError
+from flowrt.errors import ArgumentError, FlowrtError, RunError
 from flowrt.loaded_network import LoadedNetwork
 from flowrt.nursery import open_nursery
 from flowrt.ordered_stream import OrderedStream, Request
@@ -103,6 +103,12 @@ class Pipeline:
         names: Sequence[str] | None = None,
         priority: Priority = Priority.MEDIUM,
     ) -> None:
+        if isinstance(stages, LoadedNetwork) or callable(stages):  # one stage, not in a list
+            found = "one loaded model" if isinstance(stages, LoadedNetwork) else "one function"
+            raise ArgumentError(
+                f"Pipeline: stages must be a list of loaded models and functions, got {found} "
+                "(a pipeline of one stage is Pipeline([stage]))"
+            )
         check_instance("stages", stages, Sequence, "a list of loaded models and functions", where="Pipeline")
         stages = list(stages)
         if not stages:

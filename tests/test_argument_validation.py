@@ -119,9 +119,12 @@ async def test_a_pipeline_of_a_lone_model_not_in_a_list_is_refused():
         model = await rt.load(flowrt.optimize(_relu_net(), backends=["CpuRef"]))
         with pytest.raises(
             ArgumentError,
-            match=r"Pipeline: stages must be a list of loaded models and functions, got a LoadedNetwork",
+            match=r"Pipeline: stages must be a list of loaded models and functions, got one loaded model "
+            r"\(a pipeline of one stage is Pipeline\(\[stage\]\)\)",
         ):
             flowrt.Pipeline(model)  # type: ignore[arg-type]
+        with pytest.raises(ArgumentError, match=r"stages must be a list .*, got one function"):
+            flowrt.Pipeline(lambda outputs: outputs)  # type: ignore[arg-type]
         with pytest.raises(
             ArgumentError, match=r"Pipeline.stream: max_in_flight must be a positive int, got True \(bool\)"
         ):

@@ -384,6 +384,9 @@ def test_errors_from_the_engine_arrive_under_asyncio_as_flowrts_own_types():
             model = await rt.load(opt)
             with pytest.raises(InputError, match="unknown input 'z'"):
                 await model.run({"z": np.zeros(2, np.float32)})
+            # the asyncio face of a model is named as under trio
+            with pytest.raises(ArgumentError, match="stages must be a list .*, got one loaded model"):
+                flowrt.Pipeline(model)  # type: ignore[arg-type]
             async with model.stream() as s:
                 with pytest.raises(InputError, match="unknown input 'z'"):
                     await s.submit({"z": np.zeros(2, np.float32)})
