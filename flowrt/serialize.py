@@ -66,6 +66,7 @@ from flowrt.engine.graph.encoding import (
     expect_field,
     expect_type,
 )
+from flowrt.engine.graph.layers.subgraph_body import subgraphs_of
 from flowrt.engine.graph.optimizer import OptimizedNetwork
 from flowrt.engine.graph.recheck import recheck
 from flowrt.errors import FlowrtError, ModelLoadError
@@ -142,10 +143,12 @@ def save(optimized: OptimizedNetwork, path: str | os.PathLike, *, prepared: Prep
     ``prepared`` is data backends made ahead of time for their layers, ``{backend id: ((major,
     minor), {layer name: bytes})}``; it reaches a backend at load only when that backend is
     registered with the same version (default: ``optimized.prepared``). Raises FlowrtError
-    for a value the format cannot hold (the message names the layer and field).
+    for a value the format cannot hold (the message names the layer and field), a layer with
+    subgraphs (If, Loop, Scan) included.
     """
     if not isinstance(optimized, OptimizedNetwork):
         raise FlowrtError(f"save expects an OptimizedNetwork, got {type(optimized).__name__}")
+    _refuse_subgraphs(optimized, path)
     tensors = _TensorWriter()
     metadata = encode_network(optimized, tensors.store)
     chosen = optimized.prepared if prepared is None else prepared
@@ -170,6 +173,17 @@ def save(optimized: OptimizedNetwork, path: str | os.PathLike, *, prepared: Prep
         checksum = zlib.crc32(piece, checksum)
     header = header[: CHECKSUM_FIELD.start] + struct.pack("<I", checksum) + header[CHECKSUM_FIELD.stop :]
     _write_atomically(Path(path), [header, *pieces])
+
+
+def _refuse_subgraphs(optimized: OptimizedNetwork, path: str | os.PathLike) -> None:
+    """FlowrtError naming the first layer with subgraphs (If, Loop, Scan): the format holds
+    no subgraph yet, and a file without them would run something else."""
+    for layer in optimized.graph.topological_order():
+        if subgraphs_of(layer.descriptor):
+            raise FlowrtError(
+                f"cannot save {os.fspath(path)}: layer {layer.name!r} ({layer.kind}) runs subgraphs, which "
+                "a .flowrt file cannot hold yet; keep the ONNX model and optimize it where it is loaded"
+            )
 
 
 def _write_atomically(path: Path, pieces: list[Any]) -> None:

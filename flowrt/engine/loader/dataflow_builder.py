@@ -26,6 +26,12 @@ def build_dataflow(
 ) -> Dataflow:
     """Compile an optimized graph into a dataflow; ``make_workload`` builds each layer's workload.
 
+    A workload whose layer runs subgraphs (If, Loop, Scan) offers ``load_subgraphs(compile)``:
+    it calls ``compile(graph)`` on each subgraph it prepared (optimized, every layer assigned
+    a backend), which compiles it here into a dataflow of its own, its workloads made by
+    ``make_workload`` too; the workload runs those nested dataflows with
+    ``flowrt.engine.scheduler.executor.run_nested``.
+
     ``parallel_branches`` cuts independent branches into segments of their own (see
     ``flowrt.engine.scheduler.dataflow``).
     ``device_backends`` names the backends whose workloads run on a device.
@@ -52,11 +58,15 @@ def build_dataflow(
         else:
             assert layer.backend is not None  # the optimizer assigned every compute layer
             info = workload_info(layer)
+            workload = make_workload(layer, info)
+            load_subgraphs = getattr(workload, "load_subgraphs", None)
+            if load_subgraphs is not None:
+                load_subgraphs(lambda subgraph: build_dataflow(subgraph, make_workload))
             node = WorkloadNode(
                 layer.name,
                 layer.kind,
                 layer.backend,
-                make_workload(layer, info),
+                workload,
                 tuple(tensor_id(s.source) if s.source else None for s in layer.inputs),
                 tuple(tensor_id(o) if o.connections else None for o in layer.outputs),
             )

@@ -255,6 +255,23 @@ class _RunState:
                     self.device_values.pop(tid, None)
 
 
+def run_nested(dataflow: Dataflow, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run a host dataflow once, on the calling thread and without a memory pool: how a
+    workload runs a subgraph of its layer (an If branch, a Loop or Scan body) from inside the
+    segment it is part of. ``feeds`` holds a value for each of the dataflow's inputs (others
+    are ignored). The outputs are returned as the workloads left them: they may be feeds or
+    constants, which the caller must not write. A failing workload raises RunError naming it.
+    """
+    state = _RunState(dataflow, feeds, None, {})
+    for segment in dataflow.segments:  # the serial cut: each after the one before
+        if segment.device:
+            raise RunError(
+                segment.nodes[0].layer, segment.backend, FlowrtError("a subgraph runs on the host only")
+            )
+        state.run_segment(segment)
+    return {name: state.values[tid] for name, tid in dataflow.outputs.items()}
+
+
 async def execute(
     dataflow: Dataflow,
     feeds: Mapping[str, np.ndarray],

@@ -4,7 +4,10 @@ The rule every layer kind follows: the kind is the ONNX op type; its descriptor'
 the op's attribute names (from every opset, legacy ones included); a descriptor with a field
 ``opset`` receives the model's opset version; one with a field ``num_outputs`` that the node
 does not set receives the node's output count. An attribute the descriptor does not declare
-is refused rather than ignored, because ignoring it could change the result silently.
+is refused rather than ignored, because ignoring it could change the result silently. A graph
+attribute (If's branches, Loop's and Scan's body) is a ``Body`` the importer makes, and the
+descriptor of such a node receives ``captures``: the outer values its bodies read (see
+``graph_importer.py``).
 """
 
 from __future__ import annotations
@@ -38,11 +41,14 @@ def attribute_value(
     *,
     read_tensor: Callable[[onnx.TensorProto, str], Any] = _plain_tensor,
     where: str = "",
+    read_graph: Callable[[onnx.GraphProto, str], Any] | None = None,
 ) -> Any:
     """The Python value of an attribute: int, float, str, tuple of those, or a numpy array.
 
     ``read_tensor(tensor, what)`` makes a tensor attribute's array (the importer's checks it
-    against its dims and the memory budget); ``where`` names the node for messages.
+    against its dims and the memory budget); ``read_graph(graph, attribute name)`` makes a
+    graph attribute's value (the importer's makes a subgraph body; without one a graph is
+    refused); ``where`` names the node for messages.
     """
     kind = attr.type
     A = onnx.AttributeProto
@@ -60,6 +66,8 @@ def attribute_value(
         return tuple(_text(v, attr, where) for v in attr.strings)
     if kind == A.TENSOR:
         return read_tensor(attr.t, f"{where}: attribute {attr.name!r}")
+    if kind == A.GRAPH and read_graph is not None:
+        return read_graph(attr.g, attr.name)
     raise UnsupportedLayerError(
         f"attribute {attr.name!r} has type {A.AttributeType.Name(kind)}, which flowrt does not support"
     )
@@ -92,6 +100,10 @@ def node_attributes(
     *,
     read_tensor: Callable[[onnx.TensorProto, str], Any] = _plain_tensor,
     where: str = "",
+    read_graph: Callable[[onnx.GraphProto, str], Any] | None = None,
 ) -> dict[str, Any]:
     """``{name: value}`` of the node's attributes (see :func:`attribute_value`)."""
-    return {a.name: attribute_value(a, read_tensor=read_tensor, where=where) for a in node.attribute}
+    return {
+        a.name: attribute_value(a, read_tensor=read_tensor, where=where, read_graph=read_graph)
+        for a in node.attribute
+    }

@@ -16,6 +16,7 @@ import numpy as np
 
 from flowrt.engine.graph.graph import Graph, Layer, constant_value
 from flowrt.engine.graph.layers.io import ConstantDescriptor
+from flowrt.engine.graph.layers.subgraph_body import subgraphs_of
 from flowrt.engine.memory.budget import MemoryBudget, tensor_bytes
 from flowrt.errors import FlowrtError, GraphError
 from flowrt.types import TensorInfo, static_dims
@@ -90,7 +91,9 @@ def fold_constants(graph: Graph, evaluate: Evaluator, budget: MemoryBudget | Non
         budget = MemoryBudget(None, BUDGET_OPTION, _constant_bytes(graph), "the network's constants")
     folded = []
     for layer in graph.topological_order():
-        if layer.kind in ("Input", "Output", "Constant"):
+        # A layer with subgraphs (If, Loop, Scan) runs them as nested dataflows, which only a
+        # load compiles: it runs with the network, whatever its inputs.
+        if layer.kind in ("Input", "Output", "Constant") or subgraphs_of(layer.descriptor):
             continue
         if layer.kind in _SHAPE_ONLY_KINDS:
             inputs = _shape_stand_in(layer)

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from flowrt.engine.graph.layers.subgraph_body import subgraphs_of
 from flowrt.errors import BackendError
 from flowrt.registry import WorkloadInfo
 from flowrt.workers.cpu.ref.kernels import RefKernel, load_all
@@ -29,7 +30,8 @@ class RefWorkload:
 
 
 class RefWorkloadFactory:
-    """Makes a RefWorkload per layer; CpuRef manages no memory of its own.
+    """Makes a RefWorkload per layer (a SubgraphWorkload for a layer with subgraphs: If,
+    Loop, Scan); CpuRef manages no memory of its own.
 
     CpuRef applies no fused activation (its capabilities list none, so ``optimize`` never
     fuses one into its layers): a layer that carries one is refused, never run without it.
@@ -47,4 +49,8 @@ class RefWorkloadFactory:
                 f"CpuRef applies no fused activation; layer {info.layer_name!r} ({info.kind}) carries a fused "
                 f"{info.activation.kind}: run the activation as a layer of its own"
             )
+        if subgraphs_of(info.descriptor):
+            from flowrt.workers.cpu.ref.subgraph_workload import SubgraphWorkload  # it builds on RefWorkload
+
+            return SubgraphWorkload(kernel, info)
         return RefWorkload(kernel, info)
