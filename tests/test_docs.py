@@ -1,5 +1,5 @@
-"""The user guide stays true: the operator table matches the kernel registries, every relative
-link leads somewhere, the CLI reference names every option, and (``-m slow``) every Python
+"""The user guide stays true: the operator table matches the kernel registries, the conformance
+page lists the cases the conformance suite excludes, every relative link leads somewhere, the CLI reference names every option, and (``-m slow``) every Python
 example of docs/ runs.
 
 Python examples: each page's ```python blocks run in order as one script, in a fresh
@@ -32,11 +32,15 @@ INLINE_CODE = re.compile(r"`[^`\n]*`")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
-def _operator_table_script():
-    spec = importlib.util.spec_from_file_location("operator_table", ROOT / "scripts" / "operator_table.py")
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _operator_table_script():
+    return _script("operator_table")
 
 
 def _slug(heading: str) -> str:
@@ -76,6 +80,22 @@ def test_operator_table_marks_what_each_backend_registers():
     assert "| Conv | ✓ | ✓ | ✓ |" in text
     assert "| ArgMax | ✓ |   |   |" in text  # CpuRef only
     assert "- **Conv**: takes float32 only" in text  # CpuAcc's reason, from its supports()
+
+
+def test_conformance_page_lists_the_cases_the_suite_excludes(capsys):
+    script = _script("conformance_report")
+    status = script.main(["--check"])
+    assert status == 0, capsys.readouterr().err
+
+
+def test_conformance_check_names_the_stale_file_and_the_command(tmp_path, capsys):
+    script = _script("conformance_report")
+    stale = tmp_path / "conformance.md"
+    stale.write_text(f"# ONNX conformance\n\n{script.BEGIN}\nNone.\n{script.END}\n", encoding="utf-8")
+    assert script.main(["--check", "--output", str(stale)]) == 1
+    err = capsys.readouterr().err
+    assert f"{stale} is stale" in err
+    assert "python scripts/conformance_report.py" in err
 
 
 @pytest.mark.parametrize("page", [*PAGES, ROOT / "README.md"], ids=lambda p: p.name)
