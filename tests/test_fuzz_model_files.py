@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import signal
 import time
 from collections.abc import Callable
 
@@ -23,6 +22,7 @@ import trio
 from fuzzflowrt import apply_activation, fuzz_registry, mutate_flowrt
 from fuzzmodels import mutate_onnx, small_onnx_model
 from netbuild import serializable_network
+from timelimit import time_limit
 
 import flowrt
 from flowrt import serialize
@@ -40,20 +40,9 @@ class _TooSlow(Exception):
     pass
 
 
-@contextlib.contextmanager
-def _time_limit(seconds: float):
+def _time_limit(seconds: float) -> contextlib.AbstractContextManager[None]:
     """Raise _TooSlow in the main thread once ``seconds`` have passed (the synchronous steps)."""
-
-    def alarm(signum, frame):
-        raise _TooSlow(f"over {seconds:.1f} s")
-
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    return time_limit(seconds, lambda: _TooSlow(f"over {seconds:.1f} s"))
 
 
 def _feeds(model: flowrt.LoadedNetwork, rng: np.random.Generator) -> dict[str, np.ndarray] | None:

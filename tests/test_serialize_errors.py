@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import signal
 import struct
 import zlib
 from pathlib import Path
@@ -14,6 +13,7 @@ import msgpack
 import numpy as np
 import pytest
 from netbuild import serializable_network
+from timelimit import time_limit
 
 import flowrt
 from flowrt import serialize
@@ -88,18 +88,8 @@ class _TooSlow(BaseException):  # not an Exception: load must not turn it into a
     pass
 
 
-@contextlib.contextmanager
-def _time_bound(seconds: float):
-    def alarm(signum, frame):
-        raise _TooSlow(f"loading took over {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+def _time_bound(seconds: float) -> contextlib.AbstractContextManager[None]:
+    return time_limit(seconds, lambda: _TooSlow(f"loading took over {seconds} s"))
 
 
 def _outcome(path: Path, data: bytes) -> str:

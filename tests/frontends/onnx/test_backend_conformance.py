@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import threading
 import unittest
 from collections.abc import Iterator, Sequence
@@ -37,6 +36,7 @@ import onnx
 import onnx.backend.test
 import pytest
 from onnx.backend.test.loader import load_model_tests
+from timelimit import time_limit as shared_time_limit
 
 from flowrt.engine.graph.layer_kind import known_layer_kinds
 from flowrt.onnx import backend as flowrt_backend
@@ -149,30 +149,13 @@ class CaseTimeout(Exception):
     """A case ran past its time limit."""
 
 
-@contextlib.contextmanager
-def time_limit(seconds: float) -> Iterator[None]:
-    """Raise CaseTimeout in the main thread once ``seconds`` have passed (SIGALRM's timer).
-
-    The exception interrupts the case where the main thread next runs Python, a wait on the
-    session's thread included (that thread, a daemon, keeps its call). Code that never returns
-    to Python (a numba loop that does not end) is not interrupted: for that, pytest's own
-    ``-o faulthandler_timeout=120 -o faulthandler_exit_on_timeout=true`` prints every thread's
-    stack and ends the run. No limit where there is no SIGALRM (Windows) or off the main thread.
-    """
-    if not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def expire(signum, frame):
-        raise CaseTimeout(f"the case ran past its {seconds:g} s limit (CASE_TIME_LIMIT_S in {__name__})")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+def time_limit(seconds: float) -> contextlib.AbstractContextManager[None]:
+    """Raise CaseTimeout once ``seconds`` have passed (``timelimit.time_limit``). Code that never
+    returns to Python (a numba loop that does not end) is not interrupted: for that, pytest's
+    own ``-o faulthandler_timeout=120 -o faulthandler_exit_on_timeout=true`` prints every
+    thread's stack and ends the run."""
+    message = f"the case ran past its {seconds:g} s limit (CASE_TIME_LIMIT_S in {__name__})"
+    return shared_time_limit(seconds, lambda: CaseTimeout(message))
 
 
 @pytest.fixture(autouse=True)
