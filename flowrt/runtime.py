@@ -449,12 +449,17 @@ class Runtime:
             self.memory_budget, "Runtime(memory_budget=...)", held, "networks loaded before"
         )
         check_layer_outputs(optimized.graph, budget)
-        dataflow = build_dataflow(
-            optimized.graph,
-            make_workload,
-            parallel_branches=self.parallel_branches,
-            device_backends=frozenset(devices),
-        )
+        with contextlib.ExitStack() as ahead:
+            for bid in self._backends_of(optimized):
+                compile_ahead = getattr(self._backend(bid), "compile_ahead", None)
+                if compile_ahead is not None:
+                    ahead.enter_context(compile_ahead(optimized, job))
+            dataflow = build_dataflow(
+                optimized.graph,
+                make_workload,
+                parallel_branches=self.parallel_branches,
+                device_backends=frozenset(devices),
+            )
         order = [
             PlannedNode(
                 n.kind,

@@ -136,6 +136,8 @@ class Backend(Protocol):
     """A stateless factory object for everything a backend provides.
 
     ``create_context`` and the load hooks are optional; the runtime calls them when present.
+    So is ``compile_ahead(network, job)``: a context manager the runtime enters around the
+    building of a load's workloads (CpuAcc compiles kernels in a second process meanwhile).
     """
 
     @property

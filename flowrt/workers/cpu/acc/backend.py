@@ -14,6 +14,7 @@ from flowrt.registry import DefaultRank
 
 if TYPE_CHECKING:
     from flowrt.registry import OptimizationViews
+    from flowrt.workers.cpu.acc.compile_ahead import CompileAhead
     from flowrt.workers.cpu.acc.layer_support import AccLayerSupport
     from flowrt.workers.cpu.acc.workload_factory import AccWorkloadFactory
 
@@ -70,6 +71,15 @@ class AccBackend:
 
     def create_memory_manager(self) -> MemoryManager:
         return MemoryManager()
+
+    def compile_ahead(self, network: Any, job: Any = None) -> CompileAhead:
+        """Around the building of a load's workloads: on an empty kernel cache, a second
+        process compiles ``network``'s kernels from its last layer back while the load compiles
+        them in order (``flowrt.workers.cpu.acc.compile_ahead``). ``job``: the load's
+        ``JobContext``, whose threads the layers plan by."""
+        from flowrt.workers.cpu.acc.compile_ahead import CompileAhead
+
+        return CompileAhead(network, self.workers, job.threads if job is not None else self.workers)
 
     def create_workload_factory(self, memory_manager: Any = None) -> AccWorkloadFactory:
         from flowrt.workers.cpu.acc.workload_factory import AccWorkloadFactory

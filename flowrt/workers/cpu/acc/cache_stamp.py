@@ -10,16 +10,19 @@ file, which renews every stamp; a checkout or an editable install does not.
 :func:`register` puts a locator in front of numba's own for the files of this package: the
 same places on disk as numba's (beside the sources, or under ``NUMBA_CACHE_DIR``), with a
 stamp that adds the stamps of every source file of the package. A change to any of them
-makes numba compile each kernel again, once, and overwrite its entry.
+makes numba compile each kernel again, once, and overwrite its entry. It also installs
+``cache_claims``: several processes may compile into one cache at once.
 """
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from numba.core import caching
+
+from flowrt.workers.cpu.acc import cache_claims
 
 if TYPE_CHECKING:  # the names of the numba this is checked against
     from numba.core.caching import CacheImpl as _IMPL
@@ -75,3 +78,9 @@ def register() -> None:
     if _UserDirLocator in classes:
         return
     classes[:0] = [_UserDirLocator, _InTreeLocator]
+    cache_claims.install(is_ours)
+
+
+def is_ours(cache: Any) -> bool:
+    """Whether numba's ``cache`` is one of this package's functions' (located here)."""
+    return isinstance(getattr(cache, "_impl", None) and cache._impl.locator, _PackageStamp)
