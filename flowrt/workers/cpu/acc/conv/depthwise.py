@@ -9,21 +9,21 @@ once per slice (every plane leaves them untouched), Relu is applied with the las
 any other activation in one pass over the output run, and the loops index whole arrays
 from unsigned offsets (no slice per plane or row: each costs two reference count updates).
 The 3x3 same convs of shufflenet and MobileNet take all nine taps in one loop over the
-plane (:func:`depthwise_same3`). One Zen 4 core, batch 4, ns per plane, from three passes
+plane (:data:`DEPTHWISE_SAME3`). One Zen 4 core, batch 4, ns per plane, from three passes
 over slices: 14x14 195 -> 77, 7x7 98 -> 32, 28x28 466 -> 265; stride 2 from 56x56 1249 ->
 1134, 28x28 600 -> 491, 14x14 343 -> 255.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
-from flowrt.workers.cpu.acc.blas import PRANGE_ONLY
+from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels.epilogue import RELU, activate, activate_in_place
 from flowrt.workers.cpu.acc.phases import cell_offset, fill_phase_planes
 
@@ -178,38 +178,28 @@ def store_plane(acc, out, n, m, pitch):
             out[n, m, oh, ow] = acc[line + ow]
 
 
-@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
-def depthwise(x, w, bias, out, geo, code, alpha, beta, bounds):
-    """Tasks are (image, output channel) planes, cut into slices by ``bounds``: a direct sliding
-    window over a zero-padded copy of the input channel (output channel m reads input
-    channel m // multiplier)."""
-    sh, sw = geo[2], geo[3]
+@njit(**NATIVE)
+def _depthwise_slice(s, _step, bounds, x, w, bias, out, geo, code, alpha, beta):
+    """Slice ``s`` of :data:`DEPTHWISE` (a :class:`SliceFunction`): the (image, output
+    channel) planes ``bounds[s] .. bounds[s + 1]`` by a direct sliding window over a
+    zero-padded copy of the input channel (output channel m reads input channel
+    m // multiplier)."""
     channels, height, width = x.shape[1], x.shape[2], x.shape[3]
     m_count, oh_count, ow_count = out.shape[1], out.shape[2], out.shape[3]
     multiplier = m_count // channels
     rows, pitch = _source_shape(geo, height, width, oh_count, ow_count)
-    for s in prange(bounds.shape[0] - 1):
-        # scratch per slice: the padded or phase planes (pad cells stay zero) and the output run
-        src = np.zeros(sh * sw * rows * pitch, np.float32)
-        acc = np.empty(oh_count * pitch, np.float32)
-        for task in range(bounds[s], bounds[s + 1]):
-            n, m = divmod(task, m_count)
-            _depthwise_plane(
-                src,
-                x[n, m // multiplier],
-                w[m],
-                bias[m],
-                out,
-                n,
-                m,
-                acc,
-                geo,
-                rows,
-                pitch,
-                code,
-                alpha,
-                beta,
-            )
+    # scratch of the slice: the padded or phase planes (pad cells stay zero) and the output run
+    src = np.zeros(geo[2] * geo[3] * rows * pitch, np.float32)
+    acc = np.empty(oh_count * pitch, np.float32)
+    for task in range(bounds[s], bounds[s + 1]):
+        n, m = divmod(task, m_count)
+        _depthwise_plane(
+            src, x[n, m // multiplier], w[m], bias[m], out, n, m, acc, geo, rows, pitch, code, alpha, beta
+        )
+
+
+# Any depthwise conv: args (bounds, x, w, bias, out, geo, code, alpha, beta).
+DEPTHWISE = SliceFunction(_depthwise_slice)
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -253,58 +243,62 @@ def _same3_plane(x, xo, wm, b, o, oo, width, pixels, middle, first, last, code, 
         activate_in_place(plane, code, alpha, beta)
 
 
-@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
-def depthwise_same3(x, w, bias, out, code, alpha, beta, bounds):
-    """:func:`depthwise` for a 3x3 kernel, unit strides and dilations and one pad cell on each
-    side (the output planes have the input's shape), on C-contiguous ``x`` and ``out``: each
-    plane by :func:`_same3_plane`, on scratches of the slice. 32-36% faster than three loops
-    (one per kernel row) over three copies of the plane with a column zeroed in two: on one
-    Zen 4 core, 28x28 planes 399 -> 275 ns each, 14x14 114 -> 78, 7x7 49 -> 31."""
+@njit(**NATIVE)
+def _same3_slice(s, _step, bounds, x, w, bias, out, code, alpha, beta):
+    """Slice ``s`` of :data:`DEPTHWISE_SAME3`: :func:`_depthwise_slice` for a 3x3 kernel, unit
+    strides and dilations and one pad cell on each side (the output planes have the input's
+    shape), on C-contiguous ``x`` and ``out``: each plane by :func:`_same3_plane`, on
+    scratches of the slice. 32-36% faster than three loops (one per kernel row) over three
+    copies of the plane with a column zeroed in two: on one Zen 4 core, 28x28 planes 399 ->
+    275 ns each, 14x14 114 -> 78, 7x7 49 -> 31."""
     channels, height, width = x.shape[1], x.shape[2], x.shape[3]
     m_count = out.shape[1]
     multiplier = m_count // channels
     pixels = height * width
     x_flat = x.reshape(-1)
     out_flat = out.reshape(-1)
-    for s in prange(bounds.shape[0] - 1):
-        # zero borders of width + 1 cells on both sides, which the planes leave untouched
-        middle = np.zeros(pixels + 2 * (width + 1), np.float32)
-        # which outputs may add their left and right taps (not in the first, last column)
-        first = np.ones(pixels, np.bool_)
-        last = np.ones(pixels, np.bool_)
-        for r in range(height):
-            first[r * width] = False
-            last[r * width + width - 1] = False
-        for task in range(bounds[s], bounds[s + 1]):
-            n, m = divmod(task, m_count)
-            xo = (n * channels + m // multiplier) * pixels
-            _same3_plane(
-                x_flat,
-                xo,
-                w[m],
-                bias[m],
-                out_flat,
-                task * pixels,
-                width,
-                pixels,
-                middle,
-                first,
-                last,
-                code,
-                alpha,
-                beta,
-            )
+    # zero borders of width + 1 cells on both sides, which the planes leave untouched
+    middle = np.zeros(pixels + 2 * (width + 1), np.float32)
+    # which outputs may add their left and right taps (not in the first, last column)
+    first = np.ones(pixels, np.bool_)
+    last = np.ones(pixels, np.bool_)
+    for r in range(height):
+        first[r * width] = False
+        last[r * width + width - 1] = False
+    for task in range(bounds[s], bounds[s + 1]):
+        n, m = divmod(task, m_count)
+        xo = (n * channels + m // multiplier) * pixels
+        _same3_plane(
+            x_flat,
+            xo,
+            w[m],
+            bias[m],
+            out_flat,
+            task * pixels,
+            width,
+            pixels,
+            middle,
+            first,
+            last,
+            code,
+            alpha,
+            beta,
+        )
+
+
+# args (bounds, x, w, bias, out, code, alpha, beta), as every ``plane_kernel``.
+DEPTHWISE_SAME3 = SliceFunction(_same3_slice)
 
 
 @attrs.frozen(eq=False)
 class Depthwise:
-    """Plan of a depthwise conv (groups == input channels > 1): :func:`depthwise` over
+    """Plan of a depthwise conv (groups == input channels > 1): :data:`DEPTHWISE` over
     (image, output channel) planes, ``plane_bounds`` of them per slice."""
 
     name: ClassVar[str] = "depthwise"
-    # A subclass's kernel for its shapes, ``(x, filters, bias, out, code, alpha, beta,
-    # plane_bounds)`` on a C-contiguous output.
-    plane_kernel: ClassVar[Any] = None
+    # A subclass's slice function for its shapes, args ``(plane_bounds, x, filters, bias,
+    # out, code, alpha, beta)``, on a C-contiguous output (see :meth:`plane_slices`).
+    plane_kernel: ClassVar[SliceFunction | None] = None
     geo: np.ndarray
     plane_bounds: np.ndarray
 
@@ -325,20 +319,26 @@ class Depthwise:
         """See ``algorithms.ConvAlgorithm.run``: by the subclass's ``plane_kernel`` where the
         output is C-contiguous, else by :func:`depthwise`."""
         filters = w.reshape(w_shape[0], *w_shape[2:])
-        if self.plane_kernel is not None and out.flags.c_contiguous:
-            self.plane_kernel(x, filters, bias, out, *act, self.plane_bounds)
+        bounds = self.plane_bounds
+        kernel = self.plane_slices(filters)
+        if kernel is not None and out.flags.c_contiguous:
+            kernel.run(bounds.shape[0] - 1, (bounds, x, filters, bias, out, *act))
         else:
-            depthwise(x, filters, bias, out, self.geo, *act, self.plane_bounds)
+            DEPTHWISE.run(bounds.shape[0] - 1, (bounds, x, filters, bias, out, self.geo, *act))
+
+    def plane_slices(self, filters: np.ndarray) -> SliceFunction | None:
+        """The slice function for these filters ((out channels, kh, kw)): ``plane_kernel``."""
+        return self.plane_kernel
 
 
 @attrs.frozen(eq=False)
 class DepthwiseSame3(Depthwise):
     """Plan of a 3x3 depthwise conv with unit strides and dilations, one pad cell on every side
-    and planes of at least 2x2: :func:`depthwise_same3` (:func:`depthwise` where the output
+    and planes of at least 2x2: :data:`DEPTHWISE_SAME3` (:data:`DEPTHWISE` where the output
     given is not C-contiguous)."""
 
     name: ClassVar[str] = "depthwise_same3"
-    plane_kernel = staticmethod(depthwise_same3)
+    plane_kernel = DEPTHWISE_SAME3
 
     @classmethod
     def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:

@@ -1,6 +1,6 @@
 """5x5 depthwise convs with unit strides and two pad cells on each side (MobileNetV3's and
 EfficientNet's): all 25 taps of an output in one loop over the plane, as
-:func:`depthwise.depthwise_same3` takes 3x3 ones. Its algorithm is :class:`DepthwiseSame5`.
+``depthwise.DEPTHWISE_SAME3`` takes 3x3 ones. Its algorithm is :class:`DepthwiseSame5`.
 
 The general depthwise path makes five passes per plane (one per kernel row) over a padded
 copy, on the padded row pitch, then copies the result out: at 7x7 and 14x14 those passes and
@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from flowrt.workers.cpu.acc.blas import PRANGE_ONLY
+from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.conv.depthwise import Depthwise
 from flowrt.workers.cpu.acc.kernels.epilogue import RELU, activate, activate_in_place
 
@@ -58,11 +58,12 @@ def _twenty_five_taps(o, oo, b, wm, middle, masks, width, pixels, relu):
         o[oo + i] = activate(v, RELU, zero, zero) if relu else v
 
 
-@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
-def depthwise_same5(x, w, bias, out, code, alpha, beta, bounds):
-    """The 5x5 depthwise conv (unit strides and dilations, two pad cells on each side) of
-    C-contiguous ``x`` into C-contiguous ``out``: (image, output channel) planes, ``bounds``
-    of them per slice, on scratches of the slice."""
+@njit(**NATIVE)
+def _same5_slice(s, _step, bounds, x, w, bias, out, code, alpha, beta):
+    """Slice ``s`` of :data:`DEPTHWISE_SAME5` (a ``SliceFunction``): the 5x5 depthwise conv
+    (unit strides and dilations, two pad cells on each side) of C-contiguous ``x`` into
+    C-contiguous ``out``, (image, output channel) planes ``bounds[s] .. bounds[s + 1]``, on
+    scratches of the slice."""
     channels, height, width = x.shape[1], x.shape[2], x.shape[3]
     m_count = out.shape[1]
     multiplier = m_count // channels
@@ -70,38 +71,41 @@ def depthwise_same5(x, w, bias, out, code, alpha, beta, bounds):
     border = 2 * width + 2
     x_flat = x.reshape(-1)
     out_flat = out.reshape(-1)
-    for s in prange(bounds.shape[0] - 1):
-        # zero borders of two rows and two cells on both sides, which the planes leave alone
-        middle = np.zeros(pixels + 2 * border, np.float32)
-        masks = np.ones((5, pixels), np.bool_)
-        for i in range(pixels):
-            column = i % width
-            masks[0, i] = column >= 2
-            masks[1, i] = column >= 1
-            masks[3, i] = column + 1 < width
-            masks[4, i] = column + 2 < width
-        for task in range(bounds[s], bounds[s + 1]):
-            n, m = divmod(task, m_count)
-            xo = np.uint64((n * channels + m // multiplier) * pixels)
-            for t in range(np.uint64(pixels)):
-                middle[np.uint64(border) + t] = x_flat[xo + t]
-            oo = np.uint64(task * pixels)
-            if code == RELU:
-                _twenty_five_taps(out_flat, oo, bias[m], w[m], middle, masks, width, pixels, True)
-            else:
-                _twenty_five_taps(out_flat, oo, bias[m], w[m], middle, masks, width, pixels, False)
-                plane = out_flat[oo : oo + np.uint64(pixels)]
-                activate_in_place(plane, code, alpha, beta)
+    # zero borders of two rows and two cells on both sides, which the planes leave alone
+    middle = np.zeros(pixels + 2 * border, np.float32)
+    masks = np.ones((5, pixels), np.bool_)
+    for i in range(pixels):
+        column = i % width
+        masks[0, i] = column >= 2
+        masks[1, i] = column >= 1
+        masks[3, i] = column + 1 < width
+        masks[4, i] = column + 2 < width
+    for task in range(bounds[s], bounds[s + 1]):
+        n, m = divmod(task, m_count)
+        xo = np.uint64((n * channels + m // multiplier) * pixels)
+        for t in range(np.uint64(pixels)):
+            middle[np.uint64(border) + t] = x_flat[xo + t]
+        oo = np.uint64(task * pixels)
+        if code == RELU:
+            _twenty_five_taps(out_flat, oo, bias[m], w[m], middle, masks, width, pixels, True)
+        else:
+            _twenty_five_taps(out_flat, oo, bias[m], w[m], middle, masks, width, pixels, False)
+            plane = out_flat[oo : oo + np.uint64(pixels)]
+            activate_in_place(plane, code, alpha, beta)
+
+
+# args (bounds, x, w, bias, out, code, alpha, beta), as ``Depthwise.plane_kernel`` takes.
+DEPTHWISE_SAME5 = SliceFunction(_same5_slice)
 
 
 @attrs.frozen(eq=False)
 class DepthwiseSame5(Depthwise):
     """Plan of a 5x5 depthwise conv with unit strides and dilations, two pad cells on every
-    side and planes of at least 3x3: :func:`depthwise_same5` (:func:`depthwise.depthwise`
+    side and planes of at least 3x3: :data:`DEPTHWISE_SAME5` (``depthwise.DEPTHWISE``
     where the output given is not C-contiguous)."""
 
     name: ClassVar[str] = "depthwise_same5"
-    plane_kernel = staticmethod(depthwise_same5)
+    plane_kernel = DEPTHWISE_SAME5
 
     @classmethod
     def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from flowrt.workers.cpu.acc.blas import PRANGE_ONLY
+from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.conv.depthwise import Depthwise
 from flowrt.workers.cpu.acc.kernels.epilogue import RELU, activate, activate_in_place
 
@@ -122,64 +122,73 @@ def _outputs5(o, oo, bias, wm, p00, p01, p10, p11, left, right, ow_count, pixels
         o[oo + i] = activate(v, RELU, zero, zero) if relu else v
 
 
-@njit(parallel=PRANGE_ONLY, nogil=True, cache=True)
-def depthwise_strided2(x, w, bias, out, code, alpha, beta, bounds):
-    """The k x k (3 or 5) depthwise conv with stride 2 and k // 2 pad cells on every
-    side of C-contiguous ``x`` into C-contiguous ``out``: (image, output channel) planes,
-    ``bounds`` of them per slice, on scratches of the slice."""
+@njit(inline="always", nogil=True, cache=True)
+def _strided2_slice(s, bounds, x, w, bias, out, code, alpha, beta, k):
+    """Slice ``s``, planes ``bounds[s] .. bounds[s + 1]``, of the k x k (3 or 5, a constant
+    where it is inlined) depthwise conv with stride 2 and k // 2 pad cells on every side of
+    C-contiguous ``x`` into C-contiguous ``out``, on scratches of the slice."""
     channels, height, width = x.shape[1], x.shape[2], x.shape[3]
     m_count, oh_count, ow_count = out.shape[1], out.shape[2], out.shape[3]
-    k = w.shape[1]
     multiplier = m_count // channels
     pixels = oh_count * ow_count
     x_flat = x.reshape(-1)
     out_flat = out.reshape(-1)
-    for s in prange(bounds.shape[0] - 1):
-        phases = np.zeros((4, (oh_count + 2) * ow_count + 2 * _GUARD), np.float32)
-        p00, p01, p10, p11 = phases[0], phases[1], phases[2], phases[3]
-        left = np.ones(pixels, np.bool_)
-        right = np.ones(pixels, np.bool_)
-        for i in range(pixels):
-            left[i] = i % ow_count >= 1
-            right[i] = i % ow_count + 1 < ow_count
-        for task in range(bounds[s], bounds[s + 1]):
-            n, m = divmod(task, m_count)
-            _fill_phases(
-                phases,
-                x_flat,
-                (n * channels + m // multiplier) * height * width,
-                height,
-                width,
-                oh_count,
-                ow_count,
-            )
-            oo = np.uint64(task * pixels)
-            relu = code == RELU
-            if k == 3 and relu:
-                _outputs3(out_flat, oo, bias[m], w[m], p00, p01, p10, p11, left, ow_count, pixels, True)
-            elif k == 3:
-                _outputs3(out_flat, oo, bias[m], w[m], p00, p01, p10, p11, left, ow_count, pixels, False)
-            elif relu:
-                _outputs5(
-                    out_flat, oo, bias[m], w[m], p00, p01, p10, p11, left, right, ow_count, pixels, True
-                )
-            else:
-                _outputs5(
-                    out_flat, oo, bias[m], w[m], p00, p01, p10, p11, left, right, ow_count, pixels, False
-                )
-            if not relu:
-                plane = out_flat[oo : oo + np.uint64(pixels)]
-                activate_in_place(plane, code, alpha, beta)
+    phases = np.zeros((4, (oh_count + 2) * ow_count + 2 * _GUARD), np.float32)
+    p00, p01, p10, p11 = phases[0], phases[1], phases[2], phases[3]
+    left = np.ones(pixels, np.bool_)
+    right = np.ones(pixels, np.bool_)
+    for i in range(pixels):
+        left[i] = i % ow_count >= 1
+        right[i] = i % ow_count + 1 < ow_count
+    relu = code == RELU
+    for task in range(bounds[s], bounds[s + 1]):
+        n, m = divmod(task, m_count)
+        xo = (n * channels + m // multiplier) * height * width
+        _fill_phases(phases, x_flat, xo, height, width, oh_count, ow_count)
+        oo = np.uint64(task * pixels)
+        if k == 3 and relu:
+            _outputs3(out_flat, oo, bias[m], w[m], p00, p01, p10, p11, left, ow_count, pixels, True)
+        elif k == 3:
+            _outputs3(out_flat, oo, bias[m], w[m], p00, p01, p10, p11, left, ow_count, pixels, False)
+        elif relu:
+            _outputs5(out_flat, oo, bias[m], w[m], p00, p01, p10, p11, left, right, ow_count, pixels, True)
+        else:
+            _outputs5(out_flat, oo, bias[m], w[m], p00, p01, p10, p11, left, right, ow_count, pixels, False)
+        if not relu:
+            plane = out_flat[oo : oo + np.uint64(pixels)]
+            activate_in_place(plane, code, alpha, beta)
+
+
+@njit(**NATIVE)
+def _strided2_k3(s, _step, bounds, x, w, bias, out, code, alpha, beta):
+    """Slice ``s`` of :data:`STRIDED2_K3`: :func:`_strided2_slice` of a 3x3 kernel."""
+    _strided2_slice(s, bounds, x, w, bias, out, code, alpha, beta, 3)
+
+
+@njit(**NATIVE)
+def _strided2_k5(s, _step, bounds, x, w, bias, out, code, alpha, beta):
+    """Slice ``s`` of :data:`STRIDED2_K5`: :func:`_strided2_slice` of a 5x5 kernel."""
+    _strided2_slice(s, bounds, x, w, bias, out, code, alpha, beta, 5)
+
+
+# One slice function per kernel size, args (bounds, x, w, bias, out, code, alpha, beta): a
+# model compiles only the sizes it has (one of them with both took 18 s to compile, most of
+# it the code of the other size).
+STRIDED2_K3 = SliceFunction(_strided2_k3)
+STRIDED2_K5 = SliceFunction(_strided2_k5)
 
 
 @attrs.frozen(eq=False)
 class DepthwiseStrided2(Depthwise):
     """Plan of a 3x3 or 5x5 depthwise conv with stride 2, no dilation and k // 2 pad cells
-    on every side: :func:`depthwise_strided2` (:func:`depthwise.depthwise` where the output
-    given is not C-contiguous)."""
+    on every side: :data:`STRIDED2_K3` or :data:`STRIDED2_K5` (``depthwise.DEPTHWISE`` where
+    the output given is not C-contiguous)."""
 
     name: ClassVar[str] = "depthwise_strided2"
-    plane_kernel = staticmethod(depthwise_strided2)
+
+    def plane_slices(self, filters: np.ndarray) -> SliceFunction:
+        """:data:`STRIDED2_K3` or :data:`STRIDED2_K5`, by the filters' size."""
+        return STRIDED2_K3 if filters.shape[1] == 3 else STRIDED2_K5
 
     @classmethod
     def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:
