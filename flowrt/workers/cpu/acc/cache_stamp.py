@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from numba.core import caching
+from numba.core.runtime import rtsys
 
 from flowrt.workers.cpu.acc import cache_claims
 
@@ -78,7 +79,28 @@ def register() -> None:
     if _UserDirLocator in classes:
         return
     classes[:0] = [_UserDirLocator, _InTreeLocator]
+    _load_without_refresh()
     cache_claims.install(is_ours)
+
+
+def _load_without_refresh() -> None:
+    """numba's ``Cache.load_overload`` refreshes the target context before it looks in the
+    cache: the first refresh imports and installs all of numba's implementations (its numpy,
+    unicode, random, hashing, BLAS through scipy...), 0.3-0.4 s, which only compiling needs.
+    For this package's functions a load initializes numba's runtime alone (the symbols that
+    cached code links to), and the refresh is left to a compile, whose compiler refreshes the
+    contexts itself: a process whose kernels are all cached never pays it."""
+    load = caching.Cache.load_overload
+
+    def load_overload(self: Any, sig: Any, target_context: Any) -> Any:
+        if not is_ours(self):
+            return load(self, sig, target_context)
+        rtsys.initialize(target_context)
+        with self._guard_against_spurious_io_errors():
+            return self._load_overload(sig, target_context)
+        return None  # numba's guard swallowed a spurious error (Windows): a miss
+
+    caching.Cache.load_overload = load_overload  # type: ignore[method-assign]
 
 
 def is_ours(cache: Any) -> bool:

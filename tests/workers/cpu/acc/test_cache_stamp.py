@@ -48,3 +48,28 @@ def test_the_digest_follows_every_source_file_of_the_package(tmp_path, monkeypat
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "b.py").write_text("y = 2\n")
     assert cache_stamp.sources_digest() not in (one, before)
+
+
+# Loads (or compiles) one small function of the package and prints whether it came from the
+# cache and whether numba's implementations (what only compiling needs) were imported.
+_LOADS = """
+import sys
+from numba import types
+from flowrt.workers.cpu.acc import calls
+
+calls.native_address(calls._parallel_tasks, (types.int64,) * 4)
+print(sum(calls._parallel_tasks.stats.cache_hits.values()), "numba.np.arraymath" in sys.modules)
+"""
+
+
+def test_a_process_whose_kernels_are_cached_never_loads_what_only_compiling_needs(tmp_path):
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+
+    def run() -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", _LOADS], env=env, capture_output=True, text=True, check=True
+        )
+        return done.stdout.split()
+
+    assert run() == ["0", "True"]  # compiled: numba's compiler loaded its implementations
+    assert run() == ["1", "False"]  # loaded from the cache, with numba's runtime alone
