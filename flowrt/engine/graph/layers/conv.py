@@ -165,14 +165,17 @@ def _known(d: Dim) -> TypeGuard[int]:
     return isinstance(d, int)
 
 
-def _conv_operands(x: TensorInfo, w: TensorInfo, what: str) -> tuple[tuple[Dim, ...], tuple[Dim, ...]] | None:
-    """Shapes of data and weights with a common rank (unknown ranks filled from the other);
-    None where neither rank is known."""
+def _same_float_types(x: TensorInfo, w: TensorInfo, what: str) -> None:
     expect_float(x, what)
     if x.dtype != w.dtype:
         raise DataTypeError(
             f"{what} expects weights of the data's type {x.dtype.name.lower()}, got {w.dtype.name.lower()}"
         )
+
+
+def _conv_operands(x: TensorInfo, w: TensorInfo, what: str) -> tuple[tuple[Dim, ...], tuple[Dim, ...]] | None:
+    """Shapes of data and weights with a common rank (unknown ranks filled from the other);
+    None where neither rank is known."""
     xs, ws = x.shape, w.shape
     rank = len(xs) if xs is not None else len(ws) if ws is not None else None
     if rank is None:
@@ -216,25 +219,35 @@ def _divisible(d: Dim, group: int, what: str) -> None:
 @layer_kind("Conv", ConvDescriptor, min_inputs=2, max_inputs=3)
 def infer_conv(desc: ConvDescriptor, inputs, consts):
     x, w, b = (list(inputs) + [None])[:3]
-    operands = _conv_operands(x, w, "Conv")
+    _same_float_types(x, w, "Conv")
+    return [TensorInfo(conv_output_shape(desc, x, w, b, "Conv"), x.dtype)]
+
+
+def conv_output_shape(
+    desc: ConvDescriptor, x: TensorInfo, w: TensorInfo, b: TensorInfo | None, what: str
+) -> tuple[Dim, ...] | None:
+    """The output shape of a convolution of data ``x`` by weights ``w`` (M, C / group,
+    kernel...) with bias ``b`` (M,) (Conv, ConvInteger, QLinearConv), None where no rank is
+    known; ShapeError naming ``what`` where they disagree."""
+    operands = _conv_operands(x, w, what)
     if operands is None:
-        return [TensorInfo(None, x.dtype)]
+        return None
     xs, ws = operands
     n, c, m = xs[0], xs[1], ws[0]
     if _known(c) and _known(ws[1]) and c != ws[1] * desc.group:
         raise ShapeError(
-            f"Conv expects {ws[1] * desc.group} input channels (weights {tuple(ws)} x group "
+            f"{what} expects {ws[1] * desc.group} input channels (weights {tuple(ws)} x group "
             f"{desc.group}), got data of shape {x.format_shape()}"
         )
-    _divisible(m, desc.group, "Conv expects output channels")
-    _check_bias(b, m, "Conv")
-    kernel = conv_kernel_shape(desc, ws, "Conv")
+    _divisible(m, desc.group, f"{what} expects output channels")
+    _check_bias(b, m, what)
+    kernel = conv_kernel_shape(desc, ws, what)
     known_kernel = [k for k in kernel if _known(k)]
     if len(known_kernel) < len(kernel):
         spatial = window_geometry(desc, (None,) * len(kernel), (1,) * len(kernel)).out
     else:
         spatial = window_geometry(desc, xs[2:], known_kernel).out
-    return [TensorInfo((n, m, *spatial), x.dtype)]
+    return (n, m, *spatial)
 
 
 @attrs.frozen
@@ -292,6 +305,7 @@ def conv_transpose_geometry(
 @layer_kind("ConvTranspose", ConvTransposeDescriptor, min_inputs=2, max_inputs=3)
 def infer_conv_transpose(desc: ConvTransposeDescriptor, inputs, consts):
     x, w, b = (list(inputs) + [None])[:3]
+    _same_float_types(x, w, "ConvTranspose")
     operands = _conv_operands(x, w, "ConvTranspose")
     if operands is None:
         return [TensorInfo(None, x.dtype)]
