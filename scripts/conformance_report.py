@@ -32,6 +32,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "tests" / "frontends" / "onnx" / "test_backend_conformance.py"
+SUITE_HELPERS = ROOT / "tests"
 DEFAULT_OUTPUT = ROOT / "docs" / "conformance.md"
 REGENERATE = "python scripts/conformance_report.py"
 RUNS = ("CpuRef", "CpuAcc,CpuRef")
@@ -39,7 +40,10 @@ BEGIN, END = "<!-- exclusions: begin -->", "<!-- exclusions: end -->"
 
 
 def load_suite() -> ModuleType:
-    """The conformance test module (its import computes ``EXCLUDED``)."""
+    """The conformance test module (its import computes ``EXCLUDED``). It imports helpers of
+    the tests directory, which pytest puts on ``sys.path``, and so does this."""
+    if str(SUITE_HELPERS) not in sys.path:
+        sys.path.insert(0, str(SUITE_HELPERS))
     spec = importlib.util.spec_from_file_location("test_backend_conformance", SUITE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

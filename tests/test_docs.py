@@ -88,6 +88,13 @@ def test_conformance_page_lists_the_cases_the_suite_excludes(capsys):
     assert status == 0, capsys.readouterr().err
 
 
+def test_the_conformance_script_runs_as_its_docs_say():
+    # as a command, outside pytest (which puts the tests directory on sys.path)
+    script = ROOT / "scripts" / "conformance_report.py"
+    done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
 def test_conformance_check_names_the_stale_file_and_the_command(tmp_path, capsys):
     script = _script("conformance_report")
     stale = tmp_path / "conformance.md"
