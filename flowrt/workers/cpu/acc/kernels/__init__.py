@@ -7,11 +7,12 @@ A kernel is a class registered per layer kind with :func:`acc_kernel`:
 - ``__init__(info, workers)``: the one-time work at load (weight packing, the window split,
   numba warm-up is left to the first call);
 - ``split_hint``: how its window may be cut: the slices, at most one per worker, are computed
-  once at load with ``flowrt.engine.scheduler.window.split_bounds`` and walked with ``prange``
-  inside one ``@njit(parallel=True, nogil=True, cache=True)`` function. A window of one
-  slice runs on the calling thread, before the ``prange`` loop (``if bounds.shape[0] == 2``):
-  a parallel region wakes the other threads even when it has nothing to give them, which
-  costs more than small work itself (2 µs against 25-250 µs on a shared 2-core machine);
+  once at load with ``flowrt.engine.scheduler.window.split_bounds``, and each slice is one task
+  of a ``SliceFunction`` (``calls.py``: compiled once on its own, run in parallel by
+  ``run_tasks``; numba's own parallel loops compile several times slower). A window of one
+  slice runs on the calling thread, with no parallel region: a parallel region wakes the
+  other threads even when it has nothing to give them, which costs more than small work
+  itself (2 µs against 25-250 µs on a shared 2-core machine);
 - ``execute(inputs, outputs=None) -> outputs``: one run, all slices, blocking. ``outputs``, when
   given, holds one preallocated C-contiguous array per output (planned pool memory) to write
   into; the kernel returns them. When None, the kernel allocates its outputs.

@@ -11,12 +11,13 @@ what the hardware gives, as in numpy: ONNX leaves it undefined.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from flowrt.engine.graph.layers.elementwise import onnx_dtype_to_datatype
 from flowrt.errors import BackendError, DataTypeError
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
+from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 from flowrt.workers.cpu.acc.kernels.strided import row_bounds
 
@@ -37,11 +38,18 @@ def _convert(x, out, first, last):
         d[j] = s[j]
 
 
-# The parallel region only hands out slices: numba compiles a parallel loop's body slowly.
-@njit(parallel=True, nogil=True, cache=True)
+@njit(**NATIVE)
+def _cast_slice(s, _step, bounds, x, out):
+    """Slice ``s`` of :data:`_CAST` (a ``SliceFunction``)."""
+    _convert(x, out, bounds[s], bounds[s + 1])
+
+
+_CAST = SliceFunction(_cast_slice)
+
+
 def _cast(x, out, bounds):
-    for s in prange(bounds.shape[0] - 1):
-        _convert(x, out, bounds[s], bounds[s + 1])
+    """Every slice of ``bounds``, spread over the workers."""
+    _CAST.run(bounds.shape[0] - 1, (bounds, x, out))
 
 
 def target_type(info: WorkloadInfo) -> DataType | None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from flowrt.engine.graph.shapes import normalize_axis
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.errors import BackendError
 from flowrt.registry import Support, WorkloadInfo
+from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 from flowrt.workers.cpu.acc.kernels.strided import MIN_SLICE, as_words, has_word_size
 
@@ -38,14 +39,18 @@ def _copy_band(src, out, width, total, column, first, last):
         e += n
 
 
-# The parallel region only hands out slices: numba compiles a parallel loop's body slowly.
-@njit(parallel=True, nogil=True, cache=True)
+@njit(**NATIVE)
+def _concat_slice(s, _step, bounds, src, out, width, total, column):
+    """Slice ``s`` of :data:`_CONCAT` (a ``SliceFunction``)."""
+    _copy_band(src, out, width, total, column, bounds[s], bounds[s + 1])
+
+
+_CONCAT = SliceFunction(_concat_slice)
+
+
 def _concat_part(src, out, width, total, column, bounds):
-    if bounds.shape[0] == 2:  # one slice: no parallel region
-        _copy_band(src, out, width, total, column, bounds[0], bounds[1])
-        return
-    for s in prange(bounds.shape[0] - 1):
-        _copy_band(src, out, width, total, column, bounds[s], bounds[s + 1])
+    """Every slice of ``bounds``, spread over the workers (one on the calling thread)."""
+    _CONCAT.run(bounds.shape[0] - 1, (bounds, src, out, width, total, column))
 
 
 @acc_kernel("Concat")

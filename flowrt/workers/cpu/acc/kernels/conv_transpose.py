@@ -28,7 +28,7 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from flowrt.engine.graph.layers.conv import conv_transpose_geometry
 from flowrt.engine.scheduler.job import JobContext
@@ -37,6 +37,7 @@ from flowrt.errors import BackendError
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType, static_dims
 from flowrt.workers.cpu.acc.blas import pin_scipy_blas, sgemm
+from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.conv.tuning import TILES_MAX_WEIGHTS
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 from flowrt.workers.cpu.acc.kernels.epilogue import NONE
@@ -176,13 +177,23 @@ def _slice(x, panels, w, gemm_bias, bias, out, geo, ytab, xtab, bands, parts, bl
                 _store_rows(acc, out[n, m], r0, r1, geo, ytab, xtab, bias[m], line)
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(**NATIVE)
+def _conv_transpose_slice(
+    task, _step, x, panels, w, gemm_bias, bias, out, geo, ytab, xtab, bands, parts, blocks
+):
+    """Task ``task`` of :data:`_CONV_TRANSPOSE` (a ``SliceFunction``): one (image, group, band,
+    channel part) slice."""
+    _slices(x, panels, w, gemm_bias, bias, out, geo, ytab, xtab, bands, parts, blocks, task, task + 1)
+
+
+_CONV_TRANSPOSE = SliceFunction(_conv_transpose_slice)
+
+
 def _conv_transpose_parallel(x, panels, w, gemm_bias, bias, out, geo, ytab, xtab, bands, parts, blocks):
     """Every (image, group, band, channel part) slice, spread over the workers."""
-    for task in prange(x.shape[0] * w.shape[0] * (bands.shape[0] - 1) * (parts.shape[0] - 1)):
-        # prange counts in uint64: as int64, the _slices that Python calls serves (one compile)
-        t = np.int64(task)
-        _slices(x, panels, w, gemm_bias, bias, out, geo, ytab, xtab, bands, parts, blocks, t, t + 1)
+    tasks = x.shape[0] * w.shape[0] * (bands.shape[0] - 1) * (parts.shape[0] - 1)
+    args = (x, panels, w, gemm_bias, bias, out, geo, ytab, xtab, bands, parts, blocks)
+    _CONV_TRANSPOSE.run(tasks, args)
 
 
 def _axis_phases(s: int, p: int, k: int, d: int, out: int, size: int, scale: int) -> np.ndarray:

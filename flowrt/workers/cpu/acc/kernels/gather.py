@@ -14,11 +14,12 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from flowrt.engine.graph.shapes import normalize_axis
 from flowrt.errors import BackendError, ShapeError
 from flowrt.registry import Support, WorkloadInfo
+from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 from flowrt.workers.cpu.acc.kernels.strided import as_words, movable_data, row_bounds
 
@@ -51,11 +52,18 @@ def _gather_rows(x, indices, out, dim, inner, first, last):
             d[j] = s[j]
 
 
-# The parallel region only hands out slices: numba compiles a parallel loop's body slowly.
-@njit(parallel=True, nogil=True, cache=True)
+@njit(**NATIVE)
+def _gather_slice(s, _step, bounds, x, indices, out, dim, inner):
+    """Slice ``s`` of :data:`_GATHER` (a ``SliceFunction``)."""
+    _gather_rows(x, indices, out, dim, inner, bounds[s], bounds[s + 1])
+
+
+_GATHER = SliceFunction(_gather_slice)
+
+
 def _gather(x, indices, out, dim, inner, bounds):
-    for s in prange(bounds.shape[0] - 1):
-        _gather_rows(x, indices, out, dim, inner, bounds[s], bounds[s + 1])
+    """Every slice of ``bounds``, spread over the workers."""
+    _GATHER.run(bounds.shape[0] - 1, (bounds, x, indices, out, dim, inner))
 
 
 def wrapped_indices(indices: np.ndarray, dim: int) -> np.ndarray:

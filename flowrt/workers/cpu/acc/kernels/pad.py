@@ -9,12 +9,13 @@ through the last dimension's map, any other row is the constant.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from flowrt.engine.graph.layers.pad import PadMode, pad_widths
 from flowrt.engine.graph.layers.reshape import const_ints
 from flowrt.errors import BackendError
 from flowrt.registry import Support, WorkloadInfo
+from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 from flowrt.workers.cpu.acc.kernels.strided import (
     as_index,
@@ -49,14 +50,18 @@ def _pad_rows(x, out, maps, map_starts, outer, in_strides, inner, value, first, 
             d[j] = x[src + i] if i >= 0 else value
 
 
-# The parallel region only hands out slices: numba compiles a parallel loop's body slowly.
-@njit(parallel=True, nogil=True, cache=True)
+@njit(**NATIVE)
+def _pad_slice(s, _step, bounds, x, out, maps, map_starts, outer, in_strides, inner, value):
+    """Slice ``s`` of :data:`_PAD` (a ``SliceFunction``)."""
+    _pad_rows(x, out, maps, map_starts, outer, in_strides, inner, value, bounds[s], bounds[s + 1])
+
+
+_PAD = SliceFunction(_pad_slice)
+
+
 def _pad(x, out, maps, map_starts, outer, in_strides, inner, value, bounds):
-    if bounds.shape[0] == 2:  # one slice: no parallel region
-        _pad_rows(x, out, maps, map_starts, outer, in_strides, inner, value, bounds[0], bounds[1])
-        return
-    for s in prange(bounds.shape[0] - 1):
-        _pad_rows(x, out, maps, map_starts, outer, in_strides, inner, value, bounds[s], bounds[s + 1])
+    """Every slice of ``bounds``, spread over the workers (one on the calling thread)."""
+    _PAD.run(bounds.shape[0] - 1, (bounds, x, out, maps, map_starts, outer, in_strides, inner, value))
 
 
 def index_map(size: int, begin: int, end: int, mode: PadMode) -> np.ndarray:

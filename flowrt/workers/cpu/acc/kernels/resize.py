@@ -16,7 +16,7 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from flowrt.engine.graph.layers.resize import resize_inputs, resize_plan
 from flowrt.engine.graph.layers.resize_coordinates import (
@@ -27,6 +27,7 @@ from flowrt.engine.graph.layers.resize_coordinates import (
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.errors import BackendError
 from flowrt.registry import Support, WorkloadInfo
+from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels.activation import MIN_SLICE
 
@@ -94,11 +95,19 @@ def _resize_rows(x, out, planes, plane_w, y_at, y_w, x_at, x_w, dims, first, las
                 dst[i] = row[x_at[i, 0]] * x_w[i, 0] + row[x_at[i, 1]] * x_w[i, 1]
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(**NATIVE)
+def _resize_slice(s, _step, bounds, x, out, planes, plane_w, y_at, y_w, x_at, x_w, dims):
+    """Slice ``s`` of :data:`_RESIZE` (a ``SliceFunction``): output rows ``bounds[s]`` to
+    ``bounds[s + 1]``."""
+    _resize_rows(x, out, planes, plane_w, y_at, y_w, x_at, x_w, dims, bounds[s], bounds[s + 1])
+
+
+_RESIZE = SliceFunction(_resize_slice)
+
+
 def _resize_parallel(x, out, planes, plane_w, y_at, y_w, x_at, x_w, dims, bounds):
     """Every slice of output rows, spread over the workers."""
-    for s in prange(bounds.shape[0] - 1):
-        _resize_rows(x, out, planes, plane_w, y_at, y_w, x_at, x_w, dims, bounds[s], bounds[s + 1])
+    _RESIZE.run(bounds.shape[0] - 1, (bounds, x, out, planes, plane_w, y_at, y_w, x_at, x_w, dims))
 
 
 class _Axis(NamedTuple):

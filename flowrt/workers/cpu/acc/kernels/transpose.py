@@ -9,11 +9,12 @@ dimension moves, each output row gathers with the input's stride instead.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from flowrt.engine.graph.layers.transpose import transpose_perm
 from flowrt.errors import BackendError
 from flowrt.registry import Support, WorkloadInfo
+from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 from flowrt.workers.cpu.acc.kernels.strided import (
     as_index,
@@ -41,14 +42,19 @@ def _gather_rows(x, out, outer, in_strides, step, inner, first, last):
                 d[j] = x[src + j * step]
 
 
-# The parallel region only hands out slices: numba compiles a parallel loop's body slowly.
-@njit(parallel=True, nogil=True, cache=True)
+@njit(**NATIVE)
+def _transpose_slice(s, _step, bounds, x, out, outer, in_strides, step, inner):
+    """Slice ``s`` of :data:`_TRANSPOSE` (a ``SliceFunction``): rows ``bounds[s]`` to
+    ``bounds[s + 1]``."""
+    _gather_rows(x, out, outer, in_strides, step, inner, bounds[s], bounds[s + 1])
+
+
+_TRANSPOSE = SliceFunction(_transpose_slice)
+
+
 def _transpose(x, out, outer, in_strides, step, inner, bounds):
-    if bounds.shape[0] == 2:  # one slice: no parallel region
-        _gather_rows(x, out, outer, in_strides, step, inner, bounds[0], bounds[1])
-        return
-    for s in prange(bounds.shape[0] - 1):
-        _gather_rows(x, out, outer, in_strides, step, inner, bounds[s], bounds[s + 1])
+    """Every slice of ``bounds``, spread over the workers (one on the calling thread)."""
+    _TRANSPOSE.run(bounds.shape[0] - 1, (bounds, x, out, outer, in_strides, step, inner))
 
 
 class PermutedWalk:

@@ -10,12 +10,13 @@ run on, the fill repeats.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from flowrt.engine.graph.shapes import broadcast_shapes
 from flowrt.errors import BackendError
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType, static_dims
+from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 from flowrt.workers.cpu.acc.kernels.strided import (
     as_index,
@@ -86,13 +87,19 @@ def _select_rows(c, c_strides, x, x_strides, y, y_strides, steps, out, outer, in
         )
 
 
-# The parallel region only hands out slices: numba compiles a parallel loop's body slowly.
-@njit(parallel=True, nogil=True, cache=True)
+@njit(**NATIVE)
+def _select_slice(s, _step, bounds, c, c_strides, x, x_strides, y, y_strides, steps, out, outer, inner):
+    """Slice ``s`` of :data:`_SELECT` (a ``SliceFunction``)."""
+    _select_rows(c, c_strides, x, x_strides, y, y_strides, steps, out, outer, inner, bounds[s], bounds[s + 1])
+
+
+_SELECT = SliceFunction(_select_slice)
+
+
 def _select(c, c_strides, x, x_strides, y, y_strides, steps, out, outer, inner, bounds):
-    for s in prange(bounds.shape[0] - 1):
-        _select_rows(
-            c, c_strides, x, x_strides, y, y_strides, steps, out, outer, inner, bounds[s], bounds[s + 1]
-        )
+    """Every slice of ``bounds``, spread over the workers."""
+    args = (bounds, c, c_strides, x, x_strides, y, y_strides, steps, out, outer, inner)
+    _SELECT.run(bounds.shape[0] - 1, args)
 
 
 class SelectWalk:
