@@ -110,6 +110,7 @@ ZOO = {
         _vision("shufflenet_v2_x1_0"),  # channel shuffle
         _vision("regnet_y_400mf"),  # grouped convs, squeeze-excitation
         _vision("resnet18"),
+        _vision("resnet50"),  # bottlenecks; the int8 benchmark's CNN
         _vision("convnext_tiny"),  # 7x7 depthwise, LayerNorm over channels, GELU
         _vision("swin_t"),  # shifted windows: Roll, window partition reshapes, masks
         ZooModel("vit_small", "torchvision_vit", _image(), (("layers", 4), ("heads", 4), ("width", 256))),
