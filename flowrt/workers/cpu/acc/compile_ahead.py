@@ -12,8 +12,9 @@ helper skips a layer whose entry the load is compiling.
 
 The load stops the helper when it ends (the helper finishes the compile it is in, then
 exits; it also exits when its parent is gone). ``FLOWRT_COMPILE_AHEAD=0`` turns it off. No
-helper on one core, where ``cache_claims`` is unavailable (Windows), or when the network does
-not pickle (it is logged).
+helper on one core, where ``cache_claims`` is unavailable (Windows), for a network whose
+constants pass :data:`MAX_CONSTANT_BYTES` (the helper holds a copy of them), or when the
+network does not pickle (it is logged).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ logger = logging.getLogger(__name__)
 ENV = "FLOWRT_COMPILE_AHEAD"
 MIN_LAYERS = 16  # fewer CpuAcc layers than this: a helper's start would cost more than it saves
 NICE = 5  # the helper's priority below the load's
+MAX_CONSTANT_BYTES = 1 << 30  # larger networks compile alone: no second copy of their weights
 
 
 def _cores() -> int:
@@ -48,7 +50,15 @@ def wanted(network: Any) -> bool:
     """Whether a load of ``network`` may start a helper (see the module doc)."""
     if os.environ.get(ENV, "1") == "0" or not cache_claims.AVAILABLE or _cores() < 2:
         return False
-    return sum(layer.backend == "CpuAcc" for layer in network.graph) >= MIN_LAYERS
+    if sum(layer.backend == "CpuAcc" for layer in network.graph) < MIN_LAYERS:
+        return False
+    # the helper holds a copy of the weights while it runs
+    return sum(_nbytes(layer) for layer in network.graph) <= MAX_CONSTANT_BYTES
+
+
+def _nbytes(layer: Any) -> int:
+    value = getattr(layer.descriptor, "value", None) if layer.kind == "Constant" else None
+    return int(getattr(value, "nbytes", 0))
 
 
 class CompileAhead:

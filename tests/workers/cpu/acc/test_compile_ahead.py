@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from flowrt.workers.cpu.acc import cache_claims, compile_ahead
@@ -80,11 +81,12 @@ def test_a_cold_load_compiles_ahead_in_a_helper_that_then_leaves(tmp_path):
     assert not list(tmp_path.rglob("*.claim"))
 
 
-def _network(cpu_acc_layers: int):
+def _network(cpu_acc_layers: int, constant_bytes: int = 1000):
     layer = type("Layer", (), {})
     layers = [layer() for _ in range(cpu_acc_layers + 3)]
     for i, one in enumerate(layers):
-        one.backend = "CpuAcc" if i < cpu_acc_layers else "CpuRef"
+        one.backend, one.kind = ("CpuAcc", "Conv") if i < cpu_acc_layers else (None, "Constant")
+        one.descriptor = type("Descriptor", (), {"value": np.zeros(constant_bytes // 3, np.uint8)})()
     return type("Network", (), {"graph": layers})()
 
 
@@ -99,3 +101,7 @@ def test_a_helper_is_wanted_for_enough_layers_unless_turned_off(monkeypatch):
     monkeypatch.delenv(compile_ahead.ENV)
     monkeypatch.setattr(compile_ahead, "_cores", lambda: 1)
     assert not compile_ahead.wanted(_network(compile_ahead.MIN_LAYERS))
+    monkeypatch.setattr(compile_ahead, "_cores", lambda: 2)
+    monkeypatch.setattr(compile_ahead, "MAX_CONSTANT_BYTES", 3000)
+    assert compile_ahead.wanted(_network(compile_ahead.MIN_LAYERS, constant_bytes=3000))
+    assert not compile_ahead.wanted(_network(compile_ahead.MIN_LAYERS, constant_bytes=3003))
