@@ -80,6 +80,16 @@ def test_dynamic_quantize_matches_reference(dims, low, span):
     assert y.dtype == np.uint8 and scale.shape == () and zero_point.dtype == np.uint8
 
 
+@pytest.mark.parametrize("value", [1e-45, -1e-45, 3e-43])
+def test_dynamic_quantize_of_a_subnormal_range_matches_the_reference(value):
+    # (max - min) / 255 underflows to a zero scale (not for 3e-43): the zero point is then
+    # 255, as min(255, NaN) gives in onnx's reference and in ONNX Runtime.
+    x = np.array([value], np.float32)
+    y, scale, zero_point = assert_matches_reference("DynamicQuantizeLinear", [x], opset=11, num_outputs=3)
+    if scale == 0:
+        assert zero_point == 255
+
+
 def test_infer_copes_with_unknown_dims_and_ranks():
     quantize = get_layer_kind("QuantizeLinear").infer
     x = TensorInfo(("N", None, 4))

@@ -80,6 +80,10 @@ def dynamic_quantize_linear(desc, x):
     high = np.float32(max(0.0, float(np.max(x)))) if x.size else np.float32(0)
     low = np.float32(min(0.0, float(np.min(x)))) if x.size else np.float32(0)
     scale = np.float32(1.0 if high == low else high - low) / np.float32(255)
-    zero_point = np.rint(np.clip(np.float32(0) - low / scale, 0, 255))
-    y = np.clip(np.rint(x / scale) + zero_point, 0, 255)
+    with np.errstate(all="ignore"):
+        initial = np.float32(0) - low / scale
+        # A range of subnormals makes the scale 0 and this NaN, which min(255, .) takes to 255
+        # in onnx's reference and in ONNX Runtime (std::min): so here.
+        zero_point = np.float32(255) if np.isnan(initial) else np.rint(np.clip(initial, 0, 255))
+        y = np.clip(np.rint(x / scale) + zero_point, 0, 255)
     return y.astype(np.uint8), np.array(scale, dtype=np.float32), np.array(zero_point, dtype=np.uint8)
