@@ -49,9 +49,11 @@ def pack(w: np.ndarray, bias: np.ndarray | None = None) -> PackedWeights:
     """``w`` (K, N) as panels (:class:`PackedWeights`); ``bias`` is (N,) or None."""
     k, n = w.shape
     count = -(-n // TILE_COLUMNS)
-    padded = np.zeros((k, count * TILE_COLUMNS), np.float32)
-    padded[:, :n] = w
-    panels = np.ascontiguousarray(padded.reshape(k, count, TILE_COLUMNS).transpose(1, 0, 2))
+    # panel by panel: one copy of the weights, not a padded one and then the panels
+    panels = np.zeros((count, k, TILE_COLUMNS), np.float32)
+    for p in range(count):
+        block = w[:, p * TILE_COLUMNS : (p + 1) * TILE_COLUMNS]
+        panels[p, :, : block.shape[1]] = block
     column_bias = np.zeros(count * TILE_COLUMNS, np.float32)
     if bias is not None:
         column_bias[:n] = bias

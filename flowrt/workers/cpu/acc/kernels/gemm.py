@@ -100,21 +100,32 @@ MIN_PARALLEL_WORK = 1 << 18
 
 
 class _Packed:
-    """A product by constant weights packed once (:mod:`packed_gemm`), with its plans."""
+    """A product by constant weights ``w`` (K, N), with its plans: by :mod:`packed_gemm`'s
+    panels for more than ``gemv.MAX_VECTORS`` rows, by :func:`gemv.gemv` over the weights'
+    rows for fewer. Each form is made on its first product (a network run at batch 1 never
+    packs panels), and ``w`` itself is the layer's constant, or a view of it, not a copy:
+    vgg19's fully connected weights (0.5 GiB) were held four times at load."""
 
     def __init__(self, w: np.ndarray, bias: np.ndarray | None, workers: int) -> None:
-        self.weights = packed_gemm.pack(w, bias)
-        self.k = w.shape[0]
+        self.k, self.n = w.shape
         self.workers = workers
         self._plans: dict[int, packed_gemm.Plan] = {}
         self._w, self._bias = w, bias
+        self._panels: packed_gemm.PackedWeights | None = None
         self._rows: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    @property
+    def weights(self) -> packed_gemm.PackedWeights:
+        """The weights packed into panels (on the first product of many rows)."""
+        if self._panels is None:
+            self._panels = packed_gemm.pack(self._w, self._bias)
+        return self._panels
 
     def _by_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The weights as (N, K) rows, the bias as N values and the rows' split over the
         workers, for :func:`gemv.gemv` (made on the first product of few rows)."""
         if self._rows is None:
-            n = self.weights.n
+            n = self.n
             rows = read_only(np.ascontiguousarray(self._w.T, np.float32))
             bias = np.zeros(n, np.float32) if self._bias is None else np.broadcast_to(self._bias, (n,))
             self._rows = (
@@ -133,7 +144,7 @@ class _Packed:
             return
         split = self._plans.get(m)
         if split is None:
-            workers = self.workers if m * self.k * self.weights.n >= MIN_PARALLEL_WORK else 1
+            workers = self.workers if m * self.k * self.n >= MIN_PARALLEL_WORK else 1
             split = self._plans[m] = packed_gemm.plan(m, self.weights, workers)
         packed_gemm.multiply(a, self.weights, out, split, code, act_a, act_b)
 
@@ -185,8 +196,10 @@ class GemmKernel:
             bias = np.broadcast_to(np.float32(desc.beta) * row[0], (n,))
         elif len(info.inputs) > 2 and info.inputs[2] is not None and desc.beta != 0:
             return None  # C comes with each run
-        w = (self.b.T if desc.transB else self.b) * np.float32(desc.alpha)
-        return _Packed(w.astype(np.float32), bias, self.workers)
+        w = self.b.T if desc.transB else self.b  # float32 already (_matrix): a view, no copy
+        if desc.alpha != 1:
+            w = w * np.float32(desc.alpha)
+        return _Packed(w, bias, self.workers)
 
     @staticmethod
     def _as_c(c) -> np.ndarray:
@@ -199,7 +212,7 @@ class GemmKernel:
         a = _matrix(inputs[0])
         if self.packed is not None:
             a = np.ascontiguousarray(a.T) if desc.transA else a
-            out = np.empty((a.shape[0], self.packed.weights.n), np.float32) if outputs is None else outputs[0]
+            out = np.empty((a.shape[0], self.packed.n), np.float32) if outputs is None else outputs[0]
             self.packed.run(a, out, self.code, self.act_a, self.act_b)
             return [out]
         b = self.b if self.b is not None else _matrix(inputs[1])
