@@ -1,11 +1,17 @@
 """Memory planned for the light models: arena vs lower bound vs no reuse, per model.
 
-    python benchmarks/memory.py [--backends CpuRef] [--churn 2000]
+    python benchmarks/memory.py [--backends CpuRef] [--churn 2000] [--rss [--models a,b]]
 
 Targets: arena <= 1.10 x lower bound on every model; arena <= 0.5 x no-reuse on resnet50,
 densenet121 and inception_v2. With --churn N, instead runs squeezenet N times, a random third
 of the runs cancelled after a random delay, and prints the pools left free and the RSS growth
 between run 100 and run N.
+
+With --rss, instead the peak RSS of a fresh process per engine and model that loads the model
+and runs it three times: flowrt (``--backends``, default then CpuAcc,CpuRef, numba's kernel
+cache warmed by one discarded process first) against ONNX Runtime (CPU provider), and of a
+process that only imports each engine (flowrt also with CpuAcc's kernels imported). The
+target (issue: memory a user pays) is flowrt <= ONNX Runtime.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from __future__ import annotations
 import argparse
 import random
 import resource
+import subprocess
+import sys
 
 import trio
 
@@ -63,12 +71,72 @@ async def _churn(runs: int, backends: list[str]) -> None:
             )
 
 
+# Each prints its own peak RSS in MiB as its last line; argv: model path, backends.
+_RSS_CHILD = {
+    "flowrt": """
+import resource, sys, trio, flowrt
+from flowrt.models import pattern_input
+async def main():
+    opt = flowrt.optimize(flowrt.onnx.load(sys.argv[1]), backends=sys.argv[2].split(","))
+    async with flowrt.Runtime() as rt:
+        model = await rt.load(opt)
+        for _ in range(3):
+            await model.run({n: pattern_input(i) for n, i in model.inputs.items()})
+trio.run(main)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+""",
+    "onnxruntime": """
+import resource, sys, numpy as np, onnxruntime as ort
+session = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+shapes = {i.name: [d if isinstance(d, int) else 1 for d in i.shape] for i in session.get_inputs()}
+for _ in range(3):
+    session.run(None, {name: np.full(shape, 0.5, np.float32) for name, shape in shapes.items()})
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+""",
+}
+_IMPORTS = {
+    "import flowrt": "import flowrt",
+    "import flowrt + CpuAcc kernels": "import flowrt.workers.cpu.acc.kernels as k; k.load_all()",
+    "import onnxruntime": "import numpy, onnxruntime",
+}
+
+
+def _peak_mib(code: str, *argv: str) -> float:
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True)
+    return float(done.stdout.split()[-1])
+
+
+def rss_report(models: list[str], backends: str) -> None:
+    """Peak RSS per engine and model, each in a fresh process (see the module doc)."""
+    print(f"peak RSS MiB of a fresh process; flowrt on {backends}")
+    print("| process | flowrt | ONNX Runtime | flowrt / ORT |")
+    print("| --- | ---: | ---: | ---: |")
+    peak = "import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+    ort_import = _peak_mib(f"{_IMPORTS['import onnxruntime']}\n{peak}")
+    for label in ("import flowrt", "import flowrt + CpuAcc kernels"):
+        ours = _peak_mib(f"{_IMPORTS[label]}\n{peak}")
+        print(
+            f"| {label} (ORT: import onnxruntime) | {ours:.0f} | {ort_import:.0f} | {ours / ort_import:.2f} |"
+        )
+    for name in models:
+        path = str(light_model(name))
+        _peak_mib(_RSS_CHILD["flowrt"], path, backends)  # fills numba's cache, if it must
+        ours = _peak_mib(_RSS_CHILD["flowrt"], path, backends)
+        theirs = _peak_mib(_RSS_CHILD["onnxruntime"], path)
+        print(f"| {name}: load, 3 runs | {ours:.0f} | {theirs:.0f} | {ours / theirs:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default="CpuRef")
+    parser.add_argument("--backends", default=None, help="default: CpuRef; with --rss CpuAcc,CpuRef")
     parser.add_argument("--churn", type=int, default=0)
+    parser.add_argument("--rss", action="store_true", help="peak RSS against ONNX Runtime")
+    parser.add_argument("--models", default=",".join(LIGHT_MODELS), help="--rss: comma-separated")
     args = parser.parse_args()
-    backends = args.backends.split(",")
+    if args.rss:
+        rss_report(args.models.split(","), args.backends or "CpuAcc,CpuRef")
+        return
+    backends = (args.backends or "CpuRef").split(",")
     if args.churn:  # alone in the process, so the RSS figures are the churn's own
         trio.run(_churn, args.churn, backends)
         return
