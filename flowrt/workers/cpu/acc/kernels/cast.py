@@ -19,7 +19,7 @@ from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel
-from flowrt.workers.cpu.acc.kernels.strided import row_bounds
+from flowrt.workers.cpu.acc.kernels.strided import FlatSplits
 
 D = DataType
 # The types the numba loop converts between, any pair.
@@ -88,14 +88,7 @@ class CastKernel:
         assert source is not None and target is not None  # supports took the layer
         self.dtype = target.numpy
         self.half = source.dtype is D.FLOAT16 or self.dtype == np.float16
-        self._bounds: dict[int, np.ndarray] = {}
-
-    def bounds(self, size: int) -> np.ndarray:
-        """Slice boundaries over ``size`` elements (computed once per size)."""
-        cached = self._bounds.get(size)
-        if cached is None:
-            cached = self._bounds[size] = row_bounds(size, 1, self.workers)
-        return cached
+        self.bounds = FlatSplits(workers)  # slice boundaries over a size, once per size
 
     def execute(self, inputs, outputs=None):
         x = np.asarray(inputs[0], order="C")

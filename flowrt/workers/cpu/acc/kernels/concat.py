@@ -14,12 +14,11 @@ import numpy as np
 from numba import njit
 
 from flowrt.engine.graph.shapes import normalize_axis
-from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.errors import BackendError
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel
-from flowrt.workers.cpu.acc.kernels.strided import MIN_SLICE, as_words, has_word_size
+from flowrt.workers.cpu.acc.kernels.strided import FlatSplits, as_words, has_word_size
 
 
 @njit(nogil=True, cache=True)
@@ -71,17 +70,8 @@ class ConcatKernel:
             raise BackendError(f"CpuAcc Concat {info.layer_name!r} cannot apply a fused activation")
         self.info = info
         self.workers = workers
-        self._bounds: dict[int, np.ndarray] = {}
+        self.bounds = FlatSplits(workers)  # slice boundaries over a size, once per size
         self._layouts: dict[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], int, list[int]]] = {}
-
-    def bounds(self, size: int) -> np.ndarray:
-        """Slice boundaries over ``size`` elements (computed once per size)."""
-        cached = self._bounds.get(size)
-        if cached is None:
-            cached = self._bounds[size] = split_bounds(
-                size, SplitHint(axis=0, min_slice=MIN_SLICE), self.workers
-            )
-        return cached
 
     def layout(self, shapes: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], int, list[int]]:
         """The output shape, ``outer`` and each input's ``width`` for these input shapes

@@ -19,7 +19,7 @@ from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel
-from flowrt.workers.cpu.acc.kernels.strided import row_bounds
+from flowrt.workers.cpu.acc.kernels.strided import FlatSplits
 
 D = DataType
 INT8_TYPES = frozenset({D.UINT8, D.INT8})
@@ -109,14 +109,10 @@ class QuantizeKernel:
         out = info.outputs[0]
         assert out is not None  # shape inference typed the output
         self.dtype = out.dtype.numpy
-        self._bounds: dict[int, np.ndarray] = {}
-
-    def bounds(self, size: int) -> np.ndarray:
-        """Slice boundaries over ``size`` elements (computed once per size)."""
-        cached = self._bounds.get(size)
-        if cached is None:
-            cached = self._bounds[size] = row_bounds(size, 1, self.workers)
-        return cached
+        if self.quantize:  # the saturation bounds, as float32 values the loop compares with
+            limits = np.iinfo(self.dtype)
+            self.low, self.high = np.float32(limits.min), np.float32(limits.max)
+        self.bounds = FlatSplits(workers)  # slice boundaries over a size, once per size
 
     def execute(self, inputs, outputs=None):
         x = np.asarray(inputs[0], order="C")
@@ -127,8 +123,7 @@ class QuantizeKernel:
         bounds = self.bounds(x.size)
         flat, flat_out = x.reshape(-1), out.reshape(-1)
         if self.quantize:
-            limits = np.iinfo(self.dtype)
-            args = (bounds, flat, flat_out, scale, zero, np.float32(limits.min), np.float32(limits.max))
+            args = (bounds, flat, flat_out, scale, zero, self.low, self.high)
             QUANTIZE.run(bounds.shape[0] - 1, args)
         else:
             DEQUANTIZE.run(bounds.shape[0] - 1, (bounds, flat, flat_out, scale, zero))

@@ -70,6 +70,22 @@ def row_bounds(rows: int, row_length: int, workers: int) -> np.ndarray:
     return split_bounds(rows, hint, workers)
 
 
+class FlatSplits:
+    """Slice boundaries over a flat run of elements for ``workers``, each slice at least
+    ``MIN_SLICE`` elements (:func:`row_bounds` of rows of one), computed once per size: a
+    kernel's, over the sizes it is run with."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._bounds: dict[int, np.ndarray] = {}
+
+    def __call__(self, size: int) -> np.ndarray:
+        cached = self._bounds.get(size)
+        if cached is None:
+            cached = self._bounds[size] = row_bounds(size, 1, self.workers)
+        return cached
+
+
 def as_words(x: np.ndarray) -> np.ndarray:
     """``x`` (C-contiguous) seen as unsigned integers of its item size: one compiled copy
     loop then moves any data type."""
