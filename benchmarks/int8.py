@@ -24,7 +24,6 @@ yardstick). The table also counts flowrt's int8 layers that run on CpuRef, by ki
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from collections import Counter
@@ -35,7 +34,16 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # zoo, zoo_models, beside this file
 
-from zoo import DEFAULT_CACHE, PAUSE_S, WARMUP, _median_ms, cached_path, export_zoo, ort_session  # noqa: E402
+from zoo import (  # noqa: E402
+    DEFAULT_CACHE,
+    PAUSE_S,
+    WARMUP,
+    _median_ms,
+    cached_path,
+    export_zoo,
+    flowrt_median_ms,
+    ort_session,
+)
 from zoo_models import ZOO, make_feeds  # noqa: E402
 
 import flowrt  # noqa: E402
@@ -111,14 +119,9 @@ async def measure(name: str, args) -> dict:
         best: dict[str, list[float]] = {"ort int8": [], "flowrt int8": [], "flowrt float32": []}
         for _ in range(args.rounds):
             for label in ("int8", "float32"):
-                model = models[label][0]
                 time.sleep(PAUSE_S)
-                times = []
-                for _ in range(WARMUP + args.iterations):
-                    start = time.perf_counter()
-                    await model.run(feeds)
-                    times.append(time.perf_counter() - start)
-                best[f"flowrt {label}"].append(statistics.median(times[WARMUP:]) * 1e3)
+                ms = await flowrt_median_ms(models[label][0], feeds, WARMUP, args.iterations)
+                best[f"flowrt {label}"].append(ms)
             time.sleep(PAUSE_S)
             best["ort int8"].append(
                 _median_ms(lambda f: ort_int8.run(None, f), feeds, WARMUP, args.iterations)

@@ -127,6 +127,16 @@ def _median_ms(run, feeds, warmup: int, iterations: int) -> float:
     return statistics.median(times) * 1e3
 
 
+async def flowrt_median_ms(model, feeds, warmup: int, iterations: int) -> float:
+    """:func:`_median_ms` of a loaded flowrt model's runs."""
+    times = []
+    for _ in range(warmup + iterations):
+        start = time.perf_counter()
+        await model.run(feeds)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[warmup:]) * 1e3
+
+
 async def _flowrt(result: ZooResult, path: Path, feeds, expected, args, ort_block) -> None:
     """Check flowrt's outputs, then ``args.rounds`` rounds of a flowrt block and an ONNX
     Runtime block (``ort_block()``, its block median in ms), a pause before each."""
@@ -150,12 +160,7 @@ async def _flowrt(result: ZooResult, path: Path, feeds, expected, args, ort_bloc
         ours, theirs = [], []
         for _ in range(args.rounds):
             time.sleep(PAUSE_S)
-            times = []
-            for _ in range(WARMUP + args.iterations):
-                start = time.perf_counter()
-                await model.run(feeds)
-                times.append(time.perf_counter() - start)
-            ours.append(statistics.median(times[WARMUP:]) * 1e3)
+            ours.append(await flowrt_median_ms(model, feeds, WARMUP, args.iterations))
             time.sleep(PAUSE_S)
             theirs.append(ort_block())
         result.flowrt_ms, result.ort_ms = min(ours), min(theirs)
