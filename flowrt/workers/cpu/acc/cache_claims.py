@@ -141,22 +141,41 @@ def _claim_or_wait(cache: Any, sig: Any, target_context: Any, load: Callable[...
 
 
 def _take(path: str) -> bool:
-    """Create the claim at ``path`` for this process; False while another live process holds it."""
-    for _ in range(2):
+    """Create the claim at ``path`` for this process; False while another live process holds it.
+
+    The claim appears with its pid already inside (written to a file of this process's own,
+    then hard-linked to ``path``, which fails if ``path`` exists): a claim created empty and
+    filled afterwards would look ownerless, hence stale, to a process reading it in between.
+    """
+    own = f"{path}.{os.getpid()}.{threading.get_ident()}"
+    try:
+        with open(own, "w") as f:
+            f.write(str(os.getpid()))
+    except OSError:
+        return True  # no claims in this directory: compile without one
+    try:
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            os.link(own, path)
+            return True
         except FileExistsError:
+            pass
+        except OSError:
+            return True  # no hard links here: compile without a claim
+        # Taking over a stale claim happens under the directory's lock, so that two processes
+        # finding it stale do not both remove it (the second would remove the first's claim).
+        with _directory_lock(os.path.dirname(path)):
             if not _stale(path):
                 return False
             with contextlib.suppress(OSError):
                 os.unlink(path)
-            continue
-        except OSError:
-            return True  # no claims in this directory: compile without one
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
-        return True
-    return False
+            try:
+                os.link(own, path)
+            except OSError:
+                return False
+            return True
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(own)
 
 
 def _stale(path: str) -> bool:
@@ -193,12 +212,17 @@ def _remove_own(path: str) -> None:
         os.unlink(path)
 
 
-@contextlib.contextmanager
-def _index_lock(cache: Any) -> Iterator[None]:
+def _index_lock(cache: Any) -> contextlib.AbstractContextManager[None]:
     """An exclusive ``flock`` on the cache directory's lock file while an entry is saved."""
+    return _directory_lock(cache.cache_path)
+
+
+@contextlib.contextmanager
+def _directory_lock(directory: str) -> Iterator[None]:
+    """An exclusive ``flock`` on ``directory``'s lock file."""
     assert fcntl is not None  # install() installs nothing without it
     try:
-        fd = os.open(os.path.join(cache.cache_path, "flowrt-index.lock"), os.O_CREAT | os.O_RDWR, 0o644)
+        fd = os.open(os.path.join(directory, "flowrt-index.lock"), os.O_CREAT | os.O_RDWR, 0o644)
     except OSError:
         yield  # an unwritable directory: numba's save fails on its own
         return

@@ -130,3 +130,19 @@ def test_release_all_leaves_claims_of_other_processes(tmp_path, sleeper):
     cache_claims._state.held[(0, "theirs")] = theirs
     cache_claims.release_all()
     assert os.path.exists(theirs)
+
+
+def test_a_claim_appears_with_its_pid_inside_and_leaves_nothing_else(tmp_path, monkeypatch):
+    seen = []
+    link = os.link
+
+    def watching_link(source, target):  # what another process could read the moment it appears
+        link(source, target)
+        with open(target) as f:
+            seen.append(f.read())
+
+    monkeypatch.setattr(cache_claims.os, "link", watching_link)
+    path = _claim_of(tmp_path)
+    assert cache_claims._take(path)
+    assert seen == [str(os.getpid())]
+    assert sorted(os.listdir(tmp_path)) == [os.path.basename(path)]
