@@ -33,8 +33,9 @@ _PASSES = (
     "fold_transposes",
     "collapse_reshapes",
     "pool_before_conv",
+    "fold_qdq",
 )
-_OFF_AT_BASIC = ("fuse_activations", "pool_before_conv")
+_OFF_AT_BASIC = ("fuse_activations", "pool_before_conv", "fold_qdq")
 # Fields flowrt has no concept for: their ONNX Runtime default, and why they are ignored.
 _IGNORED = {
     "inter_op_num_threads": (0, "flowrt's CPU workers serve both layers and branches (intra_op_num_threads)"),

@@ -22,6 +22,7 @@ from flowrt.engine.graph.passes.collapse_reshape import collapse_reshapes
 from flowrt.engine.graph.passes.crossings import Crossing, find_crossings
 from flowrt.engine.graph.passes.fold_batch_norm import fold_batch_norm
 from flowrt.engine.graph.passes.fold_constants import fold_to_fixpoint
+from flowrt.engine.graph.passes.fold_qdq import Accepts, fold_qdq
 from flowrt.engine.graph.passes.fold_scale_shift import fold_scale_shift
 from flowrt.engine.graph.passes.fold_transpose import fold_transposes
 from flowrt.engine.graph.passes.fuse_activation import fuse_activations
@@ -77,7 +78,10 @@ class OptimizerOptions:
     composes and cancels chains of Transpose; ``collapse_reshapes`` makes a chain of
     reshapes one Reshape. ``pool_before_conv`` moves an AveragePool before the 1x1 conv it
     reads (the two commute), so that the conv multiplies fewer pixels (DenseNet's
-    transitions); results change by rounding only. ``reduce_fp32_to_fp16`` runs float32 layers in float16 on the
+    transitions); results change by rounding only. ``fold_qdq`` makes each QDQ group of a
+    quantized model (DequantizeLinear -> Conv or MatMul -> QuantizeLinear) one QLinearConv or
+    QLinearMatMul where a backend with integer kernels takes it (``passes/fold_qdq.py``).
+    ``reduce_fp32_to_fp16`` runs float32 layers in float16 on the
     backends that declare capability ``fp16`` (casts at their borders; ignored, and
     reported, where none does). ``layer_backend_hints`` (``{layer name: backend id}``)
     puts a layer on a backend of the preference list whatever the order says; an
@@ -94,6 +98,7 @@ class OptimizerOptions:
     fold_transposes: bool = attrs.field(default=True, validator=_flag)
     collapse_reshapes: bool = attrs.field(default=True, validator=_flag)
     pool_before_conv: bool = attrs.field(default=True, validator=_flag)
+    fold_qdq: bool = attrs.field(default=True, validator=_flag)
     reduce_fp32_to_fp16: bool = attrs.field(default=False, validator=_flag)
     layer_backend_hints: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_hint_pairs)
     memory_budget: int | None = attrs.field(default=None, converter=check_memory_budget)
@@ -320,8 +325,22 @@ def _evaluator(registry: BackendRegistry):
     return evaluate
 
 
-def _graph_passes(graph: Graph, options: OptimizerOptions, registry: BackendRegistry) -> list[str]:
+def _quantized_accepts(instances: dict[str, Backend]) -> Accepts:
+    """Whether a backend with integer kernels (capability ``quantized_kernels``) takes a layer."""
+    fast = [b.layer_support() for b in instances.values() if b.capabilities.get("quantized_kernels")]
+
+    def accepts(kind: str, descriptor: Any, inputs: list, outputs: list) -> bool:
+        return any(s.is_layer_supported(kind, descriptor, inputs, outputs).supported for s in fast)
+
+    return accepts
+
+
+def _graph_passes(
+    graph: Graph, options: OptimizerOptions, registry: BackendRegistry, instances: dict[str, Backend]
+) -> list[str]:
     passes = remove_pass_through(graph)
+    if options.fold_qdq:  # before constant folding, which would make the weights float
+        passes += fold_qdq(graph, _quantized_accepts(instances))
     evaluate = _evaluator(registry) if options.fold_constants else None
     if evaluate is not None:
         passes += fold_to_fixpoint(graph, evaluate, options.memory_budget)
@@ -421,7 +440,7 @@ def optimize(
     graph = (network.graph if isinstance(network, Network) else network).copy()
     graph.validate()
     network_layers = set(graph.layers)
-    passes = _graph_passes(graph, options, registry)
+    passes = _graph_passes(graph, options, registry, instances)
     passes += _check_hints(options.hints, order, network_layers, graph)
     decisions = _assign(graph, order, instances, options.hints, passes)
     substitutions = _optimize_subgraphs(graph, order, instances, decisions, passes, options)

@@ -1,0 +1,213 @@
+"""QDQ groups folded into quantized layers, as ONNX Runtime's QDQ selectors and actions do for
+its CPU kernels.
+
+A QDQ model (``onnxruntime.quantization.quantize_static``'s default format) keeps its float
+operators and marks where values are quantized: each Conv or MatMul reads its input through a
+DequantizeLinear, its constant weights through a DequantizeLinear of int8 values (and a Conv
+its bias through one of int32 values), and its only reader is a QuantizeLinear. Run as
+written, every such layer is a float product between two extra passes over its data. This
+pass makes each group one quantized layer:
+
+    Q(Conv(DQ(x), DQ(w), DQ(b)))  ->  QLinearConv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, b')
+    Q(MatMul(DQ(a), DQ(w)))       ->  QLinearMatMul(a, a_scale, a_zp, w, w_scale, w_zp, y_scale, y_zp)
+
+with ``b' = round_half_even(DQ(b) / (x_scale * w_scale))`` in int32: the int32 bias itself when
+it was quantized at that scale, as quantize_static does. The results are those of ONNX
+Runtime's quantized kernels: integer products, requantized once, instead of float products of
+dequantized values (they differ from the unfolded graph by a rounding step at most).
+
+Folded only where a group's parameters are per tensor (the weights' per output channel),
+constant, without blocks, and where a backend of the preference list with integer kernels
+(capability ``quantized_kernels``) takes the quantized layer: CpuRef runs these layers
+exactly, in float64, slower than the float graph, so for CpuRef alone nothing is folded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from flowrt.engine.graph.graph import Graph, Layer, OutputSlot, constant_value
+from flowrt.engine.graph.layer_kind import NoDescriptor
+from flowrt.engine.graph.passes.fold_batch_norm import constant_slot
+from flowrt.types import DataType, TensorInfo
+
+# accepts(kind, descriptor, input infos, output infos) -> whether a backend runs the layer fast
+Accepts = Callable[[str, Any, list[TensorInfo | None], list[TensorInfo | None]], bool]
+
+_INT8 = ("uint8", "int8")
+
+
+class _Dequantized:
+    """A DequantizeLinear's quantized input and its constant parameters (zero point filled in)."""
+
+    def __init__(self, layer: Layer, values: OutputSlot, scale: np.ndarray, zero: np.ndarray) -> None:
+        self.layer, self.values, self.scale, self.zero = layer, values, scale, zero
+
+
+def _dequantized(slot: OutputSlot | None, per_axis: int | None = None) -> _Dequantized | None:
+    """The DequantizeLinear producing ``slot``, when its scale and zero point are constants per
+    tensor, or (``per_axis`` given) per slice along that axis of its 4-D/2-D input."""
+    if slot is None or slot.layer.kind != "DequantizeLinear" or slot.layer.activation is not None:
+        return None
+    dq = slot.layer
+    desc = dq.descriptor
+    if desc.block_size or desc.output_dtype or len(dq.inputs) < 2:
+        return None
+    values = dq.inputs[0].source
+    scale = constant_value(dq.inputs[1].source)
+    zero_slot = dq.inputs[2].source if len(dq.inputs) > 2 else None
+    zero = constant_value(zero_slot)
+    if values is None or values.info is None or scale is None or scale.dtype != np.float32:
+        return None
+    if zero_slot is not None and zero is None:
+        return None
+    if zero is None:
+        zero = np.zeros(scale.shape, values.info.dtype.numpy)
+    if scale.size != 1:
+        rank = len(values.info.shape) if values.info.shape is not None else None
+        if per_axis is None or rank is None or scale.ndim != 1 or desc.axis % rank != per_axis % rank:
+            return None
+    if zero.shape != scale.shape:
+        return None
+    return _Dequantized(dq, values, scale, zero)
+
+
+def _quantizer(layer: Layer) -> Layer | None:
+    """The QuantizeLinear that is ``layer``'s only reader, per tensor, to uint8 or int8."""
+    out = layer.outputs[0]
+    if len(layer.outputs) != 1 or len(out.connections) != 1:
+        return None
+    q = out.connections[0].layer
+    if q.kind != "QuantizeLinear" or q.activation is not None or len(q.inputs) < 3:
+        return None
+    desc = q.descriptor
+    if desc.block_size or desc.precision or not desc.saturate:
+        return None
+    scale, zero = constant_value(q.inputs[1].source), constant_value(q.inputs[2].source)
+    if scale is None or zero is None or scale.size != 1 or zero.size != 1 or scale.dtype != np.float32:
+        return None
+    if zero.dtype.name not in _INT8 or q.outputs[0].info is None:
+        return None
+    return q
+
+
+_NO_BIAS = np.zeros(0, np.int32)
+
+
+def _bias(conv: Layer, x: _Dequantized, w: _Dequantized) -> np.ndarray | None:
+    """The Conv's bias as int32 at scale ``x_scale * w_scale`` (empty when it has none); None
+    when its bias is neither a constant nor dequantized from one."""
+    slot = conv.inputs[2].source if len(conv.inputs) > 2 else None
+    if slot is None:
+        return _NO_BIAS
+    value = constant_value(slot)
+    if value is None:
+        b = _dequantized(slot, per_axis=0)
+        raw = constant_value(b.values) if b is not None else None
+        if b is None or raw is None:
+            return None
+        value = (raw.astype(np.float64) - b.zero.astype(np.float64)) * b.scale.astype(np.float64)
+    if value.dtype.kind not in "fiu" or value.ndim != 1:
+        return None
+    step = np.float64(x.scale.reshape(())) * w.scale.astype(np.float64).reshape(-1)
+    bias = np.rint(value.astype(np.float64) / step)
+    if not np.all(np.abs(bias) < 2**31):
+        return None
+    return bias.astype(np.int32)
+
+
+def _group(layer: Layer) -> tuple[_Dequantized, _Dequantized, Layer] | None:
+    """(input, weights, quantizer) of a Conv or MatMul in a QDQ group, else None."""
+    if layer.activation is not None or len(layer.inputs) < 2:
+        return None
+    x = _dequantized(layer.inputs[0].source)
+    # A Conv's weights per output channel (axis 0), a MatMul's per column (axis 1 of (K, N)).
+    w = _dequantized(layer.inputs[1].source, per_axis=0 if layer.kind == "Conv" else 1)
+    q = _quantizer(layer)
+    if x is None or w is None or q is None or constant_value(w.values) is None:
+        return None
+    if (
+        x.values.info is None
+        or x.values.info.dtype not in (DataType.UINT8, DataType.INT8)
+        or x.scale.size != 1
+    ):
+        return None
+    if constant_value(w.values).dtype.name not in _INT8:  # type: ignore[union-attr]  # checked above
+        return None
+    if layer.kind == "MatMul" and (w.values.info is None or len(w.values.info.shape or ()) != 2):
+        return None
+    return x, w, q
+
+
+def _fold(graph: Graph, layer: Layer, accepts: Accepts) -> str | None:
+    group = _group(layer)
+    if group is None:
+        return None
+    x, w, q = group
+    bias = _bias(layer, x, w) if layer.kind == "Conv" else None
+    if layer.kind == "Conv" and bias is None:
+        return None
+    name = f"{layer.name}/quantized"
+    inputs = [
+        x.values,
+        x.layer.inputs[1].source,
+        x.layer.inputs[2].source if len(x.layer.inputs) > 2 and x.layer.inputs[2].source else None,
+        w.values,
+        w.layer.inputs[1].source,
+        w.layer.inputs[2].source if len(w.layer.inputs) > 2 and w.layer.inputs[2].source else None,
+        q.inputs[1].source,
+        q.inputs[2].source,
+    ]
+    if inputs[2] is None:
+        inputs[2] = constant_slot(graph, f"{name}/x_zero_point", x.zero)
+    if inputs[5] is None:
+        inputs[5] = constant_slot(graph, f"{name}/w_zero_point", w.zero)
+    if bias is not None and bias.size:
+        inputs.append(constant_slot(graph, f"{name}/bias", bias))
+    kind = "QLinearConv" if layer.kind == "Conv" else "QLinearMatMul"
+    descriptor = layer.descriptor if kind == "QLinearConv" else NoDescriptor()
+    infos = [slot.info if slot is not None else None for slot in inputs]
+    if not accepts(kind, descriptor, infos, [q.outputs[0].info]):
+        graph.remove_unread_constants()  # the zero points and bias made for the question
+        return None
+    folded = graph.add_layer(kind, descriptor, name=name, num_inputs=len(inputs))
+    for index, slot in enumerate(inputs):
+        assert slot is not None  # every input was filled in above
+        slot.connect(folded.inputs[index])
+    folded.outputs[0].info = q.outputs[0].info
+    graph.reroute(q.outputs[0], folded.outputs[0])
+    for gone in (q, layer):
+        graph.remove_layer(gone)
+    for dq in (x.layer, w.layer):
+        if dq.name in graph.layers and not dq.outputs[0].connections:
+            graph.remove_layer(dq)
+    if layer.kind == "Conv" and len(layer.inputs) > 2:
+        _remove_unread_dequantize(graph)
+    return f"folded QDQ group of {layer.kind} {layer.name!r} into {kind} {folded.name!r}"
+
+
+def _remove_unread_dequantize(graph: Graph) -> None:
+    """DequantizeLinear layers of constants nothing reads any more (a folded Conv's bias)."""
+    for dq in graph.of_kind("DequantizeLinear"):
+        if not dq.outputs[0].connections and constant_value(dq.inputs[0].source) is not None:
+            graph.remove_layer(dq)
+
+
+def fold_qdq(graph: Graph, accepts: Accepts) -> list[str]:
+    """Fold each QDQ group of a Conv or MatMul that ``accepts`` takes as its quantized layer
+    (see the module doc); return the changes."""
+    if not graph.of_kind("QuantizeLinear"):
+        return []
+    graph.infer_shapes()  # the groups are recognized by their tensors' types
+    changes = []
+    for layer in graph.topological_order():
+        if layer.kind in ("Conv", "MatMul") and layer.name in graph.layers:
+            change = _fold(graph, layer, accepts)
+            if change is not None:
+                changes.append(change)
+    if changes:
+        graph.remove_unread_constants()
+    return changes

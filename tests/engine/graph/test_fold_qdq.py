@@ -1,0 +1,94 @@
+"""The QDQ fold: Conv and MatMul groups of a QDQ model become QLinearConv and QLinearMatMul,
+whose results are ONNX Runtime's (which folds the same groups for its CPU kernels)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime
+import pytest
+import trio
+from onnx import TensorProto, helper
+from qdqmodels import qdq_conv_model
+
+import flowrt
+from flowrt.engine.graph.passes.fold_qdq import fold_qdq
+
+
+def _take_all(kind, descriptor, inputs, outputs):
+    return True
+
+
+def _kinds(graph) -> list[str]:
+    return sorted(layer.kind for layer in graph if layer.kind not in ("Constant", "Input", "Output"))
+
+
+def _run(graph, x: np.ndarray, backends=("CpuRef",)) -> np.ndarray:
+    opt = flowrt.optimize(graph, backends=list(backends), options=flowrt.OptimizerOptions(fold_qdq=False))
+
+    async def main():
+        async with flowrt.Runtime() as rt:
+            model = await rt.load(opt)
+            return (await model.run({"x": x}))["y"]
+
+    return trio.run(main)
+
+
+def _ort(model, x: np.ndarray) -> np.ndarray:
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("reduce_range", [True, False])
+def test_conv_and_matmul_groups_fold_and_match_onnx_runtime(reduce_range):
+    rng = np.random.default_rng(3)
+    model = qdq_conv_model(rng, reduce_range=reduce_range)
+    graph = flowrt.onnx.load(model).graph.copy()
+    changes = fold_qdq(graph, _take_all)
+    assert [c.split()[4] for c in changes] == ["Conv", "MatMul"]
+    # The groups' DequantizeLinear layers (input, weights, bias) and QuantizeLinear are gone:
+    # Q(x) -> QLinearConv -> DQ -> Reshape -> Q -> QLinearMatMul -> DQ.
+    assert _kinds(graph) == sorted(
+        [
+            "QuantizeLinear",
+            "QLinearConv",
+            "DequantizeLinear",
+            "Reshape",
+            "QuantizeLinear",
+            "QLinearMatMul",
+            "DequantizeLinear",
+        ]  # fmt: skip
+    )
+    x = rng.uniform(-2, 2, (1, 8, 10, 10)).astype(np.float32)
+    folded = _run(graph, x)
+    # Unfolded, the float products of dequantized values land within a step or two of y's.
+    unfolded = _run(flowrt.onnx.load(model).graph, x)
+    np.testing.assert_allclose(unfolded, folded, atol=2 * 0.03 + 1e-6)
+    assert np.mean(unfolded != folded) < 0.1
+    if reduce_range:  # 7-bit weights: ONNX Runtime's u8s8 products are exact, and equal ours
+        np.testing.assert_array_equal(folded, _ort(model, x))
+    # (With full-range weights its AVX2 kernel saturates pairs of products; ours are exact.)
+
+
+def test_nothing_folds_where_no_backend_takes_the_quantized_layers():
+    model = qdq_conv_model(np.random.default_rng(4))
+    graph = flowrt.onnx.load(model).graph.copy()
+    before = _kinds(graph)
+    assert fold_qdq(graph, lambda *args: False) == []
+    assert _kinds(graph) == before
+    assert not [layer for layer in graph if layer.kind == "Constant" and not layer.outputs[0].connections]
+
+
+def test_on_cpu_ref_alone_optimize_leaves_the_groups_as_they_are():
+    model = qdq_conv_model(np.random.default_rng(5))
+    opt = flowrt.optimize(flowrt.onnx.load(model), backends=["CpuRef"])
+    assert "QLinearConv" not in {layer.kind for layer in opt.graph}
+    assert not any("QDQ" in p for p in opt.passes)
+
+
+def test_a_conv_whose_output_has_another_reader_is_left_float():
+    model = qdq_conv_model(np.random.default_rng(6))
+    model.graph.output.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, 16, 10, 10]))
+    graph = flowrt.onnx.load(model).graph.copy()
+    changes = fold_qdq(graph, _take_all)
+    assert [c.split()[4] for c in changes] == ["MatMul"]
+    assert "Conv" in _kinds(graph)
