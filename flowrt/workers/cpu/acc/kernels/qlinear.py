@@ -1,0 +1,258 @@
+"""QLinearConv and QLinearMatMul on uint8 activations and int8 weights: integer products with
+int32 accumulation (``int8_gemm``), requantized as they are stored.
+
+A layer's product is ``acc = sum((x - x_zp) * (w - w_zp))`` over its reduction, and its output
+``y = saturate(round_half_even(acc * x_scale * w_scale / y_scale) + y_zp)``. With the weights'
+zero points 0 (symmetric int8 weights, what quantize_static writes), the input's zero point
+folds into the bias once: ``acc = sum(x * w) - x_zp * sum(w)``, and the GEMM's epilogue does
+the rest. Otherwise each output also loses ``w_zp * sum(x - x_zp)`` over its column, added by
+a second pass over the int32 products.
+
+QLinearConv lays its input out as columns (im2col, the padding filled with ``x_zp``, which
+is zero after the subtraction) unless it is a 1x1 convolution of stride 1 without padding,
+whose input is its own column matrix. QLinearMatMul multiplies ``w^T @ a^T``: the weights
+(K, N), constant, are packed once as the left operand, with one scale per column.
+
+Taken: uint8 input and output, int8 weights, per-tensor input and output parameters, weights'
+scale and zero point per tensor or per output channel (per column), a 2-D convolution of one
+group, a MatMul by constant 2-D weights. The rest runs on CpuRef.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from flowrt.engine.graph.layers.conv import conv_kernel_shape, window_geometry
+from flowrt.errors import BackendError
+from flowrt.registry import Support, WorkloadInfo
+from flowrt.types import DataType
+from flowrt.workers.cpu.acc import int8_gemm
+from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
+from flowrt.workers.cpu.acc.kernels import acc_kernel
+
+D = DataType
+
+
+def _why_not(info: WorkloadInfo) -> str | None:
+    """Why CpuAcc declines the layer (see the module doc), or None."""
+    conv = info.kind == "QLinearConv"
+    x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero = (list(info.inputs) + [None] * 8)[:8]
+    if x is None or x.dtype is not D.UINT8 or w is None or w.dtype is not D.INT8:
+        return "uint8 data and int8 weights"
+    if y_zero is None or y_zero.dtype is not D.UINT8:
+        return "a uint8 output"
+    for param in (x_scale, x_zero, y_scale):
+        if param is None or param.num_elements != 1:
+            return "per-tensor input and output parameters"
+    if x.shape is None or w.shape is None:
+        return "known ranks"
+    if conv:
+        if len(x.shape) != 4 or info.descriptor.group != 1:
+            return "2-D convolutions of one group"
+    elif len(w.shape) != 2 or len(x.shape) < 2:
+        return "a MatMul by 2-D weights"
+    channels = w.shape[0] if conv else w.shape[1]
+    for param in (w_scale, w_zero):
+        if param is None or param.num_elements not in (1, channels):
+            return "weights' parameters per tensor or per output channel"
+    return None
+
+
+@njit(nogil=True, cache=True)
+def _im2col(
+    x, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left, out_w, fill, cols
+):
+    """``cols[(c, i, j), (oy, ox)] = x[c, oy * stride - pad + i * dilation, ...]``, ``fill``
+    where that falls outside ``x`` (C, H, W)."""
+    channels, height, width = x.shape
+    out_h = cols.shape[1] // out_w
+    for c in range(channels):
+        for i in range(kernel_h):
+            for j in range(kernel_w):
+                row = cols[(c * kernel_h + i) * kernel_w + j]
+                for oy in range(out_h):
+                    y = oy * stride_h - pad_top + i * dilation_h
+                    base = oy * out_w
+                    if y < 0 or y >= height:
+                        row[base : base + out_w] = fill
+                        continue
+                    for ox in range(out_w):
+                        col = ox * stride_w - pad_left + j * dilation_w
+                        row[base + ox] = x[c, y, col] if 0 <= col < width else fill
+
+
+@njit(nogil=True, cache=True)
+def _column_sums(cols, sums):
+    """``sums[n] = sum(cols[:, n])`` in int32."""
+    sums[:] = 0
+    for k in range(cols.shape[0]):
+        row = cols[k]
+        for n in range(cols.shape[1]):
+            sums[n] += np.int32(row[n])
+
+
+@njit(nogil=True, cache=True)
+def _requantize_corrected(acc, sums, w_zero, scale, zero, low, high, out):
+    """``out = clip(rint((acc - w_zero[m] * sums[n]) * scale[m]) + zero, low, high)``: the
+    products of weights with nonzero zero points (``acc`` holds the rest)."""
+    for m in range(acc.shape[0]):
+        for n in range(acc.shape[1]):
+            v = np.float32(acc[m, n] - w_zero[m] * sums[n]) * scale[m]
+            out[m, n] = np.uint8(min(max(np.rint(v) + zero, low), high))
+
+
+@njit(**NATIVE)
+def _qgemm_slice(s, _step, bounds, panels, kernel, m, x, bias, scale, zero, out):
+    """Slice ``s`` of :data:`QGEMM`: columns ``bounds[s] .. bounds[s + 1]`` of the product."""
+    int8_gemm.qgemm_columns(panels, kernel, m, x, bounds[s], bounds[s + 1], bias, scale, zero, 0, 255, out)
+
+
+QGEMM = SliceFunction(_qgemm_slice)
+
+# Multiply-adds below which a product runs on the calling thread alone: waking the other
+# workers costs more than they would save (a few microseconds on a shared 2-core machine).
+PARALLEL_WORK = 1 << 18
+
+
+def _column_bounds(columns: int, work: int, workers: int) -> np.ndarray:
+    """Slice boundaries over ``columns``, one slice per worker, on whole tiles of columns."""
+    tiles = -(-columns // int8_gemm.TILE_COLUMNS)
+    slices = 1 if work < PARALLEL_WORK else max(1, min(workers, tiles))
+    edges = [min(columns, (tiles * i // slices) * int8_gemm.TILE_COLUMNS) for i in range(slices + 1)]
+    edges[-1] = columns
+    return np.array(edges, np.int64)
+
+
+def _per_row(value, rows: int, dtype) -> np.ndarray:
+    """A per-tensor or per-row parameter as one value per row."""
+    flat = np.asarray(value).reshape(-1).astype(dtype)
+    return np.broadcast_to(flat, (rows,)).copy() if flat.size == 1 else flat
+
+
+class _Parameters:
+    """What the GEMM needs of a layer's scales and zero points (inputs, read at each run; made
+    once while they are the same arrays): per output row, the requantization scale and the
+    int32 bias with the zero-point terms folded in."""
+
+    def __init__(self, packed, rows: int, reduction: int, bias) -> None:
+        self.packed, self.rows, self.reduction, self.bias = packed, rows, reduction, bias
+        self._key: tuple | None = None
+
+    def __call__(self, x_scale, x_zero, w_scale, w_zero, y_scale, y_zero):
+        key = tuple(np.asarray(v).tobytes() for v in (x_scale, x_zero, w_scale, w_zero, y_scale, y_zero))
+        if key != self._key:
+            x_zp = np.int64(np.asarray(x_zero).reshape(()))
+            w_zp = _per_row(w_zero, self.rows, np.int64)
+            multiplier = np.float32(np.asarray(x_scale).reshape(())) * _per_row(
+                w_scale, self.rows, np.float32
+            )
+            scale = (multiplier / np.float32(np.asarray(y_scale).reshape(()))).astype(np.float32)
+            bias = np.zeros(self.rows, np.int64) if self.bias is None else self.bias.astype(np.int64)
+            # sum((x - xz) * (w - wz)) = sum(x * w) - xz * sum(w) - wz * sum(x) + K * xz * wz
+            bias = bias - x_zp * self.packed.row_sums.astype(np.int64) + self.reduction * x_zp * w_zp
+            self._values = (
+                bias.astype(np.int32),
+                scale,
+                int(np.asarray(y_zero).reshape(())),
+                w_zp.astype(np.int32) if np.any(w_zp) else None,
+            )
+            self._key = key
+        return self._values
+
+
+def _gemm(packed, params, cols, out, workers: int) -> None:
+    """``out (M, N) uint8 = requantized(W @ cols)``, its columns split across ``workers``; with
+    nonzero weight zero points, through int32 products and :func:`_requantize_corrected`."""
+    bias, scale, zero, w_zero = params
+    columns = cols.shape[1]
+    if w_zero is None:
+        bounds = _column_bounds(columns, packed.m * packed.k * columns, workers)
+        args = (bounds, packed.panels, packed.kernel, packed.m, cols, bias, scale, zero, out)
+        QGEMM.run(bounds.shape[0] - 1, args)
+        return
+    acc = np.empty(out.shape, np.int32)
+    int8_gemm.igemm(packed, cols, 0, columns, bias, acc)
+    sums = np.empty(columns, np.int32)
+    _column_sums(cols, sums)
+    _requantize_corrected(acc, sums, w_zero, scale, np.float32(zero), np.float32(0), np.float32(255), out)
+
+
+@acc_kernel("QLinearConv", "QLinearMatMul")
+class QLinearKernel:
+    """QLinearConv or QLinearMatMul (see the module doc)."""
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        why = _why_not(info)
+        if why is not None:
+            return Support.no(f"CpuAcc {info.kind} takes {why} only")
+        return Support.yes()
+
+    def __init__(self, info: WorkloadInfo, workers: int) -> None:
+        if info.activation is not None:
+            raise BackendError(f"CpuAcc {info.kind} {info.layer_name!r} cannot apply a fused activation")
+        self.info, self.workers = info, workers
+        self.conv = info.kind == "QLinearConv"
+        constants = list(info.constants) + [None] * 9
+        w = constants[3]
+        if w is None:
+            raise BackendError(f"CpuAcc {info.kind} {info.layer_name!r} needs constant weights, got an input")
+        if self.conv:
+            self.filters = w.shape[0]
+            weights = w.reshape(self.filters, -1)
+            kernel = conv_kernel_shape(info.descriptor, w.shape, info.kind)
+            self.kernel = (int(kernel[0]), int(kernel[1]))  # type: ignore[arg-type]  # constant weights: ints
+            self.desc = info.descriptor
+        else:
+            self.filters = w.shape[1]
+            weights = np.ascontiguousarray(w.T)
+        self.reduction = weights.shape[1]
+        self.packed = int8_gemm.pack_weights(np.ascontiguousarray(weights))
+        bias = constants[8] if self.conv else None
+        if self.conv and len(info.inputs) > 8 and info.inputs[8] is not None and bias is None:
+            raise BackendError(f"CpuAcc QLinearConv {info.layer_name!r} needs a constant bias, got an input")
+        self.params = _Parameters(self.packed, self.filters, self.reduction, bias)
+
+    def execute(self, inputs, outputs=None):
+        params = self.params(*(inputs[i] for i in (1, 2, 4, 5, 6, 7)))
+        x = np.asarray(inputs[0])
+        if not self.conv:
+            return [self._matmul(x, params, outputs)]
+        return [self._conv(x, np.uint8(np.asarray(inputs[2]).reshape(())), params, outputs)]
+
+    def _conv(self, x, zero, params, outputs):
+        batch, _, height, width = x.shape
+        geometry = window_geometry(self.desc, (height, width), self.kernel)
+        out_h, out_w = geometry.out
+        assert out_h is not None and out_w is not None  # the input's sizes are known here
+        out = np.empty((batch, self.filters, out_h, out_w), np.uint8) if outputs is None else outputs[0]
+        kernel_h, kernel_w = self.kernel
+        direct = (
+            self.kernel == (1, 1)
+            and geometry.strides == (1, 1)
+            and not any(geometry.pads_begin)
+            and not any(geometry.pads_end)
+        )
+        cols = None if direct else np.empty((self.reduction, out_h * out_w), np.uint8)
+        for b in range(batch):
+            image = np.ascontiguousarray(x[b])
+            if cols is None:
+                source = image.reshape(image.shape[0], -1)
+            else:
+                _im2col(
+                    image, kernel_h, kernel_w, *geometry.strides, *geometry.dilations,
+                    geometry.pads_begin[0], geometry.pads_begin[1], out_w, zero, cols,
+                )  # fmt: skip
+                source = cols
+            _gemm(self.packed, params, source, out[b].reshape(self.filters, -1), self.workers)
+        return out
+
+    def _matmul(self, x, params, outputs):
+        rows = x.reshape(-1, x.shape[-1])
+        out = np.empty((*x.shape[:-1], self.filters), np.uint8) if outputs is None else outputs[0]
+        columns = np.ascontiguousarray(rows.T)  # (K, rows): the GEMM's right operand
+        product = np.empty((self.filters, rows.shape[0]), np.uint8)
+        _gemm(self.packed, params, columns, product, self.workers)
+        out.reshape(-1, self.filters)[...] = product.T
+        return out

@@ -1,0 +1,166 @@
+"""CpuAcc QLinearConv and QLinearMatMul against CpuRef (exact where the requantization scale
+is a power of two, within one step otherwise), other forms declined; a QDQ model through the
+public API folds onto them and matches ONNX Runtime."""
+
+import numpy as np
+import onnxruntime
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from qdqmodels import qdq_conv_model
+
+import flowrt
+from flowrt.registry import WorkloadInfo
+from flowrt.types import TensorInfo
+from flowrt.workers.cpu.acc.kernels import load_all as acc_kernels
+from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
+
+
+def _run_both(kind, desc, inputs, workers=2, given_outputs=False):
+    expected = ref_kernels()[kind](desc, *inputs)
+    infos = tuple(None if a is None else TensorInfo.of(np.asarray(a)) for a in inputs)
+    constants = tuple(np.asarray(a) if i >= 1 else None for i, a in enumerate(inputs))
+    info = WorkloadInfo("layer", kind, desc, infos, (TensorInfo.of(expected),), constants)
+    assert acc_kernels()[kind].supports(info).supported
+    outputs = [np.empty(expected.shape, expected.dtype)] if given_outputs else None
+    (got,) = acc_kernels()[kind](info, workers).execute(inputs, outputs)
+    if given_outputs:
+        assert got is outputs[0]
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    return got, expected
+
+
+def _params(rng, filters, per_channel, w_zero, exact):
+    """x_scale, x_zp, w_scale, w_zp, y_scale, y_zp; powers of two when ``exact``."""
+    count = filters if per_channel else 1
+    if exact:
+        w_scale = (2.0 ** rng.integers(-9, -5, count)).astype(np.float32)
+        x_scale, y_scale = np.float32(2.0**-6), np.float32(2.0**-3)
+    else:
+        w_scale = rng.uniform(0.001, 0.01, count).astype(np.float32)
+        x_scale, y_scale = np.float32(0.0173), np.float32(0.0911)
+    w_zp = rng.integers(-3, 4, count).astype(np.int8) if w_zero else np.zeros(count, np.int8)
+    if not per_channel:
+        w_scale, w_zp = w_scale.reshape(()), w_zp.reshape(())
+    return x_scale, np.uint8(rng.integers(0, 256)), w_scale, w_zp, y_scale, np.uint8(rng.integers(0, 256))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    channels=st.integers(1, 20),
+    filters=st.integers(1, 20),
+    size=st.integers(1, 11),
+    kernel=st.sampled_from([1, 2, 3, 5]),
+    stride=st.sampled_from([1, 2]),
+    dilation=st.sampled_from([1, 2]),
+    pad=st.integers(0, 2),
+    batch=st.integers(1, 2),
+    per_channel=st.booleans(),
+    w_zero=st.booleans(),
+    with_bias=st.booleans(),
+    full_range=st.booleans(),
+    given_outputs=st.booleans(),
+)
+def test_qlinear_conv_matches_cpuref(
+    seed, channels, filters, size, kernel, stride, dilation, pad, batch, per_channel, w_zero, with_bias,
+    full_range, given_outputs,
+):  # fmt: skip
+    rng = np.random.default_rng(seed)
+    span = (kernel - 1) * dilation + 1
+    if size + 2 * pad < span:
+        pad = (span - size + 1) // 2
+    x = rng.integers(0, 256, (batch, channels, size, size)).astype(np.uint8)
+    limit = 127 if full_range else 63
+    w = rng.integers(-limit - 1, limit + 1, (filters, channels, kernel, kernel)).astype(np.int8)
+    x_scale, x_zp, w_scale, w_zp, y_scale, y_zp = _params(rng, filters, per_channel, w_zero, exact=True)
+    inputs = [x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp]
+    if with_bias:
+        inputs.append(rng.integers(-5000, 5000, filters).astype(np.int32))
+    desc = flowrt.descriptors.QLinearConv(
+        pads=(pad,) * 4, strides=(stride, stride), dilations=(dilation, dilation)
+    )
+    got, expected = _run_both("QLinearConv", desc, inputs, given_outputs=given_outputs)
+    np.testing.assert_array_equal(got, expected)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    rows=st.integers(1, 40),
+    reduction=st.integers(1, 70),
+    columns=st.integers(1, 40),
+    leading=st.sampled_from([(), (2,), (2, 3)]),
+    per_column=st.booleans(),
+    w_zero=st.booleans(),
+)
+def test_qlinear_matmul_matches_cpuref(seed, rows, reduction, columns, leading, per_column, w_zero):
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, 256, (*leading, rows, reduction)).astype(np.uint8)
+    b = rng.integers(-128, 128, (reduction, columns)).astype(np.int8)
+    a_scale, a_zp, b_scale, b_zp, y_scale, y_zp = _params(rng, columns, per_column, w_zero, exact=True)
+    inputs = [a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp]
+    got, expected = _run_both("QLinearMatMul", flowrt.descriptors.QLinearMatMul(), inputs)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_any_scale_is_within_one_step_of_cpuref():
+    rng = np.random.default_rng(7)
+    x = rng.integers(0, 256, (1, 16, 9, 9)).astype(np.uint8)
+    w = rng.integers(-64, 64, (24, 16, 3, 3)).astype(np.int8)
+    params = _params(rng, 24, True, False, exact=False)
+    inputs = [x, params[0], params[1], w, *params[2:], rng.integers(-999, 999, 24).astype(np.int32)]
+    got, expected = _run_both("QLinearConv", flowrt.descriptors.QLinearConv(pads=(1, 1, 1, 1)), inputs)
+    difference = got.astype(np.int16) - expected
+    assert np.abs(difference).max() <= 1
+    assert np.mean(difference != 0) < 0.01  # float32 requantization, as ONNX Runtime's
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"group": 2}, "one group"),
+        ({"x": np.int8}, "uint8 data"),
+    ],
+)
+def test_other_forms_are_declined(change, reason):
+    x = np.zeros((1, 4, 5, 5), change.get("x", np.uint8))
+    w = np.zeros((4, 4 // change.get("group", 1), 3, 3), np.int8)
+    inputs = [
+        x,
+        np.float32(1),
+        np.zeros((), x.dtype),
+        w,
+        np.float32(1),
+        np.int8(0),
+        np.float32(1),
+        np.uint8(0),
+    ]
+    infos = tuple(TensorInfo.of(np.asarray(a)) for a in inputs)
+    desc = flowrt.descriptors.QLinearConv(group=change.get("group", 1))
+    info = WorkloadInfo(
+        "layer", "QLinearConv", desc, infos, (TensorInfo((1, 4, 3, 3), flowrt.DataType.UINT8),)
+    )
+    support = acc_kernels()["QLinearConv"].supports(info)
+    assert not support.supported and reason in support.reason
+
+
+def test_a_qdq_model_folds_onto_cpuacc_and_matches_onnx_runtime():
+    rng = np.random.default_rng(11)
+    model = qdq_conv_model(rng, channels=16, filters=32, size=14)
+    opt = flowrt.optimize(flowrt.onnx.load(model), backends=["CpuAcc", "CpuRef"])
+    placed = {
+        layer.kind: opt.decisions[layer.name].backend for layer in opt.graph if layer.name in opt.decisions
+    }
+    assert placed["QLinearConv"] == "CpuAcc" and placed["QLinearMatMul"] == "CpuAcc"
+    assert sum("folded QDQ group" in p for p in opt.passes) == 2
+    x = rng.uniform(-2, 2, (1, 16, 14, 14)).astype(np.float32)
+
+    async def main():
+        async with flowrt.Runtime() as rt:
+            return (await (await rt.load(opt)).run({"x": x}))["y"]
+
+    got = trio.run(main)
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(got, session.run(None, {"x": x})[0])
