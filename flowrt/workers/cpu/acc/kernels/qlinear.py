@@ -59,27 +59,78 @@ def _why_not(info: WorkloadInfo) -> str | None:
     return None
 
 
-@njit(nogil=True, cache=True)
-def _im2col(
-    x, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left, out_w, fill, cols
-):
-    """``cols[(c, i, j), (oy, ox)] = x[c, oy * stride - pad + i * dilation, ...]``, ``fill``
-    where that falls outside ``x`` (C, H, W)."""
-    channels, height, width = x.shape
+@njit(nogil=True, cache=True, inline="always")
+def _copy(target, at, source, start, count):
+    """``target[at : at + count] = source[start : start + count]`` as a loop LLVM vectorizes
+    (numba's slice assignment copies byte by byte: 30x slower)."""
+    into, out_of = target[at : at + count], source[start : start + count]
+    for k in range(count):  # indices a range gives: no check for negative ones, so it vectorizes
+        into[k] = out_of[k]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _shifted_rows(flat, row, dy, dx, width, height, fill):
+    """One im2col row of a stride-1 window whose output is as wide as the input: the input
+    (flat) shifted by ``dy`` rows and ``dx`` columns, one long copy, then ``fill`` where that
+    crossed the top, bottom, left or right edge."""
+    out_h = row.shape[0] // width
+    first = min(out_h, max(0, -dy))  # output rows whose input row is inside
+    last = max(first, min(out_h, height - dy))
+    row[: first * width] = fill
+    row[last * width :] = fill
+    if last > first:
+        start = (first + dy) * width + dx
+        begin, end = first * width, last * width
+        low, high = max(begin, -start + begin), min(end, flat.shape[0] - start + begin)
+        row[begin:low] = fill
+        row[high:end] = fill
+        _copy(row, low, flat, start + low - begin, high - low)
+        for oy in range(first, last):  # the columns shifted across the left or right edge
+            base = oy * width
+            if dx < 0:
+                row[base : base + min(width, -dx)] = fill
+            elif dx > 0:
+                row[base + max(0, width - dx) : base + width] = fill
+
+
+@njit(**NATIVE)
+def _im2col_slice(s, _step, bounds, x, geometry, out_w, fill, cols):
+    """Slice ``s`` of :data:`IM2COL`: for channels ``bounds[s] .. bounds[s + 1]``,
+    ``cols[(c, i, j), (oy, ox)] = x[c, oy * stride - pad + i * dilation, ...]``, ``fill`` where
+    that falls outside ``x`` (C, H, W). ``geometry``: kernel, stride, dilation and leading pad,
+    height then width. A row's inside part is one strided copy, its edges fills."""
+    kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left = geometry
+    height, width = x.shape[1], x.shape[2]
     out_h = cols.shape[1] // out_w
-    for c in range(channels):
-        for i in range(kernel_h):
-            for j in range(kernel_w):
+    for c in range(bounds[s], bounds[s + 1]):
+        for j in range(kernel_w):
+            shift = j * dilation_w - pad_left  # input column of output column ox: ox * stride + shift
+            first = min(out_w, max(0, -(shift // stride_w)))  # first ox inside the input
+            last = min(out_w, max(first, (width - 1 - shift) // stride_w + 1)) if width > shift else first
+            for i in range(kernel_h):
                 row = cols[(c * kernel_h + i) * kernel_w + j]
+                if stride_w == 1 and stride_h == 1 and out_w == width:
+                    _shifted_rows(x[c].reshape(-1), row, i * dilation_h - pad_top, shift, width, height, fill)
+                    continue
                 for oy in range(out_h):
                     y = oy * stride_h - pad_top + i * dilation_h
                     base = oy * out_w
                     if y < 0 or y >= height:
                         row[base : base + out_w] = fill
                         continue
-                    for ox in range(out_w):
-                        col = ox * stride_w - pad_left + j * dilation_w
-                        row[base + ox] = x[c, y, col] if 0 <= col < width else fill
+                    row[base : base + first] = fill
+                    row[base + last : base + out_w] = fill
+                    start = first * stride_w + shift
+                    source = x[c, y]
+                    if stride_w == 1:
+                        _copy(row, base + first, source, start, last - first)
+                        continue
+                    into, out_of = row[base + first : base + last], source[start:]
+                    for t in range(last - first):  # range indices: no negative-index checks
+                        into[t] = out_of[t * stride_w]
+
+
+IM2COL = SliceFunction(_im2col_slice)
 
 
 @njit(nogil=True, cache=True)
@@ -235,15 +286,18 @@ class QLinearKernel:
             and not any(geometry.pads_end)
         )
         cols = None if direct else np.empty((self.reduction, out_h * out_w), np.uint8)
+        layout = (
+            kernel_h, kernel_w, *geometry.strides, *geometry.dilations, geometry.pads_begin[0], geometry.pads_begin[1]
+        )  # fmt: skip
+        channels = x.shape[1]
+        slices = 1 if cols is None or cols.size < PARALLEL_WORK else min(self.workers, channels)
+        channel_bounds = np.array([channels * i // slices for i in range(slices + 1)], np.int64)
         for b in range(batch):
             image = np.ascontiguousarray(x[b])
             if cols is None:
                 source = image.reshape(image.shape[0], -1)
             else:
-                _im2col(
-                    image, kernel_h, kernel_w, *geometry.strides, *geometry.dilations,
-                    geometry.pads_begin[0], geometry.pads_begin[1], out_w, zero, cols,
-                )  # fmt: skip
+                IM2COL.run(channel_bounds.shape[0] - 1, (channel_bounds, image, layout, out_w, zero, cols))
                 source = cols
             _gemm(self.packed, params, source, out[b].reshape(self.filters, -1), self.workers)
         return out
