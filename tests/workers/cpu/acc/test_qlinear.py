@@ -164,3 +164,36 @@ def test_a_qdq_model_folds_onto_cpuacc_and_matches_onnx_runtime():
     got = trio.run(main)
     session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_array_equal(got, session.run(None, {"x": x})[0])
+
+
+@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize(
+    ("channels", "filters", "size", "stride"),
+    [
+        (32, 70, 28, 1),  # many column tiles: the columns split across the workers
+        (64, 90, 7, 1),  # 49 pixels: the rows (weights) split instead
+        (3, 24, 200, 2),  # a stem: few channels, strided im2col split by kernel rows
+    ],
+)
+def test_large_layers_split_across_workers_exactly(monkeypatch, portable, channels, filters, size, stride):
+    if portable:  # the loops machines without AVX2 run (weights unpacked, a row per unit)
+        monkeypatch.setattr("flowrt.workers.cpu.acc.int8_gemm.AVAILABLE", False)
+    rng = np.random.default_rng(channels)
+    x = rng.integers(0, 256, (1, channels, size, size)).astype(np.uint8)
+    w = rng.integers(-64, 65, (filters, channels, 3, 3)).astype(np.int8)
+    x_scale, x_zp, w_scale, w_zp, y_scale, y_zp = _params(rng, filters, True, False, exact=True)
+    inputs = [
+        x,
+        x_scale,
+        x_zp,
+        w,
+        w_scale,
+        w_zp,
+        y_scale,
+        y_zp,
+        rng.integers(-99, 99, filters).astype(np.int32),
+    ]
+    desc = flowrt.descriptors.QLinearConv(pads=(1, 1, 1, 1), strides=(stride, stride))
+    for workers in (2, 3):
+        got, expected = _run_both("QLinearConv", desc, inputs, workers=workers)
+        np.testing.assert_array_equal(got, expected)

@@ -95,39 +95,39 @@ def _shifted_rows(flat, row, dy, dx, width, height, fill):
 
 @njit(**NATIVE)
 def _im2col_slice(s, _step, bounds, x, geometry, out_w, fill, cols):
-    """Slice ``s`` of :data:`IM2COL`: for channels ``bounds[s] .. bounds[s + 1]``,
-    ``cols[(c, i, j), (oy, ox)] = x[c, oy * stride - pad + i * dilation, ...]``, ``fill`` where
-    that falls outside ``x`` (C, H, W). ``geometry``: kernel, stride, dilation and leading pad,
-    height then width. A row's inside part is one strided copy, its edges fills."""
+    """Slice ``s`` of :data:`IM2COL`: for the (channel, kernel row) pairs ``bounds[s] ..
+    bounds[s + 1]``, ``cols[(c, i, j), (oy, ox)] = x[c, oy * stride - pad + i * dilation, ...]``,
+    ``fill`` where that falls outside ``x`` (C, H, W). ``geometry``: kernel, stride, dilation
+    and leading pad, height then width. A row's inside part is one strided copy, its edges fills."""
     kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left = geometry
     height, width = x.shape[1], x.shape[2]
     out_h = cols.shape[1] // out_w
-    for c in range(bounds[s], bounds[s + 1]):
+    for pair in range(bounds[s], bounds[s + 1]):
+        c, i = pair // kernel_h, pair % kernel_h
         for j in range(kernel_w):
             shift = j * dilation_w - pad_left  # input column of output column ox: ox * stride + shift
             first = min(out_w, max(0, -(shift // stride_w)))  # first ox inside the input
             last = min(out_w, max(first, (width - 1 - shift) // stride_w + 1)) if width > shift else first
-            for i in range(kernel_h):
-                row = cols[(c * kernel_h + i) * kernel_w + j]
-                if stride_w == 1 and stride_h == 1 and out_w == width:
-                    _shifted_rows(x[c].reshape(-1), row, i * dilation_h - pad_top, shift, width, height, fill)
+            row = cols[(c * kernel_h + i) * kernel_w + j]
+            if stride_w == 1 and stride_h == 1 and out_w == width:
+                _shifted_rows(x[c].reshape(-1), row, i * dilation_h - pad_top, shift, width, height, fill)
+                continue
+            for oy in range(out_h):
+                y = oy * stride_h - pad_top + i * dilation_h
+                base = oy * out_w
+                if y < 0 or y >= height:
+                    row[base : base + out_w] = fill
                     continue
-                for oy in range(out_h):
-                    y = oy * stride_h - pad_top + i * dilation_h
-                    base = oy * out_w
-                    if y < 0 or y >= height:
-                        row[base : base + out_w] = fill
-                        continue
-                    row[base : base + first] = fill
-                    row[base + last : base + out_w] = fill
-                    start = first * stride_w + shift
-                    source = x[c, y]
-                    if stride_w == 1:
-                        _copy(row, base + first, source, start, last - first)
-                        continue
-                    into, out_of = row[base + first : base + last], source[start:]
-                    for t in range(last - first):  # range indices: no negative-index checks
-                        into[t] = out_of[t * stride_w]
+                row[base : base + first] = fill
+                row[base + last : base + out_w] = fill
+                start = first * stride_w + shift
+                source = x[c, y]
+                if stride_w == 1:
+                    _copy(row, base + first, source, start, last - first)
+                    continue
+                into, out_of = row[base + first : base + last], source[start:]
+                for t in range(last - first):  # range indices: no negative-index checks
+                    into[t] = out_of[t * stride_w]
 
 
 IM2COL = SliceFunction(_im2col_slice)
@@ -154,9 +154,17 @@ def _requantize_corrected(acc, sums, w_zero, scale, zero, low, high, out):
 
 
 @njit(**NATIVE)
-def _qgemm_slice(s, _step, bounds, panels, kernel, m, x, bias, scale, zero, out):
-    """Slice ``s`` of :data:`QGEMM`: columns ``bounds[s] .. bounds[s + 1]`` of the product."""
-    int8_gemm.qgemm_columns(panels, kernel, m, x, bounds[s], bounds[s + 1], bias, scale, zero, 0, 255, out)
+def _qgemm_slice(s, _step, rows, columns, panels, unit_bytes, kernel, x, bias, scale, zero, out):
+    """Slice ``s`` of :data:`QGEMM`: one block of rows ``rows[r] .. rows[r + 1]`` (whole
+    panels) by one range of columns ``columns[c] .. columns[c + 1]`` of the product."""
+    r, c = s // (columns.shape[0] - 1), s % (columns.shape[0] - 1)
+    first, last = rows[r], rows[r + 1]
+    unit = 1 if kernel == int8_gemm.PORTABLE else int8_gemm.TILE_ROWS  # rows of a panel
+    weights = panels[(first // unit) * unit_bytes : -(-last // unit) * unit_bytes]
+    int8_gemm.qgemm_columns(
+        weights, kernel, last - first, x, columns[c], columns[c + 1], bias[first:last], scale[first:last],
+        zero, 0, 255, out[first:last],
+    )  # fmt: skip
 
 
 QGEMM = SliceFunction(_qgemm_slice)
@@ -166,13 +174,25 @@ QGEMM = SliceFunction(_qgemm_slice)
 PARALLEL_WORK = 1 << 18
 
 
-def _column_bounds(columns: int, work: int, workers: int) -> np.ndarray:
-    """Slice boundaries over ``columns``, one slice per worker, on whole tiles of columns."""
-    tiles = -(-columns // int8_gemm.TILE_COLUMNS)
-    slices = 1 if work < PARALLEL_WORK else max(1, min(workers, tiles))
-    edges = [min(columns, (tiles * i // slices) * int8_gemm.TILE_COLUMNS) for i in range(slices + 1)]
-    edges[-1] = columns
+def _split(size: int, unit: int, parts: int) -> np.ndarray:
+    """Boundaries of ``parts`` ranges over ``size``, each a whole number of ``unit`` but the last."""
+    units = -(-size // unit)
+    parts = max(1, min(parts, units))
+    edges = [min(size, (units * i // parts) * unit) for i in range(parts + 1)]
+    edges[-1] = size
     return np.array(edges, np.int64)
+
+
+def _gemm_slices(packed, columns: int, workers: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row bounds, column bounds) of a product's slices: its columns split across the
+    workers, or, with fewer column tiles than two per worker (a late layer's few pixels), its
+    rows: each worker then streams part of the weights instead of all of them."""
+    if packed.m * packed.k * columns < PARALLEL_WORK or workers == 1:
+        return np.array([0, packed.m], np.int64), np.array([0, columns], np.int64)
+    if -(-columns // int8_gemm.TILE_COLUMNS) >= 2 * workers:
+        return np.array([0, packed.m], np.int64), _split(columns, int8_gemm.TILE_COLUMNS, workers)
+    unit = 1 if packed.kernel == int8_gemm.PORTABLE else int8_gemm.TILE_ROWS
+    return _split(packed.m, unit, workers), np.array([0, columns], np.int64)
 
 
 def _per_row(value, rows: int, dtype) -> np.ndarray:
@@ -218,9 +238,11 @@ def _gemm(packed, params, cols, out, workers: int) -> None:
     bias, scale, zero, w_zero = params
     columns = cols.shape[1]
     if w_zero is None:
-        bounds = _column_bounds(columns, packed.m * packed.k * columns, workers)
-        args = (bounds, packed.panels, packed.kernel, packed.m, cols, bias, scale, zero, out)
-        QGEMM.run(bounds.shape[0] - 1, args)
+        rows, column_bounds = _gemm_slices(packed, columns, workers)
+        unit = 1 if packed.kernel == int8_gemm.PORTABLE else int8_gemm.TILE_ROWS
+        unit_bytes = packed.panels.shape[0] // max(1, -(-packed.m // unit))
+        args = (rows, column_bounds, packed.panels, unit_bytes, packed.kernel, cols, bias, scale, zero, out)
+        QGEMM.run((rows.shape[0] - 1) * (column_bounds.shape[0] - 1), args)
         return
     acc = np.empty(out.shape, np.int32)
     int8_gemm.igemm(packed, cols, 0, columns, bias, acc)
@@ -289,15 +311,15 @@ class QLinearKernel:
         layout = (
             kernel_h, kernel_w, *geometry.strides, *geometry.dilations, geometry.pads_begin[0], geometry.pads_begin[1]
         )  # fmt: skip
-        channels = x.shape[1]
-        slices = 1 if cols is None or cols.size < PARALLEL_WORK else min(self.workers, channels)
-        channel_bounds = np.array([channels * i // slices for i in range(slices + 1)], np.int64)
+        pairs = x.shape[1] * kernel_h  # (channel, kernel row): im2col's units of work
+        slices = 1 if cols is None or cols.size < PARALLEL_WORK else min(self.workers, pairs)
+        pair_bounds = np.array([pairs * i // slices for i in range(slices + 1)], np.int64)
         for b in range(batch):
             image = np.ascontiguousarray(x[b])
             if cols is None:
                 source = image.reshape(image.shape[0], -1)
             else:
-                IM2COL.run(channel_bounds.shape[0] - 1, (channel_bounds, image, layout, out_w, zero, cols))
+                IM2COL.run(pair_bounds.shape[0] - 1, (pair_bounds, image, layout, out_w, zero, cols))
                 source = cols
             _gemm(self.packed, params, source, out[b].reshape(self.filters, -1), self.workers)
         return out
