@@ -75,6 +75,7 @@ TILE_COLUMNS = 8 * _VECTORS
 # Bytes of packed x per step of k (4 k of 16 columns of bytes, or 2 k of 16 columns of int16).
 GROUP_BYTES = 4 * TILE_COLUMNS
 SEVEN_BITS = 64  # the largest |w| of which vpmaddubsw's pair sums stay in int16 (2 * 255 * 64)
+CHUNK_BYTES = 256 * 1024  # packed columns multiplied by each panel in turn: half an L2
 PORTABLE_COLUMNS = 512  # columns summed at once by the portable loops (their int32 row in L1)
 
 
@@ -365,13 +366,14 @@ def _portable_columns(w, m, x, n0, n1, bias, scale, zero, low, high, out):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _tile(kernel, packed, panels, r, steps, bias, scale, zero, low, high, out, out_at, ldo):
-    """Rows ``r .. r + TILE_ROWS`` (a panel) by the packed columns, by ``kernel``'s tile."""
+def _tile(kernel, packed, x_at, panels, r, steps, bias, scale, zero, low, high, out, out_at, ldo):
+    """Rows ``r .. r + TILE_ROWS`` (a panel) by the block of columns packed at ``x_at``, by
+    ``kernel``'s tile."""
     w_at = r * steps * 4
     if kernel == MADDUBS:
-        _maddubs_tile(packed, 0, panels, w_at, steps, bias, scale, r, zero, low, high, out, out_at, ldo)
+        _maddubs_tile(packed, x_at, panels, w_at, steps, bias, scale, r, zero, low, high, out, out_at, ldo)
     else:
-        _int16_tile(packed, 0, panels, w_at, steps, bias, scale, r, zero, low, high, out, out_at, ldo)
+        _int16_tile(packed, x_at, panels, w_at, steps, bias, scale, r, zero, low, high, out, out_at, ldo)
 
 
 @njit(nogil=True, cache=True)
@@ -390,35 +392,35 @@ def _columns(panels, kernel, m, x, n0, n1, bias, scale, zero, low, high, out):
     for i in range(m):
         row_bias[i], row_scale[i] = bias[i], scale[i]
     ldo = out.strides[0] // out.itemsize
-    packed = np.empty(steps * GROUP_BYTES, np.uint8)
+    block_bytes = steps * GROUP_BYTES
+    # Blocks packed at once, then each panel of weights by all of them: the weights stream
+    # from memory once per chunk of columns (once for a late layer's few pixels), the
+    # packed blocks stay in L2.
+    chunk = max(1, min(-(-(n1 - n0) // TILE_COLUMNS), CHUNK_BYTES // max(1, block_bytes)))
+    packed = np.empty(chunk * block_bytes, np.uint8)
     edge = np.empty((TILE_ROWS, TILE_COLUMNS), out.dtype)
-    for q in range(n0, n1, TILE_COLUMNS):
-        columns = min(TILE_COLUMNS, n1 - q)
-        _pack_columns(x, q, columns, depth, packed)
+    for q0 in range(n0, n1, chunk * TILE_COLUMNS):
+        q1 = min(n1, q0 + chunk * TILE_COLUMNS)
+        for q in range(q0, q1, TILE_COLUMNS):
+            at = (q - q0) // TILE_COLUMNS * block_bytes
+            _pack_columns(x, q, min(TILE_COLUMNS, q1 - q), depth, packed[at : at + block_bytes])
         for r in range(0, m, TILE_ROWS):
-            if r + TILE_ROWS <= m and columns == TILE_COLUMNS:
+            for q in range(q0, q1, TILE_COLUMNS):
+                at = (q - q0) // TILE_COLUMNS * block_bytes
+                columns = min(TILE_COLUMNS, q1 - q)
+                if r + TILE_ROWS <= m and columns == TILE_COLUMNS:
+                    _tile(
+                        kernel, packed, at, panels, r, steps, row_bias, row_scale, zero, low, high, out,
+                        r * ldo + q, ldo,
+                    )  # fmt: skip
+                    continue
                 _tile(
-                    kernel,
-                    packed,
-                    panels,
-                    r,
-                    steps,
-                    row_bias,
-                    row_scale,
-                    zero,
-                    low,
-                    high,
-                    out,
-                    r * ldo + q,
-                    ldo,
-                )
-                continue
-            _tile(
-                kernel, packed, panels, r, steps, row_bias, row_scale, zero, low, high, edge, 0, TILE_COLUMNS
-            )
-            for i in range(min(TILE_ROWS, m - r)):
-                for j in range(columns):
-                    out[r + i, q + j] = edge[i, j]
+                    kernel, packed, at, panels, r, steps, row_bias, row_scale, zero, low, high, edge, 0,
+                    TILE_COLUMNS,
+                )  # fmt: skip
+                for i in range(min(TILE_ROWS, m - r)):
+                    for j in range(columns):
+                        out[r + i, q + j] = edge[i, j]
 
 
 @njit(nogil=True, cache=True)
