@@ -58,6 +58,7 @@ __all__ = [
     "pack_weights",
     "qgemm",
     "qgemm_columns",
+    "qgemm_rows",
     "row_sums",
 ]
 
@@ -185,8 +186,9 @@ def _interleave_words(typingctx, x, x_at, ldx, packed, packed_at):
     )
 
 
-def _emit_tile(context, builder, signature, args, pairs: bool):
-    """The IR of :func:`_maddubs_tile` (``pairs`` False) or :func:`_int16_tile`."""
+def _emit_tile(context, builder, signature, args, pairs: bool, across: bool = False):
+    """The IR of :func:`_maddubs_tile` (``pairs`` False) or :func:`_int16_tile`; ``across``:
+    of :func:`_maddubs_tile_across` or :func:`_int16_tile_across`."""
     if not _HOST_AVX2:  # never called there (see _HOST_AVX2)
         return context.get_dummy_value()
     packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo = args
@@ -260,6 +262,9 @@ def _emit_tile(context, builder, signature, args, pairs: bool):
     requantize = signature.args[11].dtype == types.uint8  # else int32: acc + bias as it is
     roundeven = _intrinsic_function(builder, "llvm.roundeven.v8f32", floats, [floats])
     zeros_f, lows, highs = (broadcast(value, floats) for value in (zero, low, high))
+    if across:
+        _store_across(builder, totals, bias_ptr, scale_ptr, out_ptr, ldo, zero, low, high, broadcast)
+        return context.get_dummy_value()
     for i in range(TILE_ROWS):
         row_bias = broadcast(builder.load(builder.gep(bias_ptr, [ir.Constant(i64, i)])), accumulator)
         row_scale = broadcast(builder.load(builder.gep(scale_ptr, [ir.Constant(i64, i)])), floats)
@@ -279,6 +284,46 @@ def _emit_tile(context, builder, signature, args, pairs: bool):
             stored = builder.trunc(builder.fptosi(value, accumulator), ir.VectorType(i8, lanes))
             builder.store(stored, builder.bitcast(place, stored.type.as_pointer()), align=1)
     return context.get_dummy_value()
+
+
+def _store_across(builder, totals, bias_ptr, scale_ptr, out_ptr, ldo, zero, low, high, broadcast) -> None:
+    """A tile's requantized values stored the other way round: its TILE_ROWS bytes of a
+    column are 4 consecutive bytes of the output's row for that column (one 32-bit store per
+    column, the rows gathered by a shuffle)."""
+    i8, i32, i64, f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+    lanes = 8
+    accumulator, floats = ir.VectorType(i32, lanes), ir.VectorType(f32, lanes)
+    roundeven = _intrinsic_function(builder, "llvm.roundeven.v8f32", floats, [floats])
+    zeros_f, lows, highs = (broadcast(value, floats) for value in (zero, low, high))
+    rows = []
+    for i in range(TILE_ROWS):
+        row_bias = broadcast(builder.load(builder.gep(bias_ptr, [ir.Constant(i64, i)])), accumulator)
+        row_scale = broadcast(builder.load(builder.gep(scale_ptr, [ir.Constant(i64, i)])), floats)
+        vectors = []
+        for v in range(_VECTORS):
+            total = builder.add(totals[i * _VECTORS + v], row_bias)
+            value = builder.call(roundeven, [builder.fmul(builder.sitofp(total, floats), row_scale)])
+            value = builder.fadd(value, zeros_f)
+            value = builder.select(builder.fcmp_unordered("<", value, lows), lows, value)
+            value = builder.select(builder.fcmp_ordered(">", value, highs), highs, value)
+            vectors.append(builder.trunc(builder.fptosi(value, accumulator), ir.VectorType(i8, lanes)))
+        rows.append(vectors)
+    assert TILE_ROWS == 4  # a column's rows are one 32-bit word
+    for v in range(_VECTORS):
+        low_pair = builder.shuffle_vector(
+            rows[0][v], rows[1][v], ir.Constant(ir.VectorType(i32, 16), list(range(16)))
+        )
+        high_pair = builder.shuffle_vector(
+            rows[2][v], rows[3][v], ir.Constant(ir.VectorType(i32, 16), list(range(16)))
+        )
+        # element i * 8 + c (row i, column c) -> position c * 4 + i
+        order = [i * lanes + c for c in range(lanes) for i in range(TILE_ROWS)]
+        gathered = builder.shuffle_vector(low_pair, high_pair, ir.Constant(ir.VectorType(i32, 32), order))
+        words = builder.bitcast(gathered, accumulator)
+        for c in range(lanes):
+            column = builder.gep(out_ptr, [builder.mul(ir.Constant(i64, v * lanes + c), ldo)])
+            word = builder.extract_element(words, ir.Constant(i32, c))
+            builder.store(word, builder.bitcast(column, i32.as_pointer()), align=1)
 
 
 def _tile_signature(
@@ -315,6 +360,33 @@ def _int16_tile(
     return sig, lambda context, builder, signature, args: _emit_tile(context, builder, signature, args, True)
 
 
+@intrinsic
+def _maddubs_tile_across(
+    typingctx, packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
+):
+    """:func:`_maddubs_tile` into uint8 ``out`` the other way round: the tile's column j at
+    ``out[out_at + j * ldo]``, its rows the 4 bytes from there."""
+    sig = _tile_signature(
+        packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
+    )
+    return sig, lambda context, builder, signature, args: _emit_tile(
+        context, builder, signature, args, False, True
+    )
+
+
+@intrinsic
+def _int16_tile_across(
+    typingctx, packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
+):
+    """:func:`_int16_tile` stored as :func:`_maddubs_tile_across` stores."""
+    sig = _tile_signature(
+        packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
+    )
+    return sig, lambda context, builder, signature, args: _emit_tile(
+        context, builder, signature, args, True, True
+    )
+
+
 @njit(inline="always", nogil=True, cache=True)
 def _pack_columns(x, q, columns, depth, packed):
     """Columns ``q .. q + columns`` of ``x`` as steps of ``depth`` k (the layout of
@@ -338,6 +410,32 @@ def _pack_columns(x, q, columns, depth, packed):
         for r in range(min(depth, k - s * depth)):
             for j in range(columns):
                 packed[s * GROUP_BYTES + j * 4 + r * width] = x[s * depth + r, q + j]
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _pack_rows(xt, q, columns, depth, packed):
+    """:func:`_pack_columns` from ``xt`` (N, K), ``x`` transposed: a column's k are a row's
+    bytes, so a step of a column is ``depth`` consecutive bytes (a 4-byte word for maddubs)."""
+    k = xt.shape[1]
+    steps = -(-k // depth)
+    whole = k // depth
+    for b in range(steps * GROUP_BYTES):
+        packed[b] = 0
+    for j in range(columns):
+        row = xt[q + j]
+        if depth == 4:
+            for s in range(whole):
+                at = s * GROUP_BYTES + j * 4
+                for r in range(4):
+                    packed[at + r] = row[s * 4 + r]
+        else:  # int16 pairs: each byte zero-extended
+            for s in range(whole):
+                at = s * GROUP_BYTES + j * 4
+                packed[at] = row[s * 2]
+                packed[at + 2] = row[s * 2 + 1]
+        width = 4 // depth
+        for p in range(whole * depth, k):  # the last, partial step
+            packed[(p // depth) * GROUP_BYTES + j * 4 + (p % depth) * width] = row[p]
 
 
 @njit(nogil=True, cache=True)
@@ -377,16 +475,22 @@ def _tile(kernel, packed, x_at, panels, r, steps, bias, scale, zero, low, high, 
 
 
 @njit(nogil=True, cache=True)
-def _columns(panels, kernel, m, x, n0, n1, bias, scale, zero, low, high, out):
+def _columns(panels, kernel, m, x, n0, n1, bias, scale, zero, low, high, out, transposed):
     """Columns ``[n0, n1)`` of ``out`` = the product, requantized (uint8 ``out``) or not
-    (int32); ``zero``, ``low``, ``high`` float32."""
+    (int32); ``zero``, ``low``, ``high`` float32. ``transposed``: ``x`` is given as (N, K) and
+    ``out`` as (N, M), each column a row."""
     if n1 <= n0 or m == 0:
         return
     if kernel == PORTABLE:
-        _portable_columns(panels, m, x, n0, n1, bias, scale, zero, low, high, out)
+        if transposed:
+            product = np.empty((m, n1 - n0), out.dtype)
+            _portable_columns(panels, m, x[n0:n1].T.copy(), 0, n1 - n0, bias, scale, zero, low, high, product)
+            out[n0:n1, :m] = product.T
+        else:
+            _portable_columns(panels, m, x, n0, n1, bias, scale, zero, low, high, out)
         return
     depth = 4 if kernel == MADDUBS else 2
-    steps = -(-x.shape[0] // depth)
+    steps = -(-(x.shape[1] if transposed else x.shape[0]) // depth)
     rows = -(-m // TILE_ROWS) * TILE_ROWS
     row_bias, row_scale = np.zeros(rows, np.int32), np.zeros(rows, np.float32)  # padded to the panels
     for i in range(m):
@@ -403,12 +507,28 @@ def _columns(panels, kernel, m, x, n0, n1, bias, scale, zero, low, high, out):
         q1 = min(n1, q0 + chunk * TILE_COLUMNS)
         for q in range(q0, q1, TILE_COLUMNS):
             at = (q - q0) // TILE_COLUMNS * block_bytes
-            _pack_columns(x, q, min(TILE_COLUMNS, q1 - q), depth, packed[at : at + block_bytes])
+            if transposed:
+                _pack_rows(x, q, min(TILE_COLUMNS, q1 - q), depth, packed[at : at + block_bytes])
+            else:
+                _pack_columns(x, q, min(TILE_COLUMNS, q1 - q), depth, packed[at : at + block_bytes])
         for r in range(0, m, TILE_ROWS):
             for q in range(q0, q1, TILE_COLUMNS):
                 at = (q - q0) // TILE_COLUMNS * block_bytes
                 columns = min(TILE_COLUMNS, q1 - q)
-                if r + TILE_ROWS <= m and columns == TILE_COLUMNS:
+                if r + TILE_ROWS <= m and columns == TILE_COLUMNS and transposed and out.itemsize == 1:
+                    w_at = r * steps * 4
+                    if kernel == MADDUBS:
+                        _maddubs_tile_across(
+                            packed, at, panels, w_at, steps, row_bias, row_scale, r, zero, low, high, out,
+                            q * ldo + r, ldo,
+                        )  # fmt: skip
+                    else:
+                        _int16_tile_across(
+                            packed, at, panels, w_at, steps, row_bias, row_scale, r, zero, low, high, out,
+                            q * ldo + r, ldo,
+                        )  # fmt: skip
+                    continue
+                if r + TILE_ROWS <= m and columns == TILE_COLUMNS and not transposed:
                     _tile(
                         kernel, packed, at, panels, r, steps, row_bias, row_scale, zero, low, high, out,
                         r * ldo + q, ldo,
@@ -418,6 +538,11 @@ def _columns(panels, kernel, m, x, n0, n1, bias, scale, zero, low, high, out):
                     kernel, packed, at, panels, r, steps, row_bias, row_scale, zero, low, high, edge, 0,
                     TILE_COLUMNS,
                 )  # fmt: skip
+                if transposed:  # a tile's 64 values stored across: small beside its K / 4 steps
+                    for j in range(columns):
+                        for i in range(min(TILE_ROWS, m - r)):
+                            out[q + j, r + i] = edge[i, j]
+                    continue
                 for i in range(min(TILE_ROWS, m - r)):
                     for j in range(columns):
                         out[r + i, q + j] = edge[i, j]
@@ -429,7 +554,16 @@ def qgemm_columns(panels, kernel, m, x, n0, n1, bias, scale, out_zero_point, lo,
     ``kernel`` and ``m``; nothing is checked (``x`` (K, N) uint8 and ``out`` (M, N) uint8 with
     unit column stride, ``bias`` int32 and ``scale`` float32 (M,), ints ``0 <= lo <= hi <= 255``)."""
     zero, low, high = np.float32(out_zero_point), np.float32(lo), np.float32(hi)
-    _columns(panels, kernel, m, x, n0, n1, bias, scale, zero, low, high, out)
+    _columns(panels, kernel, m, x, n0, n1, bias, scale, zero, low, high, out, False)
+
+
+@njit(nogil=True, cache=True)
+def qgemm_rows(panels, kernel, m, xt, n0, n1, bias, scale, out_zero_point, lo, hi, out):
+    """:func:`qgemm_columns` with both operands the other way round: ``xt`` (N, K) uint8 and
+    ``out`` (N, M) uint8, C-contiguous rows, rows ``[n0, n1)`` of ``out`` written (a MatMul
+    ``a @ w`` as ``(w^T @ a^T)^T``, with no transposed copies)."""
+    zero, low, high = np.float32(out_zero_point), np.float32(lo), np.float32(hi)
+    _columns(panels, kernel, m, xt, n0, n1, bias, scale, zero, low, high, out, True)
 
 
 @njit(nogil=True, cache=True)
@@ -437,7 +571,7 @@ def igemm_columns(panels, kernel, m, x, n0, n1, bias, out):
     """:func:`igemm` for numba callers: :func:`qgemm_columns` with an int32 ``out`` (M, N)."""
     scale = np.zeros(m, np.float32)  # not read: int32 tiles store acc + bias
     zero = np.float32(0)
-    _columns(panels, kernel, m, x, n0, n1, bias, scale, zero, zero, zero, out)
+    _columns(panels, kernel, m, x, n0, n1, bias, scale, zero, zero, zero, out, False)
 
 
 def _check(packed, x, n0: int, n1: int, bias, out, out_dtype) -> None:

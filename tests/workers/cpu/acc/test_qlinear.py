@@ -197,3 +197,21 @@ def test_large_layers_split_across_workers_exactly(monkeypatch, portable, channe
     for workers in (2, 3):
         got, expected = _run_both("QLinearConv", desc, inputs, workers=workers)
         np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("weights", ["7-bit", "full-range", "portable"])
+@pytest.mark.parametrize(("rows", "reduction", "columns"), [(100, 300, 70), (20, 130, 200), (3, 7, 5)])
+def test_large_matmuls_split_across_workers_exactly(monkeypatch, weights, rows, reduction, columns):
+    if weights == "portable":
+        monkeypatch.setattr("flowrt.workers.cpu.acc.int8_gemm.AVAILABLE", False)
+    rng = np.random.default_rng(rows)
+    a = rng.integers(0, 256, (1, rows, reduction)).astype(np.uint8)
+    limit = 128 if weights == "full-range" else 64  # the int16 kernel, else maddubs
+    b = rng.integers(-limit, limit + 1 - (limit == 128), (reduction, columns)).astype(np.int8)
+    a_scale, a_zp, b_scale, b_zp, y_scale, y_zp = _params(rng, columns, True, False, exact=True)
+    inputs = [a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp]
+    for workers in (1, 2, 3):
+        got, expected = _run_both(
+            "QLinearMatMul", flowrt.descriptors.QLinearMatMul(), inputs, workers=workers
+        )
+        np.testing.assert_array_equal(got, expected)

@@ -169,6 +169,23 @@ def _qgemm_slice(s, _step, rows, columns, panels, unit_bytes, kernel, x, bias, s
 
 QGEMM = SliceFunction(_qgemm_slice)
 
+
+@njit(**NATIVE)
+def _qgemm_rows_slice(s, _step, rows, columns, panels, unit_bytes, kernel, xt, bias, scale, zero, out):
+    """Slice ``s`` of :data:`QGEMM_ROWS`: :func:`_qgemm_slice` with ``xt`` (N, K) and ``out``
+    (N, M) the other way round (``int8_gemm.qgemm_rows``)."""
+    r, c = s // (columns.shape[0] - 1), s % (columns.shape[0] - 1)
+    first, last = rows[r], rows[r + 1]
+    unit = 1 if kernel == int8_gemm.PORTABLE else int8_gemm.TILE_ROWS
+    weights = panels[(first // unit) * unit_bytes : -(-last // unit) * unit_bytes]
+    int8_gemm.qgemm_rows(
+        weights, kernel, last - first, xt, columns[c], columns[c + 1], bias[first:last], scale[first:last],
+        zero, 0, 255, out[:, first:last],
+    )  # fmt: skip
+
+
+QGEMM_ROWS = SliceFunction(_qgemm_rows_slice)
+
 # Multiply-adds below which a product runs on the calling thread alone: waking the other
 # workers costs more than they would save (a few microseconds on a shared 2-core machine).
 PARALLEL_WORK = 1 << 18
@@ -325,10 +342,32 @@ class QLinearKernel:
         return out
 
     def _matmul(self, x, params, outputs):
-        rows = x.reshape(-1, x.shape[-1])
+        """``a @ w`` as ``(w^T @ a^T)^T``: the GEMM reads the rows of ``a`` as its columns and
+        writes its columns as the rows of the output, with no transposed copy."""
+        rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
         out = np.empty((*x.shape[:-1], self.filters), np.uint8) if outputs is None else outputs[0]
-        columns = np.ascontiguousarray(rows.T)  # (K, rows): the GEMM's right operand
-        product = np.empty((self.filters, rows.shape[0]), np.uint8)
-        _gemm(self.packed, params, columns, product, self.workers)
-        out.reshape(-1, self.filters)[...] = product.T
+        bias, scale, zero, w_zero = params
+        if w_zero is not None:
+            product = np.empty((self.filters, rows.shape[0]), np.uint8)
+            _gemm(self.packed, params, np.ascontiguousarray(rows.T), product, self.workers)
+            out.reshape(-1, self.filters)[...] = product.T
+            return out
+        packed = self.packed
+        row_bounds, column_bounds = _gemm_slices(packed, rows.shape[0], self.workers)
+        unit = 1 if packed.kernel == int8_gemm.PORTABLE else int8_gemm.TILE_ROWS
+        unit_bytes = packed.panels.shape[0] // max(1, -(-packed.m // unit))
+        flat = out.reshape(-1, self.filters)
+        args = (
+            row_bounds,
+            column_bounds,
+            packed.panels,
+            unit_bytes,
+            packed.kernel,
+            rows,
+            bias,
+            scale,
+            zero,
+            flat,
+        )
+        QGEMM_ROWS.run((row_bounds.shape[0] - 1) * (column_bounds.shape[0] - 1), args)
         return out
