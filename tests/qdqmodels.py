@@ -49,6 +49,7 @@ def qdq_conv_model(
     reduce_range: bool = True,
     group: int = 1,
     strides: int = 1,
+    flat_zero_point: int = 120,
 ) -> onnx.ModelProto:
     """x (1, C, H, W) -> QDQ -> Conv (+ int32 bias) -> QDQ -> MatMul by constant weights -> QDQ -> y."""
     nodes: list = []
@@ -74,7 +75,7 @@ def qdq_conv_model(
     out = (size + 2 * pad - kernel) // strides + 1
     nodes.append(helper.make_node("Reshape", ["cq", "shape"], ["flat"]))
     inits.append(numpy_helper.from_array(np.array([filters, out * out], np.int64), "shape"))
-    _quantize(nodes, inits, "flat", 0.05, 120, "flatq")
+    _quantize(nodes, inits, "flat", 0.05, flat_zero_point, "flatq")
     m = rng.standard_normal((out * out, 12)).astype(np.float32) * 0.1
     _weights(nodes, inits, "m", m, 1, rng, reduce_range)
     nodes.append(helper.make_node("MatMul", ["flatq", "m"], ["mm"], name="matmul"))

@@ -18,6 +18,12 @@ def _take_all(kind, descriptor, inputs, outputs):
     return True
 
 
+def _subject(change: str) -> str:
+    """The kind a change names first: "folded QDQ group of Conv ..." -> Conv."""
+    words = change.split()
+    return words[4] if change.startswith("folded") else words[0]
+
+
 def _kinds(graph) -> list[str]:
     return sorted(layer.kind for layer in graph if layer.kind not in ("Constant", "Input", "Output"))
 
@@ -44,19 +50,12 @@ def test_conv_and_matmul_groups_fold_and_match_onnx_runtime(reduce_range):
     model = qdq_conv_model(rng, reduce_range=reduce_range)
     graph = flowrt.onnx.load(model).graph.copy()
     changes = fold_qdq(graph, _take_all)
-    assert [c.split()[4] for c in changes] == ["Conv", "MatMul"]
-    # The groups' DequantizeLinear layers (input, weights, bias) and QuantizeLinear are gone:
-    # Q(x) -> QLinearConv -> DQ -> Reshape -> Q -> QLinearMatMul -> DQ.
+    assert [_subject(c) for c in changes] == ["Conv", "Reshape", "MatMul"]
+    # The groups' DequantizeLinear layers (input, weights, bias) and QuantizeLinear are gone,
+    # and the Reshape between two of the same parameters moves the uint8 values:
+    # Q(x) -> QLinearConv -> Reshape -> QLinearMatMul -> DQ.
     assert _kinds(graph) == sorted(
-        [
-            "QuantizeLinear",
-            "QLinearConv",
-            "DequantizeLinear",
-            "Reshape",
-            "QuantizeLinear",
-            "QLinearMatMul",
-            "DequantizeLinear",
-        ]  # fmt: skip
+        ["QuantizeLinear", "QLinearConv", "Reshape", "QLinearMatMul", "DequantizeLinear"]
     )
     x = rng.uniform(-2, 2, (1, 8, 10, 10)).astype(np.float32)
     folded = _run(graph, x)
@@ -90,5 +89,14 @@ def test_a_conv_whose_output_has_another_reader_is_left_float():
     model.graph.output.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, 16, 10, 10]))
     graph = flowrt.onnx.load(model).graph.copy()
     changes = fold_qdq(graph, _take_all)
-    assert [c.split()[4] for c in changes] == ["MatMul"]
+    assert [_subject(c) for c in changes] == ["Reshape", "MatMul"]
     assert "Conv" in _kinds(graph)
+
+
+def test_a_mover_between_different_parameters_keeps_its_quantizers():
+    rng = np.random.default_rng(8)
+    model = qdq_conv_model(rng, flat_zero_point=121)  # the Reshape's Q: another zero point
+    graph = flowrt.onnx.load(model).graph.copy()
+    assert [_subject(c) for c in fold_qdq(graph, _take_all)] == ["Conv", "MatMul"]
+    x = rng.uniform(-2, 2, (1, 8, 10, 10)).astype(np.float32)
+    np.testing.assert_array_equal(_run(graph, x), _ort(model, x))

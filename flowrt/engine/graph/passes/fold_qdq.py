@@ -10,11 +10,14 @@ pass makes each group one quantized layer:
 
     Q(Conv(DQ(x), DQ(w), DQ(b)))  ->  QLinearConv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, b')
     Q(MatMul(DQ(a), DQ(w)))       ->  QLinearMatMul(a, a_scale, a_zp, w, w_scale, w_zp, y_scale, y_zp)
+    Q(Reshape(DQ(x)))             ->  Reshape(x)      (Transpose, Flatten, Squeeze, Unsqueeze too)
 
 with ``b' = round_half_even(DQ(b) / (x_scale * w_scale))`` in int32: the int32 bias itself when
 it was quantized at that scale, as quantize_static does. The results are those of ONNX
 Runtime's quantized kernels: integer products, requantized once, instead of float products of
-dequantized values (they differ from the unfolded graph by a rounding step at most).
+dequantized values (they differ from the unfolded graph by a rounding step at most). A layer
+that only moves values, between a DequantizeLinear and a QuantizeLinear of the same scale and
+zero point, moves the quantized values themselves: exactly the same results.
 
 Folded only where a group's parameters are per tensor (the weights' per output channel),
 constant, without blocks, and where a backend of the preference list with integer kernels
@@ -196,6 +199,49 @@ def _remove_unread_dequantize(graph: Graph) -> None:
             graph.remove_layer(dq)
 
 
+# Layers that only move values: between a DequantizeLinear and a QuantizeLinear of the same
+# scale and zero point, they move the quantized values themselves (ONNX Runtime's
+# DropQDQNodesRules).
+MOVERS = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze"})
+
+
+def _same_parameters(dq: Layer, q: Layer) -> bool:
+    """Whether ``q`` quantizes with exactly the scale and zero point ``dq`` dequantizes with."""
+    pairs = zip(dq.inputs[1:3], q.inputs[1:3], strict=True)
+    values = [(constant_value(a.source), constant_value(b.source)) for a, b in pairs]
+    return all(
+        a is not None and b is not None and a.dtype == b.dtype and a.size == 1 and np.array_equal(a, b)
+        for a, b in values
+    )
+
+
+def _drop(graph: Graph, mover: Layer, accepts: Accepts) -> str | None:
+    """``Q(mover(DQ(x)))`` with one scale and zero point -> ``mover(x)``."""
+    if mover.activation is not None or len(mover.outputs) != 1:
+        return None
+    dq_slot = mover.inputs[0].source
+    if dq_slot is None or dq_slot.layer.kind != "DequantizeLinear" or len(dq_slot.connections) != 1:
+        return None
+    dq, q = dq_slot.layer, _quantizer(mover)
+    if q is None or len(dq.inputs) < 3 or dq.descriptor.block_size or dq.descriptor.output_dtype:
+        return None
+    source = dq.inputs[0].source
+    if source is None or source.info is None or not _same_parameters(dq, q):
+        return None
+    infos = [source.info, *(slot.source.info if slot.source else None for slot in mover.inputs[1:])]
+    if not accepts(mover.kind, mover.descriptor, infos, [q.outputs[0].info]):
+        return None
+    dq_slot.disconnect(mover.inputs[0])
+    source.connect(mover.inputs[0])
+    mover.outputs[0].info = q.outputs[0].info
+    graph.reroute(q.outputs[0], mover.outputs[0])
+    graph.remove_layer(q)
+    graph.remove_layer(dq)
+    return (
+        f"{mover.kind} {mover.name!r} moves quantized values: its DequantizeLinear and QuantizeLinear dropped"
+    )
+
+
 def fold_qdq(graph: Graph, accepts: Accepts) -> list[str]:
     """Fold each QDQ group of a Conv or MatMul that ``accepts`` takes as its quantized layer
     (see the module doc); return the changes."""
@@ -204,10 +250,16 @@ def fold_qdq(graph: Graph, accepts: Accepts) -> list[str]:
     graph.infer_shapes()  # the groups are recognized by their tensors' types
     changes = []
     for layer in graph.topological_order():
-        if layer.kind in ("Conv", "MatMul") and layer.name in graph.layers:
+        if layer.name not in graph.layers:
+            continue
+        if layer.kind in ("Conv", "MatMul"):
             change = _fold(graph, layer, accepts)
-            if change is not None:
-                changes.append(change)
+        elif layer.kind in MOVERS:
+            change = _drop(graph, layer, accepts)
+        else:
+            continue
+        if change is not None:
+            changes.append(change)
     if changes:
         graph.remove_unread_constants()
     return changes
