@@ -1,0 +1,283 @@
+"""The int8 GEMM's micro-kernels (``int8_gemm``), in LLVM IR through numba's ``intrinsic``:
+the interleaving of a block of columns of ``x`` into steps of k, and the TILE_ROWS x
+TILE_COLUMNS tiles (vpmaddubsw pairs, or int16 by vpmaddwd), stored as rows or across.
+"""
+
+from __future__ import annotations
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+from numba import types
+from numba.core.extending import intrinsic
+
+from flowrt.workers.cpu.acc.tiles import _intrinsic_function
+
+# Without AVX2 the x86 intrinsics would not compile: the tiles then emit nothing, and are never
+# called (pack_weights chooses PORTABLE).
+HOST_AVX2 = bool(llvm.get_host_cpu_features().get("avx2"))
+TILE_ROWS = 4
+_VECTORS = 2  # vectors of 8 int32 columns per tile row
+TILE_COLUMNS = 8 * _VECTORS
+# Bytes of packed x per step of k (4 k of 16 columns of bytes, or 2 k of 16 columns of int16).
+GROUP_BYTES = 4 * TILE_COLUMNS
+
+
+def _array_pointer(context, builder, array_type, array, offset):
+    """The address of element ``offset`` of a numba array."""
+    return builder.gep(context.make_array(array_type)(context, builder, array).data, [offset])
+
+
+def _emit_interleave(context, builder, signature, args, depth: int):
+    """The IR of :func:`_interleave_bytes` (``depth`` 4) or :func:`_interleave_words` (2)."""
+    x, x_at, ldx, packed, packed_at = args
+    i8, i16, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(64)
+    source = _array_pointer(context, builder, signature.args[0], x, x_at)
+    row_type = ir.VectorType(i8, TILE_COLUMNS)
+    rows = [
+        builder.load(
+            builder.bitcast(
+                builder.gep(source, [builder.mul(ir.Constant(i64, r), ldx)]), row_type.as_pointer()
+            ),
+            align=1,
+        )
+        for r in range(depth)
+    ]
+
+    def zip_(a, b, lanes):  # a[0], b[0], a[1], b[1], ...
+        mask = ir.Constant(
+            ir.VectorType(ir.IntType(32), 2 * lanes), [j // 2 + (j % 2) * lanes for j in range(2 * lanes)]
+        )
+        return builder.shuffle_vector(a, b, mask)
+
+    if depth == 4:
+        words = ir.VectorType(i16, TILE_COLUMNS)
+        low, high = (builder.bitcast(zip_(rows[r], rows[r + 1], TILE_COLUMNS), words) for r in (0, 2))
+        value = zip_(low, high, TILE_COLUMNS)
+    else:
+        wide = [builder.zext(row, ir.VectorType(i16, TILE_COLUMNS)) for row in rows]
+        value = zip_(wide[0], wide[1], TILE_COLUMNS)
+    target = _array_pointer(context, builder, signature.args[3], packed, packed_at)
+    builder.store(value, builder.bitcast(target, value.type.as_pointer()), align=1)
+    return context.get_dummy_value()
+
+
+@intrinsic
+def _interleave_bytes(typingctx, x, x_at, ldx, packed, packed_at):
+    """``packed[packed_at + 4*j + r] = x[x_at + r*ldx + j]`` for ``r < 4``, ``j < TILE_COLUMNS``
+    (uint8 arrays, offsets in elements): a step of 4 k of a block of columns, each column's 4
+    bytes side by side."""
+    sig = types.void(x, x_at, ldx, packed, packed_at)
+    return sig, lambda context, builder, signature, args: _emit_interleave(
+        context, builder, signature, args, 4
+    )
+
+
+@intrinsic
+def _interleave_words(typingctx, x, x_at, ldx, packed, packed_at):
+    """:func:`_interleave_bytes` for the int16 kernel: 2 k, each byte zero-extended to int16
+    (``packed`` bytes ``packed_at + 4*j + 2*r`` and the zero after it)."""
+    sig = types.void(x, x_at, ldx, packed, packed_at)
+    return sig, lambda context, builder, signature, args: _emit_interleave(
+        context, builder, signature, args, 2
+    )
+
+
+def _emit_tile(context, builder, signature, args, pairs: bool, across: bool = False):
+    """The IR of :func:`_maddubs_tile` (``pairs`` False) or :func:`_int16_tile`; ``across``:
+    of :func:`_maddubs_tile_across` or :func:`_int16_tile_across`."""
+    if not HOST_AVX2:  # never called there (see HOST_AVX2)
+        return context.get_dummy_value()
+    packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo = args
+    i8, i16, i32, i64, f32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+    lanes = 8
+    accumulator, floats = ir.VectorType(i32, lanes), ir.VectorType(f32, lanes)
+    operand = ir.VectorType(i16, 16) if pairs else ir.VectorType(i8, 32)
+    words = ir.VectorType(i16, 16)
+    x_ptr = _array_pointer(context, builder, signature.args[0], packed, packed_at)
+    w_ptr = _array_pointer(context, builder, signature.args[2], w, w_at)
+    bias_ptr = _array_pointer(context, builder, signature.args[5], bias, row_at)
+    scale_ptr = _array_pointer(context, builder, signature.args[6], scale, row_at)
+    out_ptr = _array_pointer(context, builder, signature.args[11], out, out_at)
+    maddubs = _intrinsic_function(builder, "llvm.x86.avx2.pmadd.ub.sw", words, [operand, operand])
+    maddwd = _intrinsic_function(builder, "llvm.x86.avx2.pmadd.wd", accumulator, [words, words])
+    ones = ir.Constant(words, [1] * 16)
+
+    def broadcast(value, vector_type):
+        one = builder.insert_element(ir.Constant(vector_type, ir.Undefined), value, ir.Constant(i32, 0))
+        return builder.shuffle_vector(
+            one, ir.Constant(vector_type, ir.Undefined), ir.Constant(accumulator, [0] * lanes)
+        )
+
+    def at(ptr, offset, pointee):
+        return builder.bitcast(builder.gep(ptr, [offset]), pointee.as_pointer())
+
+    zeros = ir.Constant(accumulator, [0] * lanes)
+    entry = builder.block
+    loop, done = builder.append_basic_block("int8.loop"), builder.append_basic_block("int8.done")
+    builder.cbranch(builder.icmp_signed(">", steps, ir.Constant(i64, 0)), loop, done)
+
+    builder.position_at_end(loop)
+    step = builder.phi(i64)
+    sums = [[builder.phi(accumulator) for _ in range(_VECTORS)] for _ in range(TILE_ROWS)]
+    x_step = builder.mul(step, ir.Constant(i64, GROUP_BYTES))
+    xs = [
+        builder.load(at(x_ptr, builder.add(x_step, ir.Constant(i64, 32 * v)), operand), align=1)
+        for v in range(_VECTORS)
+    ]
+    w_step = builder.mul(step, ir.Constant(i64, 4 * TILE_ROWS))
+    updated = []
+    for i in range(TILE_ROWS):
+        word = builder.load(at(w_ptr, builder.add(w_step, ir.Constant(i64, 4 * i)), i32), align=1)
+        weights = builder.bitcast(broadcast(word, accumulator), operand)
+        row = []
+        for v in range(_VECTORS):
+            if pairs:
+                product = builder.call(maddwd, [xs[v], weights])
+            else:
+                product = builder.call(maddwd, [builder.call(maddubs, [xs[v], weights]), ones])
+            row.append(builder.add(sums[i][v], product))
+        updated.append(row)
+    following = builder.add(step, ir.Constant(i64, 1))
+    tail = builder.block
+    step.add_incoming(ir.Constant(i64, 0), entry)
+    step.add_incoming(following, tail)
+    for i in range(TILE_ROWS):
+        for v in range(_VECTORS):
+            sums[i][v].add_incoming(zeros, entry)
+            sums[i][v].add_incoming(updated[i][v], tail)
+    builder.cbranch(builder.icmp_signed("<", following, steps), loop, done)
+
+    builder.position_at_end(done)
+    totals = []
+    for i in range(TILE_ROWS):
+        for v in range(_VECTORS):
+            total = builder.phi(accumulator)
+            total.add_incoming(zeros, entry)
+            total.add_incoming(updated[i][v], tail)
+            totals.append(total)
+    requantize = signature.args[11].dtype == types.uint8  # else int32: acc + bias as it is
+    roundeven = _intrinsic_function(builder, "llvm.roundeven.v8f32", floats, [floats])
+    zeros_f, lows, highs = (broadcast(value, floats) for value in (zero, low, high))
+    if across:
+        _store_across(builder, totals, bias_ptr, scale_ptr, out_ptr, ldo, zero, low, high, broadcast)
+        return context.get_dummy_value()
+    for i in range(TILE_ROWS):
+        row_bias = broadcast(builder.load(builder.gep(bias_ptr, [ir.Constant(i64, i)])), accumulator)
+        row_scale = broadcast(builder.load(builder.gep(scale_ptr, [ir.Constant(i64, i)])), floats)
+        row_ptr = builder.gep(out_ptr, [builder.mul(ir.Constant(i64, i), ldo)])
+        for v in range(_VECTORS):
+            total = totals[i * _VECTORS + v]
+            total = builder.add(total, row_bias)
+            place = builder.gep(row_ptr, [ir.Constant(i64, lanes * v)])
+            if not requantize:
+                builder.store(total, builder.bitcast(place, accumulator.as_pointer()), align=1)
+                continue
+            value = builder.call(roundeven, [builder.fmul(builder.sitofp(total, floats), row_scale)])
+            value = builder.fadd(value, zeros_f)
+            # as np.clip, but NaN (an infinite scale) -> lo rather than a poison value
+            value = builder.select(builder.fcmp_unordered("<", value, lows), lows, value)
+            value = builder.select(builder.fcmp_ordered(">", value, highs), highs, value)
+            stored = builder.trunc(builder.fptosi(value, accumulator), ir.VectorType(i8, lanes))
+            builder.store(stored, builder.bitcast(place, stored.type.as_pointer()), align=1)
+    return context.get_dummy_value()
+
+
+def _store_across(builder, totals, bias_ptr, scale_ptr, out_ptr, ldo, zero, low, high, broadcast) -> None:
+    """A tile's requantized values stored the other way round: its TILE_ROWS bytes of a
+    column are 4 consecutive bytes of the output's row for that column (one 32-bit store per
+    column, the rows gathered by a shuffle)."""
+    i8, i32, i64, f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+    lanes = 8
+    accumulator, floats = ir.VectorType(i32, lanes), ir.VectorType(f32, lanes)
+    roundeven = _intrinsic_function(builder, "llvm.roundeven.v8f32", floats, [floats])
+    zeros_f, lows, highs = (broadcast(value, floats) for value in (zero, low, high))
+    rows = []
+    for i in range(TILE_ROWS):
+        row_bias = broadcast(builder.load(builder.gep(bias_ptr, [ir.Constant(i64, i)])), accumulator)
+        row_scale = broadcast(builder.load(builder.gep(scale_ptr, [ir.Constant(i64, i)])), floats)
+        vectors = []
+        for v in range(_VECTORS):
+            total = builder.add(totals[i * _VECTORS + v], row_bias)
+            value = builder.call(roundeven, [builder.fmul(builder.sitofp(total, floats), row_scale)])
+            value = builder.fadd(value, zeros_f)
+            value = builder.select(builder.fcmp_unordered("<", value, lows), lows, value)
+            value = builder.select(builder.fcmp_ordered(">", value, highs), highs, value)
+            vectors.append(builder.trunc(builder.fptosi(value, accumulator), ir.VectorType(i8, lanes)))
+        rows.append(vectors)
+    assert TILE_ROWS == 4  # a column's rows are one 32-bit word
+    for v in range(_VECTORS):
+        low_pair = builder.shuffle_vector(
+            rows[0][v], rows[1][v], ir.Constant(ir.VectorType(i32, 16), list(range(16)))
+        )
+        high_pair = builder.shuffle_vector(
+            rows[2][v], rows[3][v], ir.Constant(ir.VectorType(i32, 16), list(range(16)))
+        )
+        # element i * 8 + c (row i, column c) -> position c * 4 + i
+        order = [i * lanes + c for c in range(lanes) for i in range(TILE_ROWS)]
+        gathered = builder.shuffle_vector(low_pair, high_pair, ir.Constant(ir.VectorType(i32, 32), order))
+        words = builder.bitcast(gathered, accumulator)
+        for c in range(lanes):
+            column = builder.gep(out_ptr, [builder.mul(ir.Constant(i64, v * lanes + c), ldo)])
+            word = builder.extract_element(words, ir.Constant(i32, c))
+            builder.store(word, builder.bitcast(column, i32.as_pointer()), align=1)
+
+
+def _tile_signature(
+    packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
+):
+    return types.void(
+        packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
+    )
+
+
+@intrinsic
+def _maddubs_tile(
+    typingctx, packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
+):
+    """A TILE_ROWS x TILE_COLUMNS tile: ``steps`` steps of 4 k of the packed columns
+    (``packed`` from ``packed_at``, GROUP_BYTES a step) by a weights' panel (``w`` from
+    ``w_at``), stored from ``out[out_at]`` at row stride ``ldo`` (elements): requantized with
+    ``bias``, ``scale`` from ``row_at`` and float32 ``zero``, ``low``, ``high`` into uint8
+    ``out``, or ``acc + bias`` into int32 ``out``. Weights within [-64, 64] only."""
+    sig = _tile_signature(
+        packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
+    )
+    return sig, lambda context, builder, signature, args: _emit_tile(context, builder, signature, args, False)
+
+
+@intrinsic
+def _int16_tile(
+    typingctx, packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
+):
+    """:func:`_maddubs_tile` by steps of 2 k of int16, exact for any weights."""
+    sig = _tile_signature(
+        packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
+    )
+    return sig, lambda context, builder, signature, args: _emit_tile(context, builder, signature, args, True)
+
+
+@intrinsic
+def _maddubs_tile_across(
+    typingctx, packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
+):
+    """:func:`_maddubs_tile` into uint8 ``out`` the other way round: the tile's column j at
+    ``out[out_at + j * ldo]``, its rows the 4 bytes from there."""
+    sig = _tile_signature(
+        packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
+    )
+    return sig, lambda context, builder, signature, args: _emit_tile(
+        context, builder, signature, args, False, True
+    )
+
+
+@intrinsic
+def _int16_tile_across(
+    typingctx, packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
+):
+    """:func:`_int16_tile` stored as :func:`_maddubs_tile_across` stores."""
+    sig = _tile_signature(
+        packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
+    )
+    return sig, lambda context, builder, signature, args: _emit_tile(
+        context, builder, signature, args, True, True
+    )
