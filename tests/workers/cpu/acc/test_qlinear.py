@@ -215,3 +215,51 @@ def test_large_matmuls_split_across_workers_exactly(monkeypatch, weights, rows, 
             "QLinearMatMul", flowrt.descriptors.QLinearMatMul(), inputs, workers=workers
         )
         np.testing.assert_array_equal(got, expected)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    channels=st.integers(2, 40),
+    size=st.integers(1, 20),
+    kernel=st.sampled_from([1, 3, 5]),
+    stride=st.sampled_from([1, 2]),
+    dilation=st.sampled_from([1, 2]),
+    pad=st.integers(0, 2),
+    batch=st.integers(1, 2),
+    per_channel=st.booleans(),
+    w_zero=st.booleans(),
+    with_bias=st.booleans(),
+    workers=st.sampled_from([1, 2, 3]),
+)
+def test_depthwise_qlinear_conv_matches_cpuref(
+    seed, channels, size, kernel, stride, dilation, pad, batch, per_channel, w_zero, with_bias, workers
+):
+    rng = np.random.default_rng(seed)
+    span = (kernel - 1) * dilation + 1
+    if size + 2 * pad < span:
+        pad = (span - size + 1) // 2
+    x = rng.integers(0, 256, (batch, channels, size, size)).astype(np.uint8)
+    w = rng.integers(-128, 128, (channels, 1, kernel, kernel)).astype(np.int8)
+    x_scale, x_zp, w_scale, w_zp, y_scale, y_zp = _params(rng, channels, per_channel, w_zero, exact=True)
+    inputs = [x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp]
+    if with_bias:
+        inputs.append(rng.integers(-5000, 5000, channels).astype(np.int32))
+    desc = flowrt.descriptors.QLinearConv(
+        group=channels, pads=(pad,) * 4, strides=(stride, stride), dilations=(dilation, dilation)
+    )
+    got, expected = _run_both("QLinearConv", desc, inputs, workers=workers)
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_large_depthwise_layer_splits_its_channels_exactly(stride):
+    rng = np.random.default_rng(stride)
+    x = rng.integers(0, 256, (1, 32, 57, 57)).astype(np.uint8)
+    w = rng.integers(-128, 128, (32, 1, 3, 3)).astype(np.int8)
+    x_scale, x_zp, w_scale, w_zp, y_scale, y_zp = _params(rng, 32, True, True, exact=True)
+    inputs = [x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, rng.integers(-99, 99, 32).astype(np.int32)]
+    desc = flowrt.descriptors.QLinearConv(group=32, pads=(1, 1, 1, 1), strides=(stride, stride))
+    for workers in (2, 3):
+        got, expected = _run_both("QLinearConv", desc, inputs, workers=workers, given_outputs=True)
+        np.testing.assert_array_equal(got, expected)

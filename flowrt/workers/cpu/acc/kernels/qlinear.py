@@ -29,6 +29,7 @@ from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
 from flowrt.workers.cpu.acc import int8_gemm
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
+from flowrt.workers.cpu.acc.conv.depthwise_int8 import DepthwiseInt8, is_depthwise
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 
 D = DataType
@@ -48,8 +49,11 @@ def _why_not(info: WorkloadInfo) -> str | None:
     if x.shape is None or w.shape is None:
         return "known ranks"
     if conv:
-        if len(x.shape) != 4 or info.descriptor.group != 1:
-            return "2-D convolutions of one group"
+        group = info.descriptor.group
+        if len(x.shape) != 4 or len(w.shape) != 4:
+            return "2-D convolutions"
+        if group != 1 and not is_depthwise(group, x.shape[1], w.shape):
+            return "2-D convolutions of one group or depthwise (one filter per channel)"
     elif len(w.shape) != 2 or len(x.shape) < 2:
         return "a MatMul by 2-D weights"
     channels = w.shape[0] if conv else w.shape[1]
@@ -297,19 +301,44 @@ class QLinearKernel:
         else:
             self.filters = w.shape[1]
             weights = np.ascontiguousarray(w.T)
-        self.reduction = weights.shape[1]
-        self.packed = int8_gemm.pack_weights(np.ascontiguousarray(weights))
         bias = constants[8] if self.conv else None
         if self.conv and len(info.inputs) > 8 and info.inputs[8] is not None and bias is None:
             raise BackendError(f"CpuAcc QLinearConv {info.layer_name!r} needs a constant bias, got an input")
+        self.depthwise = (
+            DepthwiseInt8(w, bias, workers)
+            if self.conv and is_depthwise(self.desc.group, w.shape[0], w.shape)
+            else None
+        )
+        if self.depthwise is not None:
+            return
+        self.reduction = weights.shape[1]
+        self.packed = int8_gemm.pack_weights(np.ascontiguousarray(weights))
         self.params = _Parameters(self.packed, self.filters, self.reduction, bias)
 
     def execute(self, inputs, outputs=None):
-        params = self.params(*(inputs[i] for i in (1, 2, 4, 5, 6, 7)))
         x = np.asarray(inputs[0])
+        if self.depthwise is not None:
+            return [self._depthwise(x, [inputs[i] for i in (1, 2, 4, 5, 6, 7)], outputs)]
+        params = self.params(*(inputs[i] for i in (1, 2, 4, 5, 6, 7)))
         if not self.conv:
             return [self._matmul(x, params, outputs)]
         return [self._conv(x, np.uint8(np.asarray(inputs[2]).reshape(())), params, outputs)]
+
+    def _geometry(self, x):
+        """The output's shape and the window's layout (kernel, strides, dilations, leading pads)."""
+        batch, _, height, width = x.shape
+        geometry = window_geometry(self.desc, (height, width), self.kernel)
+        out_h, out_w = geometry.out
+        assert out_h is not None and out_w is not None  # the input's sizes are known here
+        layout = (*self.kernel, *geometry.strides, *geometry.dilations, *geometry.pads_begin)
+        return (batch, self.filters, out_h, out_w), layout, geometry
+
+    def _depthwise(self, x, params, outputs):
+        shape, layout, _ = self._geometry(x)
+        out = np.empty(shape, np.uint8) if outputs is None else outputs[0]
+        assert self.depthwise is not None
+        self.depthwise.run(x, tuple(params), layout, out)
+        return out
 
     def _conv(self, x, zero, params, outputs):
         batch, _, height, width = x.shape

@@ -1,0 +1,106 @@
+"""Depthwise QLinearConv (one filter per channel, MobileNet's 3x3 layers) on uint8 input and
+int8 weights: per channel, int32 sums of ``(x - x_zp) * (w - w_zp)`` over the window cells
+inside the input (a cell in the padding adds ``(x_zp - x_zp) * w = 0``), requantized as the
+GEMM's epilogue does: ``clip(rint(float32(acc + bias) * scale) + y_zp, 0, 255)``.
+
+One output row at a time: per kernel cell, a loop over the row's output pixels, adding the
+input row's values (at the stride) times the cell's weight into an int32 row. The channels
+split across the workers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
+
+
+@njit(**NATIVE)
+def _depthwise_slice(s, _step, bounds, x, weights, bias, scale, geometry, x_zero, y_zero, out):
+    """Slice ``s`` of :data:`DEPTHWISE`: channels ``bounds[s] .. bounds[s + 1]`` of ``out``
+    (C, OH, OW) uint8 from ``x`` (C, H, W) uint8; ``weights`` (C, KH, KW) int32 with the
+    weights' zero points subtracted, ``bias`` int32 and ``scale`` float32 (C,);
+    ``geometry``: kernel, stride, dilation and leading pad, height then width."""
+    kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left = geometry
+    height, width = x.shape[1], x.shape[2]
+    out_h, out_w = out.shape[1], out.shape[2]
+    acc = np.empty(out_w, np.int32)
+    for c in range(bounds[s], bounds[s + 1]):
+        for oy in range(out_h):
+            acc[:] = bias[c]
+            for i in range(kernel_h):
+                y = oy * stride_h - pad_top + i * dilation_h
+                if y < 0 or y >= height:
+                    continue
+                source = x[c, y]
+                for j in range(kernel_w):
+                    shift = j * dilation_w - pad_left  # input column of ox: ox * stride + shift
+                    first = min(out_w, max(0, -(shift // stride_w)))
+                    last = (
+                        min(out_w, max(first, (width - 1 - shift) // stride_w + 1))
+                        if width > shift
+                        else first
+                    )
+                    weight = weights[c, i, j]
+                    sums, values = acc[first:last], source[first * stride_w + shift :]
+                    for t in range(last - first):  # range indices: no negative-index checks
+                        sums[t] += (np.int32(values[t * stride_w]) - x_zero) * weight
+            row, channel_scale = out[c, oy], scale[c]
+            for t in range(out_w):
+                value = np.rint(np.float32(acc[t]) * channel_scale) + y_zero
+                row[t] = np.uint8(min(max(value, np.float32(0)), np.float32(255)))
+
+
+DEPTHWISE = SliceFunction(_depthwise_slice)
+
+# Output values below which a layer runs on the calling thread alone (see qlinear.PARALLEL_WORK).
+PARALLEL_OUTPUTS = 1 << 14
+
+
+def is_depthwise(group: int, x_channels, w_shape) -> bool:
+    """Whether a conv of ``group`` groups is depthwise with one filter per channel."""
+    return group > 1 and group == x_channels and w_shape[0] == group and w_shape[1] == 1
+
+
+class DepthwiseInt8:
+    """A depthwise QLinearConv's constant weights, and its per-run parameters made once while
+    they are the same arrays."""
+
+    def __init__(self, weights: np.ndarray, bias: np.ndarray | None, workers: int) -> None:
+        self.raw = weights.reshape(weights.shape[0], weights.shape[2], weights.shape[3]).astype(np.int32)
+        self.bias = np.zeros(self.raw.shape[0], np.int32) if bias is None else bias.astype(np.int32)
+        self.workers = workers
+        self._key: tuple | None = None
+
+    def _parameters(self, x_scale, x_zero, w_scale, w_zero, y_scale, y_zero):
+        key = tuple(np.asarray(v).tobytes() for v in (x_scale, x_zero, w_scale, w_zero, y_scale, y_zero))
+        if key != self._key:
+            channels = self.raw.shape[0]
+            w_zp = np.broadcast_to(np.asarray(w_zero).reshape(-1).astype(np.int32), (channels,))
+            w_scales = np.broadcast_to(np.asarray(w_scale).reshape(-1).astype(np.float32), (channels,))
+            scale = (
+                np.float32(np.asarray(x_scale).reshape(()))
+                * w_scales
+                / np.float32(np.asarray(y_scale).reshape(()))
+            )
+            self._values = (
+                np.ascontiguousarray(self.raw - w_zp.reshape(-1, 1, 1)),
+                np.ascontiguousarray(scale.astype(np.float32)),
+                np.int32(np.asarray(x_zero).reshape(())),
+                np.float32(np.asarray(y_zero).reshape(())),
+            )
+            self._key = key
+        return self._values
+
+    def run(self, x: np.ndarray, params: tuple, layout: tuple, out: np.ndarray) -> None:
+        """``out`` (N, C, OH, OW) from ``x`` (N, C, H, W); ``params`` the layer's scales and zero
+        points (inputs 1, 2, 4, 5, 6, 7), ``layout`` as :func:`_depthwise_slice` takes it."""
+        weights, scale, x_zero, y_zero = self._parameters(*params)
+        channels = x.shape[1]
+        slices = 1 if out[0].size < PARALLEL_OUTPUTS else min(self.workers, channels)
+        bounds = np.array([channels * i // slices for i in range(slices + 1)], np.int64)
+        for b in range(x.shape[0]):
+            image = np.ascontiguousarray(x[b])
+            args = (bounds, image, weights, self.bias, scale, layout, x_zero, y_zero, out[b])
+            DEPTHWISE.run(slices, args)
