@@ -16,6 +16,49 @@ from numba import njit
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _requantize(acc, scale, y_zero, out):
+    """``out = clip(rint(float32(acc) * scale) + y_zero, 0, 255)`` as uint8."""
+    for t in range(acc.shape[0]):
+        value = np.rint(np.float32(acc[t]) * scale) + y_zero
+        out[t] = np.uint8(min(max(value, np.float32(0)), np.float32(255)))
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _same_plane(flat, weights, bias, geometry, width, x_zero, plane):
+    """One channel of a stride-1 window whose output is the input's size: per kernel cell, one
+    long loop over the plane (the input shifted by the cell), then the cells of the rows'
+    ends that the shift carried across a side edge taken back out."""
+    kernel_h, kernel_w, _, _, dilation_h, dilation_w, pad_top, pad_left = geometry
+    size = plane.shape[0]
+    height = size // width
+    plane[:] = bias
+    for i in range(kernel_h):
+        dy = i * dilation_h - pad_top
+        top, bottom = max(0, -dy), min(height, height - dy)  # output rows whose input row is inside
+        if bottom <= top:
+            continue
+        for j in range(kernel_w):
+            dx = j * dilation_w - pad_left
+            offset = dy * width + dx
+            weight = weights[i, j]
+            low = max(top * width, -offset)
+            high = min(bottom * width, size - offset)
+            if high > low:
+                sums, values = plane[low:high], flat[low + offset : high + offset]
+                for t in range(high - low):  # range indices, unit stride: vectorizes
+                    sums[t] += (np.int32(values[t]) - x_zero) * weight
+            if dx == 0:
+                continue
+            # Columns whose input column is outside: what the long loop added there comes out.
+            first, last = (0, min(width, -dx)) if dx < 0 else (max(0, width - dx), width)
+            for oy in range(top, bottom):
+                for ox in range(first, last):
+                    n = oy * width + ox
+                    if low <= n < high:
+                        plane[n] -= (np.int32(flat[n + offset]) - x_zero) * weight
+
+
 @njit(**NATIVE)
 def _depthwise_slice(s, _step, bounds, x, weights, bias, scale, geometry, x_zero, y_zero, out):
     """Slice ``s`` of :data:`DEPTHWISE`: channels ``bounds[s] .. bounds[s + 1]`` of ``out``
@@ -26,7 +69,13 @@ def _depthwise_slice(s, _step, bounds, x, weights, bias, scale, geometry, x_zero
     height, width = x.shape[1], x.shape[2]
     out_h, out_w = out.shape[1], out.shape[2]
     acc = np.empty(out_w, np.int32)
+    same = stride_h == 1 and stride_w == 1 and out_h == height and out_w == width
+    plane = np.empty(out_h * out_w if same else 0, np.int32)
     for c in range(bounds[s], bounds[s + 1]):
+        if same:
+            _same_plane(x[c].reshape(-1), weights[c], bias[c], geometry, width, x_zero, plane)
+            _requantize(plane, scale[c], y_zero, out[c].reshape(-1))
+            continue
         for oy in range(out_h):
             acc[:] = bias[c]
             for i in range(kernel_h):
@@ -44,7 +93,11 @@ def _depthwise_slice(s, _step, bounds, x, weights, bias, scale, geometry, x_zero
                     )
                     weight = weights[c, i, j]
                     sums, values = acc[first:last], source[first * stride_w + shift :]
-                    for t in range(last - first):  # range indices: no negative-index checks
+                    if stride_w == 1:  # a loop that vectorizes (range indices, unit stride)
+                        for t in range(last - first):
+                            sums[t] += (np.int32(values[t]) - x_zero) * weight
+                        continue
+                    for t in range(last - first):
                         sums[t] += (np.int32(values[t * stride_w]) - x_zero) * weight
             row, channel_scale = out[c, oy], scale[c]
             for t in range(out_w):
