@@ -252,14 +252,24 @@ def test_depthwise_qlinear_conv_matches_cpuref(
     np.testing.assert_array_equal(got, expected)
 
 
-@pytest.mark.parametrize("stride", [1, 2])
-def test_a_large_depthwise_layer_splits_its_channels_exactly(stride):
-    rng = np.random.default_rng(stride)
-    x = rng.integers(0, 256, (1, 32, 57, 57)).astype(np.uint8)
+@pytest.mark.parametrize(
+    ("stride", "size", "dilation"),
+    [
+        (1, 57, 1),  # the output the input's size: one loop per cell over the plane
+        (1, 40, 2),
+        (2, 56, 1),  # half an even size: the phase planes
+        (2, 57, 1),  # row by row
+    ],
+)
+def test_a_large_depthwise_layer_splits_its_channels_exactly(stride, size, dilation):
+    rng = np.random.default_rng(stride + size)
+    x = rng.integers(0, 256, (1, 32, size, size)).astype(np.uint8)
     w = rng.integers(-128, 128, (32, 1, 3, 3)).astype(np.int8)
     x_scale, x_zp, w_scale, w_zp, y_scale, y_zp = _params(rng, 32, True, True, exact=True)
     inputs = [x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, rng.integers(-99, 99, 32).astype(np.int32)]
-    desc = flowrt.descriptors.QLinearConv(group=32, pads=(1, 1, 1, 1), strides=(stride, stride))
+    desc = flowrt.descriptors.QLinearConv(
+        group=32, pads=(dilation,) * 4, strides=(stride, stride), dilations=(dilation, dilation)
+    )
     for workers in (2, 3):
         got, expected = _run_both("QLinearConv", desc, inputs, workers=workers, given_outputs=True)
         np.testing.assert_array_equal(got, expected)

@@ -25,38 +25,65 @@ def _requantize(acc, scale, y_zero, out):
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _same_plane(flat, weights, bias, geometry, width, x_zero, plane):
-    """One channel of a stride-1 window whose output is the input's size: per kernel cell, one
-    long loop over the plane (the input shifted by the cell), then the cells of the rows'
-    ends that the shift carried across a side edge taken back out."""
-    kernel_h, kernel_w, _, _, dilation_h, dilation_w, pad_top, pad_left = geometry
+def _shifted_add(flat, plane, dy, dx, width, weight, x_zero):
+    """``plane[oy, ox] += (flat[oy + dy, ox + dx] - x_zero) * weight`` where that is inside
+    ``flat`` (both planes ``width`` wide, as flat arrays): one long loop over the plane (the
+    input shifted), then what the shift carried across a side edge taken back out."""
     size = plane.shape[0]
     height = size // width
+    top, bottom = max(0, -dy), min(height, flat.shape[0] // width - dy)  # rows whose input row is inside
+    if bottom <= top:
+        return
+    offset = dy * width + dx
+    low = max(top * width, -offset)
+    high = min(bottom * width, flat.shape[0] - offset)
+    if high > low:
+        sums, values = plane[low:high], flat[low + offset : high + offset]
+        for t in range(high - low):  # range indices, unit stride: vectorizes
+            sums[t] += (np.int32(values[t]) - x_zero) * weight
+    if dx == 0:
+        return
+    first, last = (0, min(width, -dx)) if dx < 0 else (max(0, width - dx), width)
+    for oy in range(top, bottom):
+        for ox in range(first, last):
+            n = oy * width + ox
+            if low <= n < high:
+                plane[n] -= (np.int32(flat[n + offset]) - x_zero) * weight
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _same_plane(flat, weights, bias, geometry, width, x_zero, plane):
+    """One channel of a stride-1 window whose output is the input's size: per kernel cell,
+    the input shifted by the cell added over the whole plane (:func:`_shifted_add`)."""
+    kernel_h, kernel_w, _, _, dilation_h, dilation_w, pad_top, pad_left = geometry
     plane[:] = bias
     for i in range(kernel_h):
-        dy = i * dilation_h - pad_top
-        top, bottom = max(0, -dy), min(height, height - dy)  # output rows whose input row is inside
-        if bottom <= top:
-            continue
         for j in range(kernel_w):
-            dx = j * dilation_w - pad_left
-            offset = dy * width + dx
-            weight = weights[i, j]
-            low = max(top * width, -offset)
-            high = min(bottom * width, size - offset)
-            if high > low:
-                sums, values = plane[low:high], flat[low + offset : high + offset]
-                for t in range(high - low):  # range indices, unit stride: vectorizes
-                    sums[t] += (np.int32(values[t]) - x_zero) * weight
-            if dx == 0:
-                continue
-            # Columns whose input column is outside: what the long loop added there comes out.
-            first, last = (0, min(width, -dx)) if dx < 0 else (max(0, width - dx), width)
-            for oy in range(top, bottom):
-                for ox in range(first, last):
-                    n = oy * width + ox
-                    if low <= n < high:
-                        plane[n] -= (np.int32(flat[n + offset]) - x_zero) * weight
+            dy, dx = i * dilation_h - pad_top, j * dilation_w - pad_left
+            _shifted_add(flat, plane, dy, dx, width, weights[i, j], x_zero)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _half_plane(image, weights, bias, geometry, x_zero, phases, plane):
+    """One channel of a stride-2 window whose output is half the input's (even) size: the
+    input split once into its four phase planes (even or odd rows by even or odd columns),
+    in which each kernel cell is a stride-1 shift (:func:`_shifted_add`)."""
+    kernel_h, kernel_w, _, _, dilation_h, dilation_w, pad_top, pad_left = geometry
+    half_h, half_w = image.shape[0] // 2, image.shape[1] // 2
+    for py in range(2):
+        for px in range(2):
+            phase = phases[py * 2 + px]
+            for y in range(half_h):
+                row, source = phase[y * half_w : (y + 1) * half_w], image[2 * y + py]
+                for k in range(half_w):
+                    row[k] = source[2 * k + px]
+    plane[:] = bias
+    for i in range(kernel_h):
+        for j in range(kernel_w):
+            dy, dx = i * dilation_h - pad_top, j * dilation_w - pad_left
+            py, px = dy % 2, dx % 2
+            flat = phases[py * 2 + px]
+            _shifted_add(flat, plane, (dy - py) // 2, (dx - px) // 2, half_w, weights[i, j], x_zero)
 
 
 @njit(**NATIVE)
@@ -70,10 +97,18 @@ def _depthwise_slice(s, _step, bounds, x, weights, bias, scale, geometry, x_zero
     out_h, out_w = out.shape[1], out.shape[2]
     acc = np.empty(out_w, np.int32)
     same = stride_h == 1 and stride_w == 1 and out_h == height and out_w == width
-    plane = np.empty(out_h * out_w if same else 0, np.int32)
+    halved = (
+        stride_h == 2 and stride_w == 2 and height % 2 == 0 and width % 2 == 0
+        and out_h == height // 2 and out_w == width // 2
+    )  # fmt: skip
+    plane = np.empty(out_h * out_w if same or halved else 0, np.int32)
+    phases = np.empty((4 if halved else 0, out_h * out_w), np.uint8)
     for c in range(bounds[s], bounds[s + 1]):
         if same:
             _same_plane(x[c].reshape(-1), weights[c], bias[c], geometry, width, x_zero, plane)
+        elif halved:
+            _half_plane(x[c], weights[c], bias[c], geometry, x_zero, phases, plane)
+        if same or halved:
             _requantize(plane, scale[c], y_zero, out[c].reshape(-1))
             continue
         for oy in range(out_h):
