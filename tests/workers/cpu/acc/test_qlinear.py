@@ -273,3 +273,24 @@ def test_a_large_depthwise_layer_splits_its_channels_exactly(stride, size, dilat
     for workers in (2, 3):
         got, expected = _run_both("QLinearConv", desc, inputs, workers=workers, given_outputs=True)
         np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("group", [1, 8])
+def test_parameters_that_are_inputs_are_read_at_every_run(group):
+    rng = np.random.default_rng(group)
+    x = rng.integers(0, 256, (1, 8, 6, 6)).astype(np.uint8)
+    w = rng.integers(-64, 65, (8, 8 // group, 3, 3)).astype(np.int8)
+    desc = flowrt.descriptors.QLinearConv(group=group, pads=(1, 1, 1, 1))
+    runs = []
+    for y_scale in (np.float32(2.0**-3), np.float32(2.0**-2)):
+        x_scale, x_zp, w_scale, w_zp, _, y_zp = _params(rng, 8, True, False, exact=True)
+        runs.append([x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp])
+    infos = tuple(TensorInfo.of(np.asarray(a)) for a in runs[0])
+    constants = (None, None, None, w, None, None, None, None)  # only the weights are constants
+    out = TensorInfo((1, 8, 6, 6), flowrt.DataType.UINT8)
+    kernel = acc_kernels()["QLinearConv"](
+        WorkloadInfo("layer", "QLinearConv", desc, infos, (out,), constants), 2
+    )
+    for inputs in runs + runs:
+        (got,) = kernel.execute(inputs)
+        np.testing.assert_array_equal(got, ref_kernels()["QLinearConv"](desc, *inputs))

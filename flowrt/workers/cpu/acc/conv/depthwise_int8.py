@@ -181,10 +181,15 @@ class DepthwiseInt8:
             self._key = key
         return self._values
 
-    def run(self, x: np.ndarray, params: tuple, layout: tuple, out: np.ndarray) -> None:
+    def run(
+        self, x: np.ndarray, params: tuple, layout: tuple, out: np.ndarray, constant: bool = False
+    ) -> None:
         """``out`` (N, C, OH, OW) from ``x`` (N, C, H, W); ``params`` the layer's scales and zero
-        points (inputs 1, 2, 4, 5, 6, 7), ``layout`` as :func:`_depthwise_slice` takes it."""
-        weights, scale, x_zero, y_zero = self._parameters(*params)
+        points (inputs 1, 2, 4, 5, 6, 7), ``layout`` as :func:`_depthwise_slice` takes it;
+        ``constant``: they are constants, read at the first run only."""
+        if not (constant and self._key is not None):
+            self._parameters(*params)
+        weights, scale, x_zero, y_zero = self._values
         channels = x.shape[1]
         slices = 1 if out[0].size < PARALLEL_OUTPUTS else min(self.workers, channels)
         bounds = np.array([channels * i // slices for i in range(slices + 1)], np.int64)

@@ -304,6 +304,10 @@ class QLinearKernel:
         bias = constants[8] if self.conv else None
         if self.conv and len(info.inputs) > 8 and info.inputs[8] is not None and bias is None:
             raise BackendError(f"CpuAcc QLinearConv {info.layer_name!r} needs a constant bias, got an input")
+        # Scales and zero points that are constants (as a QDQ model's always are): what they
+        # make is made at the first run only, not checked again.
+        self.constant_parameters = all(constants[i] is not None for i in (1, 2, 4, 5, 6, 7))
+        self._geometries: dict[tuple, tuple] = {}
         self.depthwise = (
             DepthwiseInt8(w, bias, workers)
             if self.conv and is_depthwise(self.desc.group, w.shape[0], w.shape)
@@ -314,39 +318,45 @@ class QLinearKernel:
         self.reduction = weights.shape[1]
         self.packed = int8_gemm.pack_weights(np.ascontiguousarray(weights))
         self.params = _Parameters(self.packed, self.filters, self.reduction, bias)
+        self._fixed: tuple | None = None
 
     def execute(self, inputs, outputs=None):
         x = np.asarray(inputs[0])
         if self.depthwise is not None:
             return [self._depthwise(x, [inputs[i] for i in (1, 2, 4, 5, 6, 7)], outputs)]
-        params = self.params(*(inputs[i] for i in (1, 2, 4, 5, 6, 7)))
+        params = (
+            self._fixed if self._fixed is not None else self.params(*(inputs[i] for i in (1, 2, 4, 5, 6, 7)))
+        )
+        if self.constant_parameters:
+            self._fixed = params
         if not self.conv:
             return [self._matmul(x, params, outputs)]
         return [self._conv(x, np.uint8(np.asarray(inputs[2]).reshape(())), params, outputs)]
 
     def _geometry(self, x):
-        """The output's shape and the window's layout (kernel, strides, dilations, leading pads)."""
-        batch, _, height, width = x.shape
-        geometry = window_geometry(self.desc, (height, width), self.kernel)
-        out_h, out_w = geometry.out
-        assert out_h is not None and out_w is not None  # the input's sizes are known here
-        layout = (*self.kernel, *geometry.strides, *geometry.dilations, *geometry.pads_begin)
-        return (batch, self.filters, out_h, out_w), layout, geometry
+        """The output's shape and the window's layout (kernel, strides, dilations, leading pads),
+        once per input shape."""
+        found = self._geometries.get(x.shape)
+        if found is None:
+            batch, _, height, width = x.shape
+            geometry = window_geometry(self.desc, (height, width), self.kernel)
+            out_h, out_w = geometry.out
+            assert out_h is not None and out_w is not None  # the input's sizes are known here
+            layout = (*self.kernel, *geometry.strides, *geometry.dilations, *geometry.pads_begin)
+            found = self._geometries[x.shape] = ((batch, self.filters, out_h, out_w), layout, geometry)
+        return found
 
     def _depthwise(self, x, params, outputs):
         shape, layout, _ = self._geometry(x)
         out = np.empty(shape, np.uint8) if outputs is None else outputs[0]
         assert self.depthwise is not None
-        self.depthwise.run(x, tuple(params), layout, out)
+        self.depthwise.run(x, tuple(params), layout, out, self.constant_parameters)
         return out
 
     def _conv(self, x, zero, params, outputs):
-        batch, _, height, width = x.shape
-        geometry = window_geometry(self.desc, (height, width), self.kernel)
-        out_h, out_w = geometry.out
-        assert out_h is not None and out_w is not None  # the input's sizes are known here
-        out = np.empty((batch, self.filters, out_h, out_w), np.uint8) if outputs is None else outputs[0]
-        kernel_h, kernel_w = self.kernel
+        shape, layout, geometry = self._geometry(x)
+        batch, _, out_h, out_w = shape
+        out = np.empty(shape, np.uint8) if outputs is None else outputs[0]
         direct = (
             self.kernel == (1, 1)
             and geometry.strides == (1, 1)
@@ -354,10 +364,7 @@ class QLinearKernel:
             and not any(geometry.pads_end)
         )
         cols = None if direct else np.empty((self.reduction, out_h * out_w), np.uint8)
-        layout = (
-            kernel_h, kernel_w, *geometry.strides, *geometry.dilations, geometry.pads_begin[0], geometry.pads_begin[1]
-        )  # fmt: skip
-        pairs = x.shape[1] * kernel_h  # (channel, kernel row): im2col's units of work
+        pairs = x.shape[1] * self.kernel[0]  # (channel, kernel row): im2col's units of work
         slices = 1 if cols is None or cols.size < PARALLEL_WORK else min(self.workers, pairs)
         pair_bounds = np.array([pairs * i // slices for i in range(slices + 1)], np.int64)
         for b in range(batch):
