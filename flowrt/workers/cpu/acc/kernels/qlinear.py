@@ -10,12 +10,14 @@ a second pass over the int32 products.
 
 QLinearConv lays its input out as columns (im2col, the padding filled with ``x_zp``, which
 is zero after the subtraction) unless it is a 1x1 convolution of stride 1 without padding,
-whose input is its own column matrix. QLinearMatMul multiplies ``w^T @ a^T``: the weights
-(K, N), constant, are packed once as the left operand, with one scale per column.
+whose input is its own column matrix; a depthwise one runs ``conv/depthwise_int8.py``.
+QLinearMatMul multiplies ``w^T @ a^T``: the weights (K, N), constant, are packed once as the
+left operand, with one scale per column; the GEMM reads the rows of ``a`` and stores across,
+so that neither is transposed.
 
 Taken: uint8 input and output, int8 weights, per-tensor input and output parameters, weights'
 scale and zero point per tensor or per output channel (per column), a 2-D convolution of one
-group, a MatMul by constant 2-D weights. The rest runs on CpuRef.
+group or depthwise, a MatMul by constant 2-D weights. The rest runs on CpuRef.
 """
 
 from __future__ import annotations
