@@ -7,7 +7,7 @@ from typing import Any
 
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import TensorInfo
-from flowrt.workers.cpu.acc.kernels import load_all
+from flowrt.workers.cpu.acc.kernels import kernel_for
 
 
 class AccLayerSupport:
@@ -20,7 +20,7 @@ class AccLayerSupport:
         inputs: Sequence[TensorInfo | None],
         outputs: Sequence[TensorInfo | None],
     ) -> Support:
-        kernel = load_all().get(kind)
+        kernel = kernel_for(kind)
         if kernel is None:
             return Support.no(f"no CpuAcc kernel for {kind}")
         return kernel.supports(WorkloadInfo("", kind, descriptor, tuple(inputs), tuple(outputs)))  # type: ignore[arg-type]  # inferred outputs are never None

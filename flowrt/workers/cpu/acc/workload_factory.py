@@ -12,7 +12,7 @@ from flowrt.engine.scheduler.job import JobContext
 from flowrt.errors import BackendError
 from flowrt.registry import WorkloadInfo
 from flowrt.types import static_dims
-from flowrt.workers.cpu.acc.kernels import load_all
+from flowrt.workers.cpu.acc.kernels import kernel_for
 from flowrt.workers.cpu.acc.tape import BoundCall, bind, warm_up
 from flowrt.workers.cpu.blas_threads import hold_for_job
 
@@ -84,7 +84,7 @@ class AccWorkloadFactory:
         self.workers = workers
 
     def create_workload(self, info: WorkloadInfo) -> AccWorkload:
-        kernel = load_all().get(info.kind)
+        kernel = kernel_for(info.kind)
         if kernel is None:
             raise BackendError(f"CpuAcc has no kernel for layer {info.layer_name!r} ({info.kind})")
         if info.activation is not None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import importlib
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
@@ -79,6 +80,51 @@ def acc_kernel(*names: str) -> Callable[[K], K]:
         return cls
 
     return register
+
+
+# Where each kind's kernel is registered: a load imports only the modules of the kinds it asks
+# for (numba's dispatchers and the modules' own set-up are some 0.1 s in all). Checked against
+# the registry by tests/workers/cpu/acc/test_kernel_index.py.
+_KINDS_BY_MODULE = {
+    "activation": "Clip Elu Gelu HardSigmoid HardSwish LeakyRelu Mish Relu Sigmoid Softplus Softsign Swish Tanh",
+    "cast": "Cast CastLike",
+    "concat": "Concat",
+    "conv": "Conv",
+    "conv_transpose": "ConvTranspose",
+    "elementwise": "Add Div Max Min Mul Pow Sub Sum",
+    "expand": "Expand Tile",
+    "gather": "Gather",
+    "gemm": "Gemm MatMul MatMulBias",
+    "global_pooling": "GlobalAveragePool GlobalMaxPool",
+    "normalization": "BatchNormalization LRN LayerNormalization",
+    "pad": "Pad",
+    "pooling": "AveragePool MaxPool",
+    "qlinear": "QLinearConv QLinearMatMul",
+    "quantize": "DequantizeLinear QuantizeLinear",
+    "recurrent": "GRU LSTM RNN",
+    "reduce": "ReduceMax ReduceMean ReduceSum",
+    "reshape": "Flatten Reshape Squeeze Unsqueeze",
+    "resize": "Resize Upsample",
+    "rms_norm": "RMSNormalization",
+    "slice": "Slice",
+    "softmax": "LogSoftmax Softmax",
+    "split": "Split",
+    "transpose": "Transpose",
+    "unary": "Abs Ceil Cos Erf Exp Floor Log Neg Reciprocal Round Sign Sin Sqrt",
+    "where": "Where",
+}
+KERNEL_MODULES: dict[str, str] = {
+    kind: module for module, kinds in _KINDS_BY_MODULE.items() for kind in kinds.split()
+}
+
+
+def kernel_for(kind: str) -> type[AccKernel] | None:
+    """The kernel registered for ``kind``, importing only its module; None when there is none."""
+    found = ACC_KERNELS.get(kind)
+    if found is None and kind in KERNEL_MODULES:
+        importlib.import_module(f"{__name__}.{KERNEL_MODULES[kind]}")
+        found = ACC_KERNELS.get(kind)
+    return found
 
 
 def load_all() -> dict[str, type[AccKernel]]:
