@@ -88,9 +88,9 @@ def _emit_tile(context, builder, signature, args, pairs: bool, across: bool = Fa
     if not HOST_AVX2:  # never called there (see HOST_AVX2)
         return context.get_dummy_value()
     packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo = args
-    i8, i16, i32, i64, f32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+    i8, i16, i32, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
     lanes = 8
-    accumulator, floats = ir.VectorType(i32, lanes), ir.VectorType(f32, lanes)
+    accumulator = ir.VectorType(i32, lanes)
     operand = ir.VectorType(i16, 16) if pairs else ir.VectorType(i8, 32)
     words = ir.VectorType(i16, 16)
     x_ptr = _array_pointer(context, builder, signature.args[0], packed, packed_at)
@@ -156,36 +156,24 @@ def _emit_tile(context, builder, signature, args, pairs: bool, across: bool = Fa
             total.add_incoming(updated[i][v], tail)
             totals.append(total)
     requantize = signature.args[11].dtype == types.uint8  # else int32: acc + bias as it is
-    roundeven = _intrinsic_function(builder, "llvm.roundeven.v8f32", floats, [floats])
-    zeros_f, lows, highs = (broadcast(value, floats) for value in (zero, low, high))
+    # (The tiles across store bytes only: numba also compiles them where they are never called.)
+    rows = _finished_rows(
+        builder, totals, bias_ptr, scale_ptr, zero, low, high, broadcast, requantize or across
+    )
     if across:
-        _store_across(builder, totals, bias_ptr, scale_ptr, out_ptr, ldo, zero, low, high, broadcast)
+        _store_across(builder, rows, out_ptr, ldo)
         return context.get_dummy_value()
     for i in range(TILE_ROWS):
-        row_bias = broadcast(builder.load(builder.gep(bias_ptr, [ir.Constant(i64, i)])), accumulator)
-        row_scale = broadcast(builder.load(builder.gep(scale_ptr, [ir.Constant(i64, i)])), floats)
         row_ptr = builder.gep(out_ptr, [builder.mul(ir.Constant(i64, i), ldo)])
         for v in range(_VECTORS):
-            total = totals[i * _VECTORS + v]
-            total = builder.add(total, row_bias)
             place = builder.gep(row_ptr, [ir.Constant(i64, lanes * v)])
-            if not requantize:
-                builder.store(total, builder.bitcast(place, accumulator.as_pointer()), align=1)
-                continue
-            value = builder.call(roundeven, [builder.fmul(builder.sitofp(total, floats), row_scale)])
-            value = builder.fadd(value, zeros_f)
-            # as np.clip, but NaN (an infinite scale) -> lo rather than a poison value
-            value = builder.select(builder.fcmp_unordered("<", value, lows), lows, value)
-            value = builder.select(builder.fcmp_ordered(">", value, highs), highs, value)
-            stored = builder.trunc(builder.fptosi(value, accumulator), ir.VectorType(i8, lanes))
-            builder.store(stored, builder.bitcast(place, stored.type.as_pointer()), align=1)
+            builder.store(rows[i][v], builder.bitcast(place, rows[i][v].type.as_pointer()), align=1)
     return context.get_dummy_value()
 
 
-def _store_across(builder, totals, bias_ptr, scale_ptr, out_ptr, ldo, zero, low, high, broadcast) -> None:
-    """A tile's requantized values stored the other way round: its TILE_ROWS bytes of a
-    column are 4 consecutive bytes of the output's row for that column (one 32-bit store per
-    column, the rows gathered by a shuffle)."""
+def _finished_rows(builder, totals, bias_ptr, scale_ptr, zero, low, high, broadcast, requantize: bool):
+    """Each row's vectors as they are stored: ``acc + bias`` in int32, or (``requantize``)
+    ``clip(roundeven(float(acc + bias) * scale) + zero, low, high)`` as bytes."""
     i8, i32, i64, f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
     lanes = 8
     accumulator, floats = ir.VectorType(i32, lanes), ir.VectorType(f32, lanes)
@@ -198,12 +186,26 @@ def _store_across(builder, totals, bias_ptr, scale_ptr, out_ptr, ldo, zero, low,
         vectors = []
         for v in range(_VECTORS):
             total = builder.add(totals[i * _VECTORS + v], row_bias)
+            if not requantize:
+                vectors.append(total)
+                continue
             value = builder.call(roundeven, [builder.fmul(builder.sitofp(total, floats), row_scale)])
             value = builder.fadd(value, zeros_f)
+            # as np.clip, but NaN (an infinite scale) -> lo rather than a poison value
             value = builder.select(builder.fcmp_unordered("<", value, lows), lows, value)
             value = builder.select(builder.fcmp_ordered(">", value, highs), highs, value)
             vectors.append(builder.trunc(builder.fptosi(value, accumulator), ir.VectorType(i8, lanes)))
         rows.append(vectors)
+    return rows
+
+
+def _store_across(builder, rows, out_ptr, ldo) -> None:
+    """A tile's requantized rows stored the other way round: its TILE_ROWS bytes of a column
+    are 4 consecutive bytes of the output's row for that column (one 32-bit store per column,
+    the rows gathered by a shuffle)."""
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    lanes = 8
+    accumulator = ir.VectorType(i32, lanes)
     assert TILE_ROWS == 4  # a column's rows are one 32-bit word
     for v in range(_VECTORS):
         low_pair = builder.shuffle_vector(

@@ -14,6 +14,7 @@ import numpy as np
 from numba import njit
 
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
+from flowrt.workers.cpu.acc.quantized_parameters import ParameterCache, per_row, requantization_scales
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -152,44 +153,30 @@ def is_depthwise(group: int, x_channels, w_shape) -> bool:
 
 
 class DepthwiseInt8:
-    """A depthwise QLinearConv's constant weights, and its per-run parameters made once while
-    they are the same arrays."""
+    """A depthwise QLinearConv's constant weights, and what it makes of its scales and zero
+    points (a ParameterCache)."""
 
-    def __init__(self, weights: np.ndarray, bias: np.ndarray | None, workers: int) -> None:
+    def __init__(self, weights: np.ndarray, bias: np.ndarray | None, workers: int, constant: bool) -> None:
         self.raw = weights.reshape(weights.shape[0], weights.shape[2], weights.shape[3]).astype(np.int32)
         self.bias = np.zeros(self.raw.shape[0], np.int32) if bias is None else bias.astype(np.int32)
         self.workers = workers
-        self._key: tuple | None = None
+        self.parameters = ParameterCache(self._make, constant)
 
-    def _parameters(self, x_scale, x_zero, w_scale, w_zero, y_scale, y_zero):
-        key = tuple(np.asarray(v).tobytes() for v in (x_scale, x_zero, w_scale, w_zero, y_scale, y_zero))
-        if key != self._key:
-            channels = self.raw.shape[0]
-            w_zp = np.broadcast_to(np.asarray(w_zero).reshape(-1).astype(np.int32), (channels,))
-            w_scales = np.broadcast_to(np.asarray(w_scale).reshape(-1).astype(np.float32), (channels,))
-            scale = (
-                np.float32(np.asarray(x_scale).reshape(()))
-                * w_scales
-                / np.float32(np.asarray(y_scale).reshape(()))
-            )
-            self._values = (
-                np.ascontiguousarray(self.raw - w_zp.reshape(-1, 1, 1)),
-                np.ascontiguousarray(scale.astype(np.float32)),
-                np.int32(np.asarray(x_zero).reshape(())),
-                np.float32(np.asarray(y_zero).reshape(())),
-            )
-            self._key = key
-        return self._values
+    def _make(self, x_scale, x_zero, w_scale, w_zero, y_scale, y_zero):
+        """The weights less their zero points, the scales, and the two zero points."""
+        channels = self.raw.shape[0]
+        w_zp = per_row(w_zero, channels, np.int32)
+        return (
+            np.ascontiguousarray(self.raw - w_zp.reshape(-1, 1, 1)),
+            requantization_scales(x_scale, w_scale, y_scale, channels),
+            np.int32(np.asarray(x_zero).reshape(())),
+            np.float32(np.asarray(y_zero).reshape(())),
+        )
 
-    def run(
-        self, x: np.ndarray, params: tuple, layout: tuple, out: np.ndarray, constant: bool = False
-    ) -> None:
+    def run(self, x: np.ndarray, params: tuple, layout: tuple, out: np.ndarray) -> None:
         """``out`` (N, C, OH, OW) from ``x`` (N, C, H, W); ``params`` the layer's scales and zero
-        points (inputs 1, 2, 4, 5, 6, 7), ``layout`` as :func:`_depthwise_slice` takes it;
-        ``constant``: they are constants, read at the first run only."""
-        if not (constant and self._key is not None):
-            self._parameters(*params)
-        weights, scale, x_zero, y_zero = self._values
+        points (inputs 1, 2, 4, 5, 6, 7), ``layout`` as :func:`_depthwise_slice` takes it."""
+        weights, scale, x_zero, y_zero = self.parameters(*params)
         channels = x.shape[1]
         slices = 1 if out[0].size < PARALLEL_OUTPUTS else min(self.workers, channels)
         bounds = np.array([channels * i // slices for i in range(slices + 1)], np.int64)

@@ -33,6 +33,7 @@ from flowrt.workers.cpu.acc import int8_gemm
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.conv.depthwise_int8 import DepthwiseInt8, is_depthwise
 from flowrt.workers.cpu.acc.kernels import acc_kernel
+from flowrt.workers.cpu.acc.quantized_parameters import ParameterCache, per_row, requantization_scales
 
 D = DataType
 
@@ -159,17 +160,27 @@ def _requantize_corrected(acc, sums, w_zero, scale, zero, low, high, out):
             out[m, n] = np.uint8(min(max(np.rint(v) + zero, low), high))
 
 
+def _panel_rows(kernel: int) -> int:
+    """Rows of a panel of packed weights: TILE_ROWS, or 1 for the portable loops' plain rows."""
+    return 1 if kernel == int8_gemm.PORTABLE else int8_gemm.TILE_ROWS
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _panels_of(panels, unit_bytes, kernel, first, last):
+    """The packed weights of rows ``first .. last`` (whole panels)."""
+    unit = 1 if kernel == int8_gemm.PORTABLE else int8_gemm.TILE_ROWS
+    return panels[(first // unit) * unit_bytes : -(-last // unit) * unit_bytes]
+
+
 @njit(**NATIVE)
 def _qgemm_slice(s, _step, rows, columns, panels, unit_bytes, kernel, x, bias, scale, zero, out):
     """Slice ``s`` of :data:`QGEMM`: one block of rows ``rows[r] .. rows[r + 1]`` (whole
     panels) by one range of columns ``columns[c] .. columns[c + 1]`` of the product."""
     r, c = s // (columns.shape[0] - 1), s % (columns.shape[0] - 1)
     first, last = rows[r], rows[r + 1]
-    unit = 1 if kernel == int8_gemm.PORTABLE else int8_gemm.TILE_ROWS  # rows of a panel
-    weights = panels[(first // unit) * unit_bytes : -(-last // unit) * unit_bytes]
     int8_gemm.qgemm_columns(
-        weights, kernel, last - first, x, columns[c], columns[c + 1], bias[first:last], scale[first:last],
-        zero, 0, 255, out[first:last],
+        _panels_of(panels, unit_bytes, kernel, first, last), kernel, last - first, x, columns[c],
+        columns[c + 1], bias[first:last], scale[first:last], zero, 0, 255, out[first:last],
     )  # fmt: skip
 
 
@@ -182,15 +193,25 @@ def _qgemm_rows_slice(s, _step, rows, columns, panels, unit_bytes, kernel, xt, b
     (N, M) the other way round (``int8_gemm.qgemm_rows``)."""
     r, c = s // (columns.shape[0] - 1), s % (columns.shape[0] - 1)
     first, last = rows[r], rows[r + 1]
-    unit = 1 if kernel == int8_gemm.PORTABLE else int8_gemm.TILE_ROWS
-    weights = panels[(first // unit) * unit_bytes : -(-last // unit) * unit_bytes]
     int8_gemm.qgemm_rows(
-        weights, kernel, last - first, xt, columns[c], columns[c + 1], bias[first:last], scale[first:last],
-        zero, 0, 255, out[:, first:last],
+        _panels_of(panels, unit_bytes, kernel, first, last), kernel, last - first, xt, columns[c],
+        columns[c + 1], bias[first:last], scale[first:last], zero, 0, 255, out[:, first:last],
     )  # fmt: skip
 
 
 QGEMM_ROWS = SliceFunction(_qgemm_rows_slice)
+
+
+def _run_gemm(function: SliceFunction, packed, x, columns: int, params, out, workers: int) -> None:
+    """The requantizing product split across ``workers`` (:func:`_gemm_slices`) by
+    ``function``: :data:`QGEMM` (``x`` (K, N), ``out`` (M, N)) or :data:`QGEMM_ROWS` (both the
+    other way round)."""
+    bias, scale, zero, _ = params
+    rows, column_bounds = _gemm_slices(packed, columns, workers)
+    unit_bytes = packed.panels.shape[0] // max(1, -(-packed.m // _panel_rows(packed.kernel)))
+    args = (rows, column_bounds, packed.panels, unit_bytes, packed.kernel, x, bias, scale, zero, out)
+    function.run((rows.shape[0] - 1) * (column_bounds.shape[0] - 1), args)
+
 
 # Multiply-adds below which a product runs on the calling thread alone: waking the other
 # workers costs more than they would save (a few microseconds on a shared 2-core machine).
@@ -214,45 +235,28 @@ def _gemm_slices(packed, columns: int, workers: int) -> tuple[np.ndarray, np.nda
         return np.array([0, packed.m], np.int64), np.array([0, columns], np.int64)
     if -(-columns // int8_gemm.TILE_COLUMNS) >= 2 * workers:
         return np.array([0, packed.m], np.int64), _split(columns, int8_gemm.TILE_COLUMNS, workers)
-    unit = 1 if packed.kernel == int8_gemm.PORTABLE else int8_gemm.TILE_ROWS
-    return _split(packed.m, unit, workers), np.array([0, columns], np.int64)
+    return _split(packed.m, _panel_rows(packed.kernel), workers), np.array([0, columns], np.int64)
 
 
-def _per_row(value, rows: int, dtype) -> np.ndarray:
-    """A per-tensor or per-row parameter as one value per row."""
-    flat = np.asarray(value).reshape(-1).astype(dtype)
-    return np.broadcast_to(flat, (rows,)).copy() if flat.size == 1 else flat
+def _gemm_parameters(packed, reduction: int, bias):
+    """What the GEMM makes of a layer's scales and zero points: per output row, the
+    requantization scale and the int32 bias with the zero-point terms folded in."""
+    rows = packed.m
 
+    def make(x_scale, x_zero, w_scale, w_zero, y_scale, y_zero):
+        x_zp = np.int64(np.asarray(x_zero).reshape(()))
+        w_zp = per_row(w_zero, rows, np.int64)
+        total = np.zeros(rows, np.int64) if bias is None else bias.astype(np.int64)
+        # sum((x - xz) * (w - wz)) = sum(x * w) - xz * sum(w) - wz * sum(x) + K * xz * wz
+        total = total - x_zp * packed.row_sums.astype(np.int64) + reduction * x_zp * w_zp
+        return (
+            total.astype(np.int32),
+            requantization_scales(x_scale, w_scale, y_scale, rows),
+            int(np.asarray(y_zero).reshape(())),
+            w_zp.astype(np.int32) if np.any(w_zp) else None,
+        )
 
-class _Parameters:
-    """What the GEMM needs of a layer's scales and zero points (inputs, read at each run; made
-    once while they are the same arrays): per output row, the requantization scale and the
-    int32 bias with the zero-point terms folded in."""
-
-    def __init__(self, packed, rows: int, reduction: int, bias) -> None:
-        self.packed, self.rows, self.reduction, self.bias = packed, rows, reduction, bias
-        self._key: tuple | None = None
-
-    def __call__(self, x_scale, x_zero, w_scale, w_zero, y_scale, y_zero):
-        key = tuple(np.asarray(v).tobytes() for v in (x_scale, x_zero, w_scale, w_zero, y_scale, y_zero))
-        if key != self._key:
-            x_zp = np.int64(np.asarray(x_zero).reshape(()))
-            w_zp = _per_row(w_zero, self.rows, np.int64)
-            multiplier = np.float32(np.asarray(x_scale).reshape(())) * _per_row(
-                w_scale, self.rows, np.float32
-            )
-            scale = (multiplier / np.float32(np.asarray(y_scale).reshape(()))).astype(np.float32)
-            bias = np.zeros(self.rows, np.int64) if self.bias is None else self.bias.astype(np.int64)
-            # sum((x - xz) * (w - wz)) = sum(x * w) - xz * sum(w) - wz * sum(x) + K * xz * wz
-            bias = bias - x_zp * self.packed.row_sums.astype(np.int64) + self.reduction * x_zp * w_zp
-            self._values = (
-                bias.astype(np.int32),
-                scale,
-                int(np.asarray(y_zero).reshape(())),
-                w_zp.astype(np.int32) if np.any(w_zp) else None,
-            )
-            self._key = key
-        return self._values
+    return make
 
 
 def _gemm(packed, params, cols, out, workers: int) -> None:
@@ -261,11 +265,7 @@ def _gemm(packed, params, cols, out, workers: int) -> None:
     bias, scale, zero, w_zero = params
     columns = cols.shape[1]
     if w_zero is None:
-        rows, column_bounds = _gemm_slices(packed, columns, workers)
-        unit = 1 if packed.kernel == int8_gemm.PORTABLE else int8_gemm.TILE_ROWS
-        unit_bytes = packed.panels.shape[0] // max(1, -(-packed.m // unit))
-        args = (rows, column_bounds, packed.panels, unit_bytes, packed.kernel, cols, bias, scale, zero, out)
-        QGEMM.run((rows.shape[0] - 1) * (column_bounds.shape[0] - 1), args)
+        _run_gemm(QGEMM, packed, cols, columns, params, out, workers)
         return
     acc = np.empty(out.shape, np.int32)
     int8_gemm.igemm(packed, cols, 0, columns, bias, acc)
@@ -307,11 +307,11 @@ class QLinearKernel:
         if self.conv and len(info.inputs) > 8 and info.inputs[8] is not None and bias is None:
             raise BackendError(f"CpuAcc QLinearConv {info.layer_name!r} needs a constant bias, got an input")
         # Scales and zero points that are constants (as a QDQ model's always are): what they
-        # make is made at the first run only, not checked again.
+        # make is made at the first run only (ParameterCache).
         self.constant_parameters = all(constants[i] is not None for i in (1, 2, 4, 5, 6, 7))
         self._geometries: dict[tuple, tuple] = {}
         self.depthwise = (
-            DepthwiseInt8(w, bias, workers)
+            DepthwiseInt8(w, bias, workers, self.constant_parameters)
             if self.conv and is_depthwise(self.desc.group, w.shape[0], w.shape)
             else None
         )
@@ -319,18 +319,15 @@ class QLinearKernel:
             return
         self.reduction = weights.shape[1]
         self.packed = int8_gemm.pack_weights(np.ascontiguousarray(weights))
-        self.params = _Parameters(self.packed, self.filters, self.reduction, bias)
-        self._fixed: tuple | None = None
+        self.params = ParameterCache(
+            _gemm_parameters(self.packed, self.reduction, bias), self.constant_parameters
+        )
 
     def execute(self, inputs, outputs=None):
         x = np.asarray(inputs[0])
         if self.depthwise is not None:
             return [self._depthwise(x, [inputs[i] for i in (1, 2, 4, 5, 6, 7)], outputs)]
-        params = (
-            self._fixed if self._fixed is not None else self.params(*(inputs[i] for i in (1, 2, 4, 5, 6, 7)))
-        )
-        if self.constant_parameters:
-            self._fixed = params
+        params = self.params(*(inputs[i] for i in (1, 2, 4, 5, 6, 7)))
         if not self.conv:
             return [self._matmul(x, params, outputs)]
         return [self._conv(x, np.uint8(np.asarray(inputs[2]).reshape(())), params, outputs)]
@@ -352,7 +349,7 @@ class QLinearKernel:
         shape, layout, _ = self._geometry(x)
         out = np.empty(shape, np.uint8) if outputs is None else outputs[0]
         assert self.depthwise is not None
-        self.depthwise.run(x, tuple(params), layout, out, self.constant_parameters)
+        self.depthwise.run(x, tuple(params), layout, out)
         return out
 
     def _conv(self, x, zero, params, outputs):
@@ -384,28 +381,12 @@ class QLinearKernel:
         writes its columns as the rows of the output, with no transposed copy."""
         rows = np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
         out = np.empty((*x.shape[:-1], self.filters), np.uint8) if outputs is None else outputs[0]
-        bias, scale, zero, w_zero = params
-        if w_zero is not None:
+        if params[3] is not None:  # weights' zero points: through int32 products
             product = np.empty((self.filters, rows.shape[0]), np.uint8)
             _gemm(self.packed, params, np.ascontiguousarray(rows.T), product, self.workers)
             out.reshape(-1, self.filters)[...] = product.T
             return out
-        packed = self.packed
-        row_bounds, column_bounds = _gemm_slices(packed, rows.shape[0], self.workers)
-        unit = 1 if packed.kernel == int8_gemm.PORTABLE else int8_gemm.TILE_ROWS
-        unit_bytes = packed.panels.shape[0] // max(1, -(-packed.m // unit))
-        flat = out.reshape(-1, self.filters)
-        args = (
-            row_bounds,
-            column_bounds,
-            packed.panels,
-            unit_bytes,
-            packed.kernel,
-            rows,
-            bias,
-            scale,
-            zero,
-            flat,
+        _run_gemm(
+            QGEMM_ROWS, self.packed, rows, rows.shape[0], params, out.reshape(-1, self.filters), self.workers
         )
-        QGEMM_ROWS.run((row_bounds.shape[0] - 1) * (column_bounds.shape[0] - 1), args)
         return out
