@@ -7,6 +7,13 @@ densenet121 and inception_v2. With --churn N, instead runs squeezenet N times, a
 of the runs cancelled after a random delay, and prints the pools left free and the RSS growth
 between run 100 and run N.
 
+With --shared, instead what loads of one model (``--models``, default resnet50) on CpuAcc add
+beyond their arenas in one process: a second load of the same optimized network, a load at
+batch 4, and a batching stream up to 8 (batch sizes 1, 2, 4, 8), with the transformed weights
+each load made and found shared (``memory_report``). Target (same issue): each load adds at
+most 10% of the model's weight bytes beyond its arenas; the stream holds each transformed
+weight once.
+
 With --rss, instead the peak RSS of a fresh process per engine and model that loads the model
 and runs it three times: flowrt (``--backends``, default then CpuAcc,CpuRef, numba's kernel
 cache warmed by one discarded process first) against ONNX Runtime (CPU provider), and of a
@@ -126,15 +133,72 @@ def rss_report(models: list[str], backends: str) -> None:
         print(f"| {name}: load, 3 runs | {ours:.0f} | {theirs:.0f} | {ours / theirs:.2f} |")
 
 
+def _weights_of(model: flowrt.LoadedNetwork) -> tuple[int, int, int]:
+    """(arena bytes of one pool, transformed weights made, transformed weights shared)."""
+    report = model.memory_report().values()
+    return (
+        sum(r.get("arena_bytes", 0) for r in report),
+        sum(r["weights_bytes"] for r in report),
+        sum(r["shared_weights_bytes"] for r in report),
+    )
+
+
+async def _shared(name: str, backends: list[str]) -> None:
+    from flowrt.engine.memory.weights import MANAGER
+
+    opt = flowrt.optimize(flowrt.onnx.load(light_model(name)), backends=backends)
+    weight_bytes = sum(layer.descriptor.value.nbytes for layer in opt.graph if layer.kind == "Constant")
+    mib = 2**20
+    print(f"{name} on {','.join(backends)}: weights {weight_bytes / mib:.1f} MiB; one pool per load")
+    print(
+        "| load | RSS added MiB | arenas MiB | beyond arenas MiB | of weight bytes | transformed weights made / shared MiB |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    async with flowrt.Runtime() as rt:
+
+        async def measured(label: str, **kw) -> flowrt.LoadedNetwork:
+            before = _rss_mib()
+            model = await rt.load(opt, max_in_flight=1, **kw)
+            for _ in range(3):
+                await model.run({n: pattern_input(i) for n, i in model.inputs.items()})
+            added = _rss_mib() - before
+            arena, made, shared = _weights_of(model)
+            beyond = added - arena / mib
+            print(
+                f"| {label} | {added:.1f} | {arena / mib:.1f} | {beyond:.1f} | "
+                f"{beyond * mib / weight_bytes:.1%} | {made / mib:.1f} / {shared / mib:.1f} |"
+            )
+            return model
+
+        first = await measured("first")
+        await measured("second, same network")
+        await measured("batch 4", batch=4)
+        async with first.stream(max_batch=8) as stream:
+            await stream.submit({n: pattern_input(i) for n, i in first.inputs.items()})
+            variants = [await first.batched(size) for size in (2, 4, 8)]
+        figures = [_weights_of(v) for v in [first, *variants]]
+        each = sum(made + shared for _, made, shared in figures)
+        print(
+            f"\nbatching stream up to 8 (batch 1, 2, 4, 8): the variants read {each / mib:.1f} MiB of "
+            f"transformed weights; the process holds {MANAGER.held_bytes() / mib:.1f} MiB of them "
+            "(every load above included)"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default=None, help="default: CpuRef; with --rss CpuAcc,CpuRef")
     parser.add_argument("--churn", type=int, default=0)
     parser.add_argument("--rss", action="store_true", help="peak RSS against ONNX Runtime")
-    parser.add_argument("--models", default=",".join(LIGHT_MODELS), help="--rss: comma-separated")
+    parser.add_argument("--shared", action="store_true", help="what further loads add (see the doc)")
+    parser.add_argument("--models", default=None, help="--rss, --shared: comma-separated")
     args = parser.parse_args()
+    if args.shared:
+        for name in (args.models or "resnet50").split(","):
+            trio.run(_shared, name, (args.backends or "CpuAcc,CpuRef").split(","))
+        return
     if args.rss:
-        rss_report(args.models.split(","), args.backends or "CpuAcc,CpuRef")
+        rss_report((args.models or ",".join(LIGHT_MODELS)).split(","), args.backends or "CpuAcc,CpuRef")
         return
     backends = (args.backends or "CpuRef").split(",")
     if args.churn:  # alone in the process, so the RSS figures are the churn's own

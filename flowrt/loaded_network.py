@@ -17,6 +17,7 @@ import trio
 from flowrt.engine.graph.optimizer import OptimizedNetwork
 from flowrt.engine.memory.planner import MemoryLayout
 from flowrt.engine.memory.pool import PoolManager
+from flowrt.engine.memory.weights import WeightsRecord
 from flowrt.engine.scheduler.dataflow import Dataflow
 from flowrt.engine.scheduler.executor import Binding, DeviceRunner, HostRunner, execute
 from flowrt.engine.scheduler.feeds import check_feeds, check_output_buffers
@@ -74,6 +75,8 @@ class LoadedNetwork:
         self.profiling = profiling
         self._records: list[ProfileRecord] = []
         self._runs = itertools.count()
+        # the transformed weights its layers took at load (set by Runtime.load)
+        self.weights = WeightsRecord()
         # Set by Runtime.load: the batch asked for (None: as exported), the network before
         # re-batching (what other batch sizes are made from), and the runtime that loads them.
         self.batch: int | None = None
@@ -248,5 +251,15 @@ class LoadedNetwork:
     def memory_report(self) -> dict[str, dict[str, int]]:
         """Per backend: ``arena_bytes`` (one pool), ``no_reuse_bytes`` (all intermediate
         tensors summed), ``lower_bound_bytes`` (largest total live at one step of the
-        schedule) and ``tensors`` (how many were planned)."""
-        return {b: attrs.asdict(m) for b, m in self.layout.report.items()}
+        schedule) and ``tensors`` (how many were planned); and the weights its kernels read
+        in a form of their own (packed panels, Winograd transforms): ``weights_bytes``, made
+        by this load, and ``shared_weights_bytes``, found made by an earlier load of the same
+        constants (another load of this network, another batch size, another runtime) and
+        shared with it (see ``flowrt.engine.memory.weights``)."""
+        report = {b: attrs.asdict(m) for b, m in self.layout.report.items()}
+        for backend in {*self.weights.own, *self.weights.shared}:
+            report.setdefault(backend, {})
+        for backend, figures in report.items():
+            figures["weights_bytes"] = self.weights.own.get(backend, 0)
+            figures["shared_weights_bytes"] = self.weights.shared.get(backend, 0)
+        return report

@@ -32,6 +32,7 @@ from flowrt.engine.memory.budget import MemoryBudget, check_layer_outputs, check
 from flowrt.engine.memory.manager import MemoryManager
 from flowrt.engine.memory.planner import PlannedNode, plan_memory
 from flowrt.engine.memory.pool import PoolManager
+from flowrt.engine.memory.weights import WeightsRecord, recording
 from flowrt.engine.scheduler.executor import DeviceRunner
 from flowrt.errors import BackendError, FlowrtError
 from flowrt.loaded_network import LoadedNetwork
@@ -418,6 +419,7 @@ class Runtime:
         # This load's job on the CPU worker: the workloads that take a job's context warm up
         # in it, planning as a run with as many threads would.
         job = job_context()
+        weights = WeightsRecord()
 
         def make_workload(layer: Layer, info: WorkloadInfo):
             bid = layer.backend
@@ -430,11 +432,12 @@ class Runtime:
                 factories[bid] = backend.create_workload_factory(managers[bid])
             progress.begin(layer.name)
             try:
-                workload = factories[bid].create_workload(info)
-                if getattr(workload, "takes_job", False):
-                    workload.prepare(job)
-                else:
-                    workload.prepare()
+                with recording(weights, bid):  # the transformed weights it takes, shared or made
+                    workload = factories[bid].create_workload(info)
+                    if getattr(workload, "takes_job", False):
+                        workload.prepare(job)
+                    else:
+                        workload.prepare()
             except FlowrtError:
                 raise
             except Exception as e:
@@ -481,4 +484,6 @@ class Runtime:
             aging_interval=self.priority_aging,
         )
         assert self._workers is not None  # load checked the runtime is active
-        return LoadedNetwork(optimized, dataflow, self._workers, layout, pools, self.profiling, devices)
+        model = LoadedNetwork(optimized, dataflow, self._workers, layout, pools, self.profiling, devices)
+        model.weights = weights
+        return model

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from flowrt.engine.memory.weights import MANAGER
 from flowrt.workers.cpu.acc.blas import read_only
 from flowrt.workers.cpu.acc.conv.winograd import winograd_weights
 from flowrt.workers.cpu.acc.conv.winograd4 import winograd4_weights
@@ -15,11 +16,17 @@ class ConvWeights:
     GEMMs' left operand, and ``shape`` (M, C / groups, kh, kw) when they are constant (None when
     they are an input, packed per call by :meth:`pack`). The forms an algorithm derives from
     them (one matrix per tap, Winograd transforms, register-tile panels) are kept for the
-    constant weights, made on first use; for others they are made per call."""
+    constant weights, made on first use and shared with every other load of the same constant
+    (``flowrt.engine.memory.weights``); for others they are made per call."""
 
     def __init__(self, groups: int, constant: np.ndarray | None) -> None:
         self.groups = groups
-        self.packed = None if constant is None else self.pack(constant)
+        self._constant = constant
+        self.packed = (
+            None
+            if constant is None
+            else MANAGER.shared(constant, "conv.packed", groups, lambda: self.pack(constant))
+        )
         self.shape = None if constant is None else tuple(constant.shape)
         self._taps: np.ndarray | None = None
         self._winograd: dict[int, np.ndarray] = {}
@@ -36,18 +43,26 @@ class ConvWeights:
         if self._taps is not None and w is self.packed:
             return self._taps
         m, c, kh, kw = w_shape
-        taps = read_only(np.ascontiguousarray(w.reshape(m, c, kh * kw).transpose(2, 0, 1)))
-        if w is self.packed:
-            self._taps = taps
-        return taps
+
+        def make() -> np.ndarray:
+            return read_only(np.ascontiguousarray(w.reshape(m, c, kh * kw).transpose(2, 0, 1)))
+
+        if w is not self.packed:
+            return make()
+        self._taps = self._shared("conv.taps", w_shape, make)
+        return self._taps
 
     def winograd(self, w: np.ndarray, w_shape: tuple[int, ...], tile: int) -> np.ndarray:
         """The filters' Winograd transforms for ``tile`` x ``tile`` outputs ((tile + 2)^2, M, C)."""
         if w is self.packed and tile in self._winograd:
             return self._winograd[tile]
-        u = read_only((winograd_weights if tile == 2 else winograd4_weights)(w.reshape(w_shape)))
-        if w is self.packed:
-            self._winograd[tile] = u
+
+        def make() -> np.ndarray:
+            return read_only((winograd_weights if tile == 2 else winograd4_weights)(w.reshape(w_shape)))
+
+        if w is not self.packed:
+            return make()
+        u = self._winograd[tile] = self._shared("conv.winograd", (w_shape, tile), make)
         return u
 
     def panels(self, w: np.ndarray, bias: np.ndarray, constant: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -56,8 +71,18 @@ class ConvWeights:
         if constant and self._panels is not None:
             return self._panels
         groups, mg = w.shape[0], w.shape[1]
-        panels = np.stack([pack_panels(w[g]) for g in range(groups)])
+
+        def make() -> np.ndarray:
+            return np.stack([pack_panels(w[g]) for g in range(groups)])
+
+        panels = self._shared("conv.panels", w.shape, make) if w is self.packed else make()
         padded = np.stack([pad_rows(bias[g * mg : (g + 1) * mg]) for g in range(groups)])
         if constant:
             self._panels = (panels, padded)
         return panels, padded
+
+    def _shared(self, transform: str, params: object, make) -> np.ndarray:
+        """``make()``, the ``transform`` of the layer's constant weights, shared with every
+        other load of the same constant."""
+        assert self._constant is not None  # only the constant weights' forms are shared
+        return MANAGER.shared(self._constant, transform, (self.groups, params), make)

@@ -26,6 +26,7 @@ import numpy as np
 from numba import njit
 
 from flowrt.engine.graph.layers.conv import conv_kernel_shape, window_geometry
+from flowrt.engine.memory.weights import MANAGER
 from flowrt.errors import BackendError
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
@@ -318,7 +319,9 @@ class QLinearKernel:
         if self.depthwise is not None:
             return
         self.reduction = weights.shape[1]
-        self.packed = int8_gemm.pack_weights(np.ascontiguousarray(weights))
+        self.packed = MANAGER.shared(
+            w, "int8.packed", self.conv, lambda: int8_gemm.pack_weights(np.ascontiguousarray(weights))
+        )
         self.params = ParameterCache(
             _gemm_parameters(self.packed, self.reduction, bias), self.constant_parameters
         )

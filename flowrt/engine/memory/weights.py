@@ -1,0 +1,163 @@
+"""Transformed weights made once per process and shared (Arm NN's ``IWeightsManager``, ONNX
+Runtime's shared prepacked weights).
+
+A backend turns a layer's constant weights into the form its kernels read (register-tile
+panels, Winograd transforms of the filters, int8 panels). Made per load, a second load of the
+same optimized network, each batch size of a batching stream and each runtime of the process
+paid those bytes again. :func:`shared` makes each transform of each constant once: the key is
+the constant itself (the array that owns its memory, the offset, shape, strides and dtype of
+the view given) with the transform's name and parameters, and the value lives as long as
+someone holds it: the manager keeps only weak references, and forgets a constant's transforms
+when the constant is freed (so an address reused by a later array never finds a stale entry).
+Constants are read-only to the engine once optimized, so the constant's identity stands for
+its content.
+
+A load gathers what its layers took in a :class:`WeightsRecord` (``recording``): each
+transform's bytes, and whether an earlier user had made it (shared) or this load did (own);
+``LoadedNetwork.memory_report`` shows both beside the arenas.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+import weakref
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any
+
+import attrs
+import numpy as np
+
+
+@attrs.define
+class WeightsRecord:
+    """What one load's layers took from the manager, by backend: bytes made by this load
+    (``own``) and bytes found made by an earlier one (``shared``)."""
+
+    own: dict[str, int] = attrs.Factory(dict)
+    shared: dict[str, int] = attrs.Factory(dict)
+    backend: str = ""
+
+    def add(self, nbytes: int, found: bool) -> None:
+        into = self.shared if found else self.own
+        into[self.backend] = into.get(self.backend, 0) + nbytes
+
+
+_recording: contextvars.ContextVar[WeightsRecord | None] = contextvars.ContextVar(
+    "flowrt_weights_record", default=None
+)
+
+
+@contextlib.contextmanager
+def recording(record: WeightsRecord, backend: str) -> Iterator[WeightsRecord]:
+    """Count in ``record``, under ``backend``, every transform taken in this context."""
+    record.backend = backend
+    token = _recording.set(record)
+    try:
+        yield record
+    finally:
+        _recording.reset(token)
+
+
+def _owner(array: np.ndarray) -> np.ndarray:
+    """The array at the root of ``array``'s chain of views: it keeps the memory alive."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
+
+
+class WeightsManager:
+    """The process's transformed weights (one instance: :data:`MANAGER`); thread-safe, as
+    loads run on CPU workers."""
+
+    def __init__(self) -> None:
+        # reentrant: a weak reference's callback may run where a value is dropped under it
+        self._lock = threading.RLock()
+        # key -> (a tuple?, weak references to the transform's arrays (one, or each of a
+        # tuple's), the bytes they hold of their own: a view of the constant holds none)
+        self._values: dict[tuple, tuple[bool, tuple[weakref.ref, ...], int]] = {}
+        self._watched: set[int] = set()  # ids of owners whose freeing forgets their keys
+
+    def shared(self, source: np.ndarray, transform: str, params: Hashable, make: Callable[[], Any]) -> Any:
+        """``make()``, the ``transform`` (with ``params``) of the constant ``source``: an
+        ndarray, a tuple of them, or an attrs instance holding them, made once while anyone
+        holds it: a later call for the same constant and transform returns the same object.
+        The caller holds what it gets; nothing here keeps it alive."""
+        owner = _owner(source)
+        address = source.__array_interface__["data"][0]
+        key = (id(owner), address, source.shape, source.strides, source.dtype.str, transform, params)
+        value = self._alive(key)
+        found = value is not None
+        nbytes = 0
+        if value is None:
+            value = make()
+            with self._lock:
+                earlier = self._alive_locked(key)
+                if earlier is not None:  # made meanwhile by another load: take that one
+                    value, found = earlier, True
+                else:
+                    forget = self._forget_value(key)
+                    held = value if isinstance(value, tuple) else (value,)
+                    refs = tuple(weakref.ref(a, forget) for a in held)
+                    nbytes = sum(a.nbytes for a in _arrays(value) if not np.may_share_memory(a, source))
+                    self._values[key] = (isinstance(value, tuple), refs, nbytes)
+                    if id(owner) not in self._watched:
+                        self._watched.add(id(owner))
+                        weakref.finalize(owner, self._forget_owner, id(owner))
+        record = _recording.get()
+        if record is not None:
+            with self._lock:
+                entry = self._values.get(key)
+            record.add(nbytes if entry is None else entry[2], found)
+        return value
+
+    def _alive(self, key: tuple) -> Any:
+        with self._lock:
+            return self._alive_locked(key)
+
+    def _alive_locked(self, key: tuple) -> Any:
+        entry = self._values.get(key)
+        if entry is None:
+            return None
+        is_tuple, refs, _ = entry
+        arrays = tuple(ref() for ref in refs)
+        if any(a is None for a in arrays):
+            return None
+        return arrays if is_tuple else arrays[0]
+
+    def _forget_value(self, key: tuple) -> Callable[[weakref.ref], None]:
+        def forget(ref: weakref.ref) -> None:
+            with self._lock:
+                entry = self._values.get(key)
+                if entry is not None and ref in entry[1]:
+                    del self._values[key]
+
+        return forget
+
+    def _forget_owner(self, owner_id: int) -> None:
+        with self._lock:
+            self._watched.discard(owner_id)
+            for key in [k for k in self._values if k[0] == owner_id]:
+                del self._values[key]
+
+    def held_bytes(self) -> int:
+        """Bytes of the transformed weights alive now, each counted once (a view of its
+        constant counts none)."""
+        with self._lock:
+            return sum(e[2] for k, e in list(self._values.items()) if self._alive_locked(k) is not None)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(self._alive_locked(k) is not None for k in list(self._values))
+
+
+def _arrays(value: Any) -> list[np.ndarray]:
+    """The arrays a transform's value holds (itself, a tuple's, an attrs instance's fields)."""
+    if isinstance(value, np.ndarray):
+        return [value]
+    items = value if isinstance(value, tuple) else [getattr(value, f.name) for f in attrs.fields(type(value))]
+    return [a for a in items if isinstance(a, np.ndarray)]
+
+
+MANAGER = WeightsManager()

@@ -1,0 +1,87 @@
+"""Transformed weights shared across loads, through the public API: a second load of the same
+optimized network, another batch size and another runtime take the forms the first load made
+(``memory_report``'s ``weights_bytes`` and ``shared_weights_bytes``), and compute the same."""
+
+import gc
+
+import numpy as np
+
+import flowrt
+from flowrt.engine.memory.weights import MANAGER
+from flowrt.types import TensorInfo
+
+
+def _filters(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+
+
+def _close(actual: np.ndarray, expected: np.ndarray) -> None:
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
+
+
+def _convs() -> flowrt.Network:
+    """Two 3x3 convs of 32 channels and a 1x1 one: CpuAcc packs or transforms each filter."""
+    rng = np.random.default_rng(0)
+    d = flowrt.descriptors
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, 16, 20, 20)))
+    c1 = net.add_layer("Conv", d.Conv(pads=(1, 1, 1, 1)), [x, _filters(rng, (32, 16, 3, 3))], name="c1")
+    r1 = net.add_layer("Relu", inputs=[c1], name="r1")
+    c2 = net.add_layer("Conv", d.Conv(pads=(1, 1, 1, 1)), [r1, _filters(rng, (32, 32, 3, 3))], name="c2")
+    c3 = net.add_layer("Conv", None, [c2, _filters(rng, (8, 32, 1, 1))], name="c3")
+    net.add_output("y", c3)
+    return net
+
+
+def _input(batch: int = 1) -> np.ndarray:
+    return np.random.default_rng(1).standard_normal((batch, 16, 20, 20)).astype(np.float32)
+
+
+def _weights(model: flowrt.LoadedNetwork) -> tuple[int, int]:
+    report = model.memory_report()["CpuAcc"]
+    return report["weights_bytes"], report["shared_weights_bytes"]
+
+
+async def test_a_second_load_takes_the_first_loads_transformed_weights():
+    opt = flowrt.optimize(_convs(), backends=["CpuAcc"])
+    reference = flowrt.optimize(_convs(), backends=["CpuRef"])
+    async with flowrt.Runtime() as rt:
+        first = await rt.load(opt)
+        own, shared = _weights(first)
+        assert own > 0 and shared == 0
+        second = await rt.load(opt)
+        assert _weights(second) == (0, own)
+        expected = (await (await rt.load(reference)).run({"x": _input()}))["y"]
+        for model in (first, second):
+            _close((await model.run({"x": _input()}))["y"], expected)
+
+
+async def test_another_runtime_and_another_batch_size_share_them_too():
+    opt = flowrt.optimize(_convs(), backends=["CpuAcc"])
+    async with flowrt.Runtime() as rt, flowrt.Runtime() as other:
+        first = await rt.load(opt)
+        own, _ = _weights(first)
+        elsewhere = await other.load(opt)
+        assert _weights(elsewhere) == (0, own)
+        batched = await rt.load(opt, batch=4)
+        made, taken = _weights(batched)
+        assert taken > 0  # the forms both batch sizes read are held once
+        one = (await first.run({"x": _input()}))["y"]
+        four = (await batched.run({"x": np.repeat(_input(), 4, axis=0)}))["y"]
+        for sample in four:
+            _close(sample, one[0])
+        assert taken <= own  # what it found made, the first load made
+
+
+async def test_the_forms_are_freed_with_their_last_user():
+    gc.collect()
+    before = MANAGER.held_bytes()
+    opt = flowrt.optimize(_convs(), backends=["CpuAcc"])
+    async with flowrt.Runtime() as rt:
+        model = await rt.load(opt)
+        own, _ = _weights(model)
+        assert MANAGER.held_bytes() - before >= own
+        await rt.unload(model)
+    del model
+    gc.collect()
+    assert MANAGER.held_bytes() == before
