@@ -85,3 +85,36 @@ async def test_the_forms_are_freed_with_their_last_user():
     del model
     gc.collect()
     assert MANAGER.held_bytes() == before
+
+
+def _dense(rows: int) -> flowrt.Network:
+    """A MatMul by constant weights, then a Gemm with transB and a bias."""
+    rng = np.random.default_rng(2)
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((rows, 64)))
+    mm = net.add_layer("MatMul", None, [x, _filters(rng, (64, 96))], name="mm")
+    gemm = net.add_layer(
+        "Gemm",
+        flowrt.descriptors.Gemm(transB=1),
+        [mm, _filters(rng, (48, 96)), _filters(rng, (48,))],
+        name="gemm",
+    )
+    net.add_output("y", gemm)
+    return net
+
+
+async def test_matmul_and_gemm_weights_are_shared_by_panels_and_by_rows():
+    for rows in (64, 1):  # register-tile panels for many rows, transposed rows for one
+        opt = flowrt.optimize(_dense(rows), backends=["CpuAcc"])
+        x = np.random.default_rng(3).standard_normal((rows, 64)).astype(np.float32)
+        async with flowrt.Runtime() as rt:
+            expected = (
+                await (await rt.load(flowrt.optimize(_dense(rows), backends=["CpuRef"]))).run({"x": x})
+            )["y"]
+            first = await rt.load(opt)
+            own, _ = _weights(first)
+            assert own > 0
+            second = await rt.load(opt)
+            assert _weights(second) == (0, own)
+            for model in (first, second):
+                _close((await model.run({"x": x}))["y"], expected)

@@ -54,10 +54,15 @@ def pack(w: np.ndarray, bias: np.ndarray | None = None) -> PackedWeights:
     for p in range(count):
         block = w[:, p * TILE_COLUMNS : (p + 1) * TILE_COLUMNS]
         panels[p, :, : block.shape[1]] = block
-    column_bias = np.zeros(count * TILE_COLUMNS, np.float32)
+    return PackedWeights(read_only(panels), column_bias(panels, bias), n)
+
+
+def column_bias(panels: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """``bias`` (N,) or None (zeros) padded to the columns of ``panels``, read-only."""
+    padded = np.zeros(panels.shape[0] * TILE_COLUMNS, np.float32)
     if bias is not None:
-        column_bias[:n] = bias
-    return PackedWeights(read_only(panels), read_only(column_bias), n)
+        padded[: bias.shape[0]] = bias
+    return read_only(padded)
 
 
 class Plan(NamedTuple):

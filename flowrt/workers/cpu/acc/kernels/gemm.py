@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from flowrt.engine.memory.weights import MANAGER
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.errors import ShapeError
 from flowrt.registry import Support, WorkloadInfo
@@ -106,9 +107,14 @@ class _Packed:
     packs panels), and ``w`` itself is the layer's constant, or a view of it, not a copy:
     vgg19's fully connected weights (0.5 GiB) were held four times at load."""
 
-    def __init__(self, w: np.ndarray, bias: np.ndarray | None, workers: int) -> None:
+    def __init__(
+        self, w: np.ndarray, bias: np.ndarray | None, workers: int, source: np.ndarray, form: tuple
+    ) -> None:
         self.k, self.n = w.shape
         self.workers = workers
+        # the layer's constant and how ``w`` is made of it: the panels and rows made of
+        # ``w`` are shared with every other load of that constant (engine/memory/weights.py)
+        self._source, self._form = source, form
         self._plans: dict[int, packed_gemm.Plan] = {}
         self._w, self._bias = w, bias
         self._panels: packed_gemm.PackedWeights | None = None
@@ -118,7 +124,12 @@ class _Packed:
     def weights(self) -> packed_gemm.PackedWeights:
         """The weights packed into panels (on the first product of many rows)."""
         if self._panels is None:
-            self._panels = packed_gemm.pack(self._w, self._bias)
+            panels = MANAGER.shared(
+                self._source, "gemm.panels", self._form, lambda: packed_gemm.pack(self._w).panels
+            )
+            self._panels = packed_gemm.PackedWeights(
+                panels, packed_gemm.column_bias(panels, self._bias), self.n
+            )
         return self._panels
 
     def _by_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -126,7 +137,12 @@ class _Packed:
         workers, for :func:`gemv.gemv` (made on the first product of few rows)."""
         if self._rows is None:
             n = self.n
-            rows = read_only(np.ascontiguousarray(self._w.T, np.float32))
+            rows = MANAGER.shared(
+                self._source,
+                "gemm.rows",
+                self._form,
+                lambda: read_only(np.ascontiguousarray(self._w.T, np.float32)),
+            )
             bias = np.zeros(n, np.float32) if self._bias is None else np.broadcast_to(self._bias, (n,))
             self._rows = (
                 rows,
@@ -199,7 +215,7 @@ class GemmKernel:
         w = self.b.T if desc.transB else self.b  # float32 already (_matrix): a view, no copy
         if desc.alpha != 1:
             w = w * np.float32(desc.alpha)
-        return _Packed(w, bias, self.workers)
+        return _Packed(w, bias, self.workers, self.b, ("gemm", desc.transB, desc.alpha))
 
     @staticmethod
     def _as_c(c) -> np.ndarray:
@@ -278,7 +294,9 @@ class MatMulKernel:
             and self.b.ndim == 2
             and (bias is not None or not self.with_bias)
         ):
-            self.packed = _Packed(self.b, None if bias is None else _matrix(bias), workers)
+            self.packed = _Packed(
+                self.b, None if bias is None else _matrix(bias), workers, self.b, ("matmul",)
+            )
             self.weights_shape, self.b = self.b.shape, None  # the packed copy serves every run
 
     def plan(self, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> _Batches:
