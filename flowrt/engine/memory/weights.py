@@ -87,15 +87,15 @@ class WeightsManager:
         owner = _owner(source)
         address = source.__array_interface__["data"][0]
         key = (id(owner), address, source.shape, source.strides, source.dtype.str, transform, params)
-        value = self._alive(key)
+        with self._lock:
+            value, nbytes = self._alive_locked(key)
         found = value is not None
-        nbytes = 0
         if value is None:
             value = make()
             with self._lock:
-                earlier = self._alive_locked(key)
+                earlier, earlier_bytes = self._alive_locked(key)
                 if earlier is not None:  # made meanwhile by another load: take that one
-                    value, found = earlier, True
+                    value, nbytes, found = earlier, earlier_bytes, True
                 else:
                     forget = self._forget_value(key)
                     held = value if isinstance(value, tuple) else (value,)
@@ -107,24 +107,19 @@ class WeightsManager:
                         weakref.finalize(owner, self._forget_owner, id(owner))
         record = _recording.get()
         if record is not None:
-            with self._lock:
-                entry = self._values.get(key)
-            record.add(nbytes if entry is None else entry[2], found)
+            record.add(nbytes, found)
         return value
 
-    def _alive(self, key: tuple) -> Any:
-        with self._lock:
-            return self._alive_locked(key)
-
-    def _alive_locked(self, key: tuple) -> Any:
+    def _alive_locked(self, key: tuple) -> tuple[Any, int]:
+        """The value under ``key`` and its own bytes, or (None, 0) where none is alive."""
         entry = self._values.get(key)
         if entry is None:
-            return None
-        is_tuple, refs, _ = entry
+            return None, 0
+        is_tuple, refs, nbytes = entry
         arrays = tuple(ref() for ref in refs)
         if any(a is None for a in arrays):
-            return None
-        return arrays if is_tuple else arrays[0]
+            return None, 0
+        return (arrays if is_tuple else arrays[0]), nbytes
 
     def _forget_value(self, key: tuple) -> Callable[[weakref.ref], None]:
         def forget(ref: weakref.ref) -> None:
@@ -145,11 +140,11 @@ class WeightsManager:
         """Bytes of the transformed weights alive now, each counted once (a view of its
         constant counts none)."""
         with self._lock:
-            return sum(e[2] for k, e in list(self._values.items()) if self._alive_locked(k) is not None)
+            return sum(self._alive_locked(k)[1] for k in list(self._values))
 
     def __len__(self) -> int:
         with self._lock:
-            return sum(self._alive_locked(k) is not None for k in list(self._values))
+            return sum(self._alive_locked(k)[0] is not None for k in list(self._values))
 
 
 def _arrays(value: Any) -> list[np.ndarray]:

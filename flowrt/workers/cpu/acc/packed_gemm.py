@@ -47,6 +47,13 @@ class PackedWeights(NamedTuple):
 
 def pack(w: np.ndarray, bias: np.ndarray | None = None) -> PackedWeights:
     """``w`` (K, N) as panels (:class:`PackedWeights`); ``bias`` is (N,) or None."""
+    panels = column_panels(w)
+    return PackedWeights(panels, column_bias(panels, bias), w.shape[1])
+
+
+def column_panels(w: np.ndarray) -> np.ndarray:
+    """``w`` (K, N) as read-only panels (ceil(N / TILE_COLUMNS), K, TILE_COLUMNS), the last
+    one padded with zero columns."""
     k, n = w.shape
     count = -(-n // TILE_COLUMNS)
     # panel by panel: one copy of the weights, not a padded one and then the panels
@@ -54,7 +61,7 @@ def pack(w: np.ndarray, bias: np.ndarray | None = None) -> PackedWeights:
     for p in range(count):
         block = w[:, p * TILE_COLUMNS : (p + 1) * TILE_COLUMNS]
         panels[p, :, : block.shape[1]] = block
-    return PackedWeights(read_only(panels), column_bias(panels, bias), n)
+    return read_only(panels)
 
 
 def column_bias(panels: np.ndarray, bias: np.ndarray | None) -> np.ndarray:

@@ -125,7 +125,7 @@ class _Packed:
         """The weights packed into panels (on the first product of many rows)."""
         if self._panels is None:
             panels = MANAGER.shared(
-                self._source, "gemm.panels", self._form, lambda: packed_gemm.pack(self._w).panels
+                self._source, "gemm.panels", self._form, lambda: packed_gemm.column_panels(self._w)
             )
             self._panels = packed_gemm.PackedWeights(
                 panels, packed_gemm.column_bias(panels, self._bias), self.n
