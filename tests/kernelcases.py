@@ -34,24 +34,26 @@ def run_on_acc(
     workers=2,
     given_out=False,
     tune=None,
+    dtype=np.float32,
     **options,
 ):
     """CpuAcc's kernel for one ``kind`` layer and its result on ``inputs``, checked for
-    ``expected``'s shape and float32 (and, with ``given_out``, written into the output given).
-    ``options`` are passed to the kernel's constructor (Conv's ``tuning``); ``tune(kernel)``
-    may set knobs on it before the run."""
+    ``expected``'s shape and ``dtype`` (and, with ``given_out``, written into the output
+    given). ``options`` are passed to the kernel's constructor (Conv's ``tuning``);
+    ``tune(kernel)`` may set knobs on it before the run."""
     info = WorkloadInfo(
-        kind.lower(), kind, desc, tuple(TensorInfo.of(a) for a in inputs), (TensorInfo.of(expected),), constants,
-        activation,
+        kind.lower(), kind, desc, tuple(TensorInfo.of(np.asarray(a)) for a in inputs), (TensorInfo.of(expected),),
+        constants, activation,
     )  # fmt: skip
     kernel = acc_kernels()[kind](info, workers, **options)
     if tune:
         tune(kernel)
-    outputs = [np.full(expected.shape, np.nan, np.float32)] if given_out else None
+    fill = np.nan if np.dtype(dtype).kind == "f" else 0
+    outputs = [np.full(expected.shape, fill, dtype)] if given_out else None
     (got,) = kernel.execute(list(inputs), outputs)
     if given_out:
         assert got is outputs[0]
-    assert got.dtype == np.float32 and got.shape == expected.shape
+    assert got.dtype == dtype and got.shape == expected.shape
     return kernel, got
 
 

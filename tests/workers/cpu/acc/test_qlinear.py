@@ -8,6 +8,7 @@ import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernelcases import run_on_acc
 from qdqmodels import qdq_conv_model
 
 import flowrt
@@ -19,15 +20,20 @@ from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
 
 def _run_both(kind, desc, inputs, workers=2, given_outputs=False):
     expected = ref_kernels()[kind](desc, *inputs)
-    infos = tuple(None if a is None else TensorInfo.of(np.asarray(a)) for a in inputs)
     constants = tuple(np.asarray(a) if i >= 1 else None for i, a in enumerate(inputs))
+    infos = tuple(TensorInfo.of(np.asarray(a)) for a in inputs)
     info = WorkloadInfo("layer", kind, desc, infos, (TensorInfo.of(expected),), constants)
     assert acc_kernels()[kind].supports(info).supported
-    outputs = [np.empty(expected.shape, expected.dtype)] if given_outputs else None
-    (got,) = acc_kernels()[kind](info, workers).execute(inputs, outputs)
-    if given_outputs:
-        assert got is outputs[0]
-    assert got.dtype == expected.dtype and got.shape == expected.shape
+    _, got = run_on_acc(
+        kind,
+        desc,
+        inputs,
+        expected,
+        constants,
+        workers=workers,
+        given_out=given_outputs,
+        dtype=expected.dtype,
+    )
     return got, expected
 
 
