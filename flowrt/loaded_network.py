@@ -111,7 +111,9 @@ class LoadedNetwork:
 
         Feeds are checked first (InputError, DataTypeError, ShapeError) and read in place.
         ``outputs`` binds caller arrays (ONNX Runtime's IOBinding): those outputs are written
-        into them, and they are what is returned. A failing workload raises RunError.
+        into them, and they are what is returned. An output no layer reads, bound to a
+        C-contiguous array that shares no memory with a feed, is written there by the layer
+        that produces it (or downloaded there from the device), with no copy. A failing workload raises RunError.
         Cancelling the calling scope stops the run at the next workload. The run's memory
         pool is awaited by ``priority`` (first come, first served within one) and given
         back however the run ends. ``profile`` (default: the runtime's ``profiling``) records
@@ -141,14 +143,12 @@ class LoadedNetwork:
                     record,
                     devices=self._devices,
                     priority=int(priority),
+                    outputs=bound,
                 )
         finally:
             self._in_flight -= 1
             if self._in_flight == 0 and self._drained is not None:
                 self._drained.set()
-        for name, target in bound.items():
-            np.copyto(target, results[name])
-            results[name] = target
         return results
 
     def _recorder(self, run: int):

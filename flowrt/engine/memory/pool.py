@@ -48,7 +48,7 @@ class MemoryPool:
         # The executor's record of each workload's output views in this pool (by layer), and
         # of each host segment's steps with their workloads bound to this pool's memory.
         self.placements: dict[str, Any] = {}
-        self.programs: dict[int, Any] = {}
+        self.programs: dict[Any, Any] = {}  # by segment index (and the layers writing caller arrays)
 
     def view(self, backend: str, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         """The tensor of ``shape``/``dtype`` stored at ``offset`` of ``backend``'s arena (made

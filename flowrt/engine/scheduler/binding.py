@@ -44,9 +44,11 @@ def bind_segment(
     segment: Segment,
     constants: Mapping[int, np.ndarray],
     placement: Callable[[WorkloadNode], tuple[list[Any] | None, tuple[Any, ...], int, bool]],
+    unbound: frozenset[str] = frozenset(),
 ) -> list[WorkloadNode | BoundStep]:
     """``segment``'s steps in the pool whose output views ``placement(node)`` gives
-    (``(targets, views, produced, takes_job)``, as the executor records them)."""
+    (``(targets, views, produced, takes_job)``, as the executor records them); the layers
+    named in ``unbound`` stay steps of their own."""
     fixed: dict[int, Any] = dict(constants)
     steps: list[WorkloadNode | BoundStep] = []
     run: list[tuple[WorkloadNode, Any]] = []
@@ -65,7 +67,7 @@ def bind_segment(
 
     for node in segment.nodes:
         views = placement(node)[1]
-        call = _bind(node, fixed, views)
+        call = None if node.layer in unbound else _bind(node, fixed, views)
         if call is None:
             flush()
             steps.append(node)

@@ -10,7 +10,9 @@ backend's device runner (GpuAcc's queue actor of the run's priority): its upload
 workloads and its downloads are enqueued together on one in-order queue, and the task
 wakes when the device has finished them — no thread waits per kernel. Workloads that write
 in place get their planned pool memory as outputs (device tensors for a device arena); the
-others' results are copied into it. Which tensors cross between host and device is the
+others' results are copied into it. A network output the caller binds to an array of its own
+(``outputs=``) is written there by its producing workload instead, or downloaded there from
+the device: no copy (see :func:`direct_outputs` for when). Which tensors cross between host and device is the
 dataflow's decision (``Segment.uploads`` / ``downloads``): a run keeps a tensor's host value
 and its device value apart, and reads the one its placement needs.
 
@@ -53,7 +55,9 @@ class DeviceRunner(Protocol):
     ``submit(priority, enqueue)`` has ``enqueue(queue)`` put commands on an in-order queue of
     that priority and returns once the device has finished them. ``upload(queue, array)`` and
     ``download(queue, tensor)`` enqueue a copy without waiting and return the copy and an
-    object to keep until the work is done (the copy's event).
+    object to keep until the work is done (the copy's event); ``download_into(queue, tensor,
+    array)`` enqueues the copy into a C-contiguous host array of the tensor's shape and dtype
+    and returns that object.
     """
 
     async def submit(self, priority: int, enqueue: Callable[[Any], Any]) -> None: ...
@@ -61,6 +65,8 @@ class DeviceRunner(Protocol):
     def upload(self, queue: Any, array: np.ndarray) -> tuple[Any, Any]: ...
 
     def download(self, queue: Any, tensor: Any) -> tuple[np.ndarray, Any]: ...
+
+    def download_into(self, queue: Any, tensor: Any, array: np.ndarray) -> Any: ...
 
 
 class HostRunner(Protocol):
@@ -98,8 +104,11 @@ class _RunState:
         feeds: Mapping[str, np.ndarray],
         pool: MemoryPool | None,
         bindings: Mapping[int, Binding],
+        direct: Mapping[int, np.ndarray] | None = None,
     ) -> None:
         self.pool = pool
+        # Network outputs written straight into the caller's arrays, by tensor id.
+        self.direct = direct or {}
         self.bindings = bindings if pool is not None else {}
         # Each workload's output views, worked out on the first run that borrows the pool.
         self.placements: dict[str, tuple[list[Any] | None, tuple[Any, ...], int, bool]] = (
@@ -138,6 +147,8 @@ class _RunState:
                 start = time.perf_counter_ns()
             try:
                 targets, views, produced, takes_job = self._placement(node)
+                if self.direct:
+                    targets, views = self._redirect(node, targets, views)
                 if takes_job:
                     results = node.workload.execute(args, targets, job)  # type: ignore[call-arg]  # a takes_job workload's execute
                 else:
@@ -157,10 +168,29 @@ class _RunState:
         """The steps of ``segment`` in this run's pool (made on the pool's first run of it)."""
         pool = self.pool
         assert pool is not None  # run_segment asks for a program only in a pool
-        steps = pool.programs.get(segment.index)
+        redirected = frozenset(
+            node.layer for node in segment.nodes if any(t in self.direct for t in node.outputs)
+        )
+        key = (segment.index, redirected) if redirected else segment.index
+        steps = pool.programs.get(key)
         if steps is None:
-            steps = pool.programs[segment.index] = bind_segment(segment, self.constants, self._placement)
+            # The producers of outputs bound by the caller stay steps of their own: their
+            # targets change from run to run.
+            steps = pool.programs[key] = bind_segment(
+                segment, self.constants, self._placement, unbound=redirected
+            )
         return steps
+
+    def _redirect(
+        self, node: WorkloadNode, targets: list[Any] | None, views: tuple[Any, ...]
+    ) -> tuple[list[Any] | None, tuple[Any, ...]]:
+        """``node``'s targets and views with the caller's arrays in place of the pool views of
+        the outputs bound to them."""
+        direct = self.direct
+        if not any(t in direct for t in node.outputs):
+            return targets, views
+        views = tuple(direct.get(t, v) if t is not None else v for t, v in zip(node.outputs, views))
+        return (list(views) if targets is not None else None), views
 
     def enqueue_segment(self, segment: Segment, runner: DeviceRunner, queue: Any, keep: list[Any]) -> None:
         """Enqueue a device segment on ``queue`` (from its queue actor, in the trio thread):
@@ -184,7 +214,11 @@ class _RunState:
                 self.record(node, f"{segment.backend} queue", start, time.perf_counter_ns())
             self._release(node.inputs)
         for tid in segment.downloads:
-            self.values[tid], event = runner.download(queue, self.device_values[tid])
+            into = self.direct.get(tid)
+            if into is None:
+                self.values[tid], event = runner.download(queue, self.device_values[tid])
+            else:
+                self.values[tid], event = into, runner.download_into(queue, self.device_values[tid], into)
             keep.append(event)
 
     def _device_argument(self, tid: int | None, on_host: bool) -> Any:
@@ -282,8 +316,11 @@ async def execute(
     *,
     devices: Mapping[str, DeviceRunner] | None = None,
     priority: int = 1,
+    outputs: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Run the dataflow once on checked feeds; return fresh output arrays by name.
+    """Run the dataflow once on checked feeds; return fresh output arrays by name, or for the
+    names in ``outputs`` (checked caller arrays of their dtype and shape) those arrays, which
+    the run wrote (see :func:`direct_outputs`).
 
     Host segments run on ``host`` (see :class:`HostRunner`), device segments on the runner
     of their backend in ``devices`` (see :class:`DeviceRunner`); ``priority`` is passed to
@@ -294,7 +331,9 @@ async def execute(
     when given, is called from the worker after each workload with
     ``(node, worker name, start_ns, end_ns)``.
     """
-    state = _RunState(dataflow, feeds, pool, bindings or {})
+    bound = outputs or {}
+    direct = direct_outputs(dataflow, bindings or {}, feeds, bound) if bound else None
+    state = _RunState(dataflow, feeds, pool, bindings or {}, direct)
     state.record = record
     state.between = host.between_workloads
     done = [trio.Event() for _ in dataflow.segments]
@@ -336,9 +375,47 @@ async def execute(
         raise state.error
     # A run cancelled while a worker ran its segment got here without its outputs.
     await trio.lowlevel.checkpoint_if_cancelled()
-    # Downloads are new arrays already; everything else may be pool memory or a feed.
-    fresh = dataflow.downloads
-    return {
-        name: state.values[tid] if tid in fresh else np.array(state.values[tid], copy=True)
-        for name, tid in dataflow.outputs.items()
-    }
+    # Downloads are new arrays already; everything else may be pool memory, a feed or a
+    # caller's array.
+    fresh = dataflow.downloads - state.direct.keys()
+    results = {}
+    for name, tid in dataflow.outputs.items():
+        value, target = state.values[tid], bound.get(name)
+        if target is None:
+            results[name] = value if tid in fresh else np.array(value, copy=True)
+            continue
+        if value is not target:
+            np.copyto(target, value)
+        results[name] = target
+    return results
+
+
+def direct_outputs(
+    dataflow: Dataflow,
+    bindings: Mapping[int, Binding],
+    feeds: Mapping[str, np.ndarray],
+    outputs: Mapping[str, np.ndarray],
+) -> dict[int, np.ndarray]:
+    """The caller's output arrays that the run writes directly, by tensor id: those of
+    outputs a workload produces and no workload reads, in a C-contiguous array of the planned
+    (or, downloaded from a device, the inferred) shape that shares no memory with a feed.
+    The others are copied into their arrays at the end of the run."""
+    made = {tid for node in dataflow.order for tid in node.outputs if tid is not None}
+    downloads = dataflow.downloads
+    direct: dict[int, np.ndarray] = {}
+    for name, array in outputs.items():
+        tid = dataflow.outputs[name]
+        if tid in direct or tid not in made or dataflow.readers.get(tid, 0):
+            continue
+        if not array.flags.c_contiguous or any(np.may_share_memory(array, f) for f in feeds.values()):
+            continue
+        binding = bindings.get(tid)
+        if tid in downloads:
+            info = dataflow.tensor_infos.get(tid)
+            shape = info.shape if info is not None else None
+        else:
+            shape = binding.shape if binding is not None else array.shape
+        if shape is None or tuple(shape) != array.shape:
+            continue
+        direct[tid] = array
+    return direct

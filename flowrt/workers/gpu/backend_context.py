@@ -59,3 +59,6 @@ class GpuBackendContext:
 
     def download(self, queue: Any, tensor: GpuTensor) -> tuple[np.ndarray, Any]:
         return self.device.enqueue_download(queue, tensor)
+
+    def download_into(self, queue: Any, tensor: GpuTensor, array: np.ndarray) -> Any:
+        return self.device.enqueue_download(queue, tensor, into=array)[1]

@@ -101,13 +101,16 @@ class DeviceContext:
         np.copyto(staged, host.reshape(-1).view(np.uint8))
         return tensor, cl.enqueue_copy(queue, tensor.buffer, staged, is_blocking=False)
 
-    def enqueue_download(self, queue: Any, tensor: GpuTensor) -> tuple[np.ndarray, Any]:
-        """A new host array that will hold ``tensor`` once the returned event has completed
-        (keep the event until then); inside a submission, once the submission has finished."""
+    def enqueue_download(
+        self, queue: Any, tensor: GpuTensor, into: np.ndarray | None = None
+    ) -> tuple[np.ndarray, Any]:
+        """A host array that will hold ``tensor`` once the returned event has completed (keep
+        the event until then); inside a submission, once the submission has finished. The
+        array is ``into`` (C-contiguous, of the tensor's shape and dtype) when given, else new."""
         lent = self._lent_scratch()
         if lent is None or not tensor.size:
-            return tensor.enqueue_read(queue)
-        host = np.empty(tensor.shape, tensor.dtype)
+            return tensor.enqueue_read(queue, into)
+        host = np.empty(tensor.shape, tensor.dtype) if into is None else into
         staged = lent.stage(tensor.nbytes)
         event = cl.enqueue_copy(queue, staged, tensor.buffer, is_blocking=False)
         lent.copy_after(host.reshape(-1).view(np.uint8), staged)

@@ -46,11 +46,12 @@ class GpuTensor:
             cl.enqueue_copy(self.queue, host, self.buffer, is_blocking=True)
         return host
 
-    def enqueue_read(self, queue: Any) -> tuple[np.ndarray, Any]:
-        """Enqueue a copy to a new host array on ``queue``, without waiting: the array holds
-        the tensor once the returned event has completed. Keep the event until then — pyopencl
-        ties the array's lifetime to it, and dropping it early blocks until the copy is done."""
-        host = np.empty(self.shape, self.dtype)
+    def enqueue_read(self, queue: Any, into: np.ndarray | None = None) -> tuple[np.ndarray, Any]:
+        """Enqueue a copy to a host array (``into``, C-contiguous of this shape and dtype, or a
+        new one) on ``queue``, without waiting: the array holds the tensor once the returned
+        event has completed. Keep the event until then — pyopencl ties the array's lifetime to
+        it, and dropping it early blocks until the copy is done."""
+        host = np.empty(self.shape, self.dtype) if into is None else into
         return host, cl.enqueue_copy(queue, host, self.buffer, is_blocking=False)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:

@@ -51,6 +51,34 @@ async def test_gpuacc_intermediates_stay_on_the_device(gpu, conv_network, conv_n
     assert transfers == {"upload": after_load["upload"] + 2, "download": after_load["download"] + 2}
 
 
+async def test_a_bound_output_is_downloaded_into_the_callers_array(
+    gpu, conv_network, conv_net_reference, monkeypatch
+):
+    feeds, expected = conv_net_reference
+    written_into = []
+    enqueue_download = DeviceContext.enqueue_download
+
+    def recording(self, queue, tensor, into=None):
+        written_into.append(into)
+        return enqueue_download(self, queue, tensor, into)
+
+    monkeypatch.setattr(DeviceContext, "enqueue_download", recording)
+    opt = flowrt.optimize(conv_network(), backends=["GpuAcc", "CpuRef"])
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        model = await rt.load(opt, max_in_flight=1)
+        (segment,) = model.dataflow.segments
+        assert segment.device and segment.downloads == (model.dataflow.outputs["y"],)
+        for _ in range(2):
+            target = np.empty_like(expected["y"])
+            out = await model.run(feeds, outputs={"y": target})
+            assert out["y"] is target and written_into[-1] is target  # the download wrote it
+            np.testing.assert_allclose(target, expected["y"], rtol=1e-5, atol=1e-6)
+        # Without a bound array, the run still returns a new one.
+        again = (await model.run(feeds))["y"]
+        assert written_into[-1] is None and not np.shares_memory(again, target)
+        np.testing.assert_allclose(again, expected["y"], rtol=1e-5, atol=1e-6)
+
+
 def _zigzag_network() -> flowrt.Network:
     """x -> Relu (GpuAcc) -> Sign (CpuRef: no GpuAcc kernel) -> Sigmoid -> Add(relu, sigmoid) -> y."""
     net = flowrt.Network()
