@@ -168,8 +168,11 @@ class _RunState:
         """The steps of ``segment`` in this run's pool (made on the pool's first run of it)."""
         pool = self.pool
         assert pool is not None  # run_segment asks for a program only in a pool
-        redirected = frozenset(
-            node.layer for node in segment.nodes if any(t in self.direct for t in node.outputs)
+        direct = self.direct
+        redirected = (
+            frozenset(node.layer for node in segment.nodes if any(t in direct for t in node.outputs))
+            if direct
+            else frozenset()
         )
         key = (segment.index, redirected) if redirected else segment.index
         steps = pool.programs.get(key)
