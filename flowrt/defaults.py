@@ -15,14 +15,23 @@ pyopencl) when a default list is first built, once per process.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from flowrt.registry import backend_registry
 from flowrt.validate import argument_error
 
+CACHE_ENV = "FLOWRT_CACHE_DIR"
 GPU_BACKEND = "GpuAcc"
 CPU_BACKENDS = ("CpuAcc", "CpuRef")
+
+
+def cache_root() -> Path:
+    """Where flowrt keeps what it made once for later processes (GpuAcc's program binaries,
+    the performance hints' measurements): ``FLOWRT_CACHE_DIR``, else ``~/.cache/flowrt``."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "flowrt")
 
 
 def gpu_device_present() -> bool:

@@ -21,9 +21,10 @@ from flowrt.engine.memory.weights import WeightsRecord
 from flowrt.engine.scheduler.dataflow import Dataflow
 from flowrt.engine.scheduler.executor import Binding, DeviceRunner, HostRunner, execute
 from flowrt.engine.scheduler.feeds import check_feeds, check_output_buffers
-from flowrt.errors import FlowrtError
+from flowrt.errors import FlowrtError, ShapeError
+from flowrt.hints import Costs, check_hint
 from flowrt.profiling import ProfileRecord
-from flowrt.stream import BatchingStream, Stream
+from flowrt.stream import BatchingStream, HintedStream, Stream, request_rows
 from flowrt.types import Priority, TensorInfo, static_dims
 from flowrt.validate import check_bool, check_int, check_priority, check_seconds
 
@@ -83,6 +84,9 @@ class LoadedNetwork:
         self.unbatched = optimized
         self._runtime: Runtime | None = None
         self._batched: dict[int, LoadedNetwork] = {}
+        # The performance hint it was loaded with, and what the throughput hint measured.
+        self.hint: str | None = None
+        self.measured_costs: Costs | None = None
         # Set by Runtime.load; unload() makes runs raise, waits for those in flight, frees pools.
         self.network_id: int | None = None
         self.unloaded = False
@@ -171,29 +175,48 @@ class LoadedNetwork:
         *,
         max_in_flight: int | None = None,
         priority: Priority = Priority.MEDIUM,
-        max_batch: int = 1,
-        max_delay: float = 0.0,
+        max_batch: int | None = None,
+        max_delay: float | None = None,
+        hint: str | None = None,
+        latency_budget: float | None = None,
     ) -> Stream | BatchingStream:
         """A bounded stream of requests, results in submission order (see ``flowrt.stream``).
 
-        ``max_in_flight`` defaults to the number of memory pools the model was loaded with
-        (times ``max_batch``). With ``max_batch`` > 1, requests that arrive within
-        ``max_delay`` seconds of the first waiting one are stacked along the batch dimension
-        and run as one (see ``BatchingStream``); ShapeError at once when this network cannot
-        be re-batched. ``priority`` is a ``Priority``, its value or its name ("high").
+        ``hint`` ("latency" or "throughput"; default: the hint the model was loaded with, if
+        any) has the stream choose its settings when it opens, from the model's measured cost
+        and the machine (see ``flowrt.hints``; ``stream.choice`` says what it chose and why);
+        ``latency_budget`` (seconds) bounds what the throughput hint lets a request wait.
+        Arguments given explicitly win over a hint's choice.
+
+        Without a hint: ``max_in_flight`` defaults to the number of memory pools the model
+        was loaded with (times ``max_batch``). With ``max_batch`` > 1, requests that arrive
+        within ``max_delay`` seconds of the first waiting one are stacked along the batch
+        dimension and run as one (see ``BatchingStream``); ShapeError at once when this
+        network cannot be re-batched. ``priority`` is a ``Priority``, its value or its name
+        ("high").
         """
         where = "LoadedNetwork.stream"
         priority = check_priority(priority, where=where)
-        max_batch = check_int("max_batch", max_batch, where=where)
-        # Checked here, though unused for max_batch=1: infinity would keep a lone request waiting.
-        max_delay = check_seconds("max_delay", max_delay, allow_zero=True, where=where)
+        hint = check_hint(hint, where)
+        if latency_budget is not None:
+            latency_budget = check_seconds("latency_budget", latency_budget, where=where)
+        if max_batch is not None:
+            max_batch = check_int("max_batch", max_batch, where=where)
+        if max_delay is not None:
+            # Checked even where unused: infinity would keep a lone request waiting.
+            max_delay = check_seconds("max_delay", max_delay, allow_zero=True, where=where)
         if max_in_flight is not None:
             max_in_flight = check_int("max_in_flight", max_in_flight, where=where)
+        if hint is None and self.hint is not None and (max_in_flight, max_batch, max_delay) == (None,) * 3:
+            hint = self.hint
+        if hint is not None:
+            return HintedStream(self, priority, hint, latency_budget, max_in_flight, max_batch, max_delay)
+        max_batch = 1 if max_batch is None else max_batch
         if max_batch == 1:
             return Stream(self, self.pools.count if max_in_flight is None else max_in_flight, priority)
         if max_in_flight is None:
             max_in_flight = self.pools.count * max_batch
-        return BatchingStream(self, max_in_flight, priority, max_batch, max_delay)
+        return BatchingStream(self, max_in_flight, priority, max_batch, max_delay or 0.0)
 
     async def batched(self, batch: int) -> LoadedNetwork:
         """This network re-shaped to run ``batch`` samples per run (``flowrt.set_batch``), loaded
@@ -209,6 +232,18 @@ class LoadedNetwork:
                 self.unbatched, max_in_flight=self.pools.count, batch=batch
             )
         return self._batched[batch]
+
+    async def drop_batched(self, *, larger_than: int) -> None:
+        """Unload the batch sizes ``batched`` made of more than ``larger_than`` samples."""
+        for batch in [b for b in self._batched if b > larger_than]:
+            await self._batched.pop(batch).unload()
+
+    def request_rows_or_1(self) -> int:
+        """The leading dim of one request (1 where the inputs have no common fixed one)."""
+        try:
+            return request_rows(self.inputs)
+        except ShapeError:
+            return 1
 
     async def unload(self) -> None:
         """Unload this network from the runtime that loaded it (see ``Runtime.unload``)."""

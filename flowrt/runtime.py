@@ -35,6 +35,7 @@ from flowrt.engine.memory.pool import PoolManager
 from flowrt.engine.memory.weights import WeightsRecord, recording
 from flowrt.engine.scheduler.executor import DeviceRunner
 from flowrt.errors import BackendError, FlowrtError
+from flowrt.hints import check_hint, choose
 from flowrt.loaded_network import LoadedNetwork
 from flowrt.progress import LoadProgress, layer_progress, load_progress
 from flowrt.registry import Backend, BackendRegistry, WorkloadInfo, backend_registry
@@ -295,6 +296,7 @@ class Runtime:
         max_in_flight: int | None = None,
         batch: int | None = None,
         progress: bool | None = None,
+        hint: str | None = None,
     ) -> LoadedNetwork:
         """Build and prepare every workload and plan memory; heavy one-time work happens here.
 
@@ -309,11 +311,13 @@ class Runtime:
         ``progress=True`` shows a progress bar on stderr over the layers as they are prepared
         (CpuAcc compiles its kernels then: tens of seconds for a large model with a cold numba
         cache), once the load has run a second (see ``flowrt.progress``); None (the default)
-        means False, unless the ``flowrt`` command line asked for it.
+        means False, unless the ``flowrt`` command line asked for it. ``hint`` ("latency" or
+        "throughput", see ``flowrt.hints``) becomes the default of the model's streams; with
+        "throughput" the model's cost is measured here (or read from the cache).
         """
         if self._aio is not None and async_library() != "trio":
             load = functools.partial(
-                self.load, optimized, max_in_flight=max_in_flight, batch=batch, progress=progress
+                self.load, optimized, max_in_flight=max_in_flight, batch=batch, progress=progress, hint=hint
             )
             return AioLoadedNetwork(await self._aio.call(load), self._aio)
         if self._workers is None:
@@ -333,6 +337,7 @@ class Runtime:
             else check_int("max_in_flight", max_in_flight, where=where)
         )
         batch = None if batch is None else check_int("batch", batch, where=where)
+        hint = check_hint(hint, where)
         for bid in self._backends_of(optimized):
             await self._start_context(bid)
         shaped = optimized
@@ -352,6 +357,9 @@ class Runtime:
         model.network_id = network_id
         self._loaded[network_id] = model
         call_hooks(self._contexts, "after_load", network_id)
+        model.hint = hint
+        if hint == "throughput":
+            await choose(model, hint)
         return model
 
     async def unload(self, model: LoadedNetwork) -> None:

@@ -36,12 +36,14 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import numpy as np
 import trio
 
 from flowrt.engine.graph.passes.batch import rebatch
 from flowrt.engine.scheduler.feeds import check_feeds
 from flowrt.errors import FlowrtError, ShapeError
+from flowrt.hints import StreamChoice, choose
 from flowrt.ordered_stream import OrderedStream, Request
 from flowrt.types import Priority, TensorInfo
 
@@ -87,7 +89,7 @@ def batch_sizes(max_batch: int) -> list[int]:
     return [*sizes, max_batch] if max_batch > 1 else sizes
 
 
-def _request_rows(inputs: Mapping[str, TensorInfo]) -> int:
+def request_rows(inputs: Mapping[str, TensorInfo]) -> int:
     """The leading dim every request has (the batch the model was loaded for)."""
     leading = {info.shape[0] if info.shape else None for info in inputs.values()}
     rows = next(iter(leading), None)
@@ -153,7 +155,7 @@ class BatchingStream(OrderedStream):
         self.model, self.priority = model, priority
         self.max_batch, self.max_delay = max_batch, float(max_delay)
         self._inputs = model.inputs
-        self._rows = _request_rows(self._inputs)
+        self._rows = request_rows(self._inputs)
         # Proven now, so that a model that cannot be re-batched fails where the stream is made.
         rebatch(model.unbatched.graph.copy(), self._rows * max_batch)
         self._sizes = batch_sizes(max_batch)
@@ -228,7 +230,9 @@ class BatchingStream(OrderedStream):
         try:
             outputs = await self._models[size].run(_stack(batch, size), priority=self.priority)
             rows = self._rows
-            for i, request in enumerate(batch):
+            if size == 1:  # one request, its own outputs
+                batch[0].values = outputs
+            for i, request in enumerate(batch if size > 1 else ()):
                 request.values = {n: v[i * rows : (i + 1) * rows].copy() for n, v in outputs.items()}
         except Exception as e:  # delivered to every request of the batch
             for request in batch:
@@ -237,3 +241,60 @@ class BatchingStream(OrderedStream):
             self._runs.release()
         for request in batch:  # not when cancelled: the stream fails them as it closes
             request.done.set()
+
+
+class HintedStream(BatchingStream):
+    """A stream whose settings a performance hint chooses when it opens (``flowrt.hints``):
+    use via ``model.stream(hint=...)``. Settings given explicitly win; ``choice`` holds what
+    was chosen and why once the stream is open. A model that cannot be re-batched streams
+    unbatched (the choice says so) unless ``max_batch`` > 1 was asked for explicitly."""
+
+    def __init__(
+        self,
+        model: LoadedNetwork,
+        priority: Priority,
+        hint: str,
+        latency_budget: float | None,
+        max_in_flight: int | None,
+        max_batch: int | None,
+        max_delay: float | None,
+    ) -> None:
+        OrderedStream.__init__(self, max_in_flight or 1)  # the bound is set when it opens
+        self.model, self.priority = model, priority
+        self.hint, self.latency_budget = hint, latency_budget
+        self._given = (max_in_flight, max_batch, max_delay)
+        self.max_batch, self.max_delay = max_batch or 1, max_delay or 0.0
+        self._inputs = model.inputs
+        self._rows = 1
+        self._sizes = [1]
+        self._models: dict[int, LoadedNetwork] = {}
+        self._runs = trio.Semaphore(model.pools.count)
+        self._queue_in, self._queue_out = trio.open_memory_channel[tuple[float, Request]](math.inf)
+        self.choice: StreamChoice | None = None
+
+    async def __aenter__(self):
+        if not self._entered:
+            await self._configure()
+        return await super().__aenter__()
+
+    async def _configure(self) -> None:
+        given_in_flight, given_batch, given_delay = self._given
+        choice = await choose(self.model, self.hint, self.latency_budget)
+        batch = choice.max_batch if given_batch is None else given_batch
+        reason = choice.reason
+        try:
+            self._rows = request_rows(self._inputs)
+            if batch > 1:
+                rebatch(self.model.unbatched.graph.copy(), self._rows * batch)
+        except ShapeError as e:
+            if given_batch is not None and given_batch > 1:
+                raise
+            batch, reason = 1, f"{reason}; unbatched: {e}"
+        in_flight = choice.max_in_flight if choice.max_batch == batch else 2 * self.model.pools.count * batch
+        in_flight = in_flight if given_in_flight is None else given_in_flight
+        delay = (choice.max_delay if batch > 1 else 0.0) if given_delay is None else given_delay
+        self.max_in_flight, self._slots = in_flight, trio.Semaphore(in_flight)
+        self.max_batch, self.max_delay, self._sizes = batch, delay, batch_sizes(batch)
+        self.choice = attrs.evolve(
+            choice, max_in_flight=in_flight, max_batch=batch, max_delay=delay, reason=reason
+        )

@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from flowrt import trusted_paths
+from flowrt.defaults import cache_root
 from flowrt.errors import BackendError
 from flowrt.workers.gpu.device import cl
 
 logger = logging.getLogger(__name__)
 
-CACHE_ENV = "FLOWRT_CACHE_DIR"
 BUILD_OPTIONS = "-cl-mad-enable"
 _PRELUDE = "common"
 # Cache directories already warned about, so that each program's build does not warn again.
@@ -42,8 +42,7 @@ _warned_directories: set[tuple[Path, str]] = set()
 
 def cache_dir() -> Path:
     """Where program binaries are kept."""
-    root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "flowrt"
-    return Path(root) / "opencl"
+    return cache_root() / "opencl"
 
 
 def kernel_source(name: str) -> str:
