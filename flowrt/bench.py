@@ -86,6 +86,30 @@ async def _flowrt_round(
     return latencies, time.perf_counter() - start
 
 
+async def _stream_round(model, feeds, requests: int, tick: Callable[[], None], until: float | None = None):
+    """``requests`` sent into ``model.stream()`` (its hint's settings) as fast as it takes them;
+    a request's latency runs from its acceptance to its result. Also the stream's choice."""
+    latencies: list[float] = []
+    accepted: list[float] = []
+    async with model.stream() as stream:
+
+        async def produce() -> None:
+            sent = 0
+            while sent < requests if until is None else time.perf_counter() < until:
+                await stream.send(feeds)
+                accepted.append(time.perf_counter())
+                sent += 1
+            stream.close()
+
+        start = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(produce)
+            async for _ in stream:
+                latencies.append(time.perf_counter() - accepted[len(latencies)])
+                tick()
+        return latencies, time.perf_counter() - start, stream.choice
+
+
 def _ort_request(session, feeds: dict[str, np.ndarray], batch: int) -> tuple[Callable[[], None], str]:
     """How ONNX Runtime runs one request, and a note when that is not one run of the feeds:
     the batch-N feeds in one run when it takes them, else N runs of batch 1."""
@@ -170,6 +194,7 @@ def run_bench(
     batch: int = 1,
     optimized: flowrt.OptimizedNetwork | None = None,
     cpu_workers: int | None = None,
+    hint: str | None = None,
 ) -> list[BenchResult]:
     """Benchmark flowrt (and ONNX Runtime when asked) on one model; returns one result each.
 
@@ -182,7 +207,9 @@ def run_bench(
     (ArgumentError unless it is a positive finite number: an infinite one would never end).
     With ``batch`` N > 1 a request is N samples: the model is re-batched (ShapeError when it
     cannot be), and ONNX Runtime runs N batch-1 runs per request when it refuses the batch
-    (see the module docstring).
+    (see the module docstring). With ``hint`` ("latency" or "throughput"), flowrt's requests go
+    through ``model.stream()`` of a model loaded with that hint, as fast as it takes them
+    (``concurrency`` is then ONNX Runtime's alone); flowrt's result notes what the hint chose.
     """
     if duration is not None:
         duration = check_seconds("duration", duration, where="run_bench")
@@ -203,7 +230,8 @@ def run_bench(
             opt = optimized
             if opt is None:
                 opt = flowrt.optimize(flowrt.onnx.load(model_path), backends=backends, registry=rt.registry)
-            model = await rt.load(opt, max_in_flight=concurrency, batch=None if batch == 1 else batch)
+            pools = None if hint is not None else concurrency
+            model = await rt.load(opt, max_in_flight=pools, batch=None if batch == 1 else batch, hint=hint)
             flowrt_load = time.perf_counter() - start
             feeds = {n: pattern_input(info) for n, info in model.inputs.items()}
             await model.run(feeds)  # warm-up
@@ -217,10 +245,16 @@ def run_bench(
                 ort_load = time.perf_counter() - start
                 ort_request, note = _ort_request(session, feeds, batch)
                 ort_request()  # warm-up
-            ours, theirs, our_wall, their_wall = [], [], 0.0, 0.0
+            ours, theirs, our_wall, their_wall, chose = [], [], 0.0, 0.0, ""
             for count in per_round:
                 until = None if duration is None else time.perf_counter() + duration / rounds
-                lat, wall = await _flowrt_round(model, feeds, count, concurrency, lambda: bar.update(), until)
+                if hint is None:
+                    lat, wall = await _flowrt_round(
+                        model, feeds, count, concurrency, lambda: bar.update(), until
+                    )
+                else:
+                    lat, wall, choice = await _stream_round(model, feeds, count, lambda: bar.update(), until)
+                    chose = f"hint {choice.reason}"
                 count = len(lat)
                 ours += lat
                 our_wall += wall
@@ -230,7 +264,7 @@ def run_bench(
                     )
                     theirs += lat
                     their_wall += wall
-        results = [BenchResult("flowrt", tuple(ours), our_wall, flowrt_load, batch)]
+        results = [BenchResult("flowrt", tuple(ours), our_wall, flowrt_load, batch, chose)]
         if session is not None:
             results.append(BenchResult("onnxruntime", tuple(theirs), their_wall, ort_load, batch, note))
         return results

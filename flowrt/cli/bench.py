@@ -52,6 +52,7 @@ def _print(args: argparse.Namespace, backends: list[str], results: list[benchmar
             "threads": threads,
             "concurrency": args.concurrency,
             "batch": args.batch,
+            "hint": args.hint,
             "results": {r.engine: r.summary() for r in results},
             "notes": {r.engine: r.note for r in results if r.note},
         }
@@ -60,6 +61,7 @@ def _print(args: argparse.Namespace, backends: list[str], results: list[benchmar
     print(
         f"model: {args.model}  backends: {','.join(backends)}  threads: {threads}  "
         f"concurrency: {args.concurrency}  batch: {args.batch}"
+        + (f"  hint: {args.hint}" if args.hint else "")
     )
     print(benchmark.format_results(results))
     if args.plot:
@@ -84,6 +86,7 @@ def command(args: argparse.Namespace) -> int:
         batch=args.batch,
         optimized=opt,
         cpu_workers=args.threads,
+        hint=args.hint,
     )
     # flowrt's load time is the whole of it: optimizing (or reading the .flowrt file), then loading.
     results[0] = attrs.evolve(results[0], load_s=results[0].load_s + open_s)

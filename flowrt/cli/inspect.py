@@ -43,6 +43,18 @@ def _print_memory(opt: flowrt.OptimizedNetwork) -> None:
         )
 
 
+async def _stream_choice(opt: flowrt.OptimizedNetwork, hint: str) -> str:
+    async with flowrt.Runtime() as rt:
+        model = await rt.load(opt, hint=hint)
+        async with model.stream() as stream:
+            choice = stream.choice
+    batching = f", max_batch={choice.max_batch}, max_delay={choice.max_delay * 1e3:.2f} ms"
+    return (
+        f"model.stream(hint={hint!r}) chooses max_in_flight={choice.max_in_flight}"
+        f"{batching if choice.max_batch > 1 else ', unbatched'}\n  because {choice.reason}"
+    )
+
+
 def command(args: argparse.Namespace) -> int:
     """``flowrt inspect``: see the module docstring."""
     path = checks.model_file(args.model or str(default_model()))
@@ -58,4 +70,6 @@ def command(args: argparse.Namespace) -> int:
         print("(every layer, the graph passes and substitutions: flowrt inspect --layers)")
     if args.memory:
         _print_memory(opt)
+    if args.stream_hint:
+        print(trio.run(_stream_choice, opt, args.stream_hint))
     return 0

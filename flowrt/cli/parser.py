@@ -87,6 +87,12 @@ def _add_inspect(sub) -> None:
         metavar="LAYER=BACKEND",
         help="put a layer on a backend of the list (layer_backend_hints; repeatable, .onnx only)",
     )
+    inspect.add_argument(
+        "--stream-hint",
+        choices=("latency", "throughput"),
+        help="also load the model and print the stream settings this performance hint chooses, and why "
+        "(throughput measures the model once; the measurement is cached)",
+    )
 
 
 def _add_convert(sub) -> None:
@@ -116,6 +122,12 @@ def _add_bench(sub) -> None:
     )
     bench.add_argument(
         "--duration", type=float, help="run for this many seconds instead of --iterations requests"
+    )
+    bench.add_argument(
+        "--hint",
+        choices=("latency", "throughput"),
+        help="flowrt streams the requests through model.stream() of a model loaded with this performance "
+        "hint, and prints what it chose (--concurrency is then ONNX Runtime's only)",
     )
     bench.add_argument("--plot", metavar="PNG", help="draw the latency distribution (needs matplotlib)")
     bench.add_argument("--json", action="store_true", help="print one JSON object instead of the table")

@@ -82,3 +82,32 @@ def test_backends_that_differ_from_a_flowrt_files_are_an_error_only_when_given(t
     err = capsys.readouterr().err
     assert "no layer of" in err and "runs on GpuAcc" in err and "(it runs on CpuRef)" in err
     assert "--backends" not in err
+
+
+def test_bench_with_a_hint_streams_the_requests_and_says_what_the_hint_chose(
+    tiny_model, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("FLOWRT_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["bench", tiny_model, "--iterations", "6", "--hint", "throughput", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["hint"] == "throughput" and report["results"]["flowrt"]["requests"] == 6
+    assert report["notes"]["flowrt"].startswith("hint throughput: per request with ")
+    assert "-> batch " in report["notes"]["flowrt"]
+    assert main(["bench", tiny_model, "--iterations", "4", "--hint", "latency"]) == 0
+    out = capsys.readouterr().out
+    assert "hint: latency" in out and "note: hint latency: unbatched, one request per pool" in out
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", tiny_model, "--hint", "fast"])
+    assert exit_.value.code == 2 and "invalid choice: 'fast'" in capsys.readouterr().err
+
+
+def test_inspect_prints_what_a_stream_hint_chooses(tiny_model, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FLOWRT_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["inspect", tiny_model, "--stream-hint", "latency"]) == 0
+    out = capsys.readouterr().out
+    assert "model.stream(hint='latency') chooses max_in_flight=" in out and ", unbatched" in out
+    assert "because latency: unbatched, one request per pool" in out
+    assert main(["inspect", tiny_model, "--stream-hint", "throughput"]) == 0
+    out = capsys.readouterr().out
+    assert "model.stream(hint='throughput') chooses" in out and "because throughput: per request with" in out
+    assert len(list((tmp_path / "cache" / "hints").glob("*.json"))) == 1  # measured once, kept
