@@ -49,6 +49,7 @@ class MemoryPool:
         # of each host segment's steps with their workloads bound to this pool's memory.
         self.placements: dict[str, Any] = {}
         self.programs: dict[Any, Any] = {}  # by segment index (and the layers writing caller arrays)
+        self.ran: set[int] = set()  # segments run once in this pool (programs are made after)
 
     def view(self, backend: str, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         """The tensor of ``shape``/``dtype`` stored at ``offset`` of ``backend``'s arena (made

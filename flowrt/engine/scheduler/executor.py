@@ -134,6 +134,8 @@ class _RunState:
         # once, and the clock only when the run is profiled.
         values, stop, record, between = self.values, self.stop, self.record, self.between
         steps = segment.nodes if record is not None or self.pool is None else self.program(segment)
+        if steps is None:  # the pool's first run of the segment: its program is made on the next
+            steps = segment.nodes
         start = 0
         for node in steps:
             job = between()  # it may wait (for HIGH work), during which the run may be cancelled
@@ -164,10 +166,15 @@ class _RunState:
                 record(node, threading.current_thread().name, start, time.perf_counter_ns())
             self._release(node.inputs)
 
-    def program(self, segment: Segment) -> Sequence[WorkloadNode | BoundStep]:
-        """The steps of ``segment`` in this run's pool (made on the pool's first run of it)."""
+    def program(self, segment: Segment) -> Sequence[WorkloadNode | BoundStep] | None:
+        """The steps of ``segment`` in this run's pool, made on the pool's second run of it
+        (None on the first, which runs the workloads as they are: binding them, which may
+        time and check them, stays out of a model's first output)."""
         pool = self.pool
         assert pool is not None  # run_segment asks for a program only in a pool
+        if segment.index not in pool.ran:
+            pool.ran.add(segment.index)
+            return None
         direct = self.direct
         redirected = (
             frozenset(node.layer for node in segment.nodes if any(t in direct for t in node.outputs))

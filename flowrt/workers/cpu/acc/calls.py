@@ -21,6 +21,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import threading
 from typing import Any
 
 import numba
@@ -195,60 +196,148 @@ def _borrowed(context, builder, ty, value):
 
 
 @intrinsic
-def _launch(typingctx, address, tasks, step, args):
+def _launch(typingctx, address, tasks, step, args, record):
     """Tasks ``0 .. tasks`` of the slice function at ``address`` (with ``step`` and the tuple
-    ``args``), in parallel, through :func:`_parallel_tasks`; an exception propagates."""
+    ``args``), in parallel, through :func:`_parallel_tasks`; an exception propagates.
+
+    With a non-empty ``record`` (int64) nothing runs: the launch is written there instead, as
+    ``_parallel_tasks`` would be called with it (see ``launches.py``): the entry's address,
+    the length in words of its data, then the data (the slice function's address and the
+    arguments, arrays borrowed), or a 0 alone where the data do not fit."""
 
     def codegen(context, builder, signature, llargs):
-        call_conv = context.call_conv
         entry = _entry(context, builder.module, list(args.types))
         borrowed = _borrowed(context, builder, args, llargs[3])
         values = [llargs[0], *(builder.extract_value(borrowed, i) for i in range(len(args.types)))]
-        data = cgutils.alloca_once(builder, ir.LiteralStructType([v.type for v in values]))
+        struct = ir.LiteralStructType([v.type for v in values])
+        data = cgutils.alloca_once(builder, struct)
         for i, value in enumerate(values):
             builder.store(value, cgutils.gep_inbounds(builder, data, 0, i))
-        launcher_args = [types.int64] * 4
-        launcher = cgutils.get_or_insert_function(
-            builder.module, call_conv.get_function_type(types.none, launcher_args), _PARALLEL_TASKS
-        )
         i64 = ir.IntType(64)
-        status, _ = call_conv.call_function(
-            builder,
-            launcher,
-            types.none,
-            launcher_args,
-            [builder.ptrtoint(entry, i64), llargs[1], llargs[2], builder.ptrtoint(data, i64)],
-        )
-        with cgutils.if_unlikely(builder, status.is_error):
-            call_conv.return_status_propagate(builder, status)
+        kept = context.make_array(signature.args[4])(context, builder, llargs[4])
+        with builder.if_else(builder.icmp_signed(">", kept.nitems, ir.Constant(i64, 0))) as (
+            recording,
+            running,
+        ):
+            with recording:
+                words = (context.get_abi_sizeof(struct) + 7) // 8
+                fits = builder.icmp_signed(">=", kept.nitems, ir.Constant(i64, 2 + words))
+                with builder.if_else(fits) as (room, no_room):
+                    with room:
+                        builder.store(builder.ptrtoint(entry, i64), kept.data)
+                        builder.store(ir.Constant(i64, words), builder.gep(kept.data, [ir.Constant(i64, 1)]))
+                        target = builder.gep(kept.data, [ir.Constant(i64, 2)])
+                        cgutils.raw_memcpy(
+                            builder,
+                            builder.bitcast(target, cgutils.voidptr_t),
+                            builder.bitcast(data, cgutils.voidptr_t),
+                            ir.Constant(i64, 8 * words),
+                            1,
+                        )
+                    with no_room:
+                        builder.store(ir.Constant(i64, 0), kept.data)
+            with running:
+                _call_parallel_tasks(
+                    context,
+                    builder,
+                    [builder.ptrtoint(entry, i64), llargs[1], llargs[2], builder.ptrtoint(data, i64)],
+                )
         return context.get_dummy_value()
 
-    return types.none(address, tasks, step, args), codegen
+    return types.none(address, tasks, step, args, record), codegen
+
+
+def _call_parallel_tasks(context, builder, values) -> None:
+    """A call of :func:`_parallel_tasks` with four int64 ``values``; an exception propagates."""
+    call_conv = context.call_conv
+    launcher_args = [types.int64] * 4
+    launcher = cgutils.get_or_insert_function(
+        builder.module, call_conv.get_function_type(types.none, launcher_args), _PARALLEL_TASKS
+    )
+    status, _ = call_conv.call_function(builder, launcher, types.none, launcher_args, values)
+    with cgutils.if_unlikely(builder, status.is_error):
+        call_conv.return_status_propagate(builder, status)
+
+
+@intrinsic
+def launch_recorded(typingctx, entry, tasks, step, data):
+    """A launch as ``_launch`` recorded it, run: ``_parallel_tasks(entry, tasks, step, data)``."""
+
+    def codegen(context, builder, signature, llargs):
+        _call_parallel_tasks(context, builder, list(llargs))
+        return context.get_dummy_value()
+
+    return types.none(types.int64, types.int64, types.int64, types.int64), codegen
 
 
 # The launchers are compiled per argument tuple, and are not parallel themselves: a parallel
 # loop costs 0.5-1.5 s to compile on a cold cache, these 0.1-0.3 s (their loop is
 # _parallel_tasks, compiled once, which also runs a single task on the calling thread: one
 # launch per stage to compile here, not a second call for that case). Python calls them:
-# no C wrapper.
+# no C wrapper. ``record`` (int64, empty to run) records the launches instead (``_launch``).
 @njit(nogil=True, cache=True, no_cfunc_wrapper=True)  # type: ignore[call-overload]  # numba's stubs lack no_cfunc_wrapper
-def run_tasks(address, tasks, args):
+def run_tasks_native(address, tasks, args, record):
     """Tasks ``0 .. tasks`` of a :class:`SliceFunction` at ``address`` (step 0), in parallel; a
     single task on the calling thread, with no parallel region."""
     if tasks > 0:
-        _launch(address, np.int64(tasks), np.int64(0), args)
+        _launch(address, np.int64(tasks), np.int64(0), args, record)
 
 
 @njit(nogil=True, cache=True, no_cfunc_wrapper=True)  # type: ignore[call-overload]  # numba's stubs lack no_cfunc_wrapper
-def run_stages(steps, first, first_tasks, first_args, second, second_tasks, second_args):
+def run_stages_native(
+    steps, first, first_tasks, first_args, second, second_tasks, second_args, record1, record2
+):
     """For each step (an image, a group of images): the ``first_tasks`` tasks of the slice
     function at address ``first`` in parallel (none when 0), then the ``second_tasks`` of
-    ``second``. A stage of one task runs on the calling thread."""
+    ``second``. A stage of one task runs on the calling thread. Non-empty ``record1`` and
+    ``record2`` record the two launches instead (the same every step)."""
     for step in range(steps):
         if first_tasks > 0:
-            _launch(first, np.int64(first_tasks), np.int64(step), first_args)
+            _launch(first, np.int64(first_tasks), np.int64(step), first_args, record1)
         if second_tasks > 0:
-            _launch(second, np.int64(second_tasks), np.int64(step), second_args)
+            _launch(second, np.int64(second_tasks), np.int64(step), second_args, record2)
+
+
+_NO_RECORD = np.zeros(0, np.int64)
+
+
+def run_tasks(address: int, tasks: int, args: tuple) -> None:
+    """Tasks ``0 .. tasks`` of a :class:`SliceFunction` at ``address`` (step 0), in parallel (a
+    single task on the calling thread); recorded instead while a ``launches.recording`` is
+    open on this thread."""
+    recorder = RECORDING.recorder
+    if recorder is None:
+        run_tasks_native(address, tasks, args, _NO_RECORD)
+    elif tasks > 0:
+        record = recorder.record_for(args)
+        run_tasks_native(address, tasks, args, record)
+        recorder.add(record, tasks, 1, args)
+
+
+def run_stages(steps, first, first_tasks, first_args, second, second_tasks, second_args) -> None:
+    """For each of ``steps``: ``first_tasks`` tasks of the slice function at ``first``, then
+    ``second_tasks`` of ``second`` (see :func:`run_stages_native`); recorded instead while a
+    ``launches.recording`` is open on this thread."""
+    recorder = RECORDING.recorder
+    if recorder is None:
+        run_stages_native(
+            steps, first, first_tasks, first_args, second, second_tasks, second_args, _NO_RECORD, _NO_RECORD
+        )
+        return
+    record1, record2 = recorder.record_for(first_args), recorder.record_for(second_args)
+    run_stages_native(
+        steps, first, first_tasks, first_args, second, second_tasks, second_args, record1, record2
+    )
+    recorder.add_stages(steps, (record1, first_tasks, first_args), (record2, second_tasks, second_args))
+
+
+class _Recording(threading.local):
+    """The recorder open on this thread (``launches.recording``), if any."""
+
+    recorder: Any = None
+
+
+RECORDING = _Recording()
 
 
 # ctypes for the LLVM argument types numba passes scalars and array fields as (any pointer:

@@ -12,6 +12,7 @@ from flowrt.engine.scheduler.job import JobContext
 from flowrt.errors import BackendError
 from flowrt.registry import WorkloadInfo
 from flowrt.types import static_dims
+from flowrt.workers.cpu.acc import launches
 from flowrt.workers.cpu.acc.kernels import kernel_for
 from flowrt.workers.cpu.acc.tape import BoundCall, bind, warm_up
 from flowrt.workers.cpu.blas_threads import hold_for_job
@@ -41,6 +42,8 @@ class AccWorkload:
         first run, and so is a kernel that refuses ones (its values matter): that is logged,
         not raised, since the real inputs decide whether the layer fails."""
         warm_up(self.kernel)
+        if getattr(self.kernel, "records_launches", False):
+            launches.prepare()
         infos = self.info.inputs
         if not all(i is None or i.is_static for i in infos):
             return
@@ -69,11 +72,18 @@ class AccWorkload:
 
     def bind(
         self, inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray | None]
-    ) -> BoundCall | None:
+    ) -> BoundCall | launches.LaunchCall | None:
         """This layer's work on arrays that every run of a memory pool uses (its outputs'
         planned views, None where unplanned) as an instruction of CpuAcc's tape, when it is
-        small elementwise work; None otherwise (see ``flowrt.workers.cpu.acc.tape``)."""
-        return bind(self.kernel, inputs, outputs)
+        small elementwise work (see ``flowrt.workers.cpu.acc.tape``); else, for a kernel
+        whose work is all launches, those launches recorded for replay when that is proven
+        exact (``flowrt.workers.cpu.acc.launches``); None otherwise."""
+        call = bind(self.kernel, inputs, outputs)
+        if call is not None or not getattr(self.kernel, "records_launches", False):
+            return call
+        constants = self.info.constants or ()
+        constant = [i < len(constants) and constants[i] is not None for i in range(len(inputs))]
+        return launches.record(self.kernel.execute, inputs, constant, outputs)
 
 
 class AccWorkloadFactory:

@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, types
 
 from flowrt.workers.cpu.acc.blas import sgemm
-from flowrt.workers.cpu.acc.calls import NATIVE, LateFunction, SliceFunction, call_late, run_stages
+from flowrt.workers.cpu.acc.calls import NATIVE, LateFunction, SliceFunction, call_late, run_stages_native
 from flowrt.workers.cpu.acc.kernels import epilogue as ep
 
 RNN, GRU, LSTM = range(3)
@@ -285,8 +285,9 @@ def direction(kind, d, x, w, r, bias, peep, h0, c0, lens, y, y_h, y_c, dims, act
     rows = (1 if kind == RNN else 3 if kind == GRU else 4) * hidden
     xw = np.empty((seq * batch, rows), np.float32)
     projection = (x.reshape((seq * batch, size)), w.reshape((rows, size)), xw, tasks)
+    run = np.empty(0, np.int64)  # no record: the stages run
     if tasks > 1:  # every step's input projection, in blocks of gate rows as each step's product
-        run_stages(1, 0, 0, projection, blocks_at, tasks, projection)
+        run_stages_native(1, 0, 0, projection, blocks_at, tasks, projection, run, run)
     else:
         sgemm(False, True, np.float32(1), projection[0], projection[1], np.float32(0), xw)
     split = kind == GRU and dims[6] == 0  # the candidate's product comes after the reset gate
@@ -307,7 +308,7 @@ def direction(kind, d, x, w, r, bias, peep, h0, c0, lens, y, y_h, y_c, dims, act
     blocks = (h, r_first, hp, tasks)
     for s in range(seq):
         if tasks > 1:
-            run_stages(1, 0, 0, blocks, blocks_at, tasks, blocks)
+            run_stages_native(1, 0, 0, blocks, blocks_at, tasks, blocks, run, run)
         else:
             sgemm(False, True, np.float32(1), h, r_first, np.float32(0), hp)
         args = (

@@ -1,0 +1,227 @@
+"""A CpuAcc layer's launches recorded once per memory pool, then replayed with no Python.
+
+A small conv costs 15-25 us of Python per call (its plan looked up, its argument tuple built,
+numba unboxing that tuple) around a kernel of a few microseconds, and that Python holds the
+GIL: two runs in flight on two cores wait for each other there. A memory pool's tensors never
+move, so every launch a layer makes in the pool (``calls.run_tasks`` and ``run_stages``: the
+slice function, its task count and its argument tuple) is the same in every run. Recorded
+once, each launch is a row ``(entry, tasks, step, data)`` — what ``_parallel_tasks`` is called
+with, its data (the arguments, arrays borrowed) kept in an int64 buffer — and a run replays the
+rows through :func:`replay`: one numba call, the GIL released for all of it.
+
+A layer is recorded (``AccWorkload.bind``) only when replaying is proven to do what running
+does: on arrays of its own, the layer runs on two sets of random inputs, is recorded, and its
+recording replayed on each set must give the same bits. A kernel doing any work outside its
+launches (numpy in Python, a numba call of its own) fails that and stays a Python step. Nor is
+one recorded whose launches would keep more than ``MAX_KEPT_BYTES`` of buffers besides the
+layer's inputs and outputs (a big conv's column buffer would stay allocated for the pool's
+life), or whose work is long enough that its Python does not count (``MAX_WORK_S``). The
+split is the one a lone run takes (every worker); a run sharing the cores replays it on the
+threads it has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+from numba import njit, types
+
+from flowrt.workers.cpu.acc import calls
+from flowrt.workers.cpu.acc.calls import RECORDING, launch_recorded
+
+logger = logging.getLogger(__name__)
+
+RECORD_WORDS = 1024  # a launch's record: entry, length, then up to 8 KiB of data
+MAX_KEPT_BYTES = 1 << 20
+MAX_WORK_S = 2e-3
+
+
+@njit(nogil=True, cache=True)
+def replay(rows):
+    """Run recorded launches in order: each row ``(entry, tasks, step, data address)``."""
+    for i in range(rows.shape[0]):
+        launch_recorded(rows[i, 0], rows[i, 1], rows[i, 2], rows[i, 3])
+
+
+class Recorder:
+    """The launches recorded while it is open on a thread (:func:`recording`)."""
+
+    def __init__(self) -> None:
+        self.launches: list[tuple[np.ndarray, int, int]] = []  # (record, tasks, step)
+        self.keep: list[Any] = []  # the argument tuples whose arrays the records point into
+        self.failed = False
+
+    @staticmethod
+    def record_for(args: tuple) -> np.ndarray:
+        return np.zeros(RECORD_WORDS, np.int64)
+
+    def add(self, record: np.ndarray, tasks: int, steps: int, args: tuple) -> None:
+        if tasks <= 0:
+            return
+        if record[0] == 0:  # its data did not fit
+            self.failed = True
+            return
+        kept = record[: 2 + record[1]].copy()
+        self.keep.append(args)
+        self.launches += [(kept, tasks, step) for step in range(steps)]
+
+    def add_stages(self, steps: int, *stages: tuple[np.ndarray, int, tuple]) -> None:
+        kept = []
+        for record, tasks, args in stages:
+            if tasks > 0:
+                if record[0] == 0:
+                    self.failed = True
+                    return
+                kept.append((record[: 2 + record[1]].copy(), tasks))
+                self.keep.append(args)
+        self.launches += [(record, tasks, step) for step in range(steps) for record, tasks in kept]
+
+    def table(self) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The rows :func:`replay` takes, and the records their data addresses point into."""
+        records = [record for record, _, _ in self.launches]
+        rows = [
+            (int(record[0]), tasks, step, record.ctypes.data + 16) for record, tasks, step in self.launches
+        ]
+        return np.array(rows, np.int64).reshape(-1, 4), records
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Recorder]:
+    """Record this thread's launches, instead of running them, while open."""
+    recorder = Recorder()
+    previous, RECORDING.recorder = RECORDING.recorder, recorder
+    try:
+        yield recorder
+    finally:
+        RECORDING.recorder = previous
+
+
+class Launches:
+    """Compiles a recorded layer's bound call: one :func:`replay` of its rows."""
+
+    @staticmethod
+    def compile(bound: Sequence[LaunchCall]) -> Callable[[], None]:
+        (call,) = bound  # one layer per step: the executor's between-layer checks stay
+
+        def run() -> None:
+            replay(rows)
+
+        rows = call.rows
+        run.keep = (call.records, call.keep)  # type: ignore[attr-defined]  # alive with the call
+        return run
+
+
+@attrs.frozen(eq=False)
+class LaunchCall:
+    """A recorded layer, as ``AccWorkload.bind`` returns it; ``program`` is its own object, so
+    that the executor makes each such layer a step of its own (see ``Launches.compile``)."""
+
+    outputs: tuple[np.ndarray, ...]
+    rows: np.ndarray
+    records: list[np.ndarray]
+    keep: list[Any]
+    program: Any = attrs.field(factory=Launches)
+
+
+def _arrays(value: Any) -> Iterator[np.ndarray]:
+    if isinstance(value, np.ndarray):
+        yield value
+    elif isinstance(value, tuple):
+        for item in value:
+            yield from _arrays(item)
+
+
+def _kept_bytes(keep: list[Any], mine: Sequence[np.ndarray]) -> int:
+    """Bytes of the arrays the records point into besides ``mine`` (inputs, outputs)."""
+    seen: set[int] = set()
+    total = 0
+    for array in _arrays(tuple(keep)):
+        if any(np.may_share_memory(array, m) for m in mine):
+            continue
+        owner = array
+        while isinstance(owner.base, np.ndarray):
+            owner = owner.base
+        if id(owner) not in seen:
+            seen.add(id(owner))
+            total += owner.nbytes
+    return total
+
+
+def _replays_exactly(execute, inputs: Sequence[Any], constant: Sequence[bool], outputs) -> bool:
+    """Whether replaying ``execute``'s recorded launches gives what running it does, on arrays
+    of its own (two sets of random inputs), within ``MAX_WORK_S`` per run."""
+    mine_in = [x if x is None or fixed else np.empty(x.shape, x.dtype) for x, fixed in zip(inputs, constant)]
+    mine_out = [np.empty(o.shape, o.dtype) for o in outputs]
+    free = [x for x, fixed in zip(mine_in, constant) if x is not None and not fixed]
+
+    def fill(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for x in free:
+            x[...] = rng.standard_normal(x.shape).astype(x.dtype)
+
+    expected, took = [], 0.0
+    for seed in (1, 2):
+        fill(seed)
+        start = time.perf_counter()
+        execute(mine_in, mine_out)
+        took = time.perf_counter() - start  # the second run's: the first may compile
+        expected.append([o.copy() for o in mine_out])
+    if took > MAX_WORK_S:
+        return False
+    with recording() as recorder:
+        execute(mine_in, mine_out)
+    if recorder.failed or not recorder.launches:
+        return False
+    rows, records = recorder.table()
+    for seed, want in zip((1, 2), expected):
+        fill(seed)
+        for o in mine_out:
+            o.fill(np.nan)
+        replay(rows)
+        if not all(np.array_equal(o, w, equal_nan=True) for o, w in zip(mine_out, want)):
+            return False
+    return True
+
+
+def record(
+    execute: Callable[[list, list], Any],
+    inputs: Sequence[np.ndarray | None],
+    constant: Sequence[bool],
+    outputs: Sequence[np.ndarray | None],
+) -> LaunchCall | None:
+    """``execute(inputs, outputs)``'s launches on these fixed arrays (a pool's), or None when
+    replaying them is not proven to do what running does, or would keep too much (see the
+    module doc)."""
+    if not outputs or any(o is None or not o.flags.c_contiguous for o in outputs):
+        return None
+    if any(x is not None and not fixed and x.dtype != np.float32 for x, fixed in zip(inputs, constant)):
+        return None
+    try:
+        if not _replays_exactly(execute, inputs, constant, outputs):
+            return None
+        with recording() as recorder:
+            execute(list(inputs), list(outputs))
+    except Exception as e:  # the layer stays a step of its own, which raises as it will
+        logger.debug("launches not recorded: %s: %s", type(e).__name__, e)
+        return None
+    if recorder.failed or not recorder.launches:
+        return None
+    mine = [x for x in (*inputs, *outputs) if x is not None]
+    if _kept_bytes(recorder.keep, mine) > MAX_KEPT_BYTES:
+        return None
+    rows, records = recorder.table()
+    return LaunchCall(tuple(o for o in outputs if o is not None), rows, records, recorder.keep)
+
+
+def prepare() -> None:
+    """Compile :func:`replay` (or load it from numba's cache) once per process, at load."""
+    calls._register_parallel_tasks()
+    signature = (types.int64[:, ::1],)
+    if signature not in replay.overloads:
+        replay.compile(signature)

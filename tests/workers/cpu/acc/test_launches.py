@@ -1,0 +1,151 @@
+"""CpuAcc layers whose launches are recorded per memory pool and replayed (launches.py)."""
+
+import numpy as np
+import pytest
+import trio
+from numba import njit
+
+import flowrt
+from flowrt.engine.scheduler.binding import BoundStep
+from flowrt.types import TensorInfo
+from flowrt.workers.cpu.acc import launches
+from flowrt.workers.cpu.acc.calls import SliceFunction, run_tasks
+from flowrt.workers.cpu.acc.launches import LaunchCall, record
+
+
+def _net() -> flowrt.Network:
+    """Convs of several algorithms (1x1, 3x3, grouped, strided) and a broadcast Add."""
+    rng = np.random.default_rng(0)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, 8, 20, 20)))
+    pad = flowrt.descriptors.Conv(pads=(1, 1, 1, 1))
+    a = net.add_layer("Conv", None, [x, w(16, 8, 1, 1), w(16)], name="pointwise")
+    b = net.add_layer("Conv", pad, [a, w(16, 16, 3, 3)], name="three")
+    c = net.add_layer(
+        "Conv",
+        flowrt.descriptors.Conv(pads=(1, 1, 1, 1), strides=(2, 2)),
+        [b, w(24, 16, 3, 3)],
+        name="strided",
+    )
+    d = net.add_layer("Conv", flowrt.descriptors.Conv(group=2), [c, w(24, 12, 1, 1)], name="grouped")
+    e = net.add_layer("Add", inputs=[d, w(24, 1, 1)], name="add")
+    net.add_output("y", net.add_layer("Conv", None, [e, w(4, 24, 1, 1)], name="last"))
+    return net
+
+
+def _input(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((1, 8, 20, 20)).astype(np.float32)
+
+
+def _recorded_layers(model) -> list[str]:
+    return [
+        node.layer
+        for steps in model.pools.pools[0].programs.values()
+        for step in steps
+        if type(step) is BoundStep and isinstance(step.call.keep, tuple)  # Launches.compile's
+        for node in step.nodes
+    ]
+
+
+async def test_recorded_layers_replay_what_running_them_gives():
+    net = _net()
+    async with flowrt.Runtime(cpu_workers=2) as rt:
+        reference = await rt.load(flowrt.optimize(net, backends=["CpuRef"]))
+        model = await rt.load(flowrt.optimize(net, backends=["CpuAcc", "CpuRef"]), max_in_flight=1)
+        for seed in range(4):  # the first run runs the layers; the program is made on the second
+            got = (await model.run({"x": _input(seed)}))["y"]
+            want = (await reference.run({"x": _input(seed)}))["y"]
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        recorded = _recorded_layers(model)
+        # the first layer reads the feed, which moves from run to run: it is never recorded
+        assert "pointwise" not in recorded and {"three", "strided", "last"} <= set(recorded)
+        # profiled runs run the layers themselves: the same bits
+        replayed = (await model.run({"x": _input(9)}))["y"]
+        profiled = (await model.run({"x": _input(9)}, profile=True))["y"]
+        np.testing.assert_array_equal(replayed, profiled)
+
+
+async def test_two_pools_replay_at_once_each_in_its_own_memory():
+    net = _net()
+    async with flowrt.Runtime(cpu_workers=2) as rt:
+        reference = await rt.load(flowrt.optimize(net, backends=["CpuRef"]))
+        model = await rt.load(flowrt.optimize(net, backends=["CpuAcc", "CpuRef"]), max_in_flight=2)
+        results: dict[int, np.ndarray] = {}
+
+        async def run(seed: int) -> None:
+            results[seed] = (await model.run({"x": _input(seed)}))["y"]
+
+        for round_ in range(3):
+            async with trio.open_nursery() as nursery:
+                for seed in (2 * round_, 2 * round_ + 1):
+                    nursery.start_soon(run, seed)
+        for seed, got in results.items():
+            want = (await reference.run({"x": _input(seed)}))["y"]
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _copy_task(task, step, x, out):  # a slice function: out = x + 1
+    for i in range(x.size):
+        out[i] = x[i] + np.float32(1)
+
+
+_COPY = SliceFunction(njit(nogil=True)(_copy_task))
+
+
+def _launching(x_out):
+    x, out = x_out
+    run_tasks(_COPY.address((x, out)), 1, (x, out))
+
+
+def test_a_layer_that_works_outside_its_launches_is_not_recorded():
+    x, out = np.zeros(16, np.float32), np.zeros(16, np.float32)
+
+    def only_launches(inputs, outputs):
+        _launching((inputs[0], outputs[0]))
+
+    def also_numpy(inputs, outputs):
+        _launching((inputs[0], outputs[0]))
+        outputs[0] *= 2  # not a launch: a replay would leave it out
+
+    def no_launch(inputs, outputs):
+        np.add(inputs[0], 1, out=outputs[0])
+
+    call = record(only_launches, [x], [False], [out])
+    assert isinstance(call, LaunchCall) and call.rows.shape == (1, 4)
+    x[:] = 5
+    launches.replay(call.rows)
+    np.testing.assert_array_equal(out, np.full(16, 6, np.float32))
+    assert record(also_numpy, [x], [False], [out]) is None
+    assert record(no_launch, [x], [False], [out]) is None
+
+
+def test_a_launch_whose_data_do_not_fit_its_record_is_not_recorded(monkeypatch):
+    x, out = np.zeros(16, np.float32), np.zeros(16, np.float32)
+    monkeypatch.setattr(launches, "RECORD_WORDS", 3)
+    assert record(lambda i, o: _launching((i[0], o[0])), [x], [False], [out]) is None
+
+
+def _scratch_task(task, step, x, out, scratch):  # out = x + 1, through a scratch buffer
+    for i in range(x.size):
+        scratch[i] = x[i] + np.float32(1)
+        out[i] = scratch[i]
+
+
+_SCRATCH = SliceFunction(njit(nogil=True)(_scratch_task))
+
+
+@pytest.mark.parametrize("limit, recorded", [(0, False), (1 << 20, True)])
+def test_launches_that_would_keep_big_buffers_alive_are_not_recorded(monkeypatch, limit, recorded):
+    x, out = np.zeros(16, np.float32), np.zeros(16, np.float32)
+
+    def with_scratch(inputs, outputs):
+        args = (inputs[0], outputs[0], np.empty(4096, np.float32))  # a buffer of its own, per call
+        run_tasks(_SCRATCH.address(args), 1, args)
+
+    monkeypatch.setattr(launches, "MAX_KEPT_BYTES", limit)
+    call = record(with_scratch, [x], [False], [out])
+    assert (call is not None) == recorded
