@@ -34,11 +34,12 @@ from numba import njit, types
 
 from flowrt.workers.cpu.acc import calls
 from flowrt.workers.cpu.acc.calls import RECORDING, launch_recorded
+from flowrt.workers.cpu.workers import job_context
 
 logger = logging.getLogger(__name__)
 
 RECORD_WORDS = 1024  # a launch's record: entry, length, then up to 8 KiB of data
-MAX_KEPT_BYTES = 1 << 20
+MAX_KEPT_BYTES = 128 << 10
 MAX_WORK_S = 2e-3
 
 
@@ -103,17 +104,19 @@ def recording() -> Iterator[Recorder]:
 
 
 class Launches:
-    """Compiles a recorded layer's bound call: one :func:`replay` of its rows."""
+    """Compiles a recorded layer's bound call: one :func:`replay` of its rows (of those
+    recorded for one thread when the run has one thread now)."""
 
     @staticmethod
     def compile(bound: Sequence[LaunchCall]) -> Callable[[], None]:
         (call,) = bound  # one layer per step: the executor's between-layer checks stay
+        every, one = call.rows, (call.one_thread or call).rows
 
         def run() -> None:
-            replay(rows)
+            job = job_context()
+            replay(one if job is not None and job.threads == 1 else every)
 
-        rows = call.rows
-        run.keep = (call.records, call.keep)  # type: ignore[attr-defined]  # alive with the call
+        run.keep = (call, call.one_thread)  # type: ignore[attr-defined]  # alive with the call
         return run
 
 
@@ -127,6 +130,9 @@ class LaunchCall:
     records: list[np.ndarray]
     keep: list[Any]
     program: Any = attrs.field(factory=Launches)
+    # The layer's launches as a run with one thread makes them (its split planned for one),
+    # where that differs: a run sharing the cores replays those.
+    one_thread: LaunchCall | None = None
 
 
 def _arrays(value: Any) -> Iterator[np.ndarray]:

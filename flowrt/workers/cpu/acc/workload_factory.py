@@ -6,6 +6,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import numpy as np
 
 from flowrt.engine.scheduler.job import JobContext
@@ -83,7 +84,13 @@ class AccWorkload:
             return call
         constants = self.info.constants or ()
         constant = [i < len(constants) and constants[i] is not None for i in range(len(inputs))]
-        return launches.record(self.kernel.execute, inputs, constant, outputs)
+        every = launches.record(self.kernel.execute, inputs, constant, outputs)
+        if every is None or not self.takes_job or getattr(self.kernel, "workers", 1) == 1:
+            return every
+        # a run sharing the cores has one thread: the kernel plans its split for that then
+        alone = JobContext(1)
+        one = launches.record(lambda i, o: self.kernel.execute(i, o, alone), inputs, constant, outputs)
+        return every if one is None else attrs.evolve(every, one_thread=one)
 
 
 class AccWorkloadFactory:
