@@ -106,8 +106,9 @@ class SliceFunction:
 
     def run(self, tasks: int, args: tuple) -> None:
         """Tasks ``0 .. tasks`` in parallel (:func:`run_tasks`); a single task called straight
-        from Python where ``fn`` has a Python wrapper: no address to look up."""
-        if tasks == 1 and self._python:
+        from Python where ``fn`` has a Python wrapper (no address to look up), unless launches
+        are being recorded."""
+        if tasks == 1 and self._python and RECORDING.recorder is None:
             self.fn(0, 0, *args)
         elif tasks > 0:
             address = self._addresses.get(compute_fingerprint(args))
