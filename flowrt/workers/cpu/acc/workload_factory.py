@@ -43,7 +43,7 @@ class AccWorkload:
         first run, and so is a kernel that refuses ones (its values matter): that is logged,
         not raised, since the real inputs decide whether the layer fails."""
         warm_up(self.kernel)
-        if getattr(self.kernel, "records_launches", False):
+        if getattr(self.kernel, "records_launches", True):
             launches.prepare()
         infos = self.info.inputs
         if not all(i is None or i.is_static for i in infos):
@@ -76,11 +76,11 @@ class AccWorkload:
     ) -> BoundCall | launches.LaunchCall | None:
         """This layer's work on arrays that every run of a memory pool uses (its outputs'
         planned views, None where unplanned) as an instruction of CpuAcc's tape, when it is
-        small elementwise work (see ``flowrt.workers.cpu.acc.tape``); else, for a kernel
-        whose work is all launches, those launches recorded for replay when that is proven
-        exact (``flowrt.workers.cpu.acc.launches``); None otherwise."""
+        small elementwise work (see ``flowrt.workers.cpu.acc.tape``); else its launches
+        recorded for replay, where that is proven exact (``flowrt.workers.cpu.acc.launches``;
+        a kernel class may opt out with ``records_launches = False``); None otherwise."""
         call = bind(self.kernel, inputs, outputs)
-        if call is not None or not getattr(self.kernel, "records_launches", False):
+        if call is not None or not getattr(self.kernel, "records_launches", True):
             return call
         constants = self.info.constants or ()
         constant = [i < len(constants) and constants[i] is not None for i in range(len(inputs))]

@@ -37,10 +37,6 @@ class ConvKernel:
     activation are applied as each output block is written. ``tuning`` (default
     :data:`DEFAULT_TUNING`) holds the knobs of its splits and of the choice of algorithm."""
 
-    # every run's work is launches (``calls.run_tasks``, ``run_stages``): recordable per pool
-    # (``launches.py``, which proves it before it records)
-    records_launches = True
-
     split_hint = SplitHint(axis=2, min_slice=MIN_COLUMNS)  # output pixels, (N, M, pixels)
     # Its split is planned per call, by the threads the job running it has now.
     takes_job = True

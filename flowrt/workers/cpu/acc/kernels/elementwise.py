@@ -299,10 +299,6 @@ class ElementwiseKernel:
     """A broadcasting arithmetic op (Sum, Max, Min: over any number of inputs), split across
     workers."""
 
-    # every run's work is launches (``calls.run_tasks``, ``run_stages``): recordable per pool
-    # (``launches.py``, which proves it before it records)
-    records_launches = True
-
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
         if not info.inputs or any(x is None or x.dtype is not DataType.FLOAT32 for x in info.inputs):
