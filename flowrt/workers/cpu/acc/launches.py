@@ -15,7 +15,8 @@ recording replayed on each set must give the same bits. A kernel doing any work 
 launches (numpy in Python, a numba call of its own) fails that and stays a Python step. Nor is
 one recorded whose launches would keep more than ``MAX_KEPT_BYTES`` of buffers besides the
 layer's inputs and outputs (a big conv's column buffer would stay allocated for the pool's
-life), or whose work is long enough that its Python does not count (``MAX_WORK_S``). The
+life), or whose work is long enough that its Python does not count (``MAX_WORK_S``, and
+``MAX_TENSOR_BYTES`` of tensors, which are not even tried). The
 split is the one a lone run takes (every worker); a run sharing the cores replays it on the
 threads it has.
 """
@@ -41,6 +42,9 @@ logger = logging.getLogger(__name__)
 RECORD_WORDS = 1024  # a launch's record: entry, length, then up to 8 KiB of data
 MAX_KEPT_BYTES = 128 << 10
 MAX_WORK_S = 2e-3
+# Layers moving more than this (non-constant inputs and outputs) are not tried: their work
+# dwarfs their Python, and checking them would copy their tensors (a peak of its own).
+MAX_TENSOR_BYTES = 4 << 20
 
 
 @njit(nogil=True, cache=True)
@@ -206,7 +210,10 @@ def record(
     module doc)."""
     if not outputs or any(o is None or not o.flags.c_contiguous for o in outputs):
         return None
-    if any(x is not None and not fixed and x.dtype != np.float32 for x, fixed in zip(inputs, constant)):
+    free = [x for x, fixed in zip(inputs, constant) if x is not None and not fixed]
+    if any(x.dtype != np.float32 for x in free):
+        return None
+    if sum(x.nbytes for x in free) + sum(o.nbytes for o in outputs if o is not None) > MAX_TENSOR_BYTES:
         return None
     try:
         if not _replays_exactly(execute, inputs, constant, outputs):
