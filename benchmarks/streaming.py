@@ -43,7 +43,7 @@ import onnxruntime as ort
 import trio
 
 import flowrt
-from flowrt.bench import BenchResult, ort_session
+from flowrt.bench import BenchResult, ort_session, through_stream
 from flowrt.models import LIGHT_MODELS, light_model, pattern_input
 from flowrt.workers.cpu.workers import default_cpu_workers
 
@@ -91,23 +91,8 @@ def _merge(engine: str, rounds: Sequence[tuple[list[float], float]]) -> BenchRes
 
 
 async def _through_stream(stream: Any, feeds: Feeds, requests: int) -> tuple[list[float], float]:
-    """Send ``requests`` requests into an open stream as fast as it takes them and receive
-    them all; per-request latency (accepted -> received) and the wall time."""
-    accepted: list[float] = []
-    latencies: list[float] = []
-
-    async def produce() -> None:
-        for _ in range(requests):
-            await stream.send(feeds)
-            accepted.append(time.perf_counter())
-        stream.close()
-
-    start = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(produce)
-        async for _ in stream:
-            latencies.append(time.perf_counter() - accepted[len(latencies)])
-    return latencies, time.perf_counter() - start
+    """``requests`` sent into an open stream as fast as it takes them (``flowrt.bench``)."""
+    return await through_stream(stream, feeds, requests)
 
 
 async def _one_by_one(run: Callable[[], Awaitable[Any]], requests: int) -> tuple[list[float], float]:

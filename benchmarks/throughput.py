@@ -117,7 +117,9 @@ async def _flowrt_blocks(
 def _measure(name: str, path: str, feeds: Feeds | None, args: argparse.Namespace) -> dict[str, Any]:
     cores = default_cpu_workers()
     hint = {"hint": args.hint} if args.hint else {}
-    settings = [{"label": "defaults" + (f" (hint {args.hint})" if hint else ""), "load": hint, "stream": hint}]
+    settings = [
+        {"label": "defaults" + (f" (hint {args.hint})" if hint else ""), "load": hint, "stream": hint}
+    ]
     if args.sweep:
         for pools, per_pool, batch, delay in SWEEP:
             settings.append(
@@ -179,7 +181,9 @@ def run_table(title: str, models: Mapping[str, tuple[str, Feeds | None]], args: 
         if args.sweep:
             top = max(m["ours"], key=lambda label: m["ours"][label].throughput)
             share = ours.throughput / m["ours"][top].throughput
-            sweep_lines.append(f"  {name}: best hand-picked {top}: {_row(m['ours'][top])}; defaults {share:.2f} of it")
+            sweep_lines.append(
+                f"  {name}: best hand-picked {top}: {_row(m['ours'][top])}; defaults {share:.2f} of it"
+            )
         if args.verbose:
             for (intra, clients), r in m["theirs"].items():
                 print(f"    ORT intra {intra} x clients {clients}: {_row(r)}")
@@ -190,7 +194,9 @@ def run_table(title: str, models: Mapping[str, tuple[str, Feeds | None]], args: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--models", nargs="*", default=LIGHT, help="light models")
     parser.add_argument("--zoo", nargs="*", default=[], help=f"zoo models (e.g. {' '.join(ZOO)})")
     parser.add_argument("--zoo-exporter", choices=("torchscript", "dynamo"), default="dynamo")

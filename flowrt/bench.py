@@ -86,28 +86,38 @@ async def _flowrt_round(
     return latencies, time.perf_counter() - start
 
 
-async def _stream_round(model, feeds, requests: int, tick: Callable[[], None], until: float | None = None):
-    """``requests`` sent into ``model.stream()`` (its hint's settings) as fast as it takes them;
-    a request's latency runs from its acceptance to its result. Also the stream's choice."""
+async def through_stream(
+    stream, feeds, requests: int, tick: Callable[[], None] | None = None, until: float | None = None
+) -> tuple[list[float], float]:
+    """Send ``requests`` requests (with ``until``, a perf_counter time: as many as are sent
+    before it) into an open stream as fast as it takes them, and receive them all; each
+    request's latency, from its acceptance to its result, and the wall time."""
     latencies: list[float] = []
     accepted: list[float] = []
-    async with model.stream() as stream:
 
-        async def produce() -> None:
-            sent = 0
-            while sent < requests if until is None else time.perf_counter() < until:
-                await stream.send(feeds)
-                accepted.append(time.perf_counter())
-                sent += 1
-            stream.close()
+    async def produce() -> None:
+        sent = 0
+        while sent < requests if until is None else time.perf_counter() < until:
+            await stream.send(feeds)
+            accepted.append(time.perf_counter())
+            sent += 1
+        stream.close()
 
-        start = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(produce)
-            async for _ in stream:
-                latencies.append(time.perf_counter() - accepted[len(latencies)])
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(produce)
+        async for _ in stream:
+            latencies.append(time.perf_counter() - accepted[len(latencies)])
+            if tick is not None:
                 tick()
-        return latencies, time.perf_counter() - start, stream.choice
+    return latencies, time.perf_counter() - start
+
+
+async def _stream_round(model, feeds, requests: int, tick: Callable[[], None], until: float | None = None):
+    """:func:`through_stream` on ``model.stream()`` (its hint's settings); also the choice."""
+    async with model.stream() as stream:
+        latencies, wall = await through_stream(stream, feeds, requests, tick, until)
+        return latencies, wall, stream.choice
 
 
 def _ort_request(session, feeds: dict[str, np.ndarray], batch: int) -> tuple[Callable[[], None], str]:
