@@ -232,8 +232,9 @@ class BatchingStream(OrderedStream):
             rows = self._rows
             if size == 1:  # one request, its own outputs
                 batch[0].values = outputs
-            for i, request in enumerate(batch if size > 1 else ()):
-                request.values = {n: v[i * rows : (i + 1) * rows].copy() for n, v in outputs.items()}
+            else:
+                for i, request in enumerate(batch):
+                    request.values = {n: v[i * rows : (i + 1) * rows].copy() for n, v in outputs.items()}
         except Exception as e:  # delivered to every request of the batch
             for request in batch:
                 request.error = _own_copy(e)

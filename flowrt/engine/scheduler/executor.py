@@ -410,12 +410,13 @@ def direct_outputs(
     outputs a workload produces and no workload reads, in a C-contiguous array of the planned
     (or, downloaded from a device, the inferred) shape that shares no memory with a feed.
     The others are copied into their arrays at the end of the run."""
-    made = {tid for node in dataflow.order for tid in node.outputs if tid is not None}
+    feed_ids = set(dataflow.inputs.values())
     downloads = dataflow.downloads
     direct: dict[int, np.ndarray] = {}
     for name, array in outputs.items():
         tid = dataflow.outputs[name]
-        if tid in direct or tid not in made or dataflow.readers.get(tid, 0):
+        made = tid not in feed_ids and tid not in dataflow.constants  # by a workload
+        if tid in direct or not made or dataflow.readers.get(tid, 0):
             continue
         if not array.flags.c_contiguous or any(np.may_share_memory(array, f) for f in feeds.values()):
             continue

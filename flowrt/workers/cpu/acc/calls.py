@@ -310,7 +310,7 @@ def run_tasks(address: int, tasks: int, args: tuple) -> None:
     if recorder is None:
         run_tasks_native(address, tasks, args, _NO_RECORD)
     elif tasks > 0:
-        record = recorder.record_for(args)
+        record = recorder.buffer()
         run_tasks_native(address, tasks, args, record)
         recorder.add(record, tasks, 1, args)
 
@@ -325,7 +325,7 @@ def run_stages(steps, first, first_tasks, first_args, second, second_tasks, seco
             steps, first, first_tasks, first_args, second, second_tasks, second_args, _NO_RECORD, _NO_RECORD
         )
         return
-    record1, record2 = recorder.record_for(first_args), recorder.record_for(second_args)
+    record1, record2 = recorder.buffer(), recorder.buffer()
     run_stages_native(
         steps, first, first_tasks, first_args, second, second_tasks, second_args, record1, record2
     )

@@ -63,7 +63,8 @@ class Recorder:
         self.failed = False
 
     @staticmethod
-    def record_for(args: tuple) -> np.ndarray:
+    def buffer() -> np.ndarray:
+        """An empty record for one launch."""
         return np.zeros(RECORD_WORDS, np.int64)
 
     def add(self, record: np.ndarray, tasks: int, steps: int, args: tuple) -> None:
