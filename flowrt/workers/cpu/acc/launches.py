@@ -10,8 +10,8 @@ with, its data (the arguments, arrays borrowed) kept in an int64 buffer — and 
 rows through :func:`replay`: one numba call, the GIL released for all of it.
 
 A layer is recorded (``AccWorkload.bind``) only when replaying is proven to do what running
-does: on arrays of its own, the layer runs on two sets of random inputs, is recorded, and its
-recording replayed on each set must give the same bits. A kernel doing any work outside its
+does: on arrays of its own, the layer runs on random inputs and is recorded; then on new random
+inputs its recording replayed must give the bits running it gives. A kernel doing any work outside its
 launches (numpy in Python, a numba call of its own) fails that and stays a Python step. Nor is
 one recorded whose launches would keep more than ``MAX_KEPT_BYTES`` of buffers besides the
 layer's inputs and outputs (a big conv's column buffer would stay allocated for the pool's
@@ -164,40 +164,76 @@ def _kept_bytes(keep: list[Any], mine: Sequence[np.ndarray]) -> int:
     return total
 
 
+_random: list[np.ndarray] = []
+
+
+def _random_values(size: int, second: bool) -> np.ndarray:
+    """``size`` values in [-1, 1), one of two sets that differ at every position: slices of
+    one buffer made once per process (a draw per validation cost more than the layer's runs)."""
+    if not _random:
+        values = np.random.default_rng(1).random(MAX_TENSOR_BYTES // 4 + 1, dtype=np.float32)
+        values *= 2
+        values -= 1
+        _random.append(values)
+    return _random[0][int(second) : int(second) + size]
+
+
 def _replays_exactly(execute, inputs: Sequence[Any], constant: Sequence[bool], outputs) -> bool:
     """Whether replaying ``execute``'s recorded launches gives what running it does, on arrays
-    of its own (two sets of random inputs), within ``MAX_WORK_S`` per run."""
+    of its own: recorded on one set of random inputs, replayed on another, within
+    ``MAX_WORK_S`` per run."""
     mine_in = [x if x is None or fixed else np.empty(x.shape, x.dtype) for x, fixed in zip(inputs, constant)]
     mine_out = [np.empty(o.shape, o.dtype) for o in outputs]
     free = [x for x, fixed in zip(mine_in, constant) if x is not None and not fixed]
 
-    def fill(seed: int) -> None:
-        rng = np.random.default_rng(seed)
+    def fill(second: bool) -> None:
         for x in free:
-            x[...] = rng.standard_normal(x.shape).astype(x.dtype)
+            x.reshape(-1)[...] = _random_values(x.size, second)
 
-    expected, took = [], 0.0
-    for seed in (1, 2):
-        fill(seed)
+    fill(False)
+    for _ in range(2):  # again when the first took long: it may have compiled or planned
         start = time.perf_counter()
         execute(mine_in, mine_out)
-        took = time.perf_counter() - start  # the second run's: the first may compile
-        expected.append([o.copy() for o in mine_out])
-    if took > MAX_WORK_S:
+        if time.perf_counter() - start <= MAX_WORK_S:
+            break
+    else:
         return False
     with recording() as recorder:
         execute(mine_in, mine_out)
     if recorder.failed or not recorder.launches:
         return False
     rows, records = recorder.table()
-    for seed, want in zip((1, 2), expected):
-        fill(seed)
-        for o in mine_out:
-            o.fill(np.nan)
-        replay(rows)
-        if not all(np.array_equal(o, w, equal_nan=True) for o, w in zip(mine_out, want)):
-            return False
-    return True
+    fill(True)  # new values: a replay that kept anything of the first set differs
+    execute(mine_in, mine_out)
+    expected = [o.copy() for o in mine_out]
+    for o in mine_out:
+        o.fill(np.nan)
+    replay(rows)
+    return all(np.array_equal(o, w, equal_nan=True) for o, w in zip(mine_out, expected))
+
+
+def replays_exactly(
+    execute: Callable[[list, list], Any],
+    inputs: Sequence[np.ndarray | None],
+    constant: Sequence[bool],
+    outputs: Sequence[np.ndarray | None],
+) -> bool:
+    """Whether ``execute(inputs, outputs)``'s launches may be recorded: its tensors are of a
+    kind and size that are tried, and a replay was proven to do what running does (see the
+    module doc). It depends on the layer and its arrays' shapes, not on where they are: the
+    verdict on one pool's arrays holds for another's."""
+    if not outputs or any(o is None or not o.flags.c_contiguous for o in outputs):
+        return False
+    free = [x for x, fixed in zip(inputs, constant) if x is not None and not fixed]
+    if any(x.dtype != np.float32 for x in free):
+        return False
+    if sum(x.nbytes for x in free) + sum(o.nbytes for o in outputs if o is not None) > MAX_TENSOR_BYTES:
+        return False
+    try:
+        return _replays_exactly(execute, inputs, constant, outputs)
+    except Exception as e:  # the layer stays a step of its own, which raises as it will
+        logger.debug("launches not recorded: %s: %s", type(e).__name__, e)
+        return False
 
 
 def record(
@@ -205,23 +241,19 @@ def record(
     inputs: Sequence[np.ndarray | None],
     constant: Sequence[bool],
     outputs: Sequence[np.ndarray | None],
+    proven: bool | None = None,
 ) -> LaunchCall | None:
     """``execute(inputs, outputs)``'s launches on these fixed arrays (a pool's), or None when
     replaying them is not proven to do what running does, or would keep too much (see the
-    module doc)."""
-    if not outputs or any(o is None or not o.flags.c_contiguous for o in outputs):
-        return None
-    free = [x for x, fixed in zip(inputs, constant) if x is not None and not fixed]
-    if any(x.dtype != np.float32 for x in free):
-        return None
-    if sum(x.nbytes for x in free) + sum(o.nbytes for o in outputs if o is not None) > MAX_TENSOR_BYTES:
+    module doc). ``proven``: :func:`replays_exactly`'s verdict when it is known already."""
+    if proven is None:
+        proven = replays_exactly(execute, inputs, constant, outputs)
+    if not proven:
         return None
     try:
-        if not _replays_exactly(execute, inputs, constant, outputs):
-            return None
         with recording() as recorder:
             execute(list(inputs), list(outputs))
-    except Exception as e:  # the layer stays a step of its own, which raises as it will
+    except Exception as e:
         logger.debug("launches not recorded: %s: %s", type(e).__name__, e)
         return None
     if recorder.failed or not recorder.launches:

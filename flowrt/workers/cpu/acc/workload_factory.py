@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +35,8 @@ class AccWorkload:
         self.kernel = kernel
         self.info = info
         self.takes_job = bool(getattr(kernel, "takes_job", False))
+        self._proven: dict[str, bool] = {}  # launches.replays_exactly's verdicts, per split
+        self._proving = threading.Lock()
 
     def prepare(self, job: JobContext | None = None) -> None:
         """Run the kernel once on ones (constants as they are), so that its numba functions
@@ -84,13 +87,21 @@ class AccWorkload:
             return call
         constants = self.info.constants or ()
         constant = [i < len(constants) and constants[i] is not None for i in range(len(inputs))]
-        every = launches.record(self.kernel.execute, inputs, constant, outputs)
+        every = self._record("every", self.kernel.execute, inputs, constant, outputs)
         if every is None or not self.takes_job or getattr(self.kernel, "workers", 1) == 1:
             return every
         # a run sharing the cores has one thread: the kernel plans its split for that then
         alone = JobContext(1)
-        one = launches.record(lambda i, o: self.kernel.execute(i, o, alone), inputs, constant, outputs)
+        one = self._record("one", lambda i, o: self.kernel.execute(i, o, alone), inputs, constant, outputs)
         return every if one is None else attrs.evolve(every, one_thread=one)
+
+    def _record(self, split: str, execute: Any, inputs: Any, constant: Any, outputs: Any) -> Any:
+        """``launches.record``, its proof made on the first pool's arrays and kept for the
+        others' (a pool recording at the same time waits for it: it runs the layer a few times)."""
+        with self._proving:
+            if split not in self._proven:
+                self._proven[split] = launches.replays_exactly(execute, inputs, constant, outputs)
+        return launches.record(execute, inputs, constant, outputs, proven=self._proven[split])
 
 
 class AccWorkloadFactory:

@@ -42,9 +42,13 @@ def _input(seed: int) -> np.ndarray:
 
 
 def _recorded_layers(model) -> list[str]:
+    return _recorded_layers_of(model.pools.pools[0])
+
+
+def _recorded_layers_of(pool) -> list[str]:
     return [
         node.layer
-        for steps in model.pools.pools[0].programs.values()
+        for steps in pool.programs.values()
         for step in steps
         if type(step) is BoundStep and isinstance(step.call.keep, tuple)  # Launches.compile's
         for node in step.nodes
@@ -90,6 +94,36 @@ async def test_two_pools_replay_at_once_each_in_its_own_memory():
         for seed, got in results.items():
             want = (await reference.run({"x": _input(seed)}))["y"]
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+async def test_a_layer_is_proven_once_however_many_pools_record_it(monkeypatch):
+    proofs: list[int] = []
+    proven = launches.replays_exactly
+
+    def counted(*args):
+        proofs.append(1)
+        return proven(*args)
+
+    monkeypatch.setattr(launches, "replays_exactly", counted)
+    net = _net()
+    async with flowrt.Runtime(cpu_workers=2) as rt:
+        model = await rt.load(flowrt.optimize(net, backends=["CpuAcc", "CpuRef"]), max_in_flight=2)
+        for _ in range(3):  # both pools run twice: each records its program
+            async with trio.open_nursery() as nursery:
+                for seed in range(2):
+                    nursery.start_soon(model.run, {"x": _input(seed)})
+        assert all(pool.programs for pool in model.pools.pools)
+        first = len(proofs)
+        assert first > 0
+        recorded = [set(_recorded_layers_of(pool)) for pool in model.pools.pools]
+        assert recorded[0] == recorded[1] and {"three", "strided", "last"} <= recorded[0]
+    # one proof per layer and split: as many as one pool alone makes
+    async with flowrt.Runtime(cpu_workers=2) as rt:
+        proofs.clear()
+        alone = await rt.load(flowrt.optimize(net, backends=["CpuAcc", "CpuRef"]), max_in_flight=1)
+        for seed in range(3):
+            await alone.run({"x": _input(seed)})
+        assert len(proofs) == first
 
 
 def _copy_task(task, step, x, out):  # a slice function: out = x + 1
