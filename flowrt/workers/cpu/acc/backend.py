@@ -7,6 +7,7 @@ support and workload factory are imported when first asked for, and they load th
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from flowrt.engine.memory.manager import MemoryManager
@@ -14,7 +15,6 @@ from flowrt.registry import DefaultRank
 
 if TYPE_CHECKING:
     from flowrt.registry import OptimizationViews
-    from flowrt.workers.cpu.acc.compile_ahead import CompileAhead
     from flowrt.workers.cpu.acc.layer_support import AccLayerSupport
     from flowrt.workers.cpu.acc.workload_factory import AccWorkloadFactory
 
@@ -75,14 +75,21 @@ class AccBackend:
     def create_memory_manager(self) -> MemoryManager:
         return MemoryManager()
 
-    def compile_ahead(self, network: Any, job: Any = None) -> CompileAhead:
-        """Around the building of a load's workloads: on an empty kernel cache, a second
-        process compiles ``network``'s kernels from its last layer back while the load compiles
-        them in order (``flowrt.workers.cpu.acc.compile_ahead``). ``job``: the load's
+    def compile_ahead(self, network: Any, job: Any = None) -> contextlib.ExitStack:
+        """Around the building of a load's workloads: the kernels an earlier load of
+        ``network`` needed are loaded from numba's cache at once, and its layers need not run
+        to warm up (``flowrt.workers.cpu.acc.preload``); on an empty kernel cache, a second
+        process compiles its kernels from its last layer back while the load compiles them
+        in order (``flowrt.workers.cpu.acc.compile_ahead``). ``job``: the load's
         ``JobContext``, whose threads the layers plan by."""
         from flowrt.workers.cpu.acc.compile_ahead import CompileAhead
+        from flowrt.workers.cpu.acc.preload import Preload
 
-        return CompileAhead(network, self.workers, job.threads if job is not None else self.workers)
+        threads = job.threads if job is not None else self.workers
+        stack = contextlib.ExitStack()
+        stack.enter_context(CompileAhead(network, self.workers, threads))
+        stack.enter_context(Preload(network, threads))
+        return stack
 
     def create_workload_factory(self, memory_manager: Any = None) -> AccWorkloadFactory:
         from flowrt.workers.cpu.acc.workload_factory import AccWorkloadFactory

@@ -14,7 +14,7 @@ from flowrt.engine.scheduler.job import JobContext
 from flowrt.errors import BackendError
 from flowrt.registry import WorkloadInfo
 from flowrt.types import static_dims
-from flowrt.workers.cpu.acc import launches
+from flowrt.workers.cpu.acc import launches, preload
 from flowrt.workers.cpu.acc.kernels import kernel_for
 from flowrt.workers.cpu.acc.tape import BoundCall, bind, warm_up
 from flowrt.workers.cpu.blas_threads import hold_for_job
@@ -44,12 +44,20 @@ class AccWorkload:
         ``job``, the context of the load's own job, for a kernel that takes one: it plans as
         a run would). Layers whose shapes are not all static are left to warm up on their
         first run, and so is a kernel that refuses ones (its values matter): that is logged,
-        not raised, since the real inputs decide whether the layer fails."""
+        not raised, since the real inputs decide whether the layer fails. In a load whose
+        kernels came from its network's manifest (``preload``) it does not run: a kernel that
+        derives forms of its constant weights on its first run makes them (``make_forms``)."""
         warm_up(self.kernel)
         if getattr(self.kernel, "records_launches", True):
             launches.prepare()
         infos = self.info.inputs
         if not all(i is None or i.is_static for i in infos):
+            return
+        if preload.warm():  # its kernels are loaded: only what a run derives from its weights
+            make_forms = getattr(self.kernel, "make_forms", None)
+            if make_forms is not None:
+                shapes = [None if i is None else static_dims(i.shape) for i in infos]
+                make_forms(shapes, job if self.takes_job else None)
             return
         constants = self.info.constants or (None,) * len(infos)
         inputs = [

@@ -35,7 +35,10 @@ ActArgs = tuple[int, np.float32, np.float32]
 class ConvAlgorithm(Protocol):
     """One way to compute a conv. The class says which shapes it takes (``applies``) and makes
     their plans (``plan``); a plan is a frozen instance holding only what its ``run`` needs
-    (splits, chunk sizes, geometry arrays), made once per input shape and worker count."""
+    (splits, chunk sizes, geometry arrays), made once per input shape and worker count. A plan
+    whose ``run`` derives forms of the constant weights (panels, per-tap matrices, Winograd
+    transforms) also has ``forms(weights, w, w_shape, bias, constant)``, which makes them
+    without running (at load, where the layer does not run then)."""
 
     name: ClassVar[str]
 

@@ -280,6 +280,11 @@ class Columns:
         )
         return cls(geometry.geo(), geometry.direct, geometry.column_bounds(tuning), chunk, tiles, phase_shape)
 
+    def forms(self, weights: ConvWeights, w, w_shape, bias, constant: bool) -> None:
+        """See ``algorithms.ConvAlgorithm``."""
+        if self.tiles:
+            weights.panels(w, bias, constant)
+
     def run(
         self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: ActArgs
     ) -> None:

@@ -133,6 +133,10 @@ class Packed:
         """All the images' pixels split over the workers."""
         return cls(geometry.batch_bounds(tuning))
 
+    def forms(self, weights: ConvWeights, w, w_shape, bias, constant: bool) -> None:
+        """See ``algorithms.ConvAlgorithm``."""
+        weights.panels(w, bias, constant)
+
     def run(
         self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: ActArgs
     ) -> None:

@@ -129,6 +129,10 @@ class Taps:
         )
         return cls(geometry.geo(), padded_shape, row_bounds, block_rows)
 
+    def forms(self, weights: ConvWeights, w, w_shape, bias, constant: bool) -> None:
+        """See ``algorithms.ConvAlgorithm``."""
+        weights.taps(w, w_shape)
+
     def run(
         self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: ActArgs
     ) -> None:

@@ -265,6 +265,10 @@ class Winograd:
             return cls(tile, geometry.geo(), np.array([0, rows], np.int64), np.int64(slices), block, group)
         return cls(tile, geometry.geo(), bounds, np.int64(1), block, group)
 
+    def forms(self, weights: ConvWeights, w, w_shape, bias, constant: bool) -> None:
+        """See ``algorithms.ConvAlgorithm``."""
+        weights.winograd(w, w_shape, self.tile)
+
     def run(
         self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: ActArgs
     ) -> None:

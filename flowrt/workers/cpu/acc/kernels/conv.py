@@ -10,6 +10,7 @@ per input shape, weight shape and worker count and kept; each call runs it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -84,6 +85,25 @@ class ConvKernel:
             geometry = ConvGeometry.of(self.desc, x_shape, w_shape, workers)
             cached = self._plans[key] = (choose(geometry, self.tuning), geometry.out_shape)
         return cached
+
+    def make_forms(self, shapes: Sequence[tuple[int, ...] | None], job: JobContext | None = None) -> None:
+        """Make what a run on inputs of ``shapes`` in ``job`` derives from the constant weights
+        (the chosen algorithm's forms of them), without running."""
+        weights = self.weights
+        if weights.packed is None or weights.shape is None or shapes[0] is None:
+            return
+        if self.bias is None and len(shapes) > 2 and shapes[2] is not None:
+            return  # the bias comes with each run: nothing derived is kept
+        workers = self.workers if job is None else min(self.workers, job.threads)
+        plan, _ = self._chosen(tuple(shapes[0]), weights.shape, workers)
+        forms = getattr(plan, "forms", None)
+        if forms is not None:
+            bias = (
+                self._bias_ro
+                if self._bias_ro is not None
+                else read_only(np.zeros(weights.shape[0], np.float32))
+            )
+            forms(weights, weights.packed, weights.shape, bias, True)
 
     def execute(self, inputs: Any, outputs: Any = None, job: JobContext | None = None) -> list[np.ndarray]:
         x = np.ascontiguousarray(inputs[0], np.float32)

@@ -8,7 +8,8 @@ single-threaded BLAS on its own block, transposed operands and all (no copies), 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 from numba import njit
@@ -151,6 +152,13 @@ class _Packed:
             )
         return self._rows
 
+    def make_forms(self, m: int) -> None:
+        """Make the form of the weights a product of ``m`` rows takes, without running."""
+        if m <= gemv.MAX_VECTORS:
+            self._by_rows()
+        else:
+            _ = self.weights
+
     def run(self, a: np.ndarray, out: np.ndarray, code: int, act_a, act_b) -> None:
         """``out = activation(a @ w + bias)``; ``a`` (M, K), ``out`` (M, N) row-major."""
         m = a.shape[0]
@@ -222,6 +230,11 @@ class GemmKernel:
         """C as a (1 or M, 1 or N) float32 matrix."""
         c = _matrix(c)
         return c.reshape((1,) * (2 - c.ndim) + c.shape)
+
+    def make_forms(self, shapes: Sequence[tuple[int, ...] | None], job: Any = None) -> None:
+        """Make the packed weights' form a run on inputs of ``shapes`` takes, without running."""
+        if self.packed is not None and shapes[0] is not None and len(shapes[0]) == 2:
+            self.packed.make_forms(shapes[0][1] if self.desc.transA else shapes[0][0])
 
     def execute(self, inputs, outputs=None):
         desc = self.desc
@@ -331,6 +344,11 @@ class MatMulKernel:
             )
         self._plans[(a_shape, b_shape)] = cached
         return cached
+
+    def make_forms(self, shapes: Sequence[tuple[int, ...] | None], job: Any = None) -> None:
+        """Make the packed weights' form a run on inputs of ``shapes`` takes, without running."""
+        if self.packed is not None and shapes[0] is not None and len(shapes[0]) >= 1:
+            self.packed.make_forms(int(np.prod(shapes[0][:-1])))
 
     def execute(self, inputs, outputs=None):
         a = _matrix(inputs[0])
