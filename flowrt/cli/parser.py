@@ -149,13 +149,27 @@ def _add_tune(sub) -> None:
     )
 
 
+def _add_serve(sub) -> None:
+    serve = _command(sub, "serve", "serve a model repository over HTTP, Triton's KServe v2 protocol")
+    serve.add_argument(
+        "repository",
+        help="a directory of models: <model>/<version>/model.onnx (or .flowrt), config.pbtxt optional",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
+    serve.add_argument("--http-port", type=int, default=8000, help="HTTP port (default: 8000; 0: a free one)")
+    serve.add_argument("--backends", help=BACKENDS_HELP + "; a model's config parameter 'backends' wins")
+    serve.add_argument(
+        "--max-body-mib", type=float, default=64, help="larger request bodies are refused (413; default: 64)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``flowrt`` parser: one sub-command per command, each with ``-v``."""
     parser = argparse.ArgumentParser(prog="flowrt", description="flowrt: an asynchronous inference engine")
     parser.add_argument("--version", action="version", version=f"flowrt {flowrt.__version__}")
     _verbose(parser, 0)
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_run, _add_inspect, _add_convert, _add_bench, _add_tune):
+    for add in (_add_run, _add_inspect, _add_convert, _add_bench, _add_tune, _add_serve):
         add(sub)
     _command(sub, "backends", "list registered backends and OpenCL devices")
     return parser

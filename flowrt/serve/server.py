@@ -1,0 +1,422 @@
+"""``flowrt serve``: a model repository served over HTTP with the KServe v2 protocol.
+
+The HTTP server (hypercorn, its trio worker) runs in the runtime's own trio loop, with a
+small ASGI application (:class:`App`) in front of the :class:`Server`, which loads each
+model of the repository into one ``flowrt.Runtime`` and sends every client's requests for a
+model through that model's streams (``flowrt.serve.models``). Metrics in Prometheus's text
+format at ``/metrics`` (``prometheus_client``); one log line per request at INFO.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from flowrt.errors import DataTypeError, FlowrtError, InputError, ResourceError, ShapeError
+from flowrt.serve import config as configs
+from flowrt.serve import models as served
+from flowrt.serve import protocol
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 << 20
+
+
+class NotFound(InputError):
+    """An unknown model, version or route (HTTP 404)."""
+
+
+class Metrics:
+    """The server's Prometheus metrics, in a registry of its own."""
+
+    def __init__(self) -> None:
+        import prometheus_client as prom
+
+        self.registry = prom.CollectorRegistry()
+        self.requests = prom.Counter(
+            "flowrt_requests", "inference requests", ["model", "outcome"], registry=self.registry
+        )
+        seconds = (1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+        self.queue = prom.Histogram(
+            "flowrt_queue_seconds", "time a request waited to start", ["model"], buckets=seconds,
+            registry=self.registry,
+        )  # fmt: skip
+        self.compute = prom.Histogram(
+            "flowrt_compute_seconds", "time from a request's start to its outputs", ["model"], buckets=seconds,
+            registry=self.registry,
+        )  # fmt: skip
+        self.rows = prom.Histogram(
+            "flowrt_request_batch_size", "rows (batch) of each request", ["model"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=self.registry,
+        )  # fmt: skip
+
+    def text(self) -> bytes:
+        import prometheus_client as prom
+
+        return prom.generate_latest(self.registry)
+
+
+class Server:
+    """The models of ``repository`` loaded in ``runtime``; their tasks run in ``nursery``."""
+
+    def __init__(
+        self, repository: Path, runtime: Any, nursery: trio.Nursery, backends: str | None = None
+    ) -> None:
+        self.repository, self.runtime, self.nursery, self.backends = repository, runtime, nursery, backends
+        self.models: dict[str, served.ServedModel] = {}
+        self.failed: dict[str, str] = {}  # model name -> why it did not load
+        self._gone: dict[int, trio.Event] = {}  # id(model) -> set once it has unloaded
+        self.metrics = Metrics()
+        self.ready = False
+
+    def names(self) -> list[str]:
+        return [p.name for p in served.model_directories(self.repository)]
+
+    async def load_all(self) -> None:
+        for name in self.names():
+            try:
+                await self.load(name)
+            except FlowrtError as e:
+                logger.error("model %r did not load: %s", name, e)
+        self.ready = True
+
+    async def load(self, name: str) -> served.ServedModel:
+        """Load model ``name`` of the repository (again, when it is loaded: the new one
+        serves once it is ready, the old one finishes its requests)."""
+        directory = self.repository / name
+        if name not in self.names():
+            raise NotFound(f"no model {name!r} in the repository {self.repository}")
+        try:
+            config = configs.read(directory)
+            version, path = served.model_file(directory, config)
+            opt = await trio.to_thread.run_sync(served.open_model, path, config.backends or self.backends)
+            old = self.models.get(name)
+            model = await self.nursery.start(self._hold, name, version, config, opt)
+        except FlowrtError as e:
+            self.failed[name] = f"{type(e).__name__}: {e}"
+            raise
+        self.failed.pop(name, None)
+        if old is not None:
+            await self._close(old)
+        self.models[name] = model
+        logger.info("model %r version %d loaded from %s", name, version, path)
+        return model
+
+    async def _hold(
+        self,
+        name: str,
+        version: int,
+        config: configs.ModelConfig,
+        opt: Any,
+        task_status=trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        loaded = await self.runtime.load(opt, max_in_flight=config.instances)
+        gone = trio.Event()
+        try:
+            async with trio.open_nursery() as nursery:
+                model = served.ServedModel(name, version, config, loaded, nursery)
+                self._gone[id(model)] = gone
+                task_status.started(model)
+                await model.closed.wait()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.runtime.unload(loaded)
+            gone.set()
+
+    async def _close(self, model: served.ServedModel) -> None:
+        model.close()
+        await self._gone.pop(id(model)).wait()
+
+    async def unload(self, name: str) -> None:
+        model = self.models.pop(name, None)
+        if model is None:
+            raise NotFound(f"model {name!r} is not loaded")
+        await self._close(model)
+        logger.info("model %r unloaded", name)
+
+    async def close(self) -> None:
+        for name in list(self.models):
+            await self.unload(name)
+
+    def model(self, name: str, version: str | None) -> served.ServedModel:
+        model = self.models.get(name)
+        if model is None:
+            known = sorted(self.models)
+            raise NotFound(f"unknown model {name!r}; the server holds {known}")
+        if version not in (None, "", str(model.version)):
+            raise NotFound(f"model {name!r} has no version {version!r}; it serves version {model.version}")
+        return model
+
+    def index(self) -> list[dict[str, str]]:
+        entries = []
+        for name in self.names():
+            if name in self.models:
+                entries.append({"name": name, "version": str(self.models[name].version), "state": "READY"})
+            elif name in self.failed:
+                entries.append({"name": name, "state": "UNAVAILABLE", "reason": self.failed[name]})
+            else:
+                entries.append({"name": name, "state": "UNAVAILABLE", "reason": "unloaded"})
+        return entries
+
+    def metadata(self, model: served.ServedModel) -> dict[str, Any]:
+        batching = model.rows is not None
+
+        def tensors(infos: Any) -> list[dict[str, Any]]:
+            return [
+                {"name": n, "datatype": protocol.datatype(i), "shape": protocol.shape(i, batching)}
+                for n, i in infos.items()
+                if i is not None
+            ]
+
+        return {
+            "name": model.name,
+            "versions": [str(model.version)],
+            "platform": "flowrt",
+            "inputs": tensors(model.model.inputs),
+            "outputs": tensors(model.model.outputs),
+        }
+
+    async def infer(
+        self, model: served.ServedModel, body: bytes, header_length: str | None
+    ) -> tuple[bytes, dict[str, str]]:
+        request, feeds = protocol.parse_infer(body, header_length, model.model.inputs)
+        outputs = {n: i for n, i in model.model.outputs.items()}
+        chosen = protocol.requested_outputs(request, outputs)
+        parameters = request.get("parameters") or {}
+        if not isinstance(parameters, dict):
+            raise protocol.BadRequest("'parameters' must be an object")
+        config = model.config
+        level = parameters.get("priority", config.default_priority_level)
+        if (
+            not isinstance(level, int)
+            or level < 0
+            or (config.priority_levels and level > config.priority_levels)
+        ):
+            raise protocol.BadRequest(
+                f"priority {level!r} is not a level of this model (1..{config.priority_levels})"
+            )
+        timeout = config.queue.timeout
+        if "timeout" in parameters:
+            if not config.queue.allow_timeout_override:
+                raise protocol.BadRequest(f"model {model.name!r} does not let a request set its timeout")
+            value = parameters["timeout"]
+            if not isinstance(value, int) or value < 0:
+                raise protocol.BadRequest(f"'timeout' is in microseconds, an integer >= 0, got {value!r}")
+            timeout = value / 1e6 if value else None
+        rows = next(iter(feeds.values())).shape[0] if feeds and next(iter(feeds.values())).ndim else 1
+        start = time.perf_counter()
+        values, queued = await model.infer(feeds, served.priority_of(level, config.priority_levels), timeout)
+        self.metrics.queue.labels(model.name).observe(queued)
+        self.metrics.compute.labels(model.name).observe(time.perf_counter() - start - queued)
+        self.metrics.rows.labels(model.name).observe(rows)
+        return protocol.infer_response(model.name, model.version, request, values, chosen)
+
+
+def _status(error: Exception) -> int:
+    if isinstance(error, NotFound):
+        return 404
+    if isinstance(error, _TooLarge):
+        return 413
+    if isinstance(error, served.QueueFull | served.QueueTimeout):
+        return 503
+    if isinstance(error, protocol.BadRequest | ShapeError | DataTypeError | InputError):
+        return 400
+    if isinstance(error, ResourceError):
+        return 503
+    return 500
+
+
+class App:
+    """The ASGI application: KServe v2's routes over :class:`Server`."""
+
+    def __init__(self, server: Server, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        self.server, self.max_body_bytes = server, max_body_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        if scope["type"] != "http":
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        method, path = scope["method"], scope["path"]
+        start = time.perf_counter()
+        try:
+            body = await self._body(receive, headers)
+            status, payload, extra = await self._route(method, path.rstrip("/").split("/")[1:], body, headers)
+        except FlowrtError as e:
+            status, payload, extra = _status(e), json.dumps({"error": str(e)}).encode(), {}
+        except Exception as e:  # a bug of ours: answered, logged, the server goes on
+            logger.exception("%s %s failed", method, path)
+            status, payload, extra = 500, json.dumps({"error": f"{type(e).__name__}: {e}"}).encode(), {}
+        response_headers = {"content-type": "application/json", **extra, "content-length": str(len(payload))}
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(k.encode(), v.encode()) for k, v in response_headers.items()],
+            }
+        )
+        await send({"type": "http.response.body", "body": payload})
+        logger.info("%s %s %d %.1f ms", method, path, status, (time.perf_counter() - start) * 1e3)
+
+    async def _body(self, receive: Any, headers: dict[str, str]) -> bytes:
+        announced = headers.get("content-length")
+        if announced is not None and announced.isdigit() and int(announced) > self.max_body_bytes:
+            raise _TooLarge(
+                f"the body's {announced} bytes are over the server's limit, {self.max_body_bytes}"
+            )
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise _TooLarge(f"the body is over the server's limit, {self.max_body_bytes} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+    async def _route(
+        self, method: str, parts: list[str], body: bytes, headers: dict[str, str]
+    ) -> tuple[int, bytes, dict[str, str]]:
+        server = self.server
+        if parts == ["metrics"] and method == "GET":
+            return 200, server.metrics.text(), {"content-type": "text/plain; version=0.0.4"}
+        if not parts or parts[0] != "v2":
+            raise NotFound(f"no route {'/' + '/'.join(parts)}; the server speaks KServe v2 under /v2")
+        rest = parts[1:]
+        if rest == [] and method == "GET":
+            return _ok(
+                {
+                    "name": "flowrt",
+                    "version": _version(),
+                    "extensions": ["binary_tensor_data", "model_repository"],
+                }
+            )
+        if rest == ["health", "live"]:
+            return 200, b"", {}
+        if rest == ["health", "ready"]:
+            return (200 if server.ready else 503), b"", {}
+        if rest[:1] == ["repository"]:
+            return await self._repository(method, rest[1:])
+        if rest[:1] == ["models"] and len(rest) >= 2:
+            name, tail, version = rest[1], rest[2:], None
+            if tail[:1] == ["versions"] and len(tail) >= 2:
+                version, tail = tail[1], tail[2:]
+            if tail == ["ready"]:
+                try:
+                    server.model(name, version)
+                except NotFound:
+                    return 400, b"", {}
+                return 200, b"", {}
+            model = server.model(name, version)
+            if tail == [] and method == "GET":
+                return _ok(server.metadata(model))
+            if tail == ["config"] and method == "GET":
+                return _ok(_config_json(model))
+            if tail == ["infer"] and method == "POST":
+                try:
+                    payload, extra = await server.infer(model, body, headers.get(protocol.HEADER_LENGTH))
+                except FlowrtError as e:
+                    server.metrics.requests.labels(model.name, "failure").inc()
+                    raise e
+                server.metrics.requests.labels(model.name, "success").inc()
+                return 200, payload, extra
+        raise NotFound(f"no route {method} /{'/'.join(parts)}")
+
+    async def _repository(self, method: str, rest: list[str]) -> tuple[int, bytes, dict[str, str]]:
+        server = self.server
+        if rest == ["index"] and method == "POST":
+            return _ok(server.index())
+        if len(rest) == 3 and rest[0] == "models" and method == "POST":
+            if rest[2] == "load":
+                await server.load(rest[1])
+                return 200, b"", {}
+            if rest[2] == "unload":
+                await server.unload(rest[1])
+                return 200, b"", {}
+        raise NotFound(f"no repository route {method} {'/'.join(rest)}")
+
+
+class _TooLarge(FlowrtError):
+    pass
+
+
+def _ok(value: Any) -> tuple[int, bytes, dict[str, str]]:
+    return 200, json.dumps(value).encode(), {}
+
+
+def _version() -> str:
+    import flowrt
+
+    return flowrt.__version__
+
+
+def _config_json(model: served.ServedModel) -> dict[str, Any]:
+    config = model.config
+    return {
+        "name": model.name,
+        "platform": "flowrt",
+        "max_batch_size": config.max_batch_size,
+        "dynamic_batching": (
+            {
+                "preferred_batch_size": list(config.preferred_batch_size),
+                "max_queue_delay_microseconds": round(config.max_queue_delay * 1e6),
+            }
+            if config.dynamic_batching
+            else None
+        ),
+        "instance_group": [{"count": config.instances, "kind": "KIND_CPU"}],
+    }
+
+
+async def serve(
+    repository: Path,
+    *,
+    host: str = "127.0.0.1",
+    http_port: int = 8000,
+    backends: str | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    shutdown: trio.Event | None = None,
+    task_status: Any = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``repository`` until ``shutdown`` is set (then in-flight requests finish, the
+    models unload, and this returns). Started with ``nursery.start``, it hands back the
+    server and the address it listens on (``http://host:port``: port 0 takes a free one)."""
+    import hypercorn.config
+    import hypercorn.trio
+
+    import flowrt
+
+    if not repository.is_dir():
+        raise InputError(f"the model repository {repository} is not a directory")
+    shutdown = trio.Event() if shutdown is None else shutdown
+    config = hypercorn.config.Config()
+    config.bind = [f"{host}:{http_port}"]
+    config.accesslog = None
+    config.graceful_timeout = 30
+    async with flowrt.Runtime() as rt, trio.open_nursery() as nursery:
+        server = Server(repository, rt, nursery, backends)
+        try:
+            await server.load_all()
+            async with trio.open_nursery() as http:
+                app: Any = App(server, max_body_bytes)  # an ASGI 3 application
+                serving = functools.partial(hypercorn.trio.serve, app, config)
+                binds = await http.start(functools.partial(serving, shutdown_trigger=shutdown.wait))
+                task_status.started((server, binds[0] if binds else f"http://{host}:{http_port}"))
+            # hypercorn has returned: it stopped taking requests and those in flight finished
+        finally:
+            with trio.CancelScope(shield=True):
+                await server.close()

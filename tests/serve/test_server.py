@@ -1,0 +1,299 @@
+"""``flowrt serve``: a model repository served over KServe v2, driven by Triton's own client."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+
+import flowrt
+from flowrt import serialize
+from flowrt.errors import InputError
+from flowrt.serve.server import serve
+from flowrt.types import TensorInfo
+
+th = pytest.importorskip("tritonclient.http")
+pytest.importorskip("hypercorn")
+
+
+def _net(size: int = 16, channels: int = 8) -> flowrt.Network:
+    """Random-weight convs: batch 1, input x (1, 3, size, size), output y."""
+    rng = np.random.default_rng(0)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, 3, size, size)))
+    pad = flowrt.descriptors.Conv(pads=(1, 1, 1, 1))
+    a = net.add_layer("Conv", pad, [x, w(channels, 3, 3, 3), w(channels)], name="a")
+    b = net.add_layer("Relu", inputs=[a], name="b")
+    c = net.add_layer("Conv", pad, [b, w(channels, channels, 3, 3), w(channels)], name="c")
+    net.add_output("y", net.add_layer("GlobalAveragePool", inputs=[c], name="d"))
+    return net
+
+
+def _repository(root: Path, models: dict[str, str | None], net: flowrt.Network | None = None) -> Path:
+    """A repository of ``models`` (name -> config.pbtxt text or None), each the same network."""
+    opt = flowrt.optimize(net or _net(), backends=["CpuAcc", "CpuRef"])
+    for name, config in models.items():
+        (root / name / "1").mkdir(parents=True)
+        serialize.save(opt, root / name / "1" / "model.flowrt")
+        if config is not None:
+            (root / name / "config.pbtxt").write_text(config)
+    return root
+
+
+async def _reference(x: np.ndarray, net: flowrt.Network | None = None) -> np.ndarray:
+    async with flowrt.Runtime() as rt:
+        model = await rt.load(flowrt.optimize(net or _net(), backends=["CpuRef"]))
+        return np.concatenate([(await model.run({"x": row[None]}))["y"] for row in x])
+
+
+def _input(rows: int = 1, seed: int = 1, size: int = 16) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, 3, size, size)).astype(np.float32)
+
+
+class _Served:
+    """A server started in the test's trio loop; the client calls run in threads."""
+
+    def __init__(self, server, address: str) -> None:
+        self.server, self.url = server, address.removeprefix("http://")
+
+    def client(self):
+        return th.InferenceServerClient(self.url)
+
+    async def call(self, fn, *args):
+        return await trio.to_thread.run_sync(fn, *args)
+
+    async def infer(self, model: str, x: np.ndarray, binary: bool = True) -> np.ndarray:
+        def go():
+            tensor = th.InferInput("x", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x, binary_data=binary)
+            wanted = [th.InferRequestedOutput("y", binary_data=binary)]
+            return self.client().infer(model, [tensor], outputs=wanted).as_numpy("y")
+
+        return await self.call(go)
+
+    async def post(self, path: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
+        return await self.call(self._post, path, body, headers)
+
+    def _post(self, path: str, body: bytes, headers: dict | None) -> tuple[int, dict]:
+        request = urllib.request.Request(
+            f"http://{self.url}{path}", data=body, headers=headers or {}, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request) as response:
+                return response.status, json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+
+
+async def _serving(nursery, repository: Path, **kwargs) -> _Served:
+    server, address = await nursery.start(
+        lambda task_status: serve(repository, http_port=0, task_status=task_status, **kwargs)
+    )
+    return _Served(server, address)
+
+
+async def test_metadata_health_and_inference_match_cpuref(tmp_path):
+    repository = _repository(
+        tmp_path,
+        {
+            "plain": None,
+            "batched": "max_batch_size: 4\ndynamic_batching { max_queue_delay_microseconds: 20000 }\n",
+        },
+    )
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        served = await _serving(nursery, repository, shutdown=shutdown)
+        client = served.client()
+        assert await served.call(client.is_server_live) and await served.call(client.is_server_ready)
+        assert await served.call(client.is_model_ready, "plain")
+        metadata = await served.call(client.get_model_metadata, "batched")
+        assert metadata["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 3, 16, 16]}]
+        plain = await served.call(client.get_model_metadata, "plain")
+        assert plain["inputs"][0]["shape"] == [1, 3, 16, 16]
+        x = _input()
+        want = await _reference(x)
+        for binary in (True, False):
+            np.testing.assert_allclose(await served.infer("plain", x, binary), want, rtol=1e-4, atol=1e-5)
+        # a request of three rows on a model that batches: three rows back, each its own
+        x3 = _input(3, seed=2)
+        np.testing.assert_allclose(
+            await served.infer("batched", x3), await _reference(x3), rtol=1e-4, atol=1e-5
+        )
+        # clients at once: each gets its own result
+        results: dict[int, np.ndarray] = {}
+
+        async def one(seed: int) -> None:
+            results[seed] = await served.infer("batched", _input(seed=seed))
+
+        async with trio.open_nursery() as clients:
+            for seed in range(6):
+                clients.start_soon(one, seed)
+        for seed, got in results.items():
+            np.testing.assert_allclose(got, await _reference(_input(seed=seed)), rtol=1e-4, atol=1e-5)
+        index = (await served.post("/v2/repository/index", b""))[1]
+        assert {e["name"]: e["state"] for e in index} == {"plain": "READY", "batched": "READY"}
+        metrics = (
+            await served.call(lambda: urllib.request.urlopen(f"http://{served.url}/metrics").read())
+        ).decode()
+        assert 'flowrt_requests_total{model="batched",outcome="success"} 7.0' in metrics
+        assert "flowrt_queue_seconds_bucket" in metrics
+        shutdown.set()
+
+
+async def test_bad_requests_answer_4xx_naming_the_problem_and_the_server_goes_on(tmp_path):
+    repository = _repository(tmp_path, {"m": "max_batch_size: 2\n"})
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        served = await _serving(nursery, repository, shutdown=shutdown, max_body_bytes=1 << 20)
+
+        def request(inputs: list, **extra) -> bytes:
+            return json.dumps({"inputs": inputs, **extra}).encode()
+
+        good = {"name": "x", "shape": [1, 3, 16, 16], "datatype": "FP32", "data": [0.5] * 768}
+        cases = [
+            ("/v2/models/m/infer", b"{not json", 400, "does not parse"),
+            ("/v2/models/m/infer", request([{**good, "shape": [1, 3, 8, 8]}]), 400, "values for shape"),
+            ("/v2/models/m/infer", request([{**good, "shape": [1, 3, 8, 8], "data": [0.5] * 192}]), 400, "x"),
+            ("/v2/models/m/infer", request([{**good, "datatype": "INT64"}]), 400, "expected 'FP32'"),
+            ("/v2/models/m/infer", request([{**good, "name": "z"}]), 400, "unknown input 'z'"),
+            ("/v2/models/m/infer", request([]), 400, "missing"),
+            (
+                "/v2/models/m/infer",
+                request([{**good, "shape": [3, 3, 16, 16], "data": [0.5] * 2304}]),
+                400,
+                "max_batch_size",
+            ),
+            ("/v2/models/m/infer", request([good], outputs=[{"name": "nope"}]), 400, "unknown output 'nope'"),
+            ("/v2/models/absent/infer", request([good]), 404, "unknown model 'absent'"),
+            ("/v2/models/m/infer", b"x" * (2 << 20), 413, "limit"),
+            ("/v2/nowhere", b"", 404, "no route"),
+        ]
+        for path, body, status, words in cases:
+            got, payload = await served.post(path, body)
+            assert got == status, (path, body[:80], payload)
+            assert words in payload["error"], payload
+        # binary data that does not match what the JSON announces
+        head = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "shape": [1, 3, 16, 16],
+                        "datatype": "FP32",
+                        "parameters": {"binary_data_size": 3072},
+                    }
+                ]
+            }
+        ).encode()
+        got, payload = await served.post(
+            "/v2/models/m/infer", head + b"\0" * 100, {"Inference-Header-Content-Length": str(len(head))}
+        )
+        assert got == 400 and "bytes of binary data announced" in payload["error"]
+        x = _input()
+        np.testing.assert_allclose(await served.infer("m", x), await _reference(x), rtol=1e-4, atol=1e-5)
+        shutdown.set()
+
+
+async def test_a_full_queue_answers_503_and_a_request_past_its_timeout_is_not_run(tmp_path):
+    big = _net(size=96, channels=32)  # a run long enough for requests to queue behind it
+    repository = _repository(
+        tmp_path,
+        {
+            "bounded": "dynamic_batching { default_queue_policy { max_queue_size: 1 } }\n",
+            "hurried": "dynamic_batching { default_queue_policy { default_timeout_microseconds: 1 } }\n",
+        },
+        net=big,
+    )
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        served = await _serving(nursery, repository, shutdown=shutdown)
+        x = _input(size=96)
+        body = json.dumps(
+            {
+                "inputs": [
+                    {"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}
+                ]
+            }
+        ).encode()
+        for name, words in (("bounded", "max_queue_size"), ("hurried", "without starting")):
+            answers: list[tuple[int, dict]] = []
+
+            async def one(path: str, into: list) -> None:
+                into.append(await served.post(path, body))
+
+            async with trio.open_nursery() as clients:
+                for _ in range(8):
+                    clients.start_soon(one, f"/v2/models/{name}/infer", answers)
+            statuses = sorted(status for status, _ in answers)
+            assert statuses[0] == 200 and statuses[-1] == 503, answers
+            assert all(words in payload["error"] for status, payload in answers if status == 503)
+            model = served.server.models[name]
+            assert model.waiting == 0 and model._admitted.value == model.capacity
+        want = await _reference(x, big)
+        np.testing.assert_allclose(await served.infer("bounded", x), want, rtol=1e-4, atol=1e-4)
+        shutdown.set()
+
+
+async def test_a_config_flowrt_does_not_take_leaves_that_model_out_and_the_others_served(tmp_path):
+    repository = _repository(tmp_path, {"good": None, "odd": "sequence_batching { }\n"})
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        served = await _serving(nursery, repository, shutdown=shutdown)
+        index = {e["name"]: e for e in (await served.post("/v2/repository/index", b""))[1]}
+        assert index["good"]["state"] == "READY"
+        assert index["odd"]["state"] == "UNAVAILABLE" and "sequence_batching" in index["odd"]["reason"]
+        assert not await served.call(served.client().is_model_ready, "odd")
+        # unloaded and loaded again through the repository API
+        assert (await served.post("/v2/repository/models/good/unload", b""))[0] == 200
+        assert not await served.call(served.client().is_model_ready, "good")
+        assert (await served.post("/v2/repository/models/good/load", b""))[0] == 200
+        x = _input()
+        np.testing.assert_allclose(await served.infer("good", x), await _reference(x), rtol=1e-4, atol=1e-5)
+        shutdown.set()
+
+
+async def test_a_repository_that_is_not_a_directory_is_refused(tmp_path):
+    with pytest.raises(InputError, match="not a directory"):
+        await serve(tmp_path / "absent", http_port=0)
+
+
+def test_the_command_serves_until_sigterm_and_exits_0(tmp_path):
+    repository = _repository(tmp_path, {"m": None})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "flowrt", "serve", str(repository), "--http-port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert "1 model(s) (m) at http://127.0.0.1:" in line, line
+        url = line.rsplit("http://", 1)[1].strip()
+        client = th.InferenceServerClient(url)
+        deadline = time.monotonic() + 30
+        while not client.is_server_ready() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        x = _input()
+        tensor = th.InferInput("x", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        got = client.infer("m", [tensor]).as_numpy("y")
+        np.testing.assert_allclose(got, trio.run(_reference, x), rtol=1e-4, atol=1e-5)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
