@@ -247,6 +247,46 @@ async def test_a_full_queue_answers_503_and_a_request_past_its_timeout_is_not_ru
         shutdown.set()
 
 
+async def test_a_bounded_load_with_bad_requests_leaves_every_pool_free(tmp_path):
+    config = "max_batch_size: 4\ninstance_group [ { count: 2 } ]\ndynamic_batching { max_queue_delay_microseconds: 1000 }\n"
+    repository = _repository(tmp_path, {"m": config})
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        served = await _serving(nursery, repository, shutdown=shutdown)
+        x = _input()
+        want = await _reference(x)
+        good = json.dumps(
+            {
+                "inputs": [
+                    {"name": "x", "shape": [1, 3, 16, 16], "datatype": "FP32", "data": x.ravel().tolist()}
+                ]
+            }
+        )
+        bad = good.replace('"FP32"', '"FP64"')
+        statuses: list[int] = []
+
+        async def client(index: int) -> None:
+            for i in range(10):
+                wrong = (index * 10 + i) % 10 == 0  # one request in ten is bad
+                status, payload = await served.post("/v2/models/m/infer", (bad if wrong else good).encode())
+                statuses.append(status)
+                if status == 200:
+                    np.testing.assert_allclose(
+                        np.reshape(payload["outputs"][0]["data"], want.shape), want, rtol=1e-4, atol=1e-5
+                    )
+
+        with trio.fail_after(120):
+            async with trio.open_nursery() as clients:
+                for index in range(8):
+                    clients.start_soon(client, index)
+        assert statuses.count(400) == 8 and statuses.count(200) == 72
+        model = served.server.models["m"]
+        assert model._admitted.value == model.capacity and model.waiting == 0
+        for loaded in (model.model, *model.model._batched.values()):
+            assert loaded.pools.free_count == loaded.pools.count
+        shutdown.set()
+
+
 async def test_a_config_flowrt_does_not_take_leaves_that_model_out_and_the_others_served(tmp_path):
     repository = _repository(tmp_path, {"good": None, "odd": "sequence_batching { }\n"})
     shutdown = trio.Event()
