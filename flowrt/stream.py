@@ -30,6 +30,7 @@ gets its own rows of the outputs back (see :class:`BatchingStream`).
 
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 import math
@@ -159,6 +160,8 @@ class BatchingStream(OrderedStream):
         # Proven now, so that a model that cannot be re-batched fails where the stream is made.
         rebatch(model.unbatched.graph.copy(), self._rows * max_batch)
         self._sizes = batch_sizes(max_batch)
+        # how many batches of each number of requests it has run (as ``batch_counts[k]``)
+        self.batch_counts: collections.Counter[int] = collections.Counter()
         self._models: dict[int, LoadedNetwork] = {}
         self._runs = trio.Semaphore(model.pools.count)  # batches that may run at once
         self._queue_in, self._queue_out = trio.open_memory_channel[tuple[float, Request]](math.inf)
@@ -227,6 +230,7 @@ class BatchingStream(OrderedStream):
 
     async def _run_batch(self, batch: list[Request]) -> None:
         size = next(s for s in self._sizes if s >= len(batch))
+        self.batch_counts[len(batch)] += 1
         try:
             outputs = await self._models[size].run(_stack(batch, size), priority=self.priority)
             rows = self._rows

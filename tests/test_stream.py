@@ -172,6 +172,7 @@ async def test_requests_within_max_delay_are_stacked_and_split_back_in_order(aut
     # (Two workers: a batch may start executing before the one sent ahead of it.)
     batches = sorted(seen[0][:, 1].tolist() for seen in backend.inputs_seen)
     assert batches == [[0, 1], [2], [3, 4, 5, 5]]
+    assert s.batch_counts == {2: 1, 1: 1, 3: 1}  # requests per batch, padding not counted
     assert [r.shape for r in received] == [(1, 2)] * 6
     assert [int(r[0, 1]) for r in received] == [0, 1, 2, 3, 4, 5]
 

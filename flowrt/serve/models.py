@@ -152,6 +152,14 @@ class ServedModel:
             task_status.started(stream)
             await self.closed.wait()
 
+    def batch_counts(self) -> dict[int, int]:
+        """How many batches of each number of requests its streams have run (none unbatched)."""
+        counts: dict[int, int] = {}
+        for stream in self._streams.values():
+            for size, count in getattr(stream, "batch_counts", {}).items():
+                counts[size] = counts.get(size, 0) + count
+        return counts
+
     def close(self) -> None:
         """Close its streams (requests in them finish first)."""
         self.closed.set()

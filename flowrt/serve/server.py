@@ -32,10 +32,37 @@ class NotFound(InputError):
     """An unknown model, version or route (HTTP 404)."""
 
 
-class Metrics:
-    """The server's Prometheus metrics, in a registry of its own."""
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
-    def __init__(self) -> None:
+
+class _Batches:
+    """A Prometheus collector: the batches each model's streams formed, by size, read when
+    the metrics are scraped."""
+
+    def __init__(self, counts: Any) -> None:
+        self.counts = counts  # () -> {model: {batch size: batches}}
+
+    def collect(self) -> Any:
+        from prometheus_client.core import HistogramMetricFamily
+
+        family = HistogramMetricFamily(
+            "flowrt_batch_size", "requests per batch the dynamic batcher ran", labels=["model"]
+        )
+        for model, counts in self.counts().items():
+            buckets = [
+                (str(bound), sum(c for size, c in counts.items() if size <= bound))
+                for bound in _BATCH_BUCKETS
+            ]
+            buckets.append(("+Inf", sum(counts.values())))
+            family.add_metric([model], buckets, sum_value=sum(size * c for size, c in counts.items()))
+        yield family
+
+
+class Metrics:
+    """The server's Prometheus metrics, in a registry of its own; ``batches``: () -> the batch
+    counts of each model."""
+
+    def __init__(self, batches: Any = dict) -> None:
         import prometheus_client as prom
 
         self.registry = prom.CollectorRegistry()
@@ -53,8 +80,9 @@ class Metrics:
         )  # fmt: skip
         self.rows = prom.Histogram(
             "flowrt_request_batch_size", "rows (batch) of each request", ["model"],
-            buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=self.registry,
+            buckets=_BATCH_BUCKETS, registry=self.registry,
         )  # fmt: skip
+        self.registry.register(_Batches(batches))
 
     def text(self) -> bytes:
         import prometheus_client as prom
@@ -72,7 +100,7 @@ class Server:
         self.models: dict[str, served.ServedModel] = {}
         self.failed: dict[str, str] = {}  # model name -> why it did not load
         self._gone: dict[int, trio.Event] = {}  # id(model) -> set once it has unloaded
-        self.metrics = Metrics()
+        self.metrics = Metrics(lambda: {name: m.batch_counts() for name, m in self.models.items()})
         self.ready = False
 
     def names(self) -> list[str]:

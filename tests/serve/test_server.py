@@ -110,7 +110,7 @@ async def test_metadata_health_and_inference_match_cpuref(tmp_path):
         tmp_path,
         {
             "plain": None,
-            "batched": "max_batch_size: 4\ndynamic_batching { max_queue_delay_microseconds: 20000 }\n",
+            "batched": "max_batch_size: 4\ndynamic_batching { max_queue_delay_microseconds: 100000 }\n",
         },
     )
     shutdown = trio.Event()
@@ -150,6 +150,10 @@ async def test_metadata_health_and_inference_match_cpuref(tmp_path):
         ).decode()
         assert 'flowrt_requests_total{model="batched",outcome="success"} 7.0' in metrics
         assert "flowrt_queue_seconds_bucket" in metrics
+        # the batches the stream formed hold every row once: 3 of one request, 6 clients at once
+        sizes = served.server.models["batched"].batch_counts()
+        assert sum(k * n for k, n in sizes.items()) == 9 and max(sizes) > 1
+        assert f'flowrt_batch_size_count{{model="batched"}} {float(sum(sizes.values()))}' in metrics
         shutdown.set()
 
 
