@@ -124,7 +124,7 @@ class ModelConfig:
     queue: QueuePolicy = QueuePolicy()
     priority_levels: int = 0
     default_priority_level: int = 0
-    instances: int = 1
+    instances: int | None = None  # None: flowrt's default pools (one per CPU worker)
     default_model_filename: str = ""
     backends: str | None = None
 
@@ -163,7 +163,7 @@ def parse(text: str, where: str) -> ModelConfig:
         raise InputError(
             f"{where}: timeout_action DELAY is not supported; flowrt rejects requests past their timeout"
         )
-    instances = sum(group.count or 1 for group in message.instance_group) or 1
+    instances = sum(group.count or 1 for group in message.instance_group) or None
     parameters = {key: value.string_value for key, value in message.parameters.items()}
     unknown = sorted(set(parameters) - {"backends"})
     if unknown:

@@ -406,7 +406,7 @@ def _config_json(model: served.ServedModel) -> dict[str, Any]:
             if config.dynamic_batching
             else None
         ),
-        "instance_group": [{"count": config.instances, "kind": "KIND_CPU"}],
+        "instance_group": [{"count": model.model.pools.count, "kind": "KIND_CPU"}],
     }
 
 

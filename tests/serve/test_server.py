@@ -123,6 +123,8 @@ async def test_metadata_health_and_inference_match_cpuref(tmp_path):
         assert metadata["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 3, 16, 16]}]
         plain = await served.call(client.get_model_metadata, "plain")
         assert plain["inputs"][0]["shape"] == [1, 3, 16, 16]
+        # no instance_group: a pool per CPU worker, as rt.load gives
+        assert served.server.models["plain"].model.pools.count == served.server.runtime.cpu_workers
         x = _input()
         want = await _reference(x)
         for binary in (True, False):
@@ -285,6 +287,7 @@ async def test_a_bounded_load_with_bad_requests_leaves_every_pool_free(tmp_path)
                     clients.start_soon(client, index)
         assert statuses.count(400) == 8 and statuses.count(200) == 72
         model = served.server.models["m"]
+        assert model.model.pools.count == 2  # instance_group's count
         assert model._admitted.value == model.capacity and model.waiting == 0
         for loaded in (model.model, *model.model._batched.values()):
             assert loaded.pools.free_count == loaded.pools.count
