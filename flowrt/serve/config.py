@@ -76,6 +76,18 @@ def _messages() -> Any:
     _field(group, "name", 1, F.TYPE_STRING)
     _field(group, "count", 2, F.TYPE_INT32)
     _field(group, "kind", 4, F.TYPE_ENUM, type_name="ModelInstanceGroup.Kind")
+    step = file.message_type.add(name="Step")
+    for name in ("InputMapEntry", "OutputMapEntry"):
+        entry = step.nested_type.add(name=name)
+        entry.options.map_entry = True
+        _field(entry, "key", 1, F.TYPE_STRING)
+        _field(entry, "value", 2, F.TYPE_STRING)
+    _field(step, "model_name", 1, F.TYPE_STRING)
+    _field(step, "model_version", 2, F.TYPE_INT64)
+    _field(step, "input_map", 3, F.TYPE_MESSAGE, repeated=True, type_name="Step.InputMapEntry")
+    _field(step, "output_map", 4, F.TYPE_MESSAGE, repeated=True, type_name="Step.OutputMapEntry")
+    ensemble = file.message_type.add(name="ModelEnsembling")
+    _field(ensemble, "step", 1, F.TYPE_MESSAGE, repeated=True, type_name="Step")
     parameter = file.message_type.add(name="ModelParameter")
     _field(parameter, "string_value", 1, F.TYPE_STRING)
     config = file.message_type.add(name="ModelConfig")
@@ -91,6 +103,7 @@ def _messages() -> Any:
     _field(config, "instance_group", 7, F.TYPE_MESSAGE, repeated=True, type_name="ModelInstanceGroup")
     _field(config, "default_model_filename", 8, F.TYPE_STRING)
     _field(config, "dynamic_batching", 11, F.TYPE_MESSAGE, type_name="ModelDynamicBatching")
+    _field(config, "ensemble_scheduling", 15, F.TYPE_MESSAGE, type_name="ModelEnsembling")
     _field(config, "parameters", 14, F.TYPE_MESSAGE, repeated=True, type_name="ModelConfig.ParametersEntry")
     _field(config, "backend", 17, F.TYPE_STRING)
     pool = descriptor_pool.DescriptorPool()
@@ -113,6 +126,25 @@ class QueuePolicy:
 
 
 @attrs.frozen
+class Tensor:
+    """A tensor the configuration declares: name, element type (``TYPE_FP32``...) and dims."""
+
+    name: str
+    data_type: str
+    dims: tuple[int, ...]
+
+
+@attrs.frozen
+class Step:
+    """One step of an ensemble: the model it runs, and which of the ensemble's tensors feed
+    its inputs (``inputs``: model input -> ensemble tensor) and take its outputs."""
+
+    model: str
+    inputs: tuple[tuple[str, str], ...]
+    outputs: tuple[tuple[str, str], ...]
+
+
+@attrs.frozen
 class ModelConfig:
     """What flowrt takes of a model's ``config.pbtxt`` (defaults: no file)."""
 
@@ -127,6 +159,10 @@ class ModelConfig:
     instances: int | None = None  # None: flowrt's default pools (one per CPU worker)
     default_model_filename: str = ""
     backends: str | None = None
+    platform: str = ""
+    inputs: tuple[Tensor, ...] = ()
+    outputs: tuple[Tensor, ...] = ()
+    steps: tuple[Step, ...] = ()  # an ensemble's (platform "ensemble")
 
     @property
     def max_batch(self) -> int:
@@ -171,7 +207,20 @@ def parse(text: str, where: str) -> ModelConfig:
             f"{where}: unknown parameters {unknown}; flowrt takes 'backends' (a preference list)"
         )
     timeout_us = policy.default_timeout_microseconds
+    ensemble = message.platform == "ensemble"
+    if ensemble != message.HasField("ensemble_scheduling"):
+        raise InputError(f'{where}: platform "ensemble" and ensemble_scheduling go together')
+    steps = tuple(
+        Step(s.model_name, tuple(sorted(s.input_map.items())), tuple(sorted(s.output_map.items())))
+        for s in message.ensemble_scheduling.step
+    )
+    if ensemble and not steps:
+        raise InputError(f"{where}: an ensemble needs at least one step")
     return ModelConfig(
+        platform=message.platform,
+        inputs=tuple(Tensor(t.name, _DATA_TYPES[t.data_type], tuple(t.dims)) for t in message.input),
+        outputs=tuple(Tensor(t.name, _DATA_TYPES[t.data_type], tuple(t.dims)) for t in message.output),
+        steps=steps,
         name=message.name,
         max_batch_size=message.max_batch_size,
         dynamic_batching=message.HasField("dynamic_batching"),

@@ -103,6 +103,7 @@ class ServedModel:
         self._streams: dict[Priority, Any] = {}
         self._opening: dict[Priority, trio.Event] = {}
         self.closed = trio.Event()
+        self.inputs, self.outputs = model.inputs, model.outputs
         self.rows = self._rows()
         # requests started at once: as many as the stream holds (a batch per pool running and
         # one forming per pool where it batches)

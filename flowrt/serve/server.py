@@ -22,6 +22,7 @@ from flowrt.errors import DataTypeError, FlowrtError, InputError, ResourceError,
 from flowrt.serve import config as configs
 from flowrt.serve import models as served
 from flowrt.serve import protocol
+from flowrt.serve.ensemble import ServedEnsemble
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class Server:
         self, repository: Path, runtime: Any, nursery: trio.Nursery, backends: str | None = None
     ) -> None:
         self.repository, self.runtime, self.nursery, self.backends = repository, runtime, nursery, backends
-        self.models: dict[str, served.ServedModel] = {}
+        self.models: dict[str, Any] = {}  # name -> ServedModel or ServedEnsemble
         self.failed: dict[str, str] = {}  # model name -> why it did not load
         self._gone: dict[int, trio.Event] = {}  # id(model) -> set once it has unloaded
         self.metrics = Metrics(lambda: {name: m.batch_counts() for name, m in self.models.items()})
@@ -107,14 +108,16 @@ class Server:
         return [p.name for p in served.model_directories(self.repository)]
 
     async def load_all(self) -> None:
-        for name in self.names():
+        """Every model of the repository, the ensembles last (they need their steps' models)."""
+        ensembles = [n for n in self.names() if _is_ensemble(self.repository / n)]
+        for name in [n for n in self.names() if n not in ensembles] + ensembles:
             try:
                 await self.load(name)
             except FlowrtError as e:
                 logger.error("model %r did not load: %s", name, e)
         self.ready = True
 
-    async def load(self, name: str) -> served.ServedModel:
+    async def load(self, name: str) -> Any:
         """Load model ``name`` of the repository (again, when it is loaded: the new one
         serves once it is ready, the old one finishes its requests)."""
         directory = self.repository / name
@@ -122,6 +125,8 @@ class Server:
             raise NotFound(f"no model {name!r} in the repository {self.repository}")
         try:
             config = configs.read(directory)
+            if config.platform == "ensemble":
+                return self._ensemble(name, config)
             version, path = served.model_file(directory, config)
             opt = await trio.to_thread.run_sync(served.open_model, path, config.backends or self.backends)
             old = self.models.get(name)
@@ -134,6 +139,16 @@ class Server:
             await self._close(old)
         self.models[name] = model
         logger.info("model %r version %d loaded from %s", name, version, path)
+        return model
+
+    def _ensemble(self, name: str, config: configs.ModelConfig) -> Any:
+        versions = served.versions(self.repository / name)
+        model = ServedEnsemble(
+            name, versions[-1] if versions else 1, config, lambda member: self.model(member, None)
+        )
+        self.failed.pop(name, None)
+        self.models[name] = model  # nothing of its own to unload: replaced at once
+        logger.info("ensemble %r loaded: %s", name, " -> ".join(s.model for s in config.steps))
         return model
 
     async def _hold(
@@ -157,9 +172,11 @@ class Server:
                 await self.runtime.unload(loaded)
             gone.set()
 
-    async def _close(self, model: served.ServedModel) -> None:
+    async def _close(self, model: Any) -> None:
         model.close()
-        await self._gone.pop(id(model)).wait()
+        gone = self._gone.pop(id(model), None)  # None: an ensemble, which holds no runtime model
+        if gone is not None:
+            await gone.wait()
 
     async def unload(self, name: str) -> None:
         model = self.models.pop(name, None)
@@ -172,7 +189,7 @@ class Server:
         for name in list(self.models):
             await self.unload(name)
 
-    def model(self, name: str, version: str | None) -> served.ServedModel:
+    def model(self, name: str, version: str | None) -> Any:
         model = self.models.get(name)
         if model is None:
             known = sorted(self.models)
@@ -192,7 +209,7 @@ class Server:
                 entries.append({"name": name, "state": "UNAVAILABLE", "reason": "unloaded"})
         return entries
 
-    def metadata(self, model: served.ServedModel) -> dict[str, Any]:
+    def metadata(self, model: Any) -> dict[str, Any]:
         batching = model.rows is not None
 
         def tensors(infos: Any) -> list[dict[str, Any]]:
@@ -206,15 +223,15 @@ class Server:
             "name": model.name,
             "versions": [str(model.version)],
             "platform": "flowrt",
-            "inputs": tensors(model.model.inputs),
-            "outputs": tensors(model.model.outputs),
+            "inputs": tensors(model.inputs),
+            "outputs": tensors(model.outputs),
         }
 
     async def infer(
         self, model: served.ServedModel, body: bytes, header_length: str | None
     ) -> tuple[bytes, dict[str, str]]:
-        request, feeds = protocol.parse_infer(body, header_length, model.model.inputs)
-        outputs = {n: i for n, i in model.model.outputs.items()}
+        request, feeds = protocol.parse_infer(body, header_length, model.inputs)
+        outputs = {n: i for n, i in model.outputs.items()}
         chosen = protocol.requested_outputs(request, outputs)
         parameters = request.get("parameters") or {}
         if not isinstance(parameters, dict):
@@ -244,6 +261,13 @@ class Server:
         self.metrics.compute.labels(model.name).observe(time.perf_counter() - start - queued)
         self.metrics.rows.labels(model.name).observe(rows)
         return protocol.infer_response(model.name, model.version, request, values, chosen)
+
+
+def _is_ensemble(directory: Path) -> bool:
+    try:
+        return configs.read(directory).platform == "ensemble"
+    except InputError:
+        return False  # its load says why
 
 
 def _status(error: Exception) -> int:
@@ -392,11 +416,11 @@ def _version() -> str:
     return flowrt.__version__
 
 
-def _config_json(model: served.ServedModel) -> dict[str, Any]:
+def _config_json(model: Any) -> dict[str, Any]:
     config = model.config
     return {
         "name": model.name,
-        "platform": "flowrt",
+        "platform": config.platform or "flowrt",
         "max_batch_size": config.max_batch_size,
         "dynamic_batching": (
             {
@@ -406,7 +430,9 @@ def _config_json(model: served.ServedModel) -> dict[str, Any]:
             if config.dynamic_batching
             else None
         ),
-        "instance_group": [{"count": model.model.pools.count, "kind": "KIND_CPU"}],
+        "instance_group": [{"count": model.model.pools.count, "kind": "KIND_CPU"}]
+        if hasattr(model, "model")
+        else [],
     }
 
 

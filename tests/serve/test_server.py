@@ -312,6 +312,61 @@ async def test_a_config_flowrt_does_not_take_leaves_that_model_out_and_the_other
         shutdown.set()
 
 
+_ENSEMBLE = """
+platform: "ensemble"
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1, 3, 16, 16 ] } ]
+output [ { name: "FIRST" data_type: TYPE_FP32 dims: [ 1, 8, 1, 1 ] }, { name: "SECOND" data_type: TYPE_FP32 dims: [ 1, 8, 1, 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "a" model_version: -1 input_map { key: "x" value: "IN" } output_map { key: "y" value: "FIRST" } },
+  { model_name: "b" model_version: -1 input_map { key: "x" value: "IN" } output_map { key: "y" value: "SECOND" } }
+] }
+"""
+
+
+async def test_an_ensemble_runs_its_steps_models_and_an_ensemble_that_does_not_hold_together_is_refused(
+    tmp_path,
+):
+    repository = _repository(tmp_path, {"a": None, "b": "max_batch_size: 2\ndynamic_batching { }\n"})
+    (repository / "pair" / "1").mkdir(parents=True)
+    (repository / "pair" / "config.pbtxt").write_text(_ENSEMBLE)
+    (repository / "broken" / "1").mkdir(parents=True)
+    (repository / "broken" / "config.pbtxt").write_text(
+        _ENSEMBLE.replace('value: "SECOND"', 'value: "OTHER"')
+    )
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        served = await _serving(nursery, repository, shutdown=shutdown)
+        index = {e["name"]: e for e in (await served.post("/v2/repository/index", b""))[1]}
+        assert index["pair"]["state"] == "READY"
+        assert index["broken"]["state"] == "UNAVAILABLE" and "SECOND" in index["broken"]["reason"]
+        metadata = await served.call(served.client().get_model_metadata, "pair")
+        assert [t["name"] for t in metadata["inputs"]] == ["IN"]
+        x = _input()
+
+        def go():
+            tensor = th.InferInput("IN", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x)
+            result = served.client().infer("pair", [tensor])
+            return result.as_numpy("FIRST"), result.as_numpy("SECOND")
+
+        first, second = await served.call(go)
+        want = await _reference(x)
+        np.testing.assert_allclose(first, want, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(second, want, rtol=1e-4, atol=1e-5)
+        # a member unloaded: the ensemble's requests fail naming it, and the server goes on
+        assert (await served.post("/v2/repository/models/b/unload", b""))[0] == 200
+        body = json.dumps(
+            {
+                "inputs": [
+                    {"name": "IN", "shape": [1, 3, 16, 16], "datatype": "FP32", "data": x.ravel().tolist()}
+                ]
+            }
+        ).encode()
+        status, payload = await served.post("/v2/models/pair/infer", body)
+        assert status == 404 and "unknown model 'b'" in payload["error"]
+        shutdown.set()
+
+
 async def test_a_repository_that_is_not_a_directory_is_refused(tmp_path):
     with pytest.raises(InputError, match="not a directory"):
         await serve(tmp_path / "absent", http_port=0)
