@@ -233,6 +233,11 @@ class LoadedNetwork:
             )
         return self._batched[batch]
 
+    @property
+    def batched_models(self) -> dict[int, LoadedNetwork]:
+        """The batch-size variants loaded so far (``batched``), by batch."""
+        return dict(self._batched)
+
     async def drop_batched(self, *, larger_than: int) -> None:
         """Unload the batch sizes ``batched`` made of more than ``larger_than`` samples."""
         for batch in [b for b in self._batched if b > larger_than]:

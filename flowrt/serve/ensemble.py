@@ -114,6 +114,11 @@ class ServedEnsemble:
         model = self.member(step.model)
         results[index] = await model.infer({own: values[src] for own, src in step.inputs}, priority, timeout)
 
+    waiting = 0  # its requests wait in its steps' models' queues
+
+    def pools(self) -> tuple[int, int]:
+        return 0, 0  # it holds none: its steps' models do
+
     def batch_counts(self) -> dict[int, int]:
         return {}  # its steps' models batch, and report theirs
 

@@ -153,6 +153,11 @@ class ServedModel:
             task_status.started(stream)
             await self.closed.wait()
 
+    def pools(self) -> tuple[int, int]:
+        """(free, all) memory pools of the model and of its batch-size variants."""
+        loaded = [self.model, *self.model.batched_models.values()]
+        return sum(m.pools.free_count for m in loaded), sum(m.pools.count for m in loaded)
+
     def batch_counts(self) -> dict[int, int]:
         """How many batches of each number of requests its streams have run (none unbatched)."""
         counts: dict[int, int] = {}

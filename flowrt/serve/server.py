@@ -36,34 +36,42 @@ class NotFound(InputError):
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
-class _Batches:
-    """A Prometheus collector: the batches each model's streams formed, by size, read when
-    the metrics are scraped."""
+class _Live:
+    """A Prometheus collector of what the models hold when the metrics are scraped: the
+    batches each model's streams formed, by size; its memory pools, all and free; the
+    requests waiting to start."""
 
-    def __init__(self, counts: Any) -> None:
-        self.counts = counts  # () -> {model: {batch size: batches}}
+    def __init__(self, models: Any) -> None:
+        self.models = models  # () -> {name: served model}
 
     def collect(self) -> Any:
-        from prometheus_client.core import HistogramMetricFamily
+        from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 
-        family = HistogramMetricFamily(
+        batches = HistogramMetricFamily(
             "flowrt_batch_size", "requests per batch the dynamic batcher ran", labels=["model"]
         )
-        for model, counts in self.counts().items():
-            buckets = [
-                (str(bound), sum(c for size, c in counts.items() if size <= bound))
-                for bound in _BATCH_BUCKETS
-            ]
+        pools = GaugeMetricFamily(
+            "flowrt_pools", "memory pools of the model and its batch sizes", labels=["model"]
+        )
+        free = GaugeMetricFamily("flowrt_pools_free", "of those, the free ones", labels=["model"])
+        waiting = GaugeMetricFamily("flowrt_requests_waiting", "requests not started yet", labels=["model"])
+        for name, model in self.models().items():
+            counts = model.batch_counts()
+            buckets = [(str(b), sum(c for size, c in counts.items() if size <= b)) for b in _BATCH_BUCKETS]
             buckets.append(("+Inf", sum(counts.values())))
-            family.add_metric([model], buckets, sum_value=sum(size * c for size, c in counts.items()))
-        yield family
+            batches.add_metric([name], buckets, sum_value=sum(size * c for size, c in counts.items()))
+            available, held = model.pools()
+            pools.add_metric([name], held)
+            free.add_metric([name], available)
+            waiting.add_metric([name], model.waiting)
+        yield from (batches, pools, free, waiting)
 
 
 class Metrics:
-    """The server's Prometheus metrics, in a registry of its own; ``batches``: () -> the batch
-    counts of each model."""
+    """The server's Prometheus metrics, in a registry of its own; ``models``: () -> the served
+    models, whose state is read at each scrape."""
 
-    def __init__(self, batches: Any = dict) -> None:
+    def __init__(self, models: Any = dict) -> None:
         import prometheus_client as prom
 
         self.registry = prom.CollectorRegistry()
@@ -83,7 +91,7 @@ class Metrics:
             "flowrt_request_batch_size", "rows (batch) of each request", ["model"],
             buckets=_BATCH_BUCKETS, registry=self.registry,
         )  # fmt: skip
-        self.registry.register(_Batches(batches))
+        self.registry.register(_Live(models))
 
     def text(self) -> bytes:
         import prometheus_client as prom
@@ -101,7 +109,7 @@ class Server:
         self.models: dict[str, Any] = {}  # name -> ServedModel or ServedEnsemble
         self.failed: dict[str, str] = {}  # model name -> why it did not load
         self._gone: dict[int, trio.Event] = {}  # id(model) -> set once it has unloaded
-        self.metrics = Metrics(lambda: {name: m.batch_counts() for name, m in self.models.items()})
+        self.metrics = Metrics(lambda: dict(self.models))
         self.ready = False
 
     def names(self) -> list[str]:

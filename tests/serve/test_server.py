@@ -289,8 +289,15 @@ async def test_a_bounded_load_with_bad_requests_leaves_every_pool_free(tmp_path)
         model = served.server.models["m"]
         assert model.model.pools.count == 2  # instance_group's count
         assert model._admitted.value == model.capacity and model.waiting == 0
-        for loaded in (model.model, *model.model._batched.values()):
+        for loaded in (model.model, *model.model.batched_models.values()):
             assert loaded.pools.free_count == loaded.pools.count
+        metrics = (
+            await served.call(lambda: urllib.request.urlopen(f"http://{served.url}/metrics").read())
+        ).decode()
+        held = sum(m.pools.count for m in (model.model, *model.model.batched_models.values()))
+        assert f'flowrt_pools{{model="m"}} {float(held)}' in metrics
+        assert f'flowrt_pools_free{{model="m"}} {float(held)}' in metrics
+        assert 'flowrt_requests_waiting{model="m"} 0.0' in metrics
         shutdown.set()
 
 
