@@ -272,6 +272,7 @@ class HintedStream(BatchingStream):
         self._inputs = model.inputs
         self._rows = 1
         self._sizes = [1]
+        self.batch_counts: collections.Counter[int] = collections.Counter()
         self._models: dict[int, LoadedNetwork] = {}
         self._runs = trio.Semaphore(model.pools.count)
         self._queue_in, self._queue_out = trio.open_memory_channel[tuple[float, Request]](math.inf)

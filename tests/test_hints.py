@@ -59,6 +59,7 @@ async def test_a_latency_stream_runs_each_request_alone_at_once():
             assert (s.choice.max_batch, s.choice.max_in_flight) == (1, model.pools.count)
             assert s.choice.costs is None  # nothing measured
             got = [(await s.submit(_feeds(i)))["y"] for i in range(6)]
+            assert s.batch_counts == {1: 6}  # each request alone
     for g, e in zip(got, expected):
         np.testing.assert_array_equal(g, e)
 
