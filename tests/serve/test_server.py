@@ -98,6 +98,11 @@ class _Served:
             return e.code, json.loads(e.read() or b"{}")
 
 
+async def _index(served: _Served) -> dict[str, dict]:
+    """The repository index, by model name."""
+    return {e["name"]: e for e in (await served.post("/v2/repository/index", b""))[1]}
+
+
 async def _serving(nursery, repository: Path, **kwargs) -> _Served:
     server, address = await nursery.start(
         lambda task_status: serve(repository, http_port=0, task_status=task_status, **kwargs)
@@ -145,8 +150,8 @@ async def test_metadata_health_and_inference_match_cpuref(tmp_path):
                 clients.start_soon(one, seed)
         for seed, got in results.items():
             np.testing.assert_allclose(got, await _reference(_input(seed=seed)), rtol=1e-4, atol=1e-5)
-        index = (await served.post("/v2/repository/index", b""))[1]
-        assert {e["name"]: e["state"] for e in index} == {"plain": "READY", "batched": "READY"}
+        index = await _index(served)
+        assert {name: e["state"] for name, e in index.items()} == {"plain": "READY", "batched": "READY"}
         metrics = (
             await served.call(lambda: urllib.request.urlopen(f"http://{served.url}/metrics").read())
         ).decode()
@@ -306,7 +311,7 @@ async def test_a_config_flowrt_does_not_take_leaves_that_model_out_and_the_other
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         served = await _serving(nursery, repository, shutdown=shutdown)
-        index = {e["name"]: e for e in (await served.post("/v2/repository/index", b""))[1]}
+        index = await _index(served)
         assert index["good"]["state"] == "READY"
         assert index["odd"]["state"] == "UNAVAILABLE" and "sequence_batching" in index["odd"]["reason"]
         assert not await served.call(served.client().is_model_ready, "odd")
@@ -343,7 +348,7 @@ async def test_an_ensemble_runs_its_steps_models_and_an_ensemble_that_does_not_h
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         served = await _serving(nursery, repository, shutdown=shutdown)
-        index = {e["name"]: e for e in (await served.post("/v2/repository/index", b""))[1]}
+        index = await _index(served)
         assert index["pair"]["state"] == "READY"
         assert index["broken"]["state"] == "UNAVAILABLE" and "SECOND" in index["broken"]["reason"]
         metadata = await served.call(served.client().get_model_metadata, "pair")
