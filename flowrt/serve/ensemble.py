@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import trio
 
-from flowrt.errors import InputError
+from flowrt.errors import InputError, ResourceError
 from flowrt.serve import config as configs
 from flowrt.types import Priority, TensorInfo
 
@@ -36,6 +36,10 @@ def _tensors(declared: tuple[configs.Tensor, ...], where: str) -> dict[str, Tens
             )
         infos[tensor.name] = TensorInfo(tensor.dims, _NUMPY[tensor.data_type])
     return infos
+
+
+class MemberGone(ResourceError):
+    """A step's model is not served now (unloaded, or loading again): HTTP 503."""
 
 
 class ServedEnsemble:
@@ -111,7 +115,10 @@ class ServedEnsemble:
         self, step: configs.Step, values: Mapping[str, Any], priority: Priority, timeout: float | None,
         results: dict[int, Any], index: int,
     ) -> None:  # fmt: skip
-        model = self.member(step.model)
+        try:
+            model = self.member(step.model)
+        except InputError as e:  # the server's NotFound: this request cannot run now
+            raise MemberGone(f"ensemble {self.name!r}: its step's model is not served: {e}") from None
         results[index] = await model.infer({own: values[src] for own, src in step.inputs}, priority, timeout)
 
     waiting = 0  # its requests wait in its steps' models' queues

@@ -375,7 +375,7 @@ async def test_an_ensemble_runs_its_steps_models_and_an_ensemble_that_does_not_h
             }
         ).encode()
         status, payload = await served.post("/v2/models/pair/infer", body)
-        assert status == 404 and "unknown model 'b'" in payload["error"]
+        assert status == 503 and "unknown model 'b'" in payload["error"]
         shutdown.set()
 
 
