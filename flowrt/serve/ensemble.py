@@ -18,23 +18,20 @@ import trio
 
 from flowrt.errors import InputError, ResourceError
 from flowrt.serve import config as configs
+from flowrt.serve.models import NotFound, first_error
+from flowrt.serve.protocol import DATATYPES
 from flowrt.types import Priority, TensorInfo
-
-_NUMPY = {
-    "TYPE_BOOL": np.bool_, "TYPE_UINT8": np.uint8, "TYPE_UINT16": np.uint16, "TYPE_UINT32": np.uint32,
-    "TYPE_UINT64": np.uint64, "TYPE_INT8": np.int8, "TYPE_INT16": np.int16, "TYPE_INT32": np.int32,
-    "TYPE_INT64": np.int64, "TYPE_FP16": np.float16, "TYPE_FP32": np.float32, "TYPE_FP64": np.float64,
-}  # fmt: skip
 
 
 def _tensors(declared: tuple[configs.Tensor, ...], where: str) -> dict[str, TensorInfo]:
     infos = {}
     for tensor in declared:
-        if tensor.data_type not in _NUMPY:
+        dtype = DATATYPES.get(tensor.data_type.removeprefix("TYPE_"))  # TYPE_FP32: the protocol's FP32
+        if dtype is None:
             raise InputError(
                 f"{where}: tensor {tensor.name!r} has data_type {tensor.data_type}, which flowrt does not serve"
             )
-        infos[tensor.name] = TensorInfo(tensor.dims, _NUMPY[tensor.data_type])
+        infos[tensor.name] = TensorInfo(tensor.dims, dtype)
     return infos
 
 
@@ -99,10 +96,7 @@ class ServedEnsemble:
                         for index, step in enumerate(ready):
                             nursery.start_soon(self._step, step, values, priority, timeout, results, index)
                 except BaseExceptionGroup as group:
-                    first = group.exceptions[0]
-                    while isinstance(first, BaseExceptionGroup):
-                        first = first.exceptions[0]
-                    raise first from None
+                    raise first_error(group) from None
             for index, step in enumerate(ready):
                 outputs, waited = results[index]
                 queued += waited
@@ -117,7 +111,7 @@ class ServedEnsemble:
     ) -> None:  # fmt: skip
         try:
             model = self.member(step.model)
-        except InputError as e:  # the server's NotFound: this request cannot run now
+        except NotFound as e:  # this request cannot run now
             raise MemberGone(f"ensemble {self.name!r}: its step's model is not served: {e}") from None
         results[index] = await model.infer({own: values[src] for own, src in step.inputs}, priority, timeout)
 

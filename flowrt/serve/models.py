@@ -25,11 +25,16 @@ from typing import Any
 import numpy as np
 import trio
 
-from flowrt.errors import InputError, ResourceError
+from flowrt.errors import InputError, ResourceError, ShapeError
 from flowrt.serve import config as configs
+from flowrt.stream import request_rows
 from flowrt.types import Priority
 
 MODEL_FILES = ("model.onnx", "model.flowrt")
+
+
+class NotFound(InputError):
+    """An unknown model, version or route (HTTP 404)."""
 
 
 class QueueFull(ResourceError):
@@ -38,6 +43,15 @@ class QueueFull(ResourceError):
 
 class QueueTimeout(ResourceError):
     """A request waited past its timeout without starting: rejected, not run."""
+
+
+def first_error(group: BaseExceptionGroup) -> BaseException:
+    """The first error inside ``group`` (a nursery's), nested groups opened: what a request
+    answers with when one of its parts failed."""
+    first = group.exceptions[0]
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    return first
 
 
 def model_directories(repository: Path) -> list[Path]:
@@ -117,14 +131,12 @@ class ServedModel:
         """The leading dim of every input when the model batches (max_batch_size > 0)."""
         if self.config.max_batch_size <= 0:
             return None
-        leading = {info.shape[0] if info.shape else None for info in self.model.inputs.values()}
-        rows = next(iter(leading), None)
-        if len(leading) != 1 or not isinstance(rows, int):
+        try:
+            return request_rows(self.model.inputs)
+        except ShapeError as e:
             raise InputError(
-                f"model {self.name!r}: max_batch_size {self.config.max_batch_size} needs inputs with one fixed "
-                f"leading (batch) dim; found {', '.join(f'{n} {i}' for n, i in self.model.inputs.items())}"
-            )
-        return rows
+                f"model {self.name!r}: max_batch_size {self.config.max_batch_size}: {e}"
+            ) from None
 
     async def _stream(self, priority: Priority) -> Any:
         """The stream of ``priority``, opened on first use and kept until the model closes."""
@@ -208,10 +220,7 @@ class ServedModel:
                     for i in range(len(parts)):
                         nursery.start_soon(one, i)
             except BaseExceptionGroup as group:
-                first = group.exceptions[0]
-                while isinstance(first, BaseExceptionGroup):
-                    first = first.exceptions[0]
-                raise first from None
+                raise first_error(group) from None
         finally:
             self._admitted.release()
         return {name: np.concatenate([r[name] for r in results]) for name in results[0]}, queued
