@@ -4,13 +4,17 @@ A load warms each CpuAcc layer up by running it once on ones (``AccWorkload.prep
 that the numba functions it calls are compiled, or loaded from numba's disk cache, at load
 rather than in the first run. Which functions, for which argument types, is only known by
 running the layer. So once a load of a network has warmed up, the signatures of the
-package's cached functions it holds are written down beside numba's own entries (a
+package's cached functions the process holds are written down beside numba's own entries (a
 *manifest*, keyed by the network's CpuAcc layers and the package's sources), and a later
 process's load of the same network loads those signatures straight from the cache and skips
 running its layers (resnet50: 0.2-0.3 s of a 0.5 s load, and the memory the runs on ones
 took). When a signature of the manifest is not in the cache (it compiles), the load warms
 up by running, as without a manifest. Layers whose work needs a function the manifest does
 not list load it in their first run, as layers of unknown shapes always have.
+
+A function compiled only inside another's compilation (a callee: ``_dot1`` inside a GEMV
+task) is not listed: its caller's cache entry holds its code, and loading it on its own cost
+as much as loading a kernel (resnet50's manifest: 91 functions with its callees, 35 without).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from numba.core import event as ev
 from numba.core.dispatcher import Dispatcher
 
 from flowrt.workers.cpu.acc import cache_stamp
@@ -34,7 +39,7 @@ from flowrt.workers.cpu.acc import cache_stamp
 logger = logging.getLogger(__name__)
 
 PACKAGE = "flowrt.workers.cpu.acc"
-FORMAT = 1
+FORMAT = 2
 
 _state = threading.local()
 
@@ -92,22 +97,56 @@ def _path(key: str) -> Path | None:
     return None if where is None else where / f"{key}.pickle"
 
 
-def write(key: str) -> None:
-    """Write down the signatures of every cached function this process holds, for ``key``."""
-    entries = []
-    for module_name, name, dispatcher in _cached_dispatchers():
-        for signature in list(dispatcher.overloads):
-            try:
-                entries.append((module_name, name, pickle.dumps(signature)))
-            except Exception:  # a type numba cannot pickle: loaded in the first run instead
-                continue
+def _held() -> set[tuple[str, str, Any]]:
+    """(module, name, signature) of every overload of the package's cached functions held now."""
+    return {(m, n, sig) for m, n, dispatcher in _cached_dispatchers() for sig in list(dispatcher.overloads)}
+
+
+class _Callees(ev.Listener):
+    """The overloads compiled inside another function's compilation (or loaded from the
+    cache for it): their code is linked into their caller's, which the cache holds whole, so
+    a later process need not load them. Listens to every compilation of the process; numba
+    compiles one function at a time, under its compiler lock."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.found: frozenset[tuple[str, str, Any]] = frozenset()
+        self._before: set[tuple[str, str, Any]] = set()
+        self._caller: tuple[str, str] = ("", "")
+
+    def on_start(self, event: ev.Event) -> None:
+        if self.depth == 0:
+            self._before = _held()
+            function = event.data["dispatcher"].py_func
+            self._caller = (function.__module__, function.__qualname__)
+        self.depth += 1
+
+    def on_end(self, event: ev.Event) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            added = {e for e in _held() - self._before if e[:2] != self._caller}
+            self.found = self.found | added  # a new set: readers on other threads see either
+
+
+_CALLEES = _Callees()
+ev.register("numba:compile", _CALLEES)
+
+
+def write(key: str, entries: set[tuple[str, str, Any]]) -> None:
+    """Write down ``entries`` (module, name, signature), the functions a load of ``key`` calls."""
+    pickled = []
+    for module_name, name, signature in sorted(entries, key=repr):
+        try:
+            pickled.append((module_name, name, pickle.dumps(signature)))
+        except Exception:  # a type numba cannot pickle: loaded in the first run instead
+            continue
     path = _path(key)
-    if path is None or not entries:
+    if path is None or not pickled:
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(pickle.dumps((FORMAT, entries)))
+        tmp.write_bytes(pickle.dumps((FORMAT, pickled)))
         os.replace(tmp, path)
     except OSError as e:  # a read-only cache: the next load warms up by running again
         logger.info("CpuAcc: cannot keep the kernel manifest in %s: %s", path, e)
@@ -157,8 +196,8 @@ def replay(key: str) -> bool:
 
 class Preload:
     """Around the building of one load's workloads on this thread: loads the network's
-    manifest, if it has one, and marks the load warm; writes the manifest after a load that
-    warmed up by running."""
+    manifest, if it has one, and marks the load warm; after a load that warmed up by running,
+    writes down the functions the process holds, less those compiled only as callees."""
 
     def __init__(self, network: Any, threads: int) -> None:
         self.key = network_key(network, threads)
@@ -172,4 +211,4 @@ class Preload:
     def __exit__(self, kind: object, *exc_info: object) -> None:
         _state.warm = False
         if kind is None and not self.replayed:
-            write(self.key)
+            write(self.key, _held() - _CALLEES.found)

@@ -143,3 +143,26 @@ def test_a_fresh_process_loads_the_manifests_kernels_from_numbas_cache(tmp_path)
     first, second = fresh(), fresh()
     assert first[0] > 0 and second[0] == 0
     assert second[1] == first[1] > 0
+
+
+def test_a_function_compiled_inside_another_is_a_callee_and_the_caller_is_not(monkeypatch):
+    import numba
+    from numba.core import event
+
+    @numba.njit
+    def inner(x):
+        return x + 1
+
+    @numba.njit
+    def outer(x):
+        return inner(x) * 2
+
+    mine = [(f.py_func.__module__, f.py_func.__qualname__, f) for f in (inner, outer)]
+    monkeypatch.setattr(preload, "_cached_dispatchers", lambda: iter(mine))
+    callees = preload._Callees()
+    with event.install_listener("numba:compile", callees):
+        assert outer(np.int64(3)) == 8
+    held = preload._held()
+    assert {n.split(".")[-1] for _, n, _ in held} == {"inner", "outer"}
+    assert {n.split(".")[-1] for _, n, _ in callees.found} == {"inner"}
+    assert callees.depth == 0
