@@ -35,6 +35,7 @@ from flowrt.engine.memory.pool import PoolManager
 from flowrt.engine.memory.weights import WeightsRecord, recording
 from flowrt.engine.scheduler.executor import DeviceRunner
 from flowrt.errors import BackendError, FlowrtError
+from flowrt.gc_pause import collection_paused
 from flowrt.hints import check_hint, choose
 from flowrt.loaded_network import LoadedNetwork
 from flowrt.progress import LoadProgress, layer_progress, load_progress
@@ -420,6 +421,7 @@ class Runtime:
                 runners[bid] = context
         return runners
 
+    @collection_paused()
     def _build(self, optimized: OptimizedNetwork, pool_count: int, progress: LoadProgress) -> LoadedNetwork:
         factories: dict[str, Any] = {}
         managers: dict[str, MemoryManager] = {}

@@ -34,6 +34,7 @@ from flowrt.engine.graph.report import format_report
 from flowrt.engine.graph.subgraph import connected_subgraphs
 from flowrt.engine.memory.budget import check_memory_budget
 from flowrt.errors import BackendError, GraphError, InputError, UnsupportedLayerError
+from flowrt.gc_pause import collection_paused
 from flowrt.registry import Backend, BackendRegistry, OptimizationViews, backend_registry
 from flowrt.validate import argument_error, check_bool, check_instance
 
@@ -404,6 +405,7 @@ def _default_order(registry: BackendRegistry) -> list[str]:
     return order
 
 
+@collection_paused()
 def optimize(
     network: Network | Graph,
     backends: Sequence[str] | None = None,

@@ -21,6 +21,7 @@ from flowrt.engine.memory.budget import MemoryBudget, check_memory_budget
 from flowrt.errors import ModelLoadError
 from flowrt.frontends.onnx.checks import TensorReader, check_text
 from flowrt.frontends.onnx.graph_importer import DEFAULT_DOMAINS, GraphImporter, tensor_info
+from flowrt.gc_pause import collection_paused
 from flowrt.types import TensorInfo
 
 
@@ -123,6 +124,7 @@ def load_with_initializer_inputs(
     return network, _initializer_inputs(model, where)
 
 
+@collection_paused()
 def _load(
     source: str | os.PathLike | bytes | onnx.ModelProto, check: bool, memory_budget: int | None
 ) -> tuple[Network, onnx.ModelProto, str]:
