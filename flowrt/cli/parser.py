@@ -150,13 +150,15 @@ def _add_tune(sub) -> None:
 
 
 def _add_serve(sub) -> None:
-    serve = _command(sub, "serve", "serve a model repository over HTTP, Triton's KServe v2 protocol")
+    serve = _command(sub, "serve", "serve a model repository over HTTP and gRPC, Triton's KServe v2 protocol")
     serve.add_argument(
         "repository",
         help="a directory of models: <model>/<version>/model.onnx (or .flowrt), config.pbtxt optional",
     )
     serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
     serve.add_argument("--http-port", type=int, default=8000, help="HTTP port (default: 8000; 0: a free one)")
+    serve.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default: 8001; 0: a free one)")
+    serve.add_argument("--no-grpc", action="store_true", help="serve HTTP only")
     serve.add_argument("--backends", help=BACKENDS_HELP + "; a model's config parameter 'backends' wins")
     serve.add_argument(
         "--max-body-mib", type=float, default=64, help="larger request bodies are refused (413; default: 64)"

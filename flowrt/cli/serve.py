@@ -1,4 +1,4 @@
-"""``flowrt serve``: serve a Triton-style model repository over HTTP (KServe v2)."""
+"""``flowrt serve``: serve a Triton-style model repository over HTTP and gRPC (KServe v2)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,14 @@ def command(args: argparse.Namespace) -> int:
         import prometheus_client  # noqa: F401
     except ImportError as e:
         raise InputError(f"flowrt serve needs the serve extra: pip install 'flowrt[serve]' ({e})") from None
+    if not args.no_grpc:
+        try:
+            import grpc  # noqa: F401
+            import tritonclient.grpc  # noqa: F401
+        except ImportError as e:
+            raise InputError(
+                f"flowrt serve's gRPC needs the serve extra: pip install 'flowrt[serve]', or --no-grpc ({e})"
+            ) from None
     from flowrt.serve.server import serve
 
     if args.max_body_mib <= 0:
@@ -33,6 +41,7 @@ def command(args: argparse.Namespace) -> int:
                         Path(args.repository),
                         host=args.host,
                         http_port=args.http_port,
+                        grpc_port=None if args.no_grpc else args.grpc_port,
                         backends=args.backends,
                         max_body_bytes=int(args.max_body_mib * 2**20),
                         shutdown=shutdown,
@@ -40,7 +49,10 @@ def command(args: argparse.Namespace) -> int:
                     )
                 )
                 ready = [e["name"] for e in server.index() if e["state"] == "READY"]
-                print(f"flowrt serve: {len(ready)} model(s) ({', '.join(ready)}) at {address}", flush=True)
+                grpc = "" if server.grpc_address is None else f", gRPC at {server.grpc_address}"
+                print(
+                    f"flowrt serve: {len(ready)} model(s) ({', '.join(ready)}) at {address}{grpc}", flush=True
+                )
                 async for _ in signals:
                     shutdown.set()
                     break

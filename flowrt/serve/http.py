@@ -105,8 +105,8 @@ class App:
             return _ok(
                 {
                     "name": "flowrt",
-                    "version": _version(),
-                    "extensions": ["binary_tensor_data", "model_repository"],
+                    "version": protocol.server_version(),
+                    "extensions": list(protocol.EXTENSIONS),
                 }
             )
         if rest == ["health", "live"]:
@@ -160,12 +160,6 @@ class _TooLarge(FlowrtError):
 
 def _ok(value: Any) -> tuple[int, bytes, dict[str, str]]:
     return 200, json.dumps(value).encode(), {}
-
-
-def _version() -> str:
-    import flowrt
-
-    return flowrt.__version__
 
 
 def _config_json(model: Any) -> dict[str, Any]:

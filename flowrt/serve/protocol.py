@@ -39,13 +39,28 @@ DATATYPES: dict[str, np.dtype] = {
 _NAMES = {dtype: name for name, dtype in DATATYPES.items()}
 
 
+# The protocol's extensions the server speaks (server metadata lists them).
+EXTENSIONS = ("binary_tensor_data", "model_repository")
+
+
+def server_version() -> str:
+    import flowrt
+
+    return flowrt.__version__
+
+
+def datatype_of(dtype: np.dtype) -> str:
+    """The protocol's name of a numpy element type."""
+    return _NAMES.get(np.dtype(dtype), "BYTES")
+
+
 class BadRequest(InputError):
     """A request the protocol or the model does not take (HTTP 400)."""
 
 
 def datatype(info: TensorInfo) -> str:
     """The protocol's name of a tensor's element type."""
-    return _NAMES.get(np.dtype(info.dtype.numpy), "BYTES")
+    return datatype_of(info.dtype.numpy)
 
 
 def shape(info: TensorInfo, batching: bool) -> list[int]:
@@ -62,6 +77,34 @@ def _json(data: bytes) -> Any:
         return json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequest(f"the request's JSON does not parse: {e}") from None
+
+
+def check_input(
+    name: str, given: Any, dims: Any, inputs: Mapping[str, TensorInfo], feeds: Mapping[str, Any]
+) -> tuple[np.dtype, int]:
+    """(element type, element count) of input ``name`` of datatype ``given`` and shape
+    ``dims``, checked against the model's ``inputs`` and the ``feeds`` taken so far."""
+    if name not in inputs:
+        raise BadRequest(f"unknown input {name!r}; the model's inputs are {sorted(inputs)}")
+    if name in feeds:
+        raise BadRequest(f"input {name!r} is given twice")
+    if not isinstance(dims, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims
+    ):
+        raise BadRequest(f"input {name!r}: 'shape' must be a list of non-negative integers, got {dims!r}")
+    expected = datatype(inputs[name])
+    if given != expected:
+        raise BadRequest(f"input {name!r}: datatype {given!r}, expected {expected!r}")
+    if expected not in DATATYPES:
+        raise BadRequest(f"input {name!r} holds {expected} tensors, which flowrt serve does not take")
+    return DATATYPES[expected], int(np.prod(dims, dtype=np.int64))
+
+
+def missing_inputs(inputs: Mapping[str, TensorInfo], feeds: Mapping[str, Any]) -> None:
+    """BadRequest when a request leaves out one of the model's ``inputs``."""
+    missing = sorted(set(inputs) - set(feeds))
+    if missing:
+        raise BadRequest(f"inputs {missing} are missing; the model takes {sorted(inputs)}")
 
 
 def parse_infer(
@@ -89,21 +132,9 @@ def parse_infer(
     for entry in request["inputs"]:
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise BadRequest(f"each input is an object with a 'name', got {str(entry)[:80]}")
-        name = entry["name"]
-        if name not in inputs:
-            raise BadRequest(f"unknown input {name!r}; the model's inputs are {sorted(inputs)}")
-        if name in feeds:
-            raise BadRequest(f"input {name!r} is given twice")
-        dims = entry.get("shape")
-        if not isinstance(dims, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims
-        ):
-            raise BadRequest(f"input {name!r}: 'shape' must be a list of non-negative integers, got {dims!r}")
+        name, dims = entry["name"], entry.get("shape")
+        dtype, count = check_input(name, entry.get("datatype"), dims, inputs, feeds)
         expected = datatype(inputs[name])
-        if entry.get("datatype") != expected:
-            raise BadRequest(f"input {name!r}: datatype {entry.get('datatype')!r}, expected {expected!r}")
-        dtype = DATATYPES[expected]
-        count = int(np.prod(dims, dtype=np.int64))
         parameters = entry.get("parameters") or {}
         size = parameters.get("binary_data_size") if isinstance(parameters, dict) else None
         if size is not None:
@@ -130,9 +161,7 @@ def parse_infer(
         feeds[name] = array
     if offset != len(binary):
         raise BadRequest(f"{len(binary) - offset} bytes of binary data after the inputs that announce theirs")
-    missing = sorted(set(inputs) - set(feeds))
-    if missing:
-        raise BadRequest(f"inputs {missing} are missing; the model takes {sorted(inputs)}")
+    missing_inputs(inputs, feeds)
     return request, feeds
 
 
@@ -168,7 +197,7 @@ def infer_response(
         value = np.ascontiguousarray(values[name])
         entry: dict[str, Any] = {
             "name": name,
-            "datatype": _NAMES.get(value.dtype, "BYTES"),
+            "datatype": datatype_of(value.dtype),
             "shape": list(value.shape),
         }
         if binary:

@@ -105,6 +105,7 @@ class Server:
         self._gone: dict[int, trio.Event] = {}  # id(model) -> set once it has unloaded
         self.metrics = Metrics(lambda: dict(self.models))
         self.ready = False
+        self.grpc_address: str | None = None  # host:port, when it serves gRPC too
 
     def names(self) -> list[str]:
         return [p.name for p in served.model_directories(self.repository)]
@@ -232,12 +233,20 @@ class Server:
     async def infer(
         self, model: served.ServedModel, body: bytes, header_length: str | None
     ) -> tuple[bytes, dict[str, str]]:
+        """An HTTP request's body to the response's body and headers."""
         request, feeds = protocol.parse_infer(body, header_length, model.inputs)
-        outputs = {n: i for n, i in model.outputs.items()}
-        chosen = protocol.requested_outputs(request, outputs)
+        chosen = protocol.requested_outputs(request, model.outputs)
         parameters = request.get("parameters") or {}
         if not isinstance(parameters, dict):
             raise protocol.BadRequest("'parameters' must be an object")
+        values = await self.run(model, feeds, parameters)
+        return protocol.infer_response(model.name, model.version, request, values, chosen)
+
+    async def run(
+        self, model: served.ServedModel, feeds: dict[str, Any], parameters: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Run checked ``feeds`` through ``model``'s queue at the priority and with the timeout
+        the request's ``parameters`` ask for (or its config's); the outputs."""
         config = model.config
         level = parameters.get("priority", config.default_priority_level)
         if (
@@ -262,7 +271,7 @@ class Server:
         self.metrics.queue.labels(model.name).observe(queued)
         self.metrics.compute.labels(model.name).observe(time.perf_counter() - start - queued)
         self.metrics.rows.labels(model.name).observe(rows)
-        return protocol.infer_response(model.name, model.version, request, values, chosen)
+        return values
 
 
 def _is_ensemble(directory: Path) -> bool:
@@ -277,6 +286,7 @@ async def serve(
     *,
     host: str = "127.0.0.1",
     http_port: int = 8000,
+    grpc_port: int | None = None,
     backends: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     shutdown: trio.Event | None = None,
@@ -284,7 +294,9 @@ async def serve(
 ) -> None:
     """Serve ``repository`` until ``shutdown`` is set (then in-flight requests finish, the
     models unload, and this returns). Started with ``nursery.start``, it hands back the
-    server and the address it listens on (``http://host:port``: port 0 takes a free one)."""
+    server and the address it listens on for HTTP (``http://host:port``: port 0 takes a free
+    one). ``grpc_port`` (None: no gRPC) serves KServe v2's gRPC service too, on that port
+    (0: a free one), which ``server.grpc_address`` then holds (``host:port``)."""
     import hypercorn.config
     import hypercorn.trio
 
@@ -296,17 +308,41 @@ async def serve(
     config = hypercorn.config.Config()
     config.bind = [f"{host}:{http_port}"]
     config.accesslog = None
-    config.graceful_timeout = 30
+    config.graceful_timeout = GRACE_S
+    grpc_server = None
     async with flowrt.Runtime() as rt, trio.open_nursery() as nursery:
         server = Server(repository, rt, nursery, backends)
         try:
             await server.load_all()
+            if grpc_port is not None:
+                from flowrt.serve import grpc_service
+
+                token = trio.lowlevel.current_trio_token()
+                grpc_server, bound = await trio.to_thread.run_sync(
+                    grpc_service.start, server, token, host, grpc_port, max_body_bytes
+                )
+                server.grpc_address = f"{host}:{bound}"
             async with trio.open_nursery() as http:
                 app: Any = App(server, max_body_bytes)  # an ASGI 3 application
                 serving = functools.partial(hypercorn.trio.serve, app, config)
                 binds = await http.start(functools.partial(serving, shutdown_trigger=shutdown.wait))
+                if grpc_server is not None:
+                    http.start_soon(_drain_grpc, grpc_server, shutdown)
                 task_status.started((server, binds[0] if binds else f"http://{host}:{http_port}"))
-            # hypercorn has returned: it stopped taking requests and those in flight finished
+            # both have returned: they stopped taking requests and those in flight finished
         finally:
             with trio.CancelScope(shield=True):
+                if grpc_server is not None:
+                    await trio.to_thread.run_sync(grpc_server.stop(0).wait)
                 await server.close()
+
+
+# Seconds the requests in flight have to finish once shutdown is asked for.
+GRACE_S = 30
+
+
+async def _drain_grpc(grpc_server: Any, shutdown: trio.Event) -> None:
+    """Once ``shutdown`` is set: no new RPC is taken, those in flight finish (their handlers
+    call into this loop, which goes on meanwhile)."""
+    await shutdown.wait()
+    await trio.to_thread.run_sync(grpc_server.stop(GRACE_S).wait)

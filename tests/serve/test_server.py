@@ -15,52 +15,13 @@ import numpy as np
 import pytest
 import trio
 
-import flowrt
-from flowrt import serialize
 from flowrt.errors import InputError
 from flowrt.serve.server import serve
-from flowrt.types import TensorInfo
 
 th = pytest.importorskip("tritonclient.http")
 pytest.importorskip("hypercorn")
 
-
-def _net(size: int = 16, channels: int = 8) -> flowrt.Network:
-    """Random-weight convs: batch 1, input x (1, 3, size, size), output y."""
-    rng = np.random.default_rng(0)
-
-    def w(*shape):
-        return (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
-
-    net = flowrt.Network()
-    x = net.add_input("x", TensorInfo((1, 3, size, size)))
-    pad = flowrt.descriptors.Conv(pads=(1, 1, 1, 1))
-    a = net.add_layer("Conv", pad, [x, w(channels, 3, 3, 3), w(channels)], name="a")
-    b = net.add_layer("Relu", inputs=[a], name="b")
-    c = net.add_layer("Conv", pad, [b, w(channels, channels, 3, 3), w(channels)], name="c")
-    net.add_output("y", net.add_layer("GlobalAveragePool", inputs=[c], name="d"))
-    return net
-
-
-def _repository(root: Path, models: dict[str, str | None], net: flowrt.Network | None = None) -> Path:
-    """A repository of ``models`` (name -> config.pbtxt text or None), each the same network."""
-    opt = flowrt.optimize(net or _net(), backends=["CpuAcc", "CpuRef"])
-    for name, config in models.items():
-        (root / name / "1").mkdir(parents=True)
-        serialize.save(opt, root / name / "1" / "model.flowrt")
-        if config is not None:
-            (root / name / "config.pbtxt").write_text(config)
-    return root
-
-
-async def _reference(x: np.ndarray, net: flowrt.Network | None = None) -> np.ndarray:
-    async with flowrt.Runtime() as rt:
-        model = await rt.load(flowrt.optimize(net or _net(), backends=["CpuRef"]))
-        return np.concatenate([(await model.run({"x": row[None]}))["y"] for row in x])
-
-
-def _input(rows: int = 1, seed: int = 1, size: int = 16) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((rows, 3, size, size)).astype(np.float32)
+from servemodels import _input, _net, _reference, _repository  # noqa: E402
 
 
 class _Served:
@@ -387,7 +348,7 @@ async def test_a_repository_that_is_not_a_directory_is_refused(tmp_path):
 def test_the_command_serves_until_sigterm_and_exits_0(tmp_path):
     repository = _repository(tmp_path, {"m": None})
     process = subprocess.Popen(
-        [sys.executable, "-m", "flowrt", "serve", str(repository), "--http-port", "0"],
+        [sys.executable, "-m", "flowrt", "serve", str(repository), "--http-port", "0", "--grpc-port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -395,8 +356,8 @@ def test_the_command_serves_until_sigterm_and_exits_0(tmp_path):
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
-        assert "1 model(s) (m) at http://127.0.0.1:" in line, line
-        url = line.rsplit("http://", 1)[1].strip()
+        assert "1 model(s) (m) at http://127.0.0.1:" in line and ", gRPC at 127.0.0.1:" in line, line
+        url, grpc_address = line.split(" at http://", 1)[1].strip().split(", gRPC at ")
         client = th.InferenceServerClient(url)
         deadline = time.monotonic() + 30
         while not client.is_server_ready() and time.monotonic() < deadline:
@@ -405,7 +366,13 @@ def test_the_command_serves_until_sigterm_and_exits_0(tmp_path):
         tensor = th.InferInput("x", list(x.shape), "FP32")
         tensor.set_data_from_numpy(x)
         got = client.infer("m", [tensor]).as_numpy("y")
-        np.testing.assert_allclose(got, trio.run(_reference, x), rtol=1e-4, atol=1e-5)
+        want = trio.run(_reference, x)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        tg = pytest.importorskip("tritonclient.grpc")
+        over_grpc = tg.InferInput("x", list(x.shape), "FP32")
+        over_grpc.set_data_from_numpy(x)
+        got = tg.InferenceServerClient(grpc_address).infer("m", [over_grpc]).as_numpy("y")
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
     finally:
