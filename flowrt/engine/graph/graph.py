@@ -7,6 +7,7 @@ slots; an output slot feeds any number of input slots; an input slot has at most
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -194,18 +195,30 @@ class Graph:
 
         Raises GraphError naming the layers on a cycle.
         """
-        pending = {layer.name: sum(1 for _ in layer.producers()) for layer in self.layers.values()}
-        ready = [layer for layer in self.layers.values() if pending[layer.name] == 0]
+        # Plain loops over the slots: every pass asks for this order, on graphs of thousands of layers.
+        pending: dict[Layer, int] = {}
+        ready: deque[Layer] = deque()
+        for layer in self.layers.values():
+            count = 0
+            for slot in layer.inputs:
+                if slot.source is not None:
+                    count += 1
+            pending[layer] = count
+            if count == 0:
+                ready.append(layer)
         order: list[Layer] = []
         while ready:
-            layer = ready.pop(0)
+            layer = ready.popleft()
             order.append(layer)
-            for consumer in layer.consumers():
-                pending[consumer.name] -= 1
-                if pending[consumer.name] == 0:
-                    ready.append(consumer)
+            for out in layer.outputs:
+                for dst in out.connections:
+                    consumer = dst.layer
+                    left = pending[consumer] - 1
+                    pending[consumer] = left
+                    if left == 0:
+                        ready.append(consumer)
         if len(order) != len(self.layers):
-            stuck = sorted(n for n, count in pending.items() if count > 0)
+            stuck = sorted(layer.name for layer, count in pending.items() if count > 0)
             raise GraphError(f"the graph has a cycle through layers {', '.join(stuck[:8])}")
         return order
 
