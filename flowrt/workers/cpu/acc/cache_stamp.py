@@ -46,6 +46,14 @@ def sources_digest() -> str:
     return digest.hexdigest()
 
 
+def stamp() -> str:
+    """The digest this process stamps its cache entries with: :func:`sources_digest` as it
+    was when first asked (walking the package's files costs ~10 ms)."""
+    if _PackageStamp._digest is None:
+        _PackageStamp._digest = sources_digest()
+    return _PackageStamp._digest
+
+
 class _PackageStamp:
     """Mixin: take only this package's functions, and stamp them with the package's sources."""
 
@@ -58,9 +66,7 @@ class _PackageStamp:
         return super().from_function(py_func, py_file)
 
     def get_source_stamp(self):
-        if _PackageStamp._digest is None:
-            _PackageStamp._digest = sources_digest()
-        return (super().get_source_stamp(), _PackageStamp._digest)
+        return (super().get_source_stamp(), stamp())
 
 
 class _UserDirLocator(_PackageStamp, _USER_DIR):

@@ -63,7 +63,7 @@ def network_key(network: Any, threads: int) -> str:
         for layer in network.graph.topological_order()
         if layer.backend == "CpuAcc"
     ]
-    parts = [FORMAT, layers, threads, cache_stamp.sources_digest(), sys.version_info[:2]]
+    parts = [FORMAT, layers, threads, cache_stamp.stamp(), sys.version_info[:2]]
     return hashlib.sha1(json.dumps(parts, default=str).encode()).hexdigest()
 
 

@@ -14,7 +14,7 @@ from flowrt.engine.scheduler.job import JobContext
 from flowrt.errors import BackendError
 from flowrt.registry import WorkloadInfo
 from flowrt.types import static_dims
-from flowrt.workers.cpu.acc import launches, preload
+from flowrt.workers.cpu.acc import launches, preload, verdicts
 from flowrt.workers.cpu.acc.kernels import kernel_for
 from flowrt.workers.cpu.acc.tape import BoundCall, bind, warm_up
 from flowrt.workers.cpu.blas_threads import hold_for_job
@@ -105,10 +105,15 @@ class AccWorkload:
 
     def _record(self, split: str, execute: Any, inputs: Any, constant: Any, outputs: Any) -> Any:
         """``launches.record``, its proof made on the first pool's arrays and kept for the
-        others' (a pool recording at the same time waits for it: it runs the layer a few times)."""
+        others' (a pool recording at the same time waits for it: it runs the layer a few times),
+        and for later processes (``verdicts``)."""
         with self._proving:
             if split not in self._proven:
-                self._proven[split] = launches.replays_exactly(execute, inputs, constant, outputs)
+                workers = 1 if split == "one" else getattr(self.kernel, "workers", 1)
+                self._proven[split] = verdicts.proven(
+                    verdicts.key(self.info, split, workers),
+                    lambda: launches.replays_exactly(execute, inputs, constant, outputs),
+                )
         return launches.record(execute, inputs, constant, outputs, proven=self._proven[split])
 
 

@@ -8,7 +8,7 @@ from numba import njit
 import flowrt
 from flowrt.engine.scheduler.binding import BoundStep
 from flowrt.types import TensorInfo
-from flowrt.workers.cpu.acc import launches
+from flowrt.workers.cpu.acc import launches, preload, verdicts
 from flowrt.workers.cpu.acc.calls import SliceFunction, run_tasks
 from flowrt.workers.cpu.acc.launches import LaunchCall, record
 
@@ -96,7 +96,7 @@ async def test_two_pools_replay_at_once_each_in_its_own_memory():
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-async def test_a_layer_is_proven_once_however_many_pools_record_it(monkeypatch):
+async def test_a_layer_is_proven_once_however_many_pools_record_it(tmp_path, monkeypatch):
     proofs: list[int] = []
     proven = launches.replays_exactly
 
@@ -105,6 +105,7 @@ async def test_a_layer_is_proven_once_however_many_pools_record_it(monkeypatch):
         return proven(*args)
 
     monkeypatch.setattr(launches, "replays_exactly", counted)
+    monkeypatch.setattr(preload, "_manifest_dir", lambda: tmp_path / "first")  # verdicts kept here
     net = _net()
     async with flowrt.Runtime(cpu_workers=2) as rt:
         model = await rt.load(flowrt.optimize(net, backends=["CpuAcc", "CpuRef"]), max_in_flight=2)
@@ -117,13 +118,26 @@ async def test_a_layer_is_proven_once_however_many_pools_record_it(monkeypatch):
         assert first > 0
         recorded = [set(_recorded_layers_of(pool)) for pool in model.pools.pools]
         assert recorded[0] == recorded[1] and {"three", "strided", "last"} <= recorded[0]
-    # one proof per layer and split: as many as one pool alone makes
-    async with flowrt.Runtime(cpu_workers=2) as rt:
-        proofs.clear()
-        alone = await rt.load(flowrt.optimize(net, backends=["CpuAcc", "CpuRef"]), max_in_flight=1)
-        for seed in range(3):
-            await alone.run({"x": _input(seed)})
-        assert len(proofs) == first
+
+    async def alone() -> set[str]:
+        async with flowrt.Runtime(cpu_workers=2) as rt:
+            model = await rt.load(flowrt.optimize(net, backends=["CpuAcc", "CpuRef"]), max_in_flight=1)
+            for seed in range(3):
+                await model.run({"x": _input(seed)})
+            return set(_recorded_layers_of(model.pools.pools[0]))
+
+    # one proof per layer and split: as many as one pool alone makes, with no verdict kept
+    monkeypatch.setattr(preload, "_manifest_dir", lambda: tmp_path / "second")
+    proofs.clear()
+    assert await alone() == recorded[0]
+    assert len(proofs) == first
+    # a later process takes the verdicts from the file: it proves nothing, records the same
+    assert len(list((tmp_path / "second").glob("verdicts-*.pickle"))) == 1
+    monkeypatch.setattr(verdicts, "_loaded_from", None)
+    monkeypatch.setattr(verdicts, "_known", {})
+    proofs.clear()
+    assert await alone() == recorded[0]
+    assert proofs == []
 
 
 def _copy_task(task, step, x, out):  # a slice function: out = x + 1
@@ -187,3 +201,15 @@ def test_launches_that_would_keep_big_buffers_alive_are_not_recorded(monkeypatch
     monkeypatch.setattr(launches, "MAX_KEPT_BYTES", limit)
     call = record(with_scratch, [x], [False], [out])
     assert (call is not None) == recorded
+
+
+def test_a_verdict_is_kept_per_layer_shapes_split_and_workers():
+    from flowrt.registry import WorkloadInfo
+
+    def info(shape, name="a"):
+        return WorkloadInfo(name, "Relu", None, (TensorInfo(shape),), (TensorInfo(shape),))
+
+    one = verdicts.key(info((1, 4)), "every", 2)
+    assert one == verdicts.key(info((1, 4), name="b"), "every", 2)  # the layer's name is not in it
+    assert len({one, verdicts.key(info((1, 8)), "every", 2), verdicts.key(info((1, 4)), "one", 1)}) == 3
+    assert one != verdicts.key(info((1, 4)), "every", 4)
