@@ -45,6 +45,9 @@ MAX_WORK_S = 2e-3
 # Layers moving more than this (non-constant inputs and outputs) are not tried: their work
 # dwarfs their Python, and checking them would copy their tensors (a peak of its own).
 MAX_TENSOR_BYTES = 4 << 20
+# The types of the inputs that are proven on random values (quantized layers take 8-bit
+# integers); layers with others (integer indices, whose random values fail) are not tried.
+PROVEN_TYPES = (np.dtype(np.float32), np.dtype(np.uint8), np.dtype(np.int8))
 
 
 @njit(nogil=True, cache=True)
@@ -167,15 +170,19 @@ def _kept_bytes(keep: list[Any], mine: Sequence[np.ndarray]) -> int:
 _random: list[np.ndarray] = []
 
 
-def _random_values(size: int, second: bool) -> np.ndarray:
-    """``size`` values in [-1, 1), one of two sets that differ at every position: slices of
-    one buffer made once per process (a draw per validation cost more than the layer's runs)."""
+def _random_values(size: int, second: bool, dtype: np.dtype = np.dtype(np.float32)) -> np.ndarray:
+    """``size`` values of ``dtype`` (float32 in [-1, 1), or any 8-bit integer), one of two
+    sets that differ at every position: slices of one buffer made once per process (a draw
+    per validation cost more than the layer's runs)."""
     if not _random:
         values = np.random.default_rng(1).random(MAX_TENSOR_BYTES // 4 + 1, dtype=np.float32)
         values *= 2
         values -= 1
         _random.append(values)
-    return _random[0][int(second) : int(second) + size]
+    if dtype == np.float32:
+        return _random[0][int(second) : int(second) + size]
+    first = _random[0].view(np.uint8)[:size]  # the floats' bytes: no pattern a kernel could miss
+    return (first ^ np.uint8(0x55) if second else first).view(dtype)
 
 
 def _replays_exactly(execute, inputs: Sequence[Any], constant: Sequence[bool], outputs) -> bool:
@@ -188,7 +195,7 @@ def _replays_exactly(execute, inputs: Sequence[Any], constant: Sequence[bool], o
 
     def fill(second: bool) -> None:
         for x in free:
-            x.reshape(-1)[...] = _random_values(x.size, second)
+            x.reshape(-1)[...] = _random_values(x.size, second, x.dtype)
 
     fill(False)
     for _ in range(2):  # again when the first took long: it may have compiled or planned
@@ -206,8 +213,11 @@ def _replays_exactly(execute, inputs: Sequence[Any], constant: Sequence[bool], o
     fill(True)  # new values: a replay that kept anything of the first set differs
     execute(mine_in, mine_out)
     expected = [o.copy() for o in mine_out]
-    for o in mine_out:
-        o.fill(np.nan)
+    for o, w in zip(mine_out, expected):  # what the replay must overwrite, everywhere
+        if o.dtype.kind == "f":
+            o.fill(np.nan)
+        else:
+            np.invert(w, out=o)
     replay(rows)
     return all(np.array_equal(o, w, equal_nan=True) for o, w in zip(mine_out, expected))
 
@@ -225,7 +235,7 @@ def replays_exactly(
     if not outputs or any(o is None or not o.flags.c_contiguous for o in outputs):
         return False
     free = [x for x, fixed in zip(inputs, constant) if x is not None and not fixed]
-    if any(x.dtype != np.float32 for x in free):
+    if any(x.dtype not in PROVEN_TYPES for x in free):
         return False
     if sum(x.nbytes for x in free) + sum(o.nbytes for o in outputs if o is not None) > MAX_TENSOR_BYTES:
         return False

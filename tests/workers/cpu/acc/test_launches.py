@@ -50,7 +50,8 @@ def _recorded_layers_of(pool) -> list[str]:
         node.layer
         for steps in pool.programs.values()
         for step in steps
-        if type(step) is BoundStep and isinstance(step.call.keep, tuple)  # Launches.compile's
+        if type(step) is BoundStep
+        and isinstance(getattr(step.call, "keep", None), tuple)  # Launches.compile's
         for node in step.nodes
     ]
 
@@ -213,3 +214,26 @@ def test_a_verdict_is_kept_per_layer_shapes_split_and_workers():
     assert one == verdicts.key(info((1, 4), name="b"), "every", 2)  # the layer's name is not in it
     assert len({one, verdicts.key(info((1, 8)), "every", 2), verdicts.key(info((1, 4)), "one", 1)}) == 3
     assert one != verdicts.key(info((1, 4)), "every", 4)
+
+
+@pytest.mark.parametrize(("group", "filters"), [(1, 16), (8, 8)])  # a QLinearConv by GEMM; a depthwise one
+async def test_quantized_layers_are_recorded_and_replay_what_running_them_gives(group, filters):
+    from qdqmodels import qdq_conv_model
+
+    opt = flowrt.optimize(
+        flowrt.onnx.load(
+            qdq_conv_model(np.random.default_rng(0), filters=filters, group=group).SerializeToString()
+        ),
+        backends=["CpuAcc", "CpuRef"],
+    )
+    kinds = {layer.name: layer.kind for layer in opt.graph}
+    xs = [np.random.default_rng(seed).standard_normal((1, 8, 10, 10)).astype(np.float32) for seed in range(3)]
+    async with flowrt.Runtime(cpu_workers=2) as rt:
+        model = await rt.load(opt, max_in_flight=1)
+        first = [(await model.run({"x": x}))["y"] for x in xs]
+        again = [(await model.run({"x": x}))["y"] for x in xs]  # bound: replays the recordings
+        recorded = {kinds[name] for name in _recorded_layers_of(model.pools.pools[0])}
+    assert {"QLinearConv", "QLinearMatMul", "DequantizeLinear"} <= recorded  # they take 8-bit inputs
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(first[0], first[1])
