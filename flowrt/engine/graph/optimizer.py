@@ -22,7 +22,7 @@ from flowrt.engine.graph.passes.collapse_reshape import collapse_reshapes
 from flowrt.engine.graph.passes.crossings import Crossing, find_crossings
 from flowrt.engine.graph.passes.fold_batch_norm import fold_batch_norm
 from flowrt.engine.graph.passes.fold_constants import fold_to_fixpoint
-from flowrt.engine.graph.passes.fold_qdq import Accepts, fold_qdq
+from flowrt.engine.graph.passes.fold_qdq import Accepts, fold_qdq, fold_qdq_binaries
 from flowrt.engine.graph.passes.fold_scale_shift import fold_scale_shift
 from flowrt.engine.graph.passes.fold_transpose import fold_transposes
 from flowrt.engine.graph.passes.fuse_activation import fuse_activations
@@ -80,8 +80,9 @@ class OptimizerOptions:
     reshapes one Reshape. ``pool_before_conv`` moves an AveragePool before the 1x1 conv it
     reads (the two commute), so that the conv multiplies fewer pixels (DenseNet's
     transitions); results change by rounding only. ``fold_qdq`` makes each QDQ group of a
-    quantized model (DequantizeLinear -> Conv or MatMul -> QuantizeLinear) one QLinearConv or
-    QLinearMatMul where a backend with integer kernels takes it (``passes/fold_qdq.py``).
+    quantized model (DequantizeLinear -> Conv, MatMul, Add or Mul -> QuantizeLinear) one
+    QLinearConv, QLinearMatMul, QLinearAdd or QLinearMul where a backend with integer kernels
+    takes it (``passes/fold_qdq.py``).
     ``reduce_fp32_to_fp16`` runs float32 layers in float16 on the
     backends that declare capability ``fp16`` (casts at their borders; ignored, and
     reported, where none does). ``layer_backend_hints`` (``{layer name: backend id}``)
@@ -345,6 +346,8 @@ def _graph_passes(
     evaluate = _evaluator(registry) if options.fold_constants else None
     if evaluate is not None:
         passes += fold_to_fixpoint(graph, evaluate, options.memory_budget)
+    if options.fold_qdq:  # its constants float32 now, its shapes known
+        passes += fold_qdq_binaries(graph, _quantized_accepts(instances))
     if options.fold_scale_shift:
         passes += fold_scale_shift(graph)
     if options.fold_batch_norm:

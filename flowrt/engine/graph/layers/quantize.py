@@ -16,7 +16,7 @@ import attrs
 
 from flowrt.engine.graph.layer_kind import layer_kind
 from flowrt.engine.graph.layers.elementwise import FLOAT_TYPES, expect_dtype, onnx_dtype_to_datatype
-from flowrt.engine.graph.shapes import normalize_axis
+from flowrt.engine.graph.shapes import broadcast_shapes, normalize_axis
 from flowrt.errors import DataTypeError, ShapeError
 from flowrt.types import DataType, Dim, TensorInfo
 
@@ -161,3 +161,43 @@ def infer_dynamic_quantize_linear(desc, inputs, consts):
     x = inputs[0]
     expect_dtype(x, frozenset({D.FLOAT32}), "input x")
     return [x.with_dtype(D.UINT8), TensorInfo((), D.FLOAT32), TensorInfo((), D.UINT8)]
+
+
+# QLinearAdd and QLinearMul: flowrt's, made by the QDQ fold (``passes/fold_qdq.py``) from a
+# DequantizeLinear -> Add or Mul -> QuantizeLinear group, as ONNX Runtime's com.microsoft ops
+# of those names are, with one addition: B may be float32 (a float constant beside a
+# dequantized input), then with scale 1 and zero point 0 of its own type.
+QLINEAR_BINARY_KINDS = ("QLinearAdd", "QLinearMul")
+_B_TYPES = frozenset({D.UINT8, D.INT8, D.FLOAT32})
+
+
+def _one_float32(info: TensorInfo, what: str) -> None:
+    expect_dtype(info, frozenset({D.FLOAT32}), what)
+    if info.shape is not None and info.is_static and info.num_elements != 1:
+        raise ShapeError(f"{what} must hold one value, got shape {info.shape}")
+
+
+def _zero_of(zero: TensorInfo, values: TensorInfo, what: str) -> None:
+    if zero.dtype != values.dtype:
+        raise DataTypeError(
+            f"{what}: a zero point of its input's type {values.dtype.name.lower()} expected, got {zero.dtype.name.lower()}"
+        )
+    if zero.shape is not None and zero.is_static and zero.num_elements != 1:
+        raise ShapeError(f"{what}: the zero point must hold one value, got shape {zero.shape}")
+
+
+@layer_kind(QLINEAR_BINARY_KINDS, min_inputs=8, max_inputs=8)
+def infer_qlinear_binary(desc, inputs, consts):
+    """``C = quantize(dequantize(A) op dequantize(B))``: per-tensor scales and zero points,
+    A and C uint8 or int8, B uint8, int8 or float32, broadcasting as Add and Mul do."""
+    a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero = inputs
+    expect_dtype(a, frozenset({D.UINT8, D.INT8}), "input A")
+    expect_dtype(b, _B_TYPES, "input B")
+    expect_dtype(c_zero, frozenset({D.UINT8, D.INT8}), "C's zero point")
+    for info, what in ((a_scale, "A's scale"), (b_scale, "B's scale"), (c_scale, "C's scale")):
+        _one_float32(info, what)
+    _zero_of(a_zero, a, "A")
+    _zero_of(b_zero, b, "B")
+    if c_zero.shape is not None and c_zero.is_static and c_zero.num_elements != 1:
+        raise ShapeError(f"C's zero point must hold one value, got shape {c_zero.shape}")
+    return [TensorInfo(broadcast_shapes(a.shape, b.shape, where="QLinear binary op"), c_zero.dtype)]

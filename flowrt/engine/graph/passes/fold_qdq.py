@@ -11,13 +11,17 @@ pass makes each group one quantized layer:
     Q(Conv(DQ(x), DQ(w), DQ(b)))  ->  QLinearConv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, b')
     Q(MatMul(DQ(a), DQ(w)))       ->  QLinearMatMul(a, a_scale, a_zp, w, w_scale, w_zp, y_scale, y_zp)
     Q(Reshape(DQ(x)))             ->  Reshape(x)      (Transpose, Flatten, Squeeze, Unsqueeze too)
+    Q(Add(DQ(a), DQ(b)))          ->  QLinearAdd(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp)
+    Q(Add(DQ(a), c))              ->  QLinearAdd(a, a_scale, a_zp, c, 1, 0, y_scale, y_zp)   (Mul too)
 
 with ``b' = round_half_even(DQ(b) / (x_scale * w_scale))`` in int32: the int32 bias itself when
 it was quantized at that scale, as quantize_static does. The results are those of ONNX
 Runtime's quantized kernels: integer products, requantized once, instead of float products of
 dequantized values (they differ from the unfolded graph by a rounding step at most). A layer
 that only moves values, between a DequantizeLinear and a QuantizeLinear of the same scale and
-zero point, moves the quantized values themselves: exactly the same results.
+zero point, moves the quantized values themselves: exactly the same results. So does a
+QLinearAdd or QLinearMul (``c`` a float32 constant): the group's steps in one pass, each as
+its own kernel computes it.
 
 Folded only where a group's parameters are per tensor (the weights' per output channel),
 constant, without blocks, and where a backend of the preference list with integer kernels
@@ -192,6 +196,76 @@ def _fold(graph: Graph, layer: Layer, accepts: Accepts) -> str | None:
     return f"folded QDQ group of {layer.kind} {layer.name!r} into {kind} {folded.name!r}"
 
 
+def _binary_operands(layer: Layer) -> tuple[_Dequantized, OutputSlot, _Dequantized | None] | None:
+    """(A, B's slot, B dequantized or None for a float32 constant B) of an Add or Mul whose
+    inputs are a per-tensor DequantizeLinear of 8-bit values of the output's shape (A) and
+    another, or a float32 constant (B); None when it is not such a layer."""
+    if layer.activation is not None or len(layer.inputs) != 2 or getattr(layer.descriptor, "legacy", False):
+        return None
+    out = layer.outputs[0].info
+    slots = [slot.source for slot in layer.inputs]
+    sides = [_dequantized(slot) for slot in slots]
+
+    def quantized(side: _Dequantized | None) -> bool:
+        info = side.values.info if side is not None else None
+        return info is not None and info.dtype in (DataType.UINT8, DataType.INT8) and side.scale.size == 1  # type: ignore[union-attr]  # checked
+
+    for a, b in ((0, 1), (1, 0)):  # Add and Mul commute: A is the side of the output's shape
+        side_a, side_b, slot_b = sides[a], sides[b], slots[b]
+        if not quantized(side_a) or out is None or side_a.values.info.shape != out.shape:  # type: ignore[union-attr]  # checked
+            continue
+        if quantized(side_b):
+            return side_a, side_b.values, side_b  # type: ignore[return-value, union-attr]  # checked
+        constant = constant_value(slot_b)
+        if slot_b is not None and constant is not None and constant.dtype == np.float32:
+            return side_a, slot_b, None  # type: ignore[return-value]  # checked
+    return None
+
+
+def _fold_binary(graph: Graph, layer: Layer, accepts: Accepts) -> str | None:
+    """``Q(DQ(a) op DQ(b))`` or ``Q(DQ(a) op b)`` (b a float32 constant) -> QLinearAdd or QLinearMul."""
+    q = _quantizer(layer)
+    operands = _binary_operands(layer) if q is not None else None
+    if q is None or operands is None:
+        return None
+    a, b_slot, b = operands
+    name = f"{layer.name}/quantized"
+
+    def params(side: _Dequantized, what: str) -> list[OutputSlot | None]:
+        zero = side.layer.inputs[2].source if len(side.layer.inputs) > 2 else None
+        return [
+            side.layer.inputs[1].source,
+            zero or constant_slot(graph, f"{name}/{what}_zero_point", side.zero),
+        ]
+
+    if b is not None:
+        b_params = params(b, "b")
+    else:  # a float32 B: as it is, (b - 0) * 1
+        one, zero = np.ones((), np.float32), np.zeros((), np.float32)
+        b_params = [
+            constant_slot(graph, f"{name}/b_scale", one),
+            constant_slot(graph, f"{name}/b_zero_point", zero),
+        ]
+    inputs = [a.values, *params(a, "a"), b_slot, *b_params, q.inputs[1].source, q.inputs[2].source]
+    kind = "QLinearAdd" if layer.kind == "Add" else "QLinearMul"
+    infos = [slot.info if slot is not None else None for slot in inputs]
+    if not accepts(kind, NoDescriptor(), infos, [q.outputs[0].info]):
+        graph.remove_unread_constants()  # the parameters made for the question
+        return None
+    folded = graph.add_layer(kind, NoDescriptor(), name=name, num_inputs=len(inputs))
+    for index, slot in enumerate(inputs):
+        assert slot is not None  # every input was filled in above
+        slot.connect(folded.inputs[index])
+    folded.outputs[0].info = q.outputs[0].info
+    graph.reroute(q.outputs[0], folded.outputs[0])
+    for gone in (q, layer):
+        graph.remove_layer(gone)
+    for side in (a, b):
+        if side is not None and side.layer.name in graph.layers and not side.layer.outputs[0].connections:
+            graph.remove_layer(side.layer)
+    return f"folded QDQ group of {layer.kind} {layer.name!r} into {kind} {folded.name!r}"
+
+
 def _remove_unread_dequantize(graph: Graph) -> None:
     """DequantizeLinear layers of constants nothing reads any more (a folded Conv's bias)."""
     for dq in graph.of_kind("DequantizeLinear"):
@@ -260,6 +334,23 @@ def fold_qdq(graph: Graph, accepts: Accepts) -> list[str]:
             continue
         if change is not None:
             changes.append(change)
+    if changes:
+        graph.remove_unread_constants()
+    return changes
+
+
+def fold_qdq_binaries(graph: Graph, accepts: Accepts) -> list[str]:
+    """Fold each QDQ group of an Add or Mul into a QLinearAdd or QLinearMul that ``accepts``
+    takes (see the module doc); return the changes. After constant folding: a constant
+    operand is a float32 constant by then, and the shapes are known."""
+    if not graph.of_kind("QuantizeLinear"):
+        return []
+    changes = []
+    for layer in graph.topological_order():
+        if layer.name in graph.layers and layer.kind in ("Add", "Mul"):
+            change = _fold_binary(graph, layer, accepts)
+            if change is not None:
+                changes.append(change)
     if changes:
         graph.remove_unread_constants()
     return changes

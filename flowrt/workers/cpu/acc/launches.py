@@ -168,9 +168,10 @@ def _kept_bytes(keep: list[Any], mine: Sequence[np.ndarray]) -> int:
 
 
 _random: list[np.ndarray] = []
+_FLOAT32 = np.dtype(np.float32)
 
 
-def _random_values(size: int, second: bool, dtype: np.dtype = np.dtype(np.float32)) -> np.ndarray:
+def _random_values(size: int, second: bool, dtype: np.dtype = _FLOAT32) -> np.ndarray:
     """``size`` values of ``dtype`` (float32 in [-1, 1), or any 8-bit integer), one of two
     sets that differ at every position: slices of one buffer made once per process (a draw
     per validation cost more than the layer's runs)."""

@@ -100,6 +100,7 @@ _KINDS_BY_MODULE = {
     "pad": "Pad",
     "pooling": "AveragePool MaxPool",
     "qlinear": "QLinearConv QLinearMatMul",
+    "qlinear_binary": "QLinearAdd QLinearMul",
     "quantize": "DequantizeLinear QuantizeLinear",
     "recurrent": "GRU LSTM RNN",
     "reduce": "ReduceMax ReduceMean ReduceSum",

@@ -10,6 +10,7 @@ import numpy as np
 
 from flowrt.engine.graph.layers.quantize import (
     QUANTIZED_FLOAT_TYPES,
+    QuantizeLinearDescriptor,
     dequantized_type,
     precision_type,
     quantized_type,
@@ -87,3 +88,24 @@ def dynamic_quantize_linear(desc, x):
         zero_point = np.float32(255) if np.isnan(initial) else np.rint(np.clip(initial, 0, 255))
         y = np.clip(np.rint(x / scale) + zero_point, 0, 255)
     return y.astype(np.uint8), np.array(scale, dtype=np.float32), np.array(zero_point, dtype=np.uint8)
+
+
+_PER_TENSOR = QuantizeLinearDescriptor()
+
+
+def _qlinear_binary(op, a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero):
+    """The DequantizeLinear -> op -> QuantizeLinear group QLinearAdd and QLinearMul stand for,
+    each step as its own kernel computes it (a float32 B: as it is)."""
+    da = dequantize_linear(_PER_TENSOR, a, a_scale, a_zero)
+    db = b if b.dtype == np.float32 else dequantize_linear(_PER_TENSOR, b, b_scale, b_zero)
+    return quantize_linear(_PER_TENSOR, op(da, db), c_scale, c_zero)
+
+
+@ref_kernel("QLinearAdd")
+def qlinear_add(desc, *inputs):
+    return _qlinear_binary(np.add, *inputs)
+
+
+@ref_kernel("QLinearMul")
+def qlinear_mul(desc, *inputs):
+    return _qlinear_binary(np.multiply, *inputs)
