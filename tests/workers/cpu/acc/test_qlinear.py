@@ -14,6 +14,7 @@ from qdqmodels import qdq_conv_model
 import flowrt
 from flowrt.registry import WorkloadInfo
 from flowrt.types import TensorInfo
+from flowrt.workers.cpu.acc.conv import depthwise_int8
 from flowrt.workers.cpu.acc.kernels import load_all as acc_kernels
 from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
 
@@ -237,9 +238,22 @@ def test_large_matmuls_split_across_workers_exactly(monkeypatch, weights, rows, 
     w_zero=st.booleans(),
     with_bias=st.booleans(),
     workers=st.sampled_from([1, 2, 3]),
+    channels_last=st.booleans(),
 )
 def test_depthwise_qlinear_conv_matches_cpuref(
-    seed, channels, size, kernel, stride, dilation, pad, batch, per_channel, w_zero, with_bias, workers
+    seed,
+    channels,
+    size,
+    kernel,
+    stride,
+    dilation,
+    pad,
+    batch,
+    per_channel,
+    w_zero,
+    with_bias,
+    workers,
+    channels_last,
 ):
     rng = np.random.default_rng(seed)
     span = (kernel - 1) * dilation + 1
@@ -254,7 +268,9 @@ def test_depthwise_qlinear_conv_matches_cpuref(
     desc = flowrt.descriptors.QLinearConv(
         group=channels, pads=(pad,) * 4, strides=(stride, stride), dilations=(dilation, dilation)
     )
-    got, expected = _run_both("QLinearConv", desc, inputs, workers=workers)
+    with pytest.MonkeyPatch.context() as patch:  # the plane-wise loops, or channels last, for any plane
+        patch.setattr(depthwise_int8, "CHANNELS_LAST_PLANE", 1 << 30 if channels_last else 0)
+        got, expected = _run_both("QLinearConv", desc, inputs, workers=workers)
     np.testing.assert_array_equal(got, expected)
 
 
@@ -276,6 +292,23 @@ def test_a_large_depthwise_layer_splits_its_channels_exactly(stride, size, dilat
     desc = flowrt.descriptors.QLinearConv(
         group=32, pads=(dilation,) * 4, strides=(stride, stride), dilations=(dilation, dilation)
     )
+    for workers in (2, 3):
+        got, expected = _run_both("QLinearConv", desc, inputs, workers=workers, given_outputs=True)
+        np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize(("stride", "dilation"), [(1, 1), (2, 1), (1, 2)])
+def test_a_small_plane_of_many_channels_splits_its_rows_exactly(stride, dilation):
+    rng = np.random.default_rng(stride * 10 + dilation)
+    size = 7 * stride  # a 7x7 output: channels last
+    x = rng.integers(0, 256, (1, 960, size, size)).astype(np.uint8)
+    w = rng.integers(-128, 128, (960, 1, 3, 3)).astype(np.int8)
+    x_scale, x_zp, w_scale, w_zp, y_scale, y_zp = _params(rng, 960, True, True, exact=True)
+    inputs = [x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, rng.integers(-99, 99, 960).astype(np.int32)]
+    desc = flowrt.descriptors.QLinearConv(
+        group=960, pads=(dilation,) * 4, strides=(stride, stride), dilations=(dilation, dilation)
+    )
+    assert 7 * 7 <= depthwise_int8.CHANNELS_LAST_PLANE and 960 * 7 * 7 >= depthwise_int8.PARALLEL_OUTPUTS
     for workers in (2, 3):
         got, expected = _run_both("QLinearConv", desc, inputs, workers=workers, given_outputs=True)
         np.testing.assert_array_equal(got, expected)
