@@ -4,7 +4,8 @@ the messages those of Triton's own client (``tritonclient.grpc``).
 grpcio's server runs its handlers in a pool of threads; each handler hands its request to
 the :class:`~flowrt.serve.server.Server` in the runtime's trio loop
 (``trio.from_thread.run``), so requests over gRPC and over HTTP go through the same
-per-model queues and share batches. Tensors come as ``raw_input_contents`` (what the client
+per-model queues and share batches. A stream's requests each become a task of that loop
+as they are read, and are answered as they finish. Tensors come as ``raw_input_contents`` (what the client
 sends) or as typed ``contents``; outputs go back as ``raw_output_contents``. Errors answer
 with gRPC's status codes: NOT_FOUND (unknown model), INVALID_ARGUMENT (a request the model
 does not take), UNAVAILABLE (a full queue, a request past its timeout, a server shutting
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +43,8 @@ logger = logging.getLogger(__name__)
 # Threads answering RPCs: each request waiting in a model's queue holds one, so this bounds
 # the requests in flight over gRPC (the models' own queues bound them further).
 THREADS = 128
+# Requests of one stream in flight at once; the stream's next is read when one is answered.
+STREAM_IN_FLIGHT = 64
 
 # datatype -> the field of InferTensorContents that holds it
 _CONTENTS = {
@@ -188,25 +193,64 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         return self._infer(request)
 
     def ModelStreamInfer(self, request_iterator: Iterator[Any], context: Any) -> Iterator[Any]:
-        """Each request of the stream answered in turn; a failed one answers with its error
-        and the stream goes on."""
-        for request in request_iterator:
+        """Each request of the stream run as it arrives, beside the others (a stream's requests
+        share batches), at most ``STREAM_IN_FLIGHT`` at once; each answered when it is done,
+        with its result or its error (its ``id`` tells which), and the stream goes on."""
+        answers: queue.Queue = queue.Queue()
+        slots = threading.Semaphore(STREAM_IN_FLIGHT)
+
+        async def answer(request: Any) -> None:
             start = time.perf_counter()
             try:
-                response = pb.ModelStreamInferResponse(infer_response=self._infer(request))
+                response = pb.ModelStreamInferResponse(infer_response=await self._infer_async(request))
             except FlowrtError as e:
                 response = pb.ModelStreamInferResponse(
                     error_message=str(e), infer_response=pb.ModelInferResponse(id=request.id)
                 )
-            _log("ModelStreamInfer", request.model_name, response.error_message or "OK", start)
-            yield response
+            except Exception as e:  # a bug of ours: answered, logged, the stream goes on
+                logger.exception("grpc ModelStreamInfer failed")
+                response = pb.ModelStreamInferResponse(
+                    error_message=f"{type(e).__name__}: {e}",
+                    infer_response=pb.ModelInferResponse(id=request.id),
+                )
+            _log("ModelStreamInfer", request.model_name, response.error_message and "ERROR" or "OK", start)
+            slots.release()
+            answers.put(response)
+
+        def read() -> None:
+            count = 0
+            try:
+                for request in request_iterator:
+                    slots.acquire()
+                    trio.from_thread.run_sync(
+                        self.server.nursery.start_soon, answer, request, trio_token=self.token
+                    )
+                    count += 1
+            except (trio.RunFinishedError, grpc.RpcError):  # shutting down, or the client left
+                pass
+            finally:
+                answers.put(_Read(count))
+
+        threading.Thread(target=read, name="flowrt-grpc-stream", daemon=True).start()
+        expected, sent = None, 0
+        while expected is None or sent < expected:
+            item = answers.get()
+            if isinstance(item, _Read):
+                expected = item.count
+                continue
+            sent += 1
+            yield item
 
     def _infer(self, request: Any) -> Any:
-        model = self._model(request.model_name, request.model_version)
+        return self._in_loop(self._infer_async, request)
+
+    async def _infer_async(self, request: Any) -> Any:
+        """A ModelInferRequest's response, in the loop; its outcome counted."""
+        model = self.server.model(request.model_name, request.model_version)
         metrics = self.server.metrics.requests
         try:
             feeds, parameters = parse_request(request, model.inputs)
-            values = self._in_loop(self.server.run, model, feeds, parameters)
+            values = await self.server.run(model, feeds, parameters)
             response = infer_response(model, request, values)
         except FlowrtError:
             metrics.labels(model.name, "failure").inc()
@@ -229,6 +273,13 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):
     def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         self._in_loop(self.server.unload, request.model_name)
         return pb.RepositoryModelUnloadResponse()
+
+
+class _Read:
+    """The end of a stream's requests: how many there were."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
 
 
 def _log(method: str, what: str, status: str, start: float) -> None:

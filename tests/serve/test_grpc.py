@@ -124,7 +124,7 @@ async def test_grpc_errors_carry_the_status_and_the_problem_and_the_server_goes_
         shutdown.set()
 
 
-async def test_a_stream_answers_each_request_in_turn_its_errors_among_them(tmp_path):
+async def test_a_stream_runs_its_requests_together_and_answers_each_its_errors_among_them(tmp_path):
     repository = _repository(tmp_path, {"m": _BATCHED})
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
@@ -141,17 +141,20 @@ async def test_a_stream_answers_each_request_in_turn_its_errors_among_them(tmp_p
             wrong = tg.InferInput("x", [1, 3, 8, 8], "FP32")
             wrong.set_data_from_numpy(np.zeros((1, 3, 8, 8), np.float32))
             client.async_stream_infer("m", [wrong], request_id="bad")
-            client.stop_stream()
+            client.stop_stream()  # returns once every request is answered
 
         await trio.to_thread.run_sync(stream)
         got = [answers.get_nowait() for _ in range(answers.qsize())]
         assert len(got) == 5
-        for seed, (result, error) in enumerate(got[:4]):
-            assert error is None and result.get_response().id == str(seed)
+        results = {result.get_response().id: result for result, error in got if error is None}
+        errors = [error for result, error in got if error is not None]
+        assert sorted(results) == ["0", "1", "2", "3"] and len(errors) == 1
+        assert "x" in errors[0].message() and "shape" in errors[0].message()
+        for seed in range(4):
             want = await _reference(_input(seed=seed))
-            np.testing.assert_allclose(result.as_numpy("y"), want, rtol=1e-4, atol=1e-5)
-        result, error = got[4]
-        assert result is None and "x" in error.message()
+            np.testing.assert_allclose(results[str(seed)].as_numpy("y"), want, rtol=1e-4, atol=1e-5)
+        # the stream's requests ran beside each other: they shared the dynamic batcher's batches
+        assert max(served.server.models["m"].batch_counts()) > 1
         shutdown.set()
 
 
