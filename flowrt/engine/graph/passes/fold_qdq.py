@@ -149,6 +149,38 @@ def _group(layer: Layer) -> tuple[_Dequantized, _Dequantized, Layer] | None:
     return x, w, q
 
 
+def _replace(
+    graph: Graph,
+    layer: Layer,
+    q: Layer,
+    made: tuple[str, Any, str],
+    inputs: list[OutputSlot | None],
+    dequantized: list[_Dequantized | None],
+    accepts: Accepts,
+) -> Layer | None:
+    """``layer`` and its quantizer ``q`` replaced by one layer (``made``: kind, descriptor,
+    name) reading ``inputs``, where ``accepts`` takes it; the DequantizeLinear layers of
+    ``dequantized`` nothing else reads go too. None (the graph as it was, less the
+    constants made for the question) where it does not."""
+    kind, descriptor, name = made
+    infos = [slot.info if slot is not None else None for slot in inputs]
+    if not accepts(kind, descriptor, infos, [q.outputs[0].info]):
+        graph.remove_unread_constants()  # the zero points, parameters and bias made for the question
+        return None
+    folded = graph.add_layer(kind, descriptor, name=name, num_inputs=len(inputs))
+    for index, slot in enumerate(inputs):
+        assert slot is not None  # every input was filled in by the caller
+        slot.connect(folded.inputs[index])
+    folded.outputs[0].info = q.outputs[0].info
+    graph.reroute(q.outputs[0], folded.outputs[0])
+    for gone in (q, layer):
+        graph.remove_layer(gone)
+    for side in dequantized:
+        if side is not None and side.layer.name in graph.layers and not side.layer.outputs[0].connections:
+            graph.remove_layer(side.layer)
+    return folded
+
+
 def _fold(graph: Graph, layer: Layer, accepts: Accepts) -> str | None:
     group = _group(layer)
     if group is None:
@@ -176,21 +208,9 @@ def _fold(graph: Graph, layer: Layer, accepts: Accepts) -> str | None:
         inputs.append(constant_slot(graph, f"{name}/bias", bias))
     kind = "QLinearConv" if layer.kind == "Conv" else "QLinearMatMul"
     descriptor = layer.descriptor if kind == "QLinearConv" else NoDescriptor()
-    infos = [slot.info if slot is not None else None for slot in inputs]
-    if not accepts(kind, descriptor, infos, [q.outputs[0].info]):
-        graph.remove_unread_constants()  # the zero points and bias made for the question
+    folded = _replace(graph, layer, q, (kind, descriptor, name), inputs, [x, w], accepts)
+    if folded is None:
         return None
-    folded = graph.add_layer(kind, descriptor, name=name, num_inputs=len(inputs))
-    for index, slot in enumerate(inputs):
-        assert slot is not None  # every input was filled in above
-        slot.connect(folded.inputs[index])
-    folded.outputs[0].info = q.outputs[0].info
-    graph.reroute(q.outputs[0], folded.outputs[0])
-    for gone in (q, layer):
-        graph.remove_layer(gone)
-    for dq in (x.layer, w.layer):
-        if dq.name in graph.layers and not dq.outputs[0].connections:
-            graph.remove_layer(dq)
     if layer.kind == "Conv" and len(layer.inputs) > 2:
         _remove_unread_dequantize(graph)
     return f"folded QDQ group of {layer.kind} {layer.name!r} into {kind} {folded.name!r}"
@@ -248,21 +268,9 @@ def _fold_binary(graph: Graph, layer: Layer, accepts: Accepts) -> str | None:
         ]
     inputs = [a.values, *params(a, "a"), b_slot, *b_params, q.inputs[1].source, q.inputs[2].source]
     kind = "QLinearAdd" if layer.kind == "Add" else "QLinearMul"
-    infos = [slot.info if slot is not None else None for slot in inputs]
-    if not accepts(kind, NoDescriptor(), infos, [q.outputs[0].info]):
-        graph.remove_unread_constants()  # the parameters made for the question
+    folded = _replace(graph, layer, q, (kind, NoDescriptor(), name), inputs, [a, b], accepts)
+    if folded is None:
         return None
-    folded = graph.add_layer(kind, NoDescriptor(), name=name, num_inputs=len(inputs))
-    for index, slot in enumerate(inputs):
-        assert slot is not None  # every input was filled in above
-        slot.connect(folded.inputs[index])
-    folded.outputs[0].info = q.outputs[0].info
-    graph.reroute(q.outputs[0], folded.outputs[0])
-    for gone in (q, layer):
-        graph.remove_layer(gone)
-    for side in (a, b):
-        if side is not None and side.layer.name in graph.layers and not side.layer.outputs[0].connections:
-            graph.remove_layer(side.layer)
     return f"folded QDQ group of {layer.kind} {layer.name!r} into {kind} {folded.name!r}"
 
 
