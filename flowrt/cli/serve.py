@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 from pathlib import Path
 
@@ -59,9 +60,20 @@ def command(args: argparse.Namespace) -> int:
 
     try:
         trio.run(main)
-    except BaseExceptionGroup as group:  # one error of ours (a repository that is not one): as it is
-        inner = group.exceptions[0] if len(group.exceptions) == 1 else None
+    except BaseExceptionGroup as group:  # one error, however deep the nurseries: as it is
+        inner = _only(group)
         if isinstance(inner, FlowrtError):
             raise inner from None
+        if isinstance(inner, OSError) and inner.errno == errno.EADDRINUSE:  # hypercorn's bind
+            raise InputError(
+                f"flowrt serve cannot listen for HTTP on {args.host}:{args.http_port}: the address is in use"
+            ) from None
         raise
     return 0
+
+
+def _only(error: BaseException) -> BaseException:
+    """The one exception inside nested groups of one exception each, else ``error`` itself."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error

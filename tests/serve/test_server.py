@@ -378,3 +378,32 @@ def test_the_command_serves_until_sigterm_and_exits_0(tmp_path):
     finally:
         if process.poll() is None:
             process.kill()
+
+
+@pytest.mark.parametrize("which", ["--http-port", "--grpc-port"])
+def test_a_port_in_use_is_a_clear_error_not_a_trace(tmp_path, which):
+    import socket
+
+    repository = _repository(tmp_path, {"m": None})
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        ports = {"--http-port": "0", "--grpc-port": "0", which: port}
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "flowrt",
+                "serve",
+                str(repository),
+                *[x for kv in ports.items() for x in kv],
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 2, done.stderr[-2000:]
+    protocol = "HTTP" if which == "--http-port" else "gRPC"
+    assert f"cannot listen for {protocol} on 127.0.0.1:{port}" in done.stderr
+    assert "Traceback" not in done.stderr
