@@ -341,13 +341,14 @@ def _graph_passes(
     graph: Graph, options: OptimizerOptions, registry: BackendRegistry, instances: dict[str, Backend]
 ) -> list[str]:
     passes = remove_pass_through(graph)
+    accepts = _quantized_accepts(instances)
     if options.fold_qdq:  # before constant folding, which would make the weights float
-        passes += fold_qdq(graph, _quantized_accepts(instances))
+        passes += fold_qdq(graph, accepts)
     evaluate = _evaluator(registry) if options.fold_constants else None
     if evaluate is not None:
         passes += fold_to_fixpoint(graph, evaluate, options.memory_budget)
     if options.fold_qdq:  # its constants float32 now, its shapes known
-        passes += fold_qdq_binaries(graph, _quantized_accepts(instances))
+        passes += fold_qdq_binaries(graph, accepts)
     if options.fold_scale_shift:
         passes += fold_scale_shift(graph)
     if options.fold_batch_norm:

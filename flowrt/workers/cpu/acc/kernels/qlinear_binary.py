@@ -21,6 +21,7 @@ from flowrt.types import DataType
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 from flowrt.workers.cpu.acc.kernels.strided import FlatSplits
+from flowrt.workers.cpu.acc.quantized_parameters import ParameterCache
 
 D = DataType
 # Shorter rows of B repeating along A cost more per row than they save in passes.
@@ -118,11 +119,18 @@ class QLinearBinaryKernel:
         limits = np.iinfo(self.dtype)
         self.low, self.high = np.float32(limits.min), np.float32(limits.max)
         self.bounds = FlatSplits(workers)  # slice boundaries over a size, once per size
+        # The scales and zero points as the loop reads them, made once where they are constants.
+        constants = tuple(info.constants) + (None,) * 8
+        constant = all(constants[i] is not None for i in (1, 2, 4, 5, 6, 7))
+        self.params = ParameterCache(self._params, constant)
+
+    def _params(self, a_scale, a_zero, b_scale, b_zero, c_scale, c_zero) -> np.ndarray:
+        scalars = [np.asarray(v).reshape(()) for v in (a_zero, a_scale, b_zero, b_scale, c_scale, c_zero)]
+        return np.array([*scalars, self.low, self.high], np.float32)
 
     def execute(self, inputs, outputs=None):
         a, b = np.asarray(inputs[0], order="C"), np.asarray(inputs[3], order="C")
-        scalars = [np.asarray(inputs[i]).reshape(()) for i in (2, 1, 5, 4, 6, 7)]
-        params = np.array([*scalars, self.low, self.high], np.float32)
+        params = self.params(*(inputs[i] for i in (1, 2, 4, 5, 6, 7)))
         out = np.empty(a.shape, self.dtype) if outputs is None else outputs[0]
         bounds = self.bounds(a.size)
         args = (bounds, a.reshape(-1), b.reshape(-1), params, out.reshape(-1))
