@@ -46,6 +46,21 @@ print(json.dumps({"optimized": optimized, "asked": threading_layer.requested(),
                   "configured": str(numba.config.THREADING_LAYER), "max": float(y.max())}))
 """
 
+# A runtime entered and a model run under trio: asyncio is the asyncio bridge's alone.
+_UNDER_TRIO = """
+import json, sys
+import numpy as np, trio, flowrt
+async def main():
+    net = flowrt.Network()
+    x = net.add_input("x", flowrt.TensorInfo((1, 4), flowrt.DataType.FLOAT32))
+    net.add_output("y", net.add_layer("Relu", inputs=[x]))
+    async with flowrt.Runtime() as rt:
+        model = await rt.load(flowrt.optimize(net, backends=["CpuRef"]))
+        out = await model.run({"x": -np.ones((1, 4), np.float32)})
+    return float(out["y"].max())
+print(json.dumps({"max": trio.run(main), "asyncio": "asyncio" in sys.modules}))
+"""
+
 _WRONG_MODEL = """
 import json, sys
 import flowrt
@@ -84,6 +99,11 @@ def test_first_cpuacc_use_chooses_numbas_threading_layer_before_numba_starts_one
     # ...so the layer it then starts is the one flowrt asked for.
     assert report["configured"] == report["asked"]
     assert report["max"] == 0.0
+
+
+def test_a_runtime_under_trio_does_not_import_asyncio():
+    report = _run(_UNDER_TRIO)
+    assert report == {"max": 0.0, "asyncio": False}
 
 
 def test_every_public_name_resolves_and_is_listed():

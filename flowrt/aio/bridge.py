@@ -14,18 +14,23 @@ here: a runtime entered under trio is the engine itself.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextlib
 import functools
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sniffio
 import trio
 
 from flowrt.errors import FlowrtError
 from flowrt.trio_thread import TrioCall, TrioThread
+
+if TYPE_CHECKING:
+    import asyncio
+
+# asyncio is imported in the functions that use it, all called under an asyncio loop (which
+# has imported it): a process under trio does not pay its import (~25 ms of a start).
 
 T = TypeVar("T")
 
@@ -48,6 +53,8 @@ def _retrieved(waiter: asyncio.Future) -> asyncio.Future:
 async def _settle(waiter: asyncio.Future) -> None:
     """Wait until ``waiter`` is done, however often this task is cancelled meanwhile (the
     caller raises its own CancelledError next); its outcome is dropped."""
+    import asyncio
+
     while not waiter.done():
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait([waiter])
@@ -55,6 +62,8 @@ async def _settle(waiter: asyncio.Future) -> None:
 
 async def _to_the_end(waiter: asyncio.Future) -> Any:
     """``await waiter``; cancelled meanwhile, wait for it all the same, then raise."""
+    import asyncio
+
     try:
         return await asyncio.shield(_retrieved(waiter))
     except asyncio.CancelledError:
@@ -81,6 +90,8 @@ class AsyncioBridge:
     async def start(cls, runtime: Any) -> AsyncioBridge:
         """Enter ``runtime`` (its trio ``__aenter__``) in a new trio thread. FlowrtError under an
         async library other than asyncio; the runtime's own errors as they are."""
+        import asyncio
+
         library = async_library()
         if library != "asyncio":
             raise FlowrtError(f"flowrt runs under trio or asyncio; this task runs under {library!r}")
@@ -115,6 +126,8 @@ class AsyncioBridge:
     async def wait(self, future: concurrent.futures.Future, call: TrioCall) -> Any:
         """Await ``future``, which the trio-side ``call`` settles; cancelled meanwhile, cancel
         ``call`` and wait for its end before the CancelledError goes on."""
+        import asyncio
+
         try:
             return await asyncio.shield(_retrieved(asyncio.wrap_future(future)))
         except asyncio.CancelledError:
@@ -130,6 +143,8 @@ class AsyncioBridge:
     async def in_caller_loop(self, awaitable: Awaitable[T]) -> T:
         """From the trio side: ``await awaitable`` as a task of the caller's asyncio loop (a
         pipeline's async function stage). Cancelled, it cancels that task and waits for it."""
+        import asyncio
+
         future = asyncio.run_coroutine_threadsafe(_coroutine(awaitable), self.loop)
         done = trio.Event()
         future.add_done_callback(lambda _: self.thread.run_sync_soon(done.set))
