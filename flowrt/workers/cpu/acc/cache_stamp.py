@@ -17,6 +17,8 @@ makes numba compile each kernel again, once, and overwrite its entry. It also in
 from __future__ import annotations
 
 import hashlib
+import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +56,9 @@ def stamp() -> str:
     return _PackageStamp._digest
 
 
+_WRITABLE: set[str] = set()  # cache directories found writable by this process
+
+
 class _PackageStamp:
     """Mixin: take only this package's functions, and stamp them with the package's sources."""
 
@@ -67,6 +72,16 @@ class _PackageStamp:
 
     def get_source_stamp(self):
         return (super().get_source_stamp(), stamp())
+
+    def ensure_cache_path(self):
+        """numba's check: the directory exists (made again if it went) and takes a new
+        file, the latter once per directory and process: numba checks at each function's jit
+        (~200 of the package's at import, each a temporary file made and removed)."""
+        path = self.get_cache_path()
+        os.makedirs(path, exist_ok=True)
+        if path not in _WRITABLE:
+            tempfile.TemporaryFile(dir=path).close()
+            _WRITABLE.add(path)
 
 
 class _UserDirLocator(_PackageStamp, _USER_DIR):

@@ -73,3 +73,44 @@ def test_a_process_whose_kernels_are_cached_never_loads_what_only_compiling_need
 
     assert run() == ["0", "True"]  # compiled: numba's compiler loaded its implementations
     assert run() == ["1", "False"]  # loaded from the cache, with numba's runtime alone
+
+
+# Imports every kernel module of the package (each jits its functions with cache=True) and
+# counts numba's writability probes (a temporary file made in the cache directory).
+_PROBES = """
+import importlib, pkgutil, sys, tempfile
+probes = []
+real = tempfile.TemporaryFile
+def counting(*args, **kwargs):
+    probes.append(kwargs.get("dir"))
+    return real(*args, **kwargs)
+tempfile.TemporaryFile = counting
+import flowrt.workers.cpu.acc.kernels
+package = sys.modules["flowrt.workers.cpu.acc.kernels"]
+for module in pkgutil.iter_modules(package.__path__):
+    importlib.import_module(f"{package.__name__}.{module.name}")
+from flowrt.workers.cpu.acc import preload
+print(len(probes), len(set(probes)), len(list(preload._cached_dispatchers())))
+"""
+
+
+def test_the_cache_directory_is_probed_once_per_directory_not_once_per_function(tmp_path):
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBES], env=env, capture_output=True, text=True, check=True
+    )
+    probes, directories, functions = map(int, done.stdout.split())
+    assert functions > 100
+    assert probes == directories and 1 <= directories <= 3
+
+
+def test_a_cache_directory_removed_meanwhile_is_made_again(tmp_path, monkeypatch):
+    from numba.core import config
+
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path / "cache"))
+    locator = cache_stamp._UserDirLocator.from_function(cache_stamp.stamp, cache_stamp.__file__)
+    path = locator.get_cache_path()
+    assert os.path.isdir(path)
+    os.rmdir(path)
+    locator.ensure_cache_path()  # probed before: not probed again, but made again
+    assert os.path.isdir(path) and path in cache_stamp._WRITABLE
