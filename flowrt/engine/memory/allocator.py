@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -42,7 +43,7 @@ class HostAllocator:
     @staticmethod
     def view(arena: np.ndarray, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """The tensor of ``shape``/``dtype`` stored at byte ``offset`` of ``arena``."""
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         return arena[offset : offset + nbytes].view(dtype).reshape(shape)
 
     @staticmethod
