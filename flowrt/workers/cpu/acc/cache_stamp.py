@@ -16,6 +16,7 @@ makes numba compile each kernel again, once, and overwrite its entry. It also in
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import tempfile
@@ -56,6 +57,13 @@ def stamp() -> str:
     return _PackageStamp._digest
 
 
+@functools.cache
+def _in_package(py_file: str) -> bool:
+    """Whether ``py_file`` lies under ROOT (resolving a path costs ~70 us; a module jits many
+    functions)."""
+    return Path(py_file).resolve().is_relative_to(ROOT)
+
+
 _WRITABLE: set[str] = set()  # cache directories found writable by this process
 
 
@@ -66,7 +74,7 @@ class _PackageStamp:
 
     @classmethod
     def from_function(cls, py_func, py_file):
-        if not Path(py_file).resolve().is_relative_to(ROOT):
+        if not _in_package(py_file):
             return None
         return super().from_function(py_func, py_file)
 
