@@ -52,15 +52,16 @@ class Binding:
 class DeviceRunner(Protocol):
     """What a device backend's context offers the executor (GpuAcc's ``GpuBackendContext``).
 
-    ``submit(priority, enqueue)`` has ``enqueue(queue)`` put commands on an in-order queue of
-    that priority and returns once the device has finished them. ``upload(queue, array)`` and
+    ``submit(priority, enqueue, owner)`` has ``enqueue(queue)`` put commands on an in-order
+    queue of that priority and returns once the device has finished them; ``owner`` is the
+    run's memory pool (None outside one), whose own temporaries the workloads may use. ``upload(queue, array)`` and
     ``download(queue, tensor)`` enqueue a copy without waiting and return the copy and an
     object to keep until the work is done (the copy's event); ``download_into(queue, tensor,
     array)`` enqueues the copy into a C-contiguous host array of the tensor's shape and dtype
     and returns that object.
     """
 
-    async def submit(self, priority: int, enqueue: Callable[[Any], Any]) -> None: ...
+    async def submit(self, priority: int, enqueue: Callable[[Any], Any], owner: Any = None) -> None: ...
 
     def upload(self, queue: Any, array: np.ndarray) -> tuple[Any, Any]: ...
 
@@ -119,6 +120,7 @@ class _RunState:
         for name, tid in dataflow.inputs.items():
             self.values[tid] = feeds[name]
         self.device_values: dict[int, Any] = {}
+        self.uploaded: set[int] = set()  # tensors this run uploaded (new device buffers each run)
         self.readers = dict(dataflow.readers)
         self.keep = set(dataflow.outputs.values())
         self.lock = threading.Lock()
@@ -209,15 +211,14 @@ class _RunState:
         for tid in segment.uploads:
             self.device_values[tid], event = runner.upload(queue, self.values[tid])
             keep.append((self.device_values[tid], event))  # both alive until the device is done
+            self.uploaded.add(tid)
+        bound, recorded = self._device_program(segment)
         for node in segment.nodes:
             if self.stop.is_set():
                 return
-            on_host = host_slots(node)
-            args = [self._device_argument(tid, i in on_host) for i, tid in enumerate(node.inputs)]
             start = time.perf_counter_ns()
             try:
-                results = node.workload.enqueue(queue, args, self._targets(node))  # type: ignore[attr-defined]  # a device workload's enqueue
-                self._store(node, results, self.device_values)
+                self._enqueue_node(node, queue, bound, recorded)
             except Exception as e:
                 raise RunError(node.layer, node.backend, e) from e
             if self.record is not None:
@@ -230,6 +231,52 @@ class _RunState:
             else:
                 self.values[tid], event = into, runner.download_into(queue, self.device_values[tid], into)
             keep.append(event)
+
+    def _device_program(self, segment: Segment) -> tuple[Mapping[str, Any], dict[str, Any] | None]:
+        """The launches of ``segment``'s workloads bound to this run's pool (by layer), and
+        where to record them when this run records them (the pool's second run of the
+        segment: the first grows the pool's scratch buffers to their size)."""
+        pool = self.pool
+        if pool is None:
+            return {}, None
+        if segment.index not in pool.ran:
+            pool.ran.add(segment.index)
+            return {}, None
+        key = ("device", segment.index)
+        bound = pool.programs.get(key)
+        if bound is None:
+            bound = pool.programs[key] = {}
+            return {}, bound
+        return bound, None
+
+    def _enqueue_node(
+        self, node: WorkloadNode, queue: Any, bound: Mapping[str, Any], recorded: dict[str, Any] | None
+    ) -> None:
+        """Enqueue a device workload: as its bound launches where it has them (and they take
+        this submission), recorded where this run records, else through its ``enqueue``."""
+        targets = self._targets(node)
+        launches = bound.get(node.layer)
+        if launches is not None and launches.enqueue(queue):
+            self._store(node, targets, self.device_values)  # type: ignore[arg-type]  # bound: all planned
+            return
+        on_host = host_slots(node)
+        args = [self._device_argument(tid, i in on_host) for i, tid in enumerate(node.inputs)]
+        workload: Any = node.workload
+        if (
+            recorded is not None
+            and targets is not None
+            and hasattr(workload, "record")
+            and all(self._same_each_run(tid) for tid in node.inputs)
+        ):
+            results, recorded[node.layer] = workload.record(queue, args, targets)
+        else:
+            results = workload.enqueue(queue, args, targets)
+        self._store(node, results, self.device_values)
+
+    def _same_each_run(self, tid: int | None) -> bool:
+        """Whether tensor ``tid`` is the same object in every run in this pool: a constant,
+        or planned pool memory this run did not upload to (an upload is a new buffer)."""
+        return tid is None or tid in self.constants or (tid in self.bindings and tid not in self.uploaded)
 
     def _device_argument(self, tid: int | None, on_host: bool) -> Any:
         """A device workload's input: the device copy, except for slots it reads on the host
@@ -372,7 +419,9 @@ async def execute(
         if runner is None:
             raise RunError(segment.nodes[0].layer, segment.backend, FlowrtError("no device runner"))
         keep: list[Any] = []
-        await runner.submit(priority, lambda queue: state.enqueue_segment(segment, runner, queue, keep))
+        await runner.submit(
+            priority, lambda queue: state.enqueue_segment(segment, runner, queue, keep), state.pool
+        )
 
     if len(dataflow.segments) == 1:
         # An all-host network is one segment: no nursery to open (a run's fixed cost).

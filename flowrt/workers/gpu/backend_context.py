@@ -23,8 +23,9 @@ class GpuBackendContext:
     """A device's queue actors for one runtime, and the transfers the executor asks for.
 
     ``submit``, ``upload`` and ``download`` are the executor's device-runner protocol:
-    ``submit(priority, enqueue)`` runs ``enqueue(queue)`` on the queue actor of that priority
-    and returns once the device has finished; ``upload``/``download`` enqueue a copy on the
+    ``submit(priority, enqueue, owner)`` runs ``enqueue(queue)`` on the queue actor of that
+    priority and returns once the device has finished (the kernels' temporaries are
+    ``owner``'s, a run's memory pool); ``upload``/``download`` enqueue a copy on the
     queue they are given and return the copy and its event (keep it until the work is done).
     """
 
@@ -46,13 +47,13 @@ class GpuBackendContext:
         """Stop the queue actors (work already submitted finishes first)."""
         self._closed.set()
 
-    async def submit(self, priority: Priority | int, enqueue: Enqueue) -> None:
+    async def submit(self, priority: Priority | int, enqueue: Enqueue, owner: Any = None) -> None:
         if self.actors is None:
             raise FlowrtError(
                 "GpuAcc's queue actors are not running: run a model inside the 'async with "
                 "Runtime()' block that loaded it"
             )
-        await self.actors[priority].submit(enqueue)
+        await self.actors[priority].submit(enqueue, owner)
 
     def upload(self, queue: Any, array: np.ndarray) -> tuple[GpuTensor, Any]:
         return self.device.enqueue_upload(queue, array)

@@ -10,6 +10,7 @@ import numpy as np
 
 from flowrt.workers.gpu.arena_cache import ArenaCache
 from flowrt.workers.gpu.device import choose_device, cl, takes_priority_hints
+from flowrt.workers.gpu.launches import refuse
 from flowrt.workers.gpu.program import ProgramCache
 from flowrt.workers.gpu.scratch import ScratchSet, ScratchSets, current_scratch
 from flowrt.workers.gpu.tensor import GpuTensor
@@ -83,6 +84,7 @@ class DeviceContext:
         """A device copy of a host array, as ``dtype``, enqueued on ``queue`` without waiting;
         returns it and the copy's event (None when there was nothing to copy). Keep the event
         until it completes: it holds the host bytes the copy reads."""
+        refuse("an upload")
         host = np.ascontiguousarray(array, dtype=dtype)
         lent = self._lent_scratch()
         if not host.size:
@@ -107,6 +109,7 @@ class DeviceContext:
         """A host array that will hold ``tensor`` once the returned event has completed (keep
         the event until then); inside a submission, once the submission has finished. The
         array is ``into`` (C-contiguous, of the tensor's shape and dtype) when given, else new."""
+        refuse("a download")
         lent = self._lent_scratch()
         if lent is None or not tensor.size:
             return tensor.enqueue_read(queue, into)

@@ -104,6 +104,7 @@ class _Submission:
     abandoned: bool = False
     error: Exception | None = None
     scratch: ScratchSet | None = None
+    owner: Any = None  # whose scratch set the commands use (see ``ScratchSets.take``)
 
 
 class QueueActor:
@@ -147,7 +148,7 @@ class QueueActor:
 
     def _serve(self, submission: _Submission) -> None:
         # The kernels' temporaries come from a scratch set lent until the commands finish.
-        submission.scratch = self.scratch_sets.take()
+        submission.scratch = self.scratch_sets.take(submission.owner)
         lent = current_scratch.set(submission.scratch)
         try:
             event = submission.enqueue(self.queue)
@@ -169,8 +170,10 @@ class QueueActor:
             submission.completion.fail()
         submission.enqueued.set()
 
-    async def submit(self, enqueue: Enqueue) -> None:
+    async def submit(self, enqueue: Enqueue, owner: Any = None) -> None:
         """Have the actor run ``enqueue(queue)``; return once the device has finished that work.
+        Its kernels' temporaries are ``owner``'s scratch set when it has one free (see
+        ``ScratchSets.take``).
 
         Cancelled before the actor reached it, the work is dropped. Once enqueued it cannot be
         recalled, so a cancelled caller still waits (shielded) for it to finish: the memory it
@@ -178,7 +181,7 @@ class QueueActor:
         raises is raised here once the work enqueued before it has finished: a flowrt error
         as it is, any other as a BackendError.
         """
-        submission = _Submission(enqueue, EventCompletion())
+        submission = _Submission(enqueue, EventCompletion(), owner=owner)
         self.send_channel.send_nowait(submission)
         try:
             await submission.enqueued.wait()

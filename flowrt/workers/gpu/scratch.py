@@ -5,8 +5,10 @@ a queue actor's submission the temporary comes from the :class:`ScratchSet` lent
 submission: one buffer per slot, grown to the largest request and shared by every kernel of
 the submission. That is safe because a submission's commands run in order on one in-order
 queue: a later kernel's writes to a slot come after an earlier kernel's reads of it. The set
-goes back to the device's :class:`ScratchSets` once the submission's commands have finished,
-and the next submission takes it as it is.
+goes back to the device's :class:`ScratchSets` once the submission's commands have finished.
+A run's submissions take its memory pool's own set (a common one while that is lent), so
+each run in a pool finds the buffers of the one before, grown to their size: the buffers
+its recorded launches name (see ``launches``).
 
 Feeds and outputs cross through the set's pinned staging memory (buffers made with
 ``ALLOC_HOST_PTR`` and mapped once, NVIDIA's recommended way to copy without waiting): a feed is
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -100,16 +103,29 @@ class ScratchSet:
 
 
 class ScratchSets:
-    """A device's scratch sets not lent to any submission."""
+    """A device's scratch sets: one of its own for each owner that asks (a run's memory pool:
+    its runs then find the same buffers each time, which recorded launches name, see
+    ``launches``), and a common stock for the rest."""
 
     def __init__(self, context: Any, map_queue: Any) -> None:
         self.context = context
         self.map_queue = map_queue
         self._free: list[ScratchSet] = []
+        self._owned: weakref.WeakKeyDictionary[Any, ScratchSet] = weakref.WeakKeyDictionary()
+        self._lent: set[int] = set()  # ids of the owned sets lent now
         self._lock = threading.Lock()
 
-    def take(self) -> ScratchSet:
+    def take(self, owner: Any = None) -> ScratchSet:
+        """``owner``'s own set (made at its first submission, freed with it), unless lent to
+        another submission of the owner's now; else a set of the common stock."""
         with self._lock:
+            if owner is not None:
+                owned = self._owned.get(owner)
+                if owned is None:
+                    owned = self._owned[owner] = ScratchSet(self.context, self.map_queue)
+                if id(owned) not in self._lent:
+                    self._lent.add(id(owned))
+                    return owned
             if self._free:
                 return self._free.pop()
         return ScratchSet(self.context, self.map_queue)
@@ -118,4 +134,7 @@ class ScratchSets:
         """Return a set whose submission's commands have all finished."""
         scratch.complete()
         with self._lock:
-            self._free.append(scratch)
+            if id(scratch) in self._lent:
+                self._lent.discard(id(scratch))
+            else:
+                self._free.append(scratch)

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from flowrt.workers.gpu.launches import current_recording
+
 
 class TypedKernel:
     """Wraps a ``cl.Kernel``: calls declare the scalar argument types at the first launch;
@@ -29,6 +31,11 @@ class TypedKernel:
         if not self._typed:
             self.kernel.set_scalar_arg_dtypes([a.dtype if isinstance(a, np.generic) else None for a in args])
             self._typed = True
+        record = current_recording.get()
+        if record is not None:
+            if kwargs:  # wait_for and the like: not a launch a bound kernel repeats as it is
+                record.refused = record.refused or "a launch with options"
+            record.launches.append((self.kernel, global_size, local_size, args))
         return self.kernel(queue, global_size, local_size, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:

@@ -13,6 +13,8 @@ from flowrt.workers.gpu.context import DeviceContext
 from flowrt.workers.gpu.device import cl
 from flowrt.workers.gpu.kernels import GpuKernel, load_all
 from flowrt.workers.gpu.kernels.activation import enqueue_activation
+from flowrt.workers.gpu.launches import BoundLaunches, bind, recording, refuse
+from flowrt.workers.gpu.scratch import current_scratch
 from flowrt.workers.gpu.tensor import GpuTensor
 from flowrt.workers.gpu.tuner import Tuner, tuning_progress
 
@@ -86,6 +88,7 @@ class GpuWorkload:
             views = self.kernel.view(args)
             if not outputs:
                 return views
+            refuse("a view's copy")
             # Planned memory of its own (a view of a feed): copy the bytes there.
             for view, target in zip(views, outputs):
                 cl.enqueue_copy(queue, target.buffer, view.buffer, byte_count=target.nbytes)
@@ -100,6 +103,21 @@ class GpuWorkload:
                     self.kernel, self.activation_kernel, queue, targets[0], targets[0], self.info.activation
                 )
         return targets
+
+    def record(
+        self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]
+    ) -> tuple[list[GpuTensor], BoundLaunches | None]:
+        """``enqueue`` into the planned ``outputs``, its launches recorded: the outputs, and
+        the launches bound to kernels of their own for later runs in the same pool (None
+        where they cannot stand for the layer: see ``launches``)."""
+        host_values = [i for i in self.kernel.host_inputs if i < len(inputs) and inputs[i] is not None]
+        with recording() as record:
+            if self.kernel.is_view:
+                refuse("a view")
+            if any(self.kernel.constant(i) is None for i in host_values):
+                refuse("a value read on the host that is not a constant")
+            results = self.enqueue(queue, inputs, outputs)
+        return results, bind(record, current_scratch.get())
 
     def execute(self, inputs: Sequence[Any], outputs: Sequence[GpuTensor] | None = None) -> list[GpuTensor]:
         """Run the layer on the device's own queue; blocks until its commands are done."""

@@ -165,34 +165,37 @@ async def test_runtime_opencl_device_picks_gpuacc_device(gpu, conv_network, conv
             await rt.load(opt)
 
 
-async def test_kernel_temporaries_come_from_scratch_sets_that_later_runs_reuse(
+async def test_kernel_temporaries_come_from_their_pools_scratch_set_that_later_runs_reuse(
     gpu, conv_network, conv_net_reference
 ):
     feeds, expected = conv_net_reference
     opt = flowrt.optimize(conv_network(), backends=["GpuAcc", "CpuRef"])
     async with flowrt.Runtime(cpu_workers=1) as rt:
         model = await rt.load(opt, max_in_flight=4)
-        sets = gpu.scratch_sets._free
-        before = len(sets)  # other tests' sets, on this process-wide device context
+        owned = gpu.scratch_sets._owned
         await model.run(feeds)
-        buffers = {id(b) for s in sets for b in s.buffers.values()}
-        assert buffers  # the im2col columns went to a scratch set
+        (first_pool,) = [p for p in model.pools.pools if p in owned]
+        first = owned[first_pool]
+        buffers = {id(b) for b in first.buffers.values()}
+        assert buffers  # the im2col columns went to the pool's scratch set
         # the feed went up and the output came down through its pinned staging memory
-        assert any(len(s.staging) >= 2 for s in sets)
+        assert len(first.staging) >= 2
         results = {}
 
         async def run(i, priority):
             results[i] = await model.run(feeds, priority=priority)
 
-        for _ in range(3):  # concurrent runs on every queue: each submission has a set of its own
+        for _ in range(3):  # concurrent runs on every queue, each in a pool of its own
             async with trio.open_nursery() as nursery:
                 for i, priority in enumerate([flowrt.Priority.HIGH, flowrt.Priority.LOW] * 2):
                     nursery.start_soon(run, i, priority)
             for out in results.values():
                 np.testing.assert_allclose(out["y"], expected["y"], rtol=1e-5, atol=1e-6)
-        assert len(sets) <= max(before, 1) + 3  # no more sets than submissions at once, all given back
-        assert buffers <= {id(b) for s in sets for b in s.buffers.values()}  # the first run's, reused
+        sets = [owned[p] for p in model.pools.pools if p in owned]
+        assert len(sets) == len({id(s) for s in sets}) == 4  # one set per pool
+        assert buffers == {id(b) for b in first.buffers.values()}  # the first run's, reused
         assert not any(s.retired for s in sets)
+        assert not gpu.scratch_sets._lent  # every set given back
 
 
 def test_a_kernel_temporary_outside_a_submission_is_a_buffer_of_its_own(gpu):

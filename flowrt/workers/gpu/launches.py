@@ -1,0 +1,97 @@
+"""A GpuAcc layer's kernel launches recorded once per memory pool, then enqueued as they are.
+
+A launch through a kernel's ``enqueue`` costs host time before the device sees it: the
+layer's Python (shapes, strides and activation codes turned into arguments) and pyopencl
+setting every argument again (``clSetKernelArg`` per argument) before ``clEnqueueNDRangeKernel``.
+On an H100 that was about 55 us a launch, and a resnet50 run was mostly host time. But in a
+memory pool nothing moves: a layer's inputs and outputs are the pool's buffers, its weights
+its own, its temporaries the pool's scratch set (see ``scratch``), so every run in the pool
+makes the same launches with the same arguments. So the executor records them once (the
+pool's second run of a segment, when the scratch buffers have grown to their size), each in
+a kernel object of its own with its arguments set, and later runs only enqueue those
+(``clEnqueueNDRangeKernel`` alone: a few microseconds).
+
+Only launches are recorded: a workload that enqueues anything else while recording (a copy,
+an upload) calls :func:`refuse` and stays a step of its own, as does one reading a feed (its
+upload buffer changes from run to run) or a value on the host that is not a constant.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from flowrt.workers.gpu.device import cl
+from flowrt.workers.gpu.scratch import current_scratch
+
+
+class Recording:
+    """The launches one workload makes while it is recorded: (kernel, global size, local
+    size, arguments); ``refused`` says why they cannot stand for it, if they cannot."""
+
+    def __init__(self) -> None:
+        self.launches: list[tuple[Any, Any, Any, tuple]] = []
+        self.refused: str | None = None
+
+
+current_recording: contextvars.ContextVar[Recording | None] = contextvars.ContextVar(
+    "flowrt_gpu_recording", default=None
+)
+
+
+@contextmanager
+def recording() -> Iterator[Recording]:
+    """Record the launches made inside the block (on this thread)."""
+    record = Recording()
+    token = current_recording.set(record)
+    try:
+        yield record
+    finally:
+        current_recording.reset(token)
+
+
+def refuse(reason: str) -> None:
+    """A command other than a launch is being enqueued: a recording under way cannot stand
+    for the workload."""
+    record = current_recording.get()
+    if record is not None and record.refused is None:
+        record.refused = reason
+
+
+class BoundLaunches:
+    """A workload's recorded launches, each a kernel object of its own with its arguments
+    set; valid with the scratch set they were recorded with (``scratch``)."""
+
+    __slots__ = ("launches", "scratch", "_keep")
+
+    def __init__(self, launches: list[tuple[Any, Any, Any]], scratch: Any, keep: list[tuple]) -> None:
+        self.launches = launches
+        self.scratch = scratch
+        self._keep = keep  # the arguments' buffers, alive as long as the kernels that name them
+
+    def enqueue(self, queue: Any) -> bool:
+        """Enqueue the launches on ``queue``; False (nothing enqueued) when the submission
+        has another scratch set than the one they name (its pool's was lent elsewhere)."""
+        if current_scratch.get() is not self.scratch:
+            return False
+        for kernel, global_size, local_size in self.launches:
+            cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size)
+        return True
+
+
+def bind(record: Recording, scratch: Any) -> BoundLaunches | None:
+    """The launches of ``record`` bound to new kernel objects, or None when it was refused
+    or made none."""
+    if record.refused is not None or not record.launches:
+        return None
+    launches = []
+    for kernel, global_size, local_size, args in record.launches:
+        bound = cl.Kernel(kernel.program, kernel.function_name)
+        bound.set_scalar_arg_dtypes([a.dtype if isinstance(a, np.generic) else None for a in args])
+        bound.set_args(*args)
+        launches.append((bound, global_size, local_size))
+    return BoundLaunches(launches, scratch, [args for *_, args in record.launches])

@@ -1,0 +1,177 @@
+"""A memory pool's GPU launches are recorded on its second run of a segment and later runs
+enqueue them as they are (``flowrt.workers.gpu.launches``): same results as CpuRef in every
+run, fewer launches through the kernels' Python, and nothing recorded that could change."""
+
+import gc
+
+import numpy as np
+import pytest
+import trio
+
+import flowrt
+from flowrt.types import TensorInfo
+from flowrt.workers.gpu import launches
+from flowrt.workers.gpu.scratch import ScratchSets, current_scratch
+from flowrt.workers.gpu.typed_kernel import TypedKernel
+
+
+@pytest.fixture
+def launch_counts(monkeypatch):
+    """Launches made through a kernel's ``enqueue`` ("python") and replayed ("bound")."""
+    counts = {"python": 0, "bound": 0}
+    call, enqueue = TypedKernel.__call__, launches.BoundLaunches.enqueue
+
+    def counting_call(self, *args, **kwargs):
+        counts["python"] += 1
+        return call(self, *args, **kwargs)
+
+    def counting_enqueue(self, queue):
+        replayed = enqueue(self, queue)
+        counts["bound"] += len(self.launches) if replayed else 0
+        return replayed
+
+    monkeypatch.setattr(TypedKernel, "__call__", counting_call)
+    monkeypatch.setattr(launches.BoundLaunches, "enqueue", counting_enqueue)
+    return counts
+
+
+def _random_feeds(seed: int) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(seed).standard_normal((1, 3, 16, 16)).astype(np.float32)}
+
+
+async def _references(network, feeds_list):
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        model = await rt.load(flowrt.optimize(network, backends=["CpuRef"]))
+        return [await model.run(feeds) for feeds in feeds_list]
+
+
+async def test_later_runs_in_a_pool_enqueue_its_recorded_launches_with_cpurefs_results(
+    gpu, conv_network, launch_counts
+):
+    feeds = [_random_feeds(seed) for seed in range(5)]
+    expected = await _references(conv_network(), feeds)
+    opt = flowrt.optimize(conv_network(), backends=["GpuAcc", "CpuRef"])
+    per_run = []
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        model = await rt.load(opt, max_in_flight=1)
+        for i, (feed, want) in enumerate(zip(feeds, expected)):
+            launch_counts.update(python=0, bound=0)
+            priority = flowrt.Priority.HIGH if i % 2 else flowrt.Priority.LOW  # queues change too
+            out = await model.run(feed, priority=priority)
+            np.testing.assert_allclose(out["y"], want["y"], rtol=1e-5, atol=1e-6)
+            per_run.append(dict(launch_counts))
+    total = per_run[0]["python"]
+    assert [r["bound"] for r in per_run[:2]] == [0, 0]  # the first runs, then the recording one
+    assert per_run[1]["python"] == total
+    for later in per_run[2:]:
+        assert later["python"] + later["bound"] == total  # the same launches...
+        assert later["bound"] > later["python"]  # ...most of them recorded
+
+
+async def test_runs_in_flight_in_several_pools_each_enqueue_their_own_launches(
+    gpu, conv_network, launch_counts
+):
+    feeds = [_random_feeds(seed) for seed in range(4)]
+    expected = await _references(conv_network(), feeds)
+    opt = flowrt.optimize(conv_network(), backends=["GpuAcc", "CpuRef"])
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        model = await rt.load(opt, max_in_flight=2)
+        results: dict[int, dict] = {}
+
+        async def run(i):
+            results[i] = await model.run(feeds[i])
+
+        for _ in range(4):
+            results.clear()
+            async with trio.open_nursery() as nursery:
+                for i in range(len(feeds)):
+                    nursery.start_soon(run, i)
+            for i, want in enumerate(expected):
+                np.testing.assert_allclose(results[i]["y"], want["y"], rtol=1e-5, atol=1e-6)
+        programs = [p.programs for p in model.pools.pools]
+    assert launch_counts["bound"] > 0
+    assert all(any(key[0] == "device" for key in p) for p in programs)  # each pool recorded its own
+
+
+def _copy_network() -> flowrt.Network:
+    """Conv, a Sum of one input (GpuAcc copies it), Conv: the copy is no launch."""
+    rng = np.random.default_rng(1)
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, 3, 16, 16)))
+    w1 = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    conv1 = net.add_layer("Conv", flowrt.descriptors.Conv(pads=(1, 1, 1, 1)), [x, w1], name="conv1")
+    copied = net.add_layer("Sum", inputs=[conv1], name="copied")
+    w2 = rng.standard_normal((4, 4, 1, 1)).astype(np.float32)
+    net.add_output("y", net.add_layer("Conv", flowrt.descriptors.Conv(), [copied, w2], name="conv2"))
+    return net
+
+
+async def test_a_layer_that_enqueues_anything_but_launches_is_not_recorded(gpu, launch_counts):
+    feeds = [_random_feeds(seed) for seed in range(4)]
+    expected = await _references(_copy_network(), feeds)
+    opt = flowrt.optimize(_copy_network(), backends=["GpuAcc", "CpuRef"])
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        model = await rt.load(opt, max_in_flight=1)
+        for feed, want in zip(feeds, expected):
+            out = await model.run(feed)
+            scale = float(np.abs(want["y"]).max())
+            np.testing.assert_allclose(out["y"], want["y"], rtol=1e-5, atol=1e-6 * scale)
+        (recorded,) = [v for k, v in model.pools.pools[0].programs.items() if k[0] == "device"]
+    assert recorded["copied"] is None  # refused: a copy
+    assert recorded["conv2"] is not None  # reads the copy's planned output: recorded
+    assert "conv1" not in recorded  # reads the feed, a new upload each run
+    assert launch_counts["bound"] > 0
+
+
+def test_bound_launches_stand_down_under_another_scratch_set(gpu):
+    sets = ScratchSets(gpu.context, gpu.queue)
+    owner, other = sets.take(), sets.take()
+    kernel = gpu.kernel("elementwise", "activation")
+    x = gpu.upload(np.full(8, -1.0, np.float32))
+    with launches.recording() as record:
+        kernel(
+            gpu.queue, (8,), None, x.buffer, x.buffer, np.int32(8), np.int32(0), np.float32(0), np.float32(0)
+        )
+    bound = launches.bind(record, owner)
+    assert bound is not None and len(bound.launches) == 1
+    token = current_scratch.set(other)
+    try:
+        assert bound.enqueue(gpu.queue) is False
+    finally:
+        current_scratch.reset(token)
+    token = current_scratch.set(owner)
+    try:
+        assert bound.enqueue(gpu.queue) is True
+    finally:
+        current_scratch.reset(token)
+    gpu.queue.finish()
+
+
+def test_a_refused_or_empty_recording_binds_nothing(gpu):
+    with launches.recording() as record:
+        launches.refuse("a copy")
+        launches.refuse("an upload")  # the first reason stays
+    assert record.refused == "a copy" and launches.bind(record, None) is None
+    with launches.recording() as empty:
+        pass
+    assert launches.bind(empty, None) is None
+    launches.refuse("outside any recording")  # nothing to refuse: no error
+
+
+def test_each_owner_has_a_scratch_set_of_its_own_while_it_lives(gpu):
+    class Pool:  # stands for a memory pool: any object that can be weakly referenced
+        pass
+
+    sets = ScratchSets(gpu.context, gpu.queue)
+    pool = Pool()
+    first = sets.take(pool)
+    while_lent = sets.take(pool)  # the owner's set is lent: a common one
+    assert while_lent is not first
+    sets.give(while_lent)
+    sets.give(first)
+    assert sets.take(pool) is first
+    sets.give(first)
+    assert sets._free == [while_lent] and not sets._lent
+    del pool, first
+    gc.collect()
+    assert len(sets._owned) == 0  # freed with its owner
