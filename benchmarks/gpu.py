@@ -10,6 +10,11 @@ throughput of each engine, flowrt's throughput as a fraction of PyTorch's, and t
 difference between their outputs. ``--concurrency C`` keeps C flowrt runs in flight (C memory
 pools), which overlaps one run's host work with another's device work.
 
+It also prints flowrt's kernel launches per run and the host time per launch (the time
+the queue actor spends enqueueing a run's GPU segments, over its launches, from five
+profiled runs). ``--record-launches on,off`` runs flowrt with GpuAcc's recorded launches
+(the default, see ``flowrt.workers.gpu.launches``) and without, in the same process.
+
 ``--load-times`` starts two fresh processes one after the other, sharing an empty program
 cache (``FLOWRT_CACHE_DIR``): the first builds GpuAcc's programs from source (cold), the
 second from the cached binaries (warm). Each prints its optimize + load time and how every
@@ -81,7 +86,44 @@ def _torch_latencies(model, x: np.ndarray, iterations: int) -> tuple[list[float]
     return times, result
 
 
-async def _flowrt_latencies(path: str, x: np.ndarray, iterations: int, concurrency: int):
+class _LaunchCounter:
+    """Counts GpuAcc's launches: through a layer's code, and recorded ones replayed."""
+
+    def __init__(self) -> None:
+        from flowrt.workers.gpu import launches
+        from flowrt.workers.gpu.typed_kernel import TypedKernel
+
+        self.count = 0
+        call, enqueue = TypedKernel.__call__, launches.BoundLaunches.enqueue
+        counter = self
+
+        def counting_call(kernel, *args, **kwargs):
+            counter.count += 1
+            return call(kernel, *args, **kwargs)
+
+        def counting_enqueue(bound, queue):
+            replayed = enqueue(bound, queue)
+            counter.count += len(bound.launches) if replayed else 0
+            return replayed
+
+        TypedKernel.__call__ = counting_call  # type: ignore[method-assign]
+        launches.BoundLaunches.enqueue = counting_enqueue  # type: ignore[method-assign]
+
+
+async def _host_per_launch(model, feeds, counter: _LaunchCounter, runs: int = 5) -> tuple[float, float]:
+    """(launches per run, host microseconds per launch) over ``runs`` profiled runs."""
+    model.profile(clear=True)
+    before = counter.count
+    for _ in range(runs):
+        await model.run(feeds, profile=True)
+    host_ns = sum(r.duration_ns for r in model.profile(clear=True) if r.backend == "GpuAcc")
+    launches = (counter.count - before) / runs
+    return launches, host_ns / 1e3 / runs / max(launches, 1)
+
+
+async def _flowrt_latencies(
+    path: str, x: np.ndarray, iterations: int, concurrency: int, counter: _LaunchCounter
+):
     start = time.perf_counter()
     opt = flowrt.optimize(flowrt.onnx.load(path), backends=BACKENDS)
     off_gpu = [name for name, bid in opt.assignments().items() if bid != "GpuAcc"]
@@ -105,7 +147,8 @@ async def _flowrt_latencies(path: str, x: np.ndarray, iterations: int, concurren
             for _ in range(concurrency):
                 nursery.start_soon(client, iterations // concurrency)
         wall = time.perf_counter() - wall
-    return times, wall, next(iter(out.values())), load_s, off_gpu
+        launches, host_us = await _host_per_launch(model, feeds, counter)
+    return times, wall, next(iter(out.values())), load_s, off_gpu, launches, host_us
 
 
 def _torch_in_child(batch: int, iterations: int, folder: Path) -> tuple[float, np.ndarray, np.ndarray]:
@@ -128,36 +171,40 @@ def torch_once(batch: int, iterations: int, folder: Path) -> None:
     print(json.dumps({"median_s": statistics.median(times)}))
 
 
-def benchmark(batches: list[int], iterations: int, concurrencies: list[int], folder: Path) -> None:
+def benchmark(
+    batches: list[int], iterations: int, concurrencies: list[int], folder: Path, recording: list[str]
+) -> None:
+    from flowrt.workers.gpu import launches
+
+    counter = _LaunchCounter()
     rows = []
     for batch in batches:
         torch_s, x, expected = _torch_in_child(batch, iterations, folder)
         path = str(folder / f"resnet50_b{batch}.onnx")
-        for concurrency in concurrencies:
-            times, wall, got, load_s, off_gpu = trio.run(_flowrt_latencies, path, x, iterations, concurrency)
-            ips = batch * len(times) / wall
-            diff = float(np.max(np.abs(got - expected)) / max(1e-12, float(np.max(np.abs(expected)))))
-            rows.append(
-                (
-                    batch,
-                    concurrency,
-                    statistics.median(times) * 1e3,
-                    ips,
-                    torch_s * 1e3,
-                    batch / torch_s,
-                    diff,
+        for record in recording:
+            os.environ[launches.ENV] = "1" if record == "on" else "0"
+            for concurrency in concurrencies:
+                times, wall, got, load_s, off_gpu, per_run, host_us = trio.run(
+                    _flowrt_latencies, path, x, iterations, concurrency, counter
                 )
-            )
-            print(
-                f"batch {batch}, {concurrency} in flight: load {load_s:.2f} s, layers off GpuAcc: {off_gpu or 'none'}"
-            )
+                ips = batch * len(times) / wall
+                diff = float(np.max(np.abs(got - expected)) / max(1e-12, float(np.max(np.abs(expected)))))
+                rows.append((batch, record, concurrency, statistics.median(times) * 1e3, ips, torch_s * 1e3,
+                             batch / torch_s, diff, per_run, host_us))  # fmt: skip
+                print(
+                    f"batch {batch}, recorded launches {record}, {concurrency} in flight: load {load_s:.2f} s, "
+                    f"layers off GpuAcc: {off_gpu or 'none'}"
+                )
     print()
     print(
-        "batch  in flight  flowrt ms  flowrt img/s  torch ms  torch img/s  flowrt/torch img/s  max rel diff"
+        "| batch | recorded launches | in flight | flowrt ms | flowrt img/s | torch ms | torch img/s "
+        "| flowrt/torch img/s | max rel diff | launches/run | host us/launch |"
     )
-    for batch, conc, ms, ips, tms, tips, diff in rows:
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for batch, record, conc, ms, ips, tms, tips, diff, per_run, host_us in rows:
         print(
-            f"{batch:>5}  {conc:>9}  {ms:>9.2f}  {ips:>12.1f}  {tms:>8.2f}  {tips:>11.1f}  {ips / tips:>18.3f}  {diff:>12.2e}"
+            f"| {batch} | {record} | {conc} | {ms:.2f} | {ips:.1f} | {tms:.2f} | {tips:.1f} | {ips / tips:.3f} "
+            f"| {diff:.2e} | {per_run:.0f} | {host_us:.1f} |"
         )
 
 
@@ -199,6 +246,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--concurrency", default="1,2")
     parser.add_argument("--load-times", action="store_true")
+    parser.add_argument("--record-launches", default="on", help="on, off or on,off")
     parser.add_argument("--load-only", metavar="MODEL", help=argparse.SUPPRESS)
     parser.add_argument("--torch-only", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--export-dir", help="where the ONNX exports go (default: a temporary folder)")
@@ -217,7 +265,8 @@ def main() -> None:
             load_times(folder)
         batches = [int(b) for b in args.batches.split(",")]
         concurrencies = [int(c) for c in args.concurrency.split(",")]
-        benchmark(batches, args.iterations, concurrencies, folder)
+        recording = [r for r in args.record_launches.split(",") if r in ("on", "off")]
+        benchmark(batches, args.iterations, concurrencies, folder, recording or ["on"])
 
 
 if __name__ == "__main__":

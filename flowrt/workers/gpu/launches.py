@@ -14,11 +14,15 @@ a kernel object of its own with its arguments set, and later runs only enqueue t
 Only launches are recorded: a workload that enqueues anything else while recording (a copy,
 an upload) calls :func:`refuse` and stays a step of its own, as does one reading a feed (its
 upload buffer changes from run to run) or a value on the host that is not a constant.
+
+``FLOWRT_GPU_RECORD_LAUNCHES=0`` in the environment turns recording off for the process
+(every launch goes through its layer's code), to rule it out when a result looks wrong.
 """
 
 from __future__ import annotations
 
 import contextvars
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,6 +31,13 @@ import numpy as np
 
 from flowrt.workers.gpu.device import cl
 from flowrt.workers.gpu.scratch import current_scratch
+
+ENV = "FLOWRT_GPU_RECORD_LAUNCHES"
+
+
+def enabled() -> bool:
+    """Whether launches are recorded (unless the environment says ``0``)."""
+    return os.environ.get(ENV, "1").strip() != "0"
 
 
 class Recording:

@@ -14,6 +14,7 @@ from flowrt.workers.gpu.device import cl
 from flowrt.workers.gpu.kernels import GpuKernel, load_all
 from flowrt.workers.gpu.kernels.activation import enqueue_activation
 from flowrt.workers.gpu.launches import BoundLaunches, bind, recording, refuse
+from flowrt.workers.gpu.launches import enabled as launches_recorded
 from flowrt.workers.gpu.scratch import current_scratch
 from flowrt.workers.gpu.tensor import GpuTensor
 from flowrt.workers.gpu.tuner import Tuner, tuning_progress
@@ -110,6 +111,8 @@ class GpuWorkload:
         """``enqueue`` into the planned ``outputs``, its launches recorded: the outputs, and
         the launches bound to kernels of their own for later runs in the same pool (None
         where they cannot stand for the layer: see ``launches``)."""
+        if not launches_recorded():
+            return self.enqueue(queue, inputs, outputs), None
         host_values = [i for i in self.kernel.host_inputs if i < len(inputs) and inputs[i] is not None]
         with recording() as record:
             if self.kernel.is_view:

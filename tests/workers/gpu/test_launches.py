@@ -175,3 +175,18 @@ def test_each_owner_has_a_scratch_set_of_its_own_while_it_lives(gpu):
     del pool, first
     gc.collect()
     assert len(sets._owned) == 0  # freed with its owner
+
+
+async def test_recording_switched_off_by_the_environment_leaves_every_launch_to_its_layer(
+    gpu, conv_network, launch_counts, monkeypatch
+):
+    monkeypatch.setenv(launches.ENV, "0")
+    feeds = [_random_feeds(seed) for seed in range(4)]
+    expected = await _references(conv_network(), feeds)
+    opt = flowrt.optimize(conv_network(), backends=["GpuAcc", "CpuRef"])
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        model = await rt.load(opt, max_in_flight=1)
+        for feed, want in zip(feeds, expected):
+            out = await model.run(feed)
+            np.testing.assert_allclose(out["y"], want["y"], rtol=1e-5, atol=1e-6)
+    assert launch_counts["bound"] == 0 and launch_counts["python"] > 0
