@@ -77,7 +77,9 @@ class OpenCLAllocator:
                 )
             nbytes = max(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, 1)
             buffer = arena.buffer.get_sub_region(offset, nbytes)
-            tensor = arena.views[key] = GpuTensor(buffer, shape, dtype, self.context.queue)
+            tensor = arena.views[key] = GpuTensor(
+                buffer, shape, dtype, self.context.queue, arena.buffer, offset
+            )
         return tensor
 
     def zero(self, arena: DeviceArena) -> None:

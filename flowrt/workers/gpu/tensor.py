@@ -20,16 +20,23 @@ class GpuTensor:
     ``enqueue_read`` is the non-blocking copy a queue actor orders after the kernels that
     write the tensor. ``reshape`` is a view on the same buffer. The tensor keeps its buffer
     alive; it does not synchronize with commands on other queues still writing it.
+    ``base`` and ``offset``: the arena buffer a pool's tensor is a sub-buffer of, and where
+    in it (None and 0 for a buffer of its own), so that a kernel can tell that two tensors
+    share bytes (a Concat input written in place by its producer).
     """
 
-    __slots__ = ("__weakref__", "buffer", "dtype", "queue", "shape", "size")
+    __slots__ = ("__weakref__", "base", "buffer", "dtype", "offset", "queue", "shape", "size")
 
-    def __init__(self, buffer: Any, shape: Sequence[int], dtype: Any, queue: Any) -> None:
+    def __init__(
+        self, buffer: Any, shape: Sequence[int], dtype: Any, queue: Any, base: Any = None, offset: int = 0
+    ) -> None:
         self.buffer = buffer
         self.shape = tuple(int(d) for d in shape)
         self.dtype = np.dtype(dtype)
         self.queue = queue
         self.size = math.prod(self.shape)  # read per enqueue: computed once
+        self.base = base
+        self.offset = offset
 
     @property
     def ndim(self) -> int:
@@ -63,7 +70,7 @@ class GpuTensor:
         dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
         if int(np.prod(dims, dtype=np.int64)) != self.size:
             raise ValueError(f"cannot reshape a GpuTensor of shape {self.shape} to {tuple(dims)}")
-        return GpuTensor(self.buffer, dims, self.dtype, self.queue)
+        return GpuTensor(self.buffer, dims, self.dtype, self.queue, self.base, self.offset)
 
     def __repr__(self) -> str:
         return f"GpuTensor(shape={self.shape}, dtype={self.dtype})"

@@ -190,3 +190,26 @@ async def test_recording_switched_off_by_the_environment_leaves_every_launch_to_
             out = await model.run(feed)
             np.testing.assert_allclose(out["y"], want["y"], rtol=1e-5, atol=1e-6)
     assert launch_counts["bound"] == 0 and launch_counts["python"] > 0
+
+
+async def test_concat_inputs_written_in_place_are_not_copied_again(gpu, conv_network, monkeypatch):
+    launched: list[str] = []
+    call = TypedKernel.__call__
+
+    def naming_call(self, *args, **kwargs):
+        launched.append(self.kernel.function_name)
+        return call(self, *args, **kwargs)
+
+    monkeypatch.setattr(TypedKernel, "__call__", naming_call)
+    feeds = [_random_feeds(seed) for seed in range(2)]
+    expected = await _references(conv_network(), feeds)
+    opt = flowrt.optimize(conv_network(), backends=["GpuAcc", "CpuRef"])
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        model = await rt.load(opt, max_in_flight=1)
+        # both Concat inputs (the MaxPool's and the second Conv's) planned into its output
+        pool = model.pools.pools[0]
+        for feed, want in zip(feeds, expected):
+            out = await model.run(feed)
+            np.testing.assert_allclose(out["y"], want["y"], rtol=1e-5, atol=1e-6)
+    assert pool.arenas  # a device arena
+    assert "concat_slab" not in launched and "gemm" in launched

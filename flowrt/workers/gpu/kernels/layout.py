@@ -36,9 +36,18 @@ class ConcatKernel(GpuKernel):
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
         y = outputs[0]
         event, start = None, 0
+        one_slab = y.size == self.pitch
         for x in inputs:
             block = x.shape[self.axis] * self.inner
-            if x.size:
+            in_place = (
+                one_slab
+                and x.base is not None
+                and x.base is y.base
+                and x.offset == y.offset + start * y.dtype.itemsize
+            )
+            # An input its producer wrote into its slab in place (the planner's Concat parts)
+            # is there already: a copy would read and write one region through two buffers.
+            if x.size and not in_place:
                 event = self.launch(self.kernel, queue, x.size, x.buffer, y.buffer,
                     *ints(block, self.pitch, start, x.size),
                 )  # fmt: skip
