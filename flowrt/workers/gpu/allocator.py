@@ -1,18 +1,19 @@
 """The OpenCL allocator: one device buffer per pool arena, tensors at offsets in it.
 
 The memory planner packs GpuAcc's intermediate tensors at offsets of one arena per pool, as
-it does on the host; here an arena is one ``cl.Buffer`` and a tensor at an offset is a
-sub-buffer of it. OpenCL lets a sub-buffer start only at a multiple of the device's
-base-address alignment (``CL_DEVICE_MEM_BASE_ADDR_ALIGN``, given in bits), so that is the
-alignment the planner packs with.
+it does on the host; here an arena is one ``cl.Buffer`` and a tensor at an offset is that
+buffer and the offset (``GpuTensor.offset``), which kernels take beside the buffer (see
+common.cl). Not sub-buffers: a pool reuses its bytes, so sub-buffers of it overlap, and
+NVIDIA's driver (580.159 on an H100) made each launch naming such buffers several times
+dearer (densenet121: 110 us a launch against 20 with buffers that overlap none). Offsets keep
+the device's base-address alignment (``CL_DEVICE_MEM_BASE_ADDR_ALIGN``, given in bits), as
+sub-buffers had to, which is also what vector loads want.
 
-GpuAcc never releases a sub-buffer: NVIDIA's OpenCL driver (580.159 on an H100) crashes in
-``clReleaseMemObject`` when some of them are released after the kernels of a run have used
-them (resnet50 or a Conv, MaxPool and Concat network, whether the parent buffer is still
-alive or not). So an arena that no pool holds any more goes to its device's
-:class:`ArenaCache` with its views, and the next arena of about that size is that buffer
-again — a caching allocator, as PyTorch's CUDA one is: device memory is bounded by the most
-arena bytes ever live at once, and is given back when the process ends.
+An arena that no pool holds any more goes to its device's :class:`ArenaCache` with its
+views, and the next arena of about that size is that buffer again — a caching allocator, as
+PyTorch's CUDA one is (releasing a buffer makes NVIDIA's driver wait until the device is
+idle): device memory is bounded by the most arena bytes ever live at once, and is given back
+when the process ends.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class DeviceArena:
     """One pool's GpuAcc arena: a device buffer and the tensor views made on it so far.
 
     Views are cached by (offset, shape, dtype): the plan is fixed at load, so every run of a
-    pool asks for the same few, and a sub-buffer is made once rather than once per run.
+    pool asks for the same few, each made once rather than once per run.
     ``buffer`` may be larger than ``nbytes`` when it is a cached buffer used again.
     """
 
@@ -75,11 +76,7 @@ class OpenCLAllocator:
                     f"device tensor offset {offset} is not a multiple of the device's "
                     f"base-address alignment ({self.alignment} bytes)"
                 )
-            nbytes = max(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, 1)
-            buffer = arena.buffer.get_sub_region(offset, nbytes)
-            tensor = arena.views[key] = GpuTensor(
-                buffer, shape, dtype, self.context.queue, arena.buffer, offset
-            )
+            tensor = arena.views[key] = GpuTensor(arena.buffer, shape, dtype, self.context.queue, offset)
         return tensor
 
     def zero(self, arena: DeviceArena) -> None:

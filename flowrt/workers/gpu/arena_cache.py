@@ -10,7 +10,7 @@ import numpy as np
 
 from flowrt.workers.gpu.tensor import GpuTensor
 
-# An arena's tensor views (sub-buffers), by (offset, shape, dtype).
+# An arena's tensor views (the arena's buffer at an offset), by (offset, shape, dtype).
 Views = dict[tuple[int, tuple[int, ...], np.dtype], GpuTensor]
 
 
@@ -19,9 +19,10 @@ class ArenaCache:
 
     def __init__(self) -> None:
         self._free: list[tuple[Any, Views]] = []
-        # Kept past the interpreter's exit too (one reference that is never dropped): at exit
-        # the cached sub-buffers would be released like any object, and that is what crashes
-        # the driver. The operating system reclaims the device memory with the process.
+        # Kept past the interpreter's exit too (one reference that is never dropped): releasing
+        # buffers at exit made NVIDIA's driver crash when pools' tensors were sub-buffers, and
+        # costs a wait for the device besides. The operating system reclaims the device memory
+        # with the process.
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(self._free))
         self._lock = threading.Lock()
 

@@ -91,7 +91,7 @@ class DeviceContext:
             return self.empty(host.shape, host.dtype), None
         if lent is None:  # a constant at load, say: a buffer of its own
             tensor = self.empty(host.shape, host.dtype)
-            return tensor, cl.enqueue_copy(queue, tensor.buffer, host, is_blocking=False)
+            return tensor, cl.enqueue_copy(queue, tensor.buffer, host, is_blocking=False)  # its own: offset 0
         # A run's feed: a cached device buffer, filled through pinned staging.
         cached = self.upload_buffers.take(host.nbytes)
         buffer = cached[0] if cached else cl.Buffer(self.context, cl.mem_flags.READ_WRITE, host.nbytes)
@@ -101,7 +101,7 @@ class DeviceContext:
         weakref.finalize(tensor, self.upload_buffers.give, buffer, {})
         staged = lent.stage(host.nbytes)
         np.copyto(staged, host.reshape(-1).view(np.uint8))
-        return tensor, cl.enqueue_copy(queue, tensor.buffer, staged, is_blocking=False)
+        return tensor, cl.enqueue_copy(queue, tensor.buffer, staged, is_blocking=False)  # its own: offset 0
 
     def enqueue_download(
         self, queue: Any, tensor: GpuTensor, into: np.ndarray | None = None
@@ -115,7 +115,7 @@ class DeviceContext:
             return tensor.enqueue_read(queue, into)
         host = np.empty(tensor.shape, tensor.dtype) if into is None else into
         staged = lent.stage(tensor.nbytes)
-        event = cl.enqueue_copy(queue, staged, tensor.buffer, is_blocking=False)
+        event = cl.enqueue_copy(queue, staged, tensor.buffer, src_offset=tensor.offset, is_blocking=False)
         lent.copy_after(host.reshape(-1).view(np.uint8), staged)
         return host, event
 

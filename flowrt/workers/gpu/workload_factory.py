@@ -92,7 +92,8 @@ class GpuWorkload:
             refuse("a view's copy")
             # Planned memory of its own (a view of a feed): copy the bytes there.
             for view, target in zip(views, outputs):
-                cl.enqueue_copy(queue, target.buffer, view.buffer, byte_count=target.nbytes)
+                cl.enqueue_copy(queue, target.buffer, view.buffer, byte_count=target.nbytes,
+                                src_offset=view.offset, dst_offset=target.offset)  # fmt: skip
             return list(outputs)
         targets = list(outputs) if outputs else [self.context.empty(s) for s in self.kernel.output_shapes]
         with self.kernel.lock:

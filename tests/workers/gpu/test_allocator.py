@@ -1,4 +1,4 @@
-"""The OpenCL allocator: one buffer per pool arena, tensors as sub-buffers at aligned offsets."""
+"""The OpenCL allocator: one buffer per pool arena, tensors as that buffer at aligned offsets."""
 
 import numpy as np
 import pytest
@@ -17,22 +17,23 @@ def test_alignment_is_the_devices_base_address_alignment_in_bytes(gpu):
     assert manager.lifetime_manager.alignment == allocator.alignment
 
 
-def test_tensors_are_sub_buffers_of_the_one_arena_buffer_at_their_offsets(gpu):
+def test_tensors_are_the_one_arena_buffer_at_their_offsets(gpu):
     allocator = OpenCLAllocator(gpu)
     arena = allocator.allocate(4 * allocator.alignment)
     assert isinstance(arena, DeviceArena) and arena.nbytes == 4 * allocator.alignment
     offset = 2 * allocator.alignment
     tensor = allocator.view(arena, offset, (2, 3), F32)
     assert tensor.shape == (2, 3) and tensor.dtype == F32
-    assert tensor.buffer.get_info(cl.mem_info.ASSOCIATED_MEMOBJECT).int_ptr == arena.buffer.int_ptr
-    assert tensor.buffer.get_info(cl.mem_info.OFFSET) == offset
+    assert tensor.buffer is arena.buffer and tensor.offset == offset  # no sub-buffer
+    assert tensor.kernel_args == (arena.buffer, offset // 4)  # what a kernel takes: the first element's index
     assert allocator.view(arena, offset, (2, 3), F32) is tensor  # made once per pool
     values = np.arange(6, dtype=np.float32).reshape(2, 3)
-    cl.enqueue_copy(gpu.queue, tensor.buffer, values, is_blocking=True)
+    cl.enqueue_copy(gpu.queue, tensor.buffer, values, dst_offset=tensor.offset, is_blocking=True)
     whole = np.empty(arena.nbytes // 4, np.float32)
     cl.enqueue_copy(gpu.queue, whole, arena.buffer, is_blocking=True)
     np.testing.assert_array_equal(whole[offset // 4 : offset // 4 + 6], values.ravel())
-    np.testing.assert_array_equal(tensor.get(), values)
+    np.testing.assert_array_equal(tensor.get(), values)  # read from its offset
+    np.testing.assert_array_equal(tensor.reshape(3, 2).get(), values.reshape(3, 2))  # a view keeps it
 
 
 def test_an_offset_off_the_base_address_alignment_is_refused(gpu):
@@ -47,7 +48,9 @@ async def test_a_device_pool_is_zeroed_when_released(gpu):
     pools = PoolManager(1, {"GpuAcc": 2 * allocator.alignment}, {"GpuAcc": allocator}, zero_on_release=True)
     async with pools.acquire() as pool:
         tensor = pool.view("GpuAcc", allocator.alignment, (8,), F32)
-        cl.enqueue_copy(gpu.queue, tensor.buffer, np.ones(8, np.float32), is_blocking=True)
+        cl.enqueue_copy(
+            gpu.queue, tensor.buffer, np.ones(8, np.float32), dst_offset=tensor.offset, is_blocking=True
+        )
         assert pool.nbytes == 2 * allocator.alignment
     assert not tensor.get().any()
 

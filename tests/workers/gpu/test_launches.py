@@ -130,7 +130,15 @@ def test_bound_launches_stand_down_under_another_scratch_set(gpu):
     x = gpu.upload(np.full(8, -1.0, np.float32))
     with launches.recording() as record:
         kernel(
-            gpu.queue, (8,), None, x.buffer, x.buffer, np.int32(8), np.int32(0), np.float32(0), np.float32(0)
+            gpu.queue,
+            (8,),
+            None,
+            *x.kernel_args,
+            *x.kernel_args,
+            np.int32(8),
+            np.int32(0),
+            np.float32(0),
+            np.float32(0),
         )
     bound = launches.bind(record, owner)
     assert bound is not None and len(bound.launches) == 1

@@ -16,7 +16,7 @@ from flowrt.workers.gpu.queues import QueueActor, open_queue_actors
 def _relu_on(kernel, x, y):
     """An enqueue function: y = relu(x) on the queue the actor passes in."""
     return lambda queue: kernel(
-        queue, global_size(x.size), (LOCAL_SIZE,), x.buffer, y.buffer, np.int32(x.size),
+        queue, global_size(x.size), (LOCAL_SIZE,), *x.kernel_args, *y.kernel_args, np.int32(x.size),
         np.int32(1), np.float32(0), np.float32(0),
     )  # fmt: skip
 

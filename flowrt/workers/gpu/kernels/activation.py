@@ -25,8 +25,8 @@ def enqueue_activation(
         kernel,
         queue,
         x.size,
-        x.buffer,
-        y.buffer,
+        *x.kernel_args,
+        *y.kernel_args,
         np.int32(x.size),
         *activation_args(activation),
     )

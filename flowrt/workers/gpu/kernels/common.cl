@@ -2,6 +2,12 @@
 // activation table (flowrt/engine/graph/layer_kind.py, declared with the kind in its layers/
 // file), for every kind fused "everywhere"; tests/workers/gpu/test_activation_codes.py checks
 // that they agree. The semantics are CpuRef's activation kernels'.
+//
+// Every tensor parameter of a kernel is a buffer followed by the offset, in elements, of the
+// tensor's first element in it (`x, x_off`): the tensors of a memory pool lie at offsets of the
+// pool's one buffer (GpuTensor.kernel_args), as the Compute Library passes each tensor's
+// offset_first_element_in_bytes. Sub-buffers would do the same, but NVIDIA's driver makes a
+// launch over sub-buffers that overlap others (a pool reuses its bytes) several times dearer.
 #define ACT_NONE 0
 #define ACT_RELU 1
 #define ACT_LEAKY_RELU 2

@@ -60,10 +60,10 @@ class ConvKernel(GpuKernel):
         y = outputs[0]
         return enqueue_gemm(
             self.gemm, queue, (m // groups, pixels, cells),
-            Operand(w.buffer, cells, 1, (m // groups) * cells),
-            Operand(cols.buffer, pixels, 1, cells * pixels),
+            Operand(w, cells, 1, (m // groups) * cells),
+            Operand(cols, pixels, 1, cells * pixels),
             y,
-            Operand(bias.buffer, 1, 0, m // groups) if bias is not None else None,
+            Operand(bias, 1, 0, m // groups) if bias is not None else None,
             batches=n * groups, groups=groups, activation=self.info.activation,
         )  # fmt: skip
 
@@ -72,7 +72,7 @@ class ConvKernel(GpuKernel):
         g = self.geometry
         cols = self.context.scratch((total,))
         self.launch(
-            self.im2col, queue, total, x.buffer, cols.buffer,
+            self.im2col, queue, total, *x.kernel_args, *cols.kernel_args,
             *ints(x.shape[1], *x.shape[2:], *self.kernel_hw, *self.out_hw, *g.strides, *g.pads_begin,
                   *g.dilations, total),
         )  # fmt: skip

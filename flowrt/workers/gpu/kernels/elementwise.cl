@@ -1,7 +1,8 @@
 // Activations, broadcasting binary ops and unary functions, one work-item per output element.
 
-__kernel void activation(__global const float* x, __global float* y, int n,
+__kernel void activation(__global const float* x, int x_off, __global float* y, int y_off, int n,
                          int code, float alpha, float beta) {
+    x += x_off; y += y_off;
     int i = get_global_id(0);
     if (i < n) y[i] = activate(x[i], code, alpha, beta);
 }
@@ -13,9 +14,10 @@ __kernel void activation(__global const float* x, __global float* y, int n,
 #define OP_POW 4
 
 // table: output dims, A's strides, B's strides (see strided_offset).
-__kernel void binary(__global const float* a, __global const float* b, __global float* y,
+__kernel void binary(__global const float* a, int a_off, __global const float* b, int b_off, __global float* y, int y_off,
                      __constant const int* table, int n, int op,
                      int code, float alpha, float beta) {
+    a += a_off; b += b_off; y += y_off;
     int i = get_global_id(0);
     if (i >= n) return;
     float u = a[strided_offset(i, table, 1)];
@@ -57,7 +59,8 @@ inline float unary_op(float v, int op, float alpha, float beta) {
     }
 }
 
-__kernel void unary(__global const float* x, __global float* y, int n, int op, float alpha, float beta) {
+__kernel void unary(__global const float* x, int x_off, __global float* y, int y_off, int n, int op, float alpha, float beta) {
+    x += x_off; y += y_off;
     int i = get_global_id(0);
     if (i < n) y[i] = unary_op(x[i], op, alpha, beta);
 }

@@ -70,7 +70,10 @@ class BinaryKernel(GpuKernel):
         if len(inputs) == 1:  # Sum of one input
             y = outputs[0]
             refuse("a copy")
-            return cl.enqueue_copy(queue, y.buffer, inputs[0].buffer, byte_count=y.nbytes)
+            x = inputs[0]
+            return cl.enqueue_copy(
+                queue, y.buffer, x.buffer, byte_count=y.nbytes, src_offset=x.offset, dst_offset=y.offset
+            )
         result, event = inputs[0], None
         for i, (out, table) in enumerate(self.steps):
             last = i == len(self.steps) - 1
@@ -79,7 +82,7 @@ class BinaryKernel(GpuKernel):
             y = outputs[0] if last else self.context.scratch(out, slot=i % 2)
             act = activation_args(self.info.activation if last else None)
             event = self.launch(self.kernel, queue, y.size,
-                result.buffer, inputs[i + 1].buffer, y.buffer, table, np.int32(y.size), self.op, *act,
+                *result.kernel_args, *inputs[i + 1].kernel_args, *y.kernel_args, table, np.int32(y.size), self.op, *act,
             )  # fmt: skip
             result = y
         return event

@@ -5,6 +5,7 @@
 // from registers. A and B are read through (row, column) strides, so transposed operands and
 // im2col columns need no copy. Batch b reads A (and the bias) at group b % groups: the groups
 // of a grouped convolution share one weight tensor, and a plain GEMM has groups = 1.
+// Each matrix is a buffer and the offset of its first element in it (see common.cl).
 
 #define TM 64
 #define TN 64
@@ -14,10 +15,10 @@
 
 __kernel __attribute__((reqd_work_group_size(WG, WG, 1)))
 void gemm(int M, int N, int K, int groups,
-          __global const float* A, int a_group, int a_rs, int a_cs,
-          __global const float* B, int b_batch, int b_rs, int b_cs,
-          __global float* C, int c_batch,
-          __global const float* bias, int has_bias, int bias_group, int bias_rs, int bias_cs,
+          __global const float* A, int A_off, int a_group, int a_rs, int a_cs,
+          __global const float* B, int B_off, int b_batch, int b_rs, int b_cs,
+          __global float* C, int C_off, int c_batch,
+          __global const float* bias, int bias_off, int has_bias, int bias_group, int bias_rs, int bias_cs,
           float alpha, float beta, int code, float act_alpha, float act_beta) {
     __local float As[TK][TM];
     __local float Bs[TK][TN];
@@ -25,9 +26,10 @@ void gemm(int M, int N, int K, int groups,
     const int col0 = get_group_id(0) * TN, row0 = get_group_id(1) * TM;
     const int batch = get_global_id(2), group = batch % groups;
     const int tid = lr * WG + lc;
-    A += group * a_group;
-    B += batch * b_batch;
-    C += batch * c_batch;
+    A += A_off + group * a_group;
+    B += B_off + batch * b_batch;
+    C += C_off + batch * c_batch;
+    bias += bias_off;
 
     float acc[WPT][WPT];
     for (int i = 0; i < WPT; ++i)

@@ -17,10 +17,11 @@ TILE, GROUP = 64, 16  # gemm.cl's TM = TN and WG
 
 @attrs.frozen
 class Operand:
-    """A matrix read through strides: element (r, c) is ``buffer[base + r * rows + c * cols]``;
-    ``step`` is how far apart consecutive batches (or groups, for A and the bias) lie."""
+    """A matrix read through strides: element (r, c) is ``tensor[r * rows + c * cols]`` (of
+    its bytes, flat); ``step`` is how far apart consecutive batches (or groups, for A and the
+    bias) lie."""
 
-    buffer: Any
+    tensor: GpuTensor
     rows: int
     cols: int
     step: int = 0
@@ -46,14 +47,14 @@ def enqueue_gemm(
     m, n, k = shape
     size = (-(-n // TILE) * GROUP, -(-m // TILE) * GROUP, batches)
     has_bias = bias is not None
-    bias = bias or Operand(c.buffer, 0, 0)  # a placeholder the kernel never reads
+    bias = bias or Operand(c, 0, 0)  # a placeholder the kernel never reads
     return kernel(
         queue, size, (GROUP, GROUP, 1),
         *ints(m, n, k, groups),
-        a.buffer, *ints(a.step, a.rows, a.cols),
-        b.buffer, *ints(b.step, b.rows, b.cols),
-        c.buffer, np.int32(m * n),
-        bias.buffer, *ints(has_bias, bias.step, bias.rows, bias.cols),
+        *a.tensor.kernel_args, *ints(a.step, a.rows, a.cols),
+        *b.tensor.kernel_args, *ints(b.step, b.rows, b.cols),
+        *c.kernel_args, np.int32(m * n),
+        *bias.tensor.kernel_args, *ints(has_bias, bias.step, bias.rows, bias.cols),
         np.float32(alpha), np.float32(beta), *activation_args(activation),
     )  # fmt: skip
 
@@ -61,14 +62,14 @@ def enqueue_gemm(
 def matrix(tensor: GpuTensor, transposed: bool) -> Operand:
     """A row-major 2-D tensor as an operand, read transposed when asked."""
     cols = tensor.shape[1]
-    return Operand(tensor.buffer, 1, cols) if transposed else Operand(tensor.buffer, cols, 1)
+    return Operand(tensor, 1, cols) if transposed else Operand(tensor, cols, 1)
 
 
 def bias_operand(c: GpuTensor) -> Operand:
     """Gemm's C broadcast to the (M, N) product: stride 0 along its size-1 or missing dims."""
     shape = (1,) * (2 - len(c.shape)) + c.shape
     rows = shape[1] if shape[0] != 1 else 0
-    return Operand(c.buffer, rows, 1 if shape[1] != 1 else 0)
+    return Operand(c, rows, 1 if shape[1] != 1 else 0)
 
 
 class _MatrixProduct(GpuKernel):

@@ -39,16 +39,11 @@ class ConcatKernel(GpuKernel):
         one_slab = y.size == self.pitch
         for x in inputs:
             block = x.shape[self.axis] * self.inner
-            in_place = (
-                one_slab
-                and x.base is not None
-                and x.base is y.base
-                and x.offset == y.offset + start * y.dtype.itemsize
-            )
+            in_place = one_slab and x.buffer is y.buffer and x.offset == y.offset + start * y.dtype.itemsize
             # An input its producer wrote into its slab in place (the planner's Concat parts)
-            # is there already: a copy would read and write one region through two buffers.
+            # is there already.
             if x.size and not in_place:
-                event = self.launch(self.kernel, queue, x.size, x.buffer, y.buffer,
+                event = self.launch(self.kernel, queue, x.size, *x.kernel_args, *y.kernel_args,
                     *ints(block, self.pitch, start, x.size),
                 )  # fmt: skip
             start += block
@@ -76,7 +71,9 @@ class TransposeKernel(GpuKernel):
 
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
         x, y = inputs[0], outputs[0]
-        return self.launch(self.kernel, queue, y.size, x.buffer, y.buffer, self.table, np.int32(y.size))
+        return self.launch(
+            self.kernel, queue, y.size, *x.kernel_args, *y.kernel_args, self.table, np.int32(y.size)
+        )
 
 
 @gpu_kernel("Reshape", "Flatten", "Squeeze", "Unsqueeze")

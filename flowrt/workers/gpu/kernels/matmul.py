@@ -62,6 +62,6 @@ class MatMulKernel(GpuKernel):
         m, n, k, batches, a_batches, _ = self.plan
         return enqueue_gemm(
             self.kernel, queue, (m, n, k),
-            Operand(a.buffer, k, 1, m * k), Operand(b.buffer, n, 1, k * n), outputs[0],
+            Operand(a, k, 1, m * k), Operand(b, n, 1, k * n), outputs[0],
             batches=batches, groups=batches if a_batches > 1 else 1, activation=self.info.activation,
         )  # fmt: skip

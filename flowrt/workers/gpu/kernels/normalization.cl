@@ -1,9 +1,10 @@
 // Per-channel scale and shift (inference batch normalization, folded on the host), local
 // response normalization across channels, and softmax along an axis.
 
-__kernel void scale_shift(__global const float* x, __global float* y,
-                          __global const float* factor, __global const float* shift,
+__kernel void scale_shift(__global const float* x, int x_off, __global float* y, int y_off,
+                          __global const float* factor, int factor_off, __global const float* shift, int shift_off,
                           int C, int inner, int total, int code, float alpha, float beta) {
+    x += x_off; y += y_off; factor += factor_off; shift += shift_off;
     int i = get_global_id(0);
     if (i >= total) return;
     int c = (i / inner) % C;
@@ -11,8 +12,9 @@ __kernel void scale_shift(__global const float* x, __global float* y,
 }
 
 // Channel c sums the squares of channels c - (size - 1) / 2 .. c + size / 2, clipped.
-__kernel void lrn(__global const float* x, __global float* y, int C, int inner, int size,
+__kernel void lrn(__global const float* x, int x_off, __global float* y, int y_off, int C, int inner, int size,
                   float alpha_over_size, float beta, float bias, int total) {
+    x += x_off; y += y_off;
     int i = get_global_id(0);
     if (i >= total) return;
     int c = (i / inner) % C;
@@ -27,7 +29,8 @@ __kernel void lrn(__global const float* x, __global float* y, int C, int inner, 
 }
 
 // One work-item per row: a row is axis_len values inner apart; shifted by its max.
-__kernel void softmax(__global const float* x, __global float* y, int axis_len, int inner, int rows) {
+__kernel void softmax(__global const float* x, int x_off, __global float* y, int y_off, int axis_len, int inner, int rows) {
+    x += x_off; y += y_off;
     int r = get_global_id(0);
     if (r >= rows) return;
     int base = (r / inner) * axis_len * inner + r % inner;

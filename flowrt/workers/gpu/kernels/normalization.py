@@ -47,7 +47,7 @@ class BatchNormalizationKernel(GpuKernel):
     def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
         x, y = inputs[0], outputs[0]
         factor, shift = self.folded or self._fold(inputs[1:5])
-        return self.launch(self.kernel, queue, x.size, x.buffer, y.buffer, factor.buffer, shift.buffer,
+        return self.launch(self.kernel, queue, x.size, *x.kernel_args, *y.kernel_args, *factor.kernel_args, *shift.kernel_args,
             *ints(*channel_layout(x.shape), x.size), *activation_args(self.info.activation),
         )  # fmt: skip
 
@@ -62,7 +62,7 @@ class LRNKernel(GpuKernel):
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
         x, y, desc = inputs[0], outputs[0], self.info.descriptor
         channels, inner = channel_layout(x.shape)
-        return self.launch(self.kernel, queue, x.size, x.buffer, y.buffer,
+        return self.launch(self.kernel, queue, x.size, *x.kernel_args, *y.kernel_args,
             *ints(channels, inner, desc.size), np.float32(desc.alpha / desc.size),
             np.float32(desc.beta), np.float32(desc.bias), np.int32(x.size),
         )  # fmt: skip
@@ -86,7 +86,7 @@ class SoftmaxKernel(GpuKernel):
 
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
         x, y = inputs[0], outputs[0]
-        return self.launch(self.kernel, queue, self.rows, x.buffer, y.buffer, *self.args)
+        return self.launch(self.kernel, queue, self.rows, *x.kernel_args, *y.kernel_args, *self.args)
 
 
 @gpu_kernel("LayerNormalization")
@@ -120,9 +120,9 @@ class LayerNormalizationKernel(GpuKernel):
         y, stats = outputs[0], list(outputs[1:3])
         mean, inv_std = (stats + [y, y])[:2]
         return self.launch(
-            self.kernel, queue, self.rows, x.buffer, y.buffer,
-            scale.buffer, np.int32(scale.size > 1),
-            (scale if bias is None else bias).buffer, np.int32(bias is not None and bias.size > 1), np.int32(bias is not None),
-            mean.buffer, inv_std.buffer, np.int32(len(stats)),
+            self.kernel, queue, self.rows, *x.kernel_args, *y.kernel_args,
+            *scale.kernel_args, np.int32(scale.size > 1),
+            *(scale if bias is None else bias).kernel_args, np.int32(bias is not None and bias.size > 1), np.int32(bias is not None),
+            *mean.kernel_args, *inv_std.kernel_args, np.int32(len(stats)),
             *ints(self.size, self.rows), np.float32(self.info.descriptor.epsilon),
         )  # fmt: skip

@@ -20,8 +20,9 @@ inline int pad_source(int j, int len, int mode) {
     return k < len ? k : period - k;
 }
 
-__kernel void pad(__global const float* x, __global float* y, __constant const int* table,
+__kernel void pad(__global const float* x, int x_off, __global float* y, int y_off, __constant const int* table,
                   int n, int mode, float value) {
+    x += x_off; y += y_off;
     int i = get_global_id(0);
     if (i >= n) return;
     int linear = i, offset = 0;

@@ -66,5 +66,13 @@ class PadKernel(GpuKernel):
         x, y = inputs[0], outputs[0]
         value = self.value(inputs[2] if len(inputs) > 2 else None)
         return self.launch(
-            self.kernel, queue, y.size, x.buffer, y.buffer, self.table, np.int32(y.size), self.mode, value
+            self.kernel,
+            queue,
+            y.size,
+            *x.kernel_args,
+            *y.kernel_args,
+            self.table,
+            np.int32(y.size),
+            self.mode,
+            value,
         )

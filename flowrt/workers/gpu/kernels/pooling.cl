@@ -5,7 +5,8 @@
 #define POOL_ARGS int H, int W, int OH, int OW, int KH, int KW, int SH, int SW, \
                   int PH, int PW, int DH, int DW, int total
 
-__kernel void max_pool(__global const float* x, __global float* y, POOL_ARGS) {
+__kernel void max_pool(__global const float* x, int x_off, __global float* y, int y_off, POOL_ARGS) {
+    x += x_off; y += y_off;
     int i = get_global_id(0);
     if (i >= total) return;
     int ow = i % OW, t = i / OW, oh = t % OH, nc = t / OH;
@@ -31,8 +32,9 @@ inline int cells_in(int start, int k, int d, int low, int high) {
 
 // The divisor counts the input cells, and the pad cells when include_pad (never the cells
 // that ceil mode reaches past the trailing pads): PH_END and PW_END bound them.
-__kernel void average_pool(__global const float* x, __global float* y, POOL_ARGS,
+__kernel void average_pool(__global const float* x, int x_off, __global float* y, int y_off, POOL_ARGS,
                            int include_pad, int PH_END, int PW_END) {
+    x += x_off; y += y_off;
     int i = get_global_id(0);
     if (i >= total) return;
     int ow = i % OW, t = i / OW, oh = t % OH, nc = t / OH;
@@ -51,7 +53,8 @@ __kernel void average_pool(__global const float* x, __global float* y, POOL_ARGS
     y[i] = sum / (float)max(rows * cols, 1);
 }
 
-__kernel void global_average_pool(__global const float* x, __global float* y, int size, int total) {
+__kernel void global_average_pool(__global const float* x, int x_off, __global float* y, int y_off, int size, int total) {
+    x += x_off; y += y_off;
     int i = get_global_id(0);
     if (i >= total) return;
     __global const float* plane = x + i * size;

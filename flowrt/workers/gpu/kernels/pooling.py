@@ -37,7 +37,7 @@ class _Pool(GpuKernel):
 
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
         x, y = inputs[0], outputs[0]
-        return self.launch(self.kernel, queue, y.size, x.buffer, y.buffer, *self.args)
+        return self.launch(self.kernel, queue, y.size, *x.kernel_args, *y.kernel_args, *self.args)
 
 
 @gpu_kernel("MaxPool")
@@ -67,4 +67,6 @@ class GlobalAveragePoolKernel(GpuKernel):
 
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
         x, y = inputs[0], outputs[0]
-        return self.launch(self.kernel, queue, y.size, x.buffer, y.buffer, *ints(x.size // y.size, y.size))
+        return self.launch(
+            self.kernel, queue, y.size, *x.kernel_args, *y.kernel_args, *ints(x.size // y.size, y.size)
+        )

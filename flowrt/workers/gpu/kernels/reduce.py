@@ -74,6 +74,6 @@ class ReduceKernel(GpuKernel):
     def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
         x, y = inputs[0], outputs[0]
         return self.launch(
-            self.kernel, queue, y.size, x.buffer, y.buffer, self.kept, self.reduced,
+            self.kernel, queue, y.size, *x.kernel_args, *y.kernel_args, self.kept, self.reduced,
             *ints(self.count), self.contiguous, *ints(y.size), self.op,
         )  # fmt: skip

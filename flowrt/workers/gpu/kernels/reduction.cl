@@ -48,8 +48,9 @@ inline float reduce_finish(float acc, int op, int count, float shift) {
     }
 }
 
-__kernel void reduce(__global const float* x, __global float* y, __constant const int* kept,
+__kernel void reduce(__global const float* x, int x_off, __global float* y, int y_off, __constant const int* kept,
                      __constant const int* reduced, int count, int contiguous, int n, int op) {
+    x += x_off; y += y_off;
     int i = get_global_id(0);
     if (i >= n) return;
     int base = strided_offset(i, kept, 1);
@@ -70,11 +71,12 @@ __kernel void reduce(__global const float* x, __global float* y, __constant cons
 // + bias, scale and bias read along the row with steps of 1 (0 when they are one value); the
 // row's mean goes to mean_out when stats > 0, its 1 / sqrt(var + eps) to inv_std_out when
 // stats > 1 (LayerNormalization's optional outputs).
-__kernel void layer_norm(__global const float* x, __global float* y,
-                         __global const float* scale, int scale_step,
-                         __global const float* bias, int bias_step, int has_bias,
-                         __global float* mean_out, __global float* inv_std_out, int stats,
+__kernel void layer_norm(__global const float* x, int x_off, __global float* y, int y_off,
+                         __global const float* scale, int scale_off, int scale_step,
+                         __global const float* bias, int bias_off, int bias_step, int has_bias,
+                         __global float* mean_out, int mean_out_off, __global float* inv_std_out, int inv_std_out_off, int stats,
                          int size, int rows, float epsilon) {
+    x += x_off; y += y_off; scale += scale_off; bias += bias_off; mean_out += mean_out_off; inv_std_out += inv_std_out_off;
     int r = get_global_id(0);
     if (r >= rows) return;
     __global const float* row = x + r * size;

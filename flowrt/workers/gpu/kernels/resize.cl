@@ -6,9 +6,10 @@
 // input stride, taps, the offset of the dim's taps in `index`/`weight`, and the offset of its
 // `outside` flags (tf_crop_and_resize: a position outside the input reads `extrapolation`).
 
-__kernel void resize(__global const float* x, __global float* y, __constant const int* geometry,
+__kernel void resize(__global const float* x, int x_off, __global float* y, int y_off, __constant const int* geometry,
                      __global const int* index, __global const float* weight,
                      __global const uchar* outside, int n, float extrapolation) {
+    x += x_off; y += y_off;
     int i = get_global_id(0);
     if (i >= n) return;
     int position[6];

@@ -104,6 +104,6 @@ class ResizeKernel(GpuKernel):
     def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
         x, y, t = inputs[0], outputs[0], self.tables
         return self.launch(
-            self.kernel, queue, y.size, x.buffer, y.buffer, t.geometry, t.index, t.weight,
+            self.kernel, queue, y.size, *x.kernel_args, *y.kernel_args, t.geometry, t.index, t.weight,
             t.outside, np.int32(y.size), self.extrapolation,
         )  # fmt: skip

@@ -35,5 +35,5 @@ class UnaryKernel(GpuKernel):
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
         x, y = inputs[0], outputs[0]
         return self.launch(
-            self.kernel, queue, x.size, x.buffer, y.buffer, *ints(x.size), self.op, *self.params
+            self.kernel, queue, x.size, *x.kernel_args, *y.kernel_args, *ints(x.size), self.op, *self.params
         )
