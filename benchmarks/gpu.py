@@ -1,8 +1,10 @@
-"""resnet50 on GpuAcc against PyTorch eager on CUDA, fp32.
+"""torchvision models (resnet50 by default) on GpuAcc against PyTorch eager on CUDA, fp32.
 
-    python benchmarks/gpu.py [--batches 1,8] [--iterations 50] [--concurrency 1,2] [--load-times]
+    python benchmarks/gpu.py [--models resnet50,densenet121] [--batches 1,8] [--iterations 50]
+                             [--concurrency 1,2] [--record-launches on,off] [--load-times]
 
-torchvision's resnet50 with random weights (seed 0) is exported to ONNX once per batch size
+Each torchvision model (``--models``, names of ``torchvision.models``) with random weights
+(seed 0) is exported to ONNX once per batch size
 and optimized for ``GpuAcc,CpuRef``; PyTorch runs the same module eagerly on CUDA with TF32
 off (``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32``), so
 both sides compute in fp32; PyTorch runs in a child process, so CUDA and the OpenCL driver never share one. For each batch size it prints the median latency and the
@@ -41,18 +43,18 @@ import flowrt
 BACKENDS = ["GpuAcc", "CpuRef"]
 
 
-def _torch_model():
+def _torch_model(name: str = "resnet50"):
     import torch
     import torchvision
 
     torch.manual_seed(0)
-    return torchvision.models.resnet50(weights=None).eval()
+    return getattr(torchvision.models, name)(weights=None).eval()
 
 
-def _export(model, batch: int, folder: Path) -> str:
+def _export(model, batch: int, folder: Path, name: str = "resnet50") -> str:
     import torch
 
-    path = folder / f"resnet50_b{batch}.onnx"
+    path = folder / f"{name}_b{batch}.onnx"
     if not path.exists():
         x = torch.zeros(batch, 3, 224, 224)
         try:
@@ -151,36 +153,43 @@ async def _flowrt_latencies(
     return times, wall, next(iter(out.values())), load_s, off_gpu, launches, host_us
 
 
-def _torch_in_child(batch: int, iterations: int, folder: Path) -> tuple[float, np.ndarray, np.ndarray]:
+def _torch_in_child(
+    name: str, batch: int, iterations: int, folder: Path
+) -> tuple[float, np.ndarray, np.ndarray]:
     """PyTorch's median latency, the input and the output at ``batch``, measured in a process of its own (so
     CUDA and the OpenCL driver never share one)."""
-    x_path, y_path = folder / f"x_b{batch}.npy", folder / f"y_b{batch}.npy"
-    out = subprocess.run([sys.executable, __file__, "--torch-only", str(batch), str(iterations), str(folder)],
+    x_path, y_path = folder / f"{name}_x_b{batch}.npy", folder / f"{name}_y_b{batch}.npy"
+    out = subprocess.run([sys.executable, __file__, "--torch-only", name, str(batch), str(iterations), str(folder)],
                          check=True, capture_output=True, text=True).stdout  # fmt: skip
     return json.loads(out.strip().splitlines()[-1])["median_s"], np.load(x_path), np.load(y_path)
 
 
-def torch_once(batch: int, iterations: int, folder: Path) -> None:
-    """Export resnet50 at ``batch`` (once), time PyTorch eager on it, save the input and output."""
-    model = _torch_model()
-    _export(model, batch, folder)
+def torch_once(name: str, batch: int, iterations: int, folder: Path) -> None:
+    """Export model ``name`` at ``batch`` (once), time PyTorch eager on it, save the input and output."""
+    model = _torch_model(name)
+    _export(model, batch, folder, name)
     x = np.random.default_rng(batch).standard_normal((batch, 3, 224, 224), dtype=np.float32)
     times, y = _torch_latencies(model, x, iterations)
-    np.save(folder / f"x_b{batch}.npy", x)
-    np.save(folder / f"y_b{batch}.npy", y)
+    np.save(folder / f"{name}_x_b{batch}.npy", x)
+    np.save(folder / f"{name}_y_b{batch}.npy", y)
     print(json.dumps({"median_s": statistics.median(times)}))
 
 
 def benchmark(
-    batches: list[int], iterations: int, concurrencies: list[int], folder: Path, recording: list[str]
+    models: list[str],
+    batches: list[int],
+    iterations: int,
+    concurrencies: list[int],
+    folder: Path,
+    recording: list[str],
 ) -> None:
     from flowrt.workers.gpu import launches
 
     counter = _LaunchCounter()
     rows = []
-    for batch in batches:
-        torch_s, x, expected = _torch_in_child(batch, iterations, folder)
-        path = str(folder / f"resnet50_b{batch}.onnx")
+    for name, batch in [(m, b) for m in models for b in batches]:
+        torch_s, x, expected = _torch_in_child(name, batch, iterations, folder)
+        path = str(folder / f"{name}_b{batch}.onnx")
         for record in recording:
             os.environ[launches.ENV] = "1" if record == "on" else "0"
             for concurrency in concurrencies:
@@ -189,21 +198,21 @@ def benchmark(
                 )
                 ips = batch * len(times) / wall
                 diff = float(np.max(np.abs(got - expected)) / max(1e-12, float(np.max(np.abs(expected)))))
-                rows.append((batch, record, concurrency, statistics.median(times) * 1e3, ips, torch_s * 1e3,
+                rows.append((name, batch, record, concurrency, statistics.median(times) * 1e3, ips, torch_s * 1e3,
                              batch / torch_s, diff, per_run, host_us))  # fmt: skip
                 print(
-                    f"batch {batch}, recorded launches {record}, {concurrency} in flight: load {load_s:.2f} s, "
+                    f"{name} batch {batch}, recorded launches {record}, {concurrency} in flight: load {load_s:.2f} s, "
                     f"layers off GpuAcc: {off_gpu or 'none'}"
                 )
     print()
     print(
-        "| batch | recorded launches | in flight | flowrt ms | flowrt img/s | torch ms | torch img/s "
+        "| model | batch | recorded launches | in flight | flowrt ms | flowrt img/s | torch ms | torch img/s "
         "| flowrt/torch img/s | max rel diff | launches/run | host us/launch |"
     )
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for batch, record, conc, ms, ips, tms, tips, diff, per_run, host_us in rows:
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, batch, record, conc, ms, ips, tms, tips, diff, per_run, host_us in rows:
         print(
-            f"| {batch} | {record} | {conc} | {ms:.2f} | {ips:.1f} | {tms:.2f} | {tips:.1f} | {ips / tips:.3f} "
+            f"| {name} | {batch} | {record} | {conc} | {ms:.2f} | {ips:.1f} | {tms:.2f} | {tips:.1f} | {ips / tips:.3f} "
             f"| {diff:.2e} | {per_run:.0f} | {host_us:.1f} |"
         )
 
@@ -248,15 +257,16 @@ def main() -> None:
     parser.add_argument("--load-times", action="store_true")
     parser.add_argument("--record-launches", default="on", help="on, off or on,off")
     parser.add_argument("--load-only", metavar="MODEL", help=argparse.SUPPRESS)
-    parser.add_argument("--torch-only", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--torch-only", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--models", default="resnet50", help="torchvision model names, comma-separated")
     parser.add_argument("--export-dir", help="where the ONNX exports go (default: a temporary folder)")
     args = parser.parse_args()
     if args.load_only:
         load_once(args.load_only)
         return
     if args.torch_only:
-        batch, iterations, folder = args.torch_only
-        torch_once(int(batch), int(iterations), Path(folder))
+        name, batch, iterations, folder = args.torch_only
+        torch_once(name, int(batch), int(iterations), Path(folder))
         return
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.export_dir or tmp)
@@ -266,7 +276,8 @@ def main() -> None:
         batches = [int(b) for b in args.batches.split(",")]
         concurrencies = [int(c) for c in args.concurrency.split(",")]
         recording = [r for r in args.record_launches.split(",") if r in ("on", "off")]
-        benchmark(batches, args.iterations, concurrencies, folder, recording or ["on"])
+        models = [m for m in args.models.split(",") if m]
+        benchmark(models, batches, args.iterations, concurrencies, folder, recording or ["on"])
 
 
 if __name__ == "__main__":
