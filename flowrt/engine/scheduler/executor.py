@@ -34,7 +34,8 @@ import trio
 
 from flowrt.engine.memory.pool import MemoryPool
 from flowrt.engine.scheduler.binding import BoundStep, bind_segment
-from flowrt.engine.scheduler.dataflow import Dataflow, Segment, WorkloadNode, host_slots
+from flowrt.engine.scheduler.dataflow import Dataflow, Segment, WorkloadNode
+from flowrt.engine.scheduler.device_segments import DeviceSegments
 from flowrt.engine.scheduler.job import JobContext
 from flowrt.errors import FlowrtError, RunError
 
@@ -92,7 +93,7 @@ class HostRunner(Protocol):
     def between_workloads(self) -> JobContext | None: ...
 
 
-class _RunState:
+class _RunState(DeviceSegments):
     """The tensors of one run, and what lets its threads stop early.
 
     ``values`` holds host tensors, ``device_values`` device ones; a tensor that crosses has
@@ -203,89 +204,6 @@ class _RunState:
             return targets, views
         views = tuple(direct.get(t, v) if t is not None else v for t, v in zip(node.outputs, views))
         return (list(views) if targets is not None else None), views
-
-    def enqueue_segment(self, segment: Segment, runner: DeviceRunner, queue: Any, keep: list[Any]) -> None:
-        """Enqueue a device segment on ``queue`` (from its queue actor, in the trio thread):
-        its uploads, its workloads, its downloads. Nothing waits; the transfers' events go to
-        ``keep``, which the caller holds until the device has finished."""
-        for tid in segment.uploads:
-            self.device_values[tid], event = runner.upload(queue, self.values[tid])
-            keep.append((self.device_values[tid], event))  # both alive until the device is done
-            self.uploaded.add(tid)
-        bound, recorded = self._device_program(segment)
-        for node in segment.nodes:
-            if self.stop.is_set():
-                return
-            start = time.perf_counter_ns()
-            try:
-                self._enqueue_node(node, queue, bound, recorded)
-            except Exception as e:
-                raise RunError(node.layer, node.backend, e) from e
-            if self.record is not None:
-                self.record(node, f"{segment.backend} queue", start, time.perf_counter_ns())
-            self._release(node.inputs)
-        for tid in segment.downloads:
-            into = self.direct.get(tid)
-            if into is None:
-                self.values[tid], event = runner.download(queue, self.device_values[tid])
-            else:
-                self.values[tid], event = into, runner.download_into(queue, self.device_values[tid], into)
-            keep.append(event)
-
-    def _device_program(self, segment: Segment) -> tuple[Mapping[str, Any], dict[str, Any] | None]:
-        """The launches of ``segment``'s workloads bound to this run's pool (by layer), and
-        where to record them when this run records them (the pool's second run of the
-        segment: the first grows the pool's scratch buffers to their size)."""
-        pool = self.pool
-        if pool is None:
-            return {}, None
-        if segment.index not in pool.ran:
-            pool.ran.add(segment.index)
-            return {}, None
-        key = ("device", segment.index)
-        bound = pool.programs.get(key)
-        if bound is None:
-            bound = pool.programs[key] = {}
-            return {}, bound
-        return bound, None
-
-    def _enqueue_node(
-        self, node: WorkloadNode, queue: Any, bound: Mapping[str, Any], recorded: dict[str, Any] | None
-    ) -> None:
-        """Enqueue a device workload: as its bound launches where it has them (and they take
-        this submission), recorded where this run records, else through its ``enqueue``."""
-        targets = self._targets(node)
-        launches = bound.get(node.layer)
-        if launches is not None and launches.enqueue(queue):
-            self._store(node, targets, self.device_values)  # type: ignore[arg-type]  # bound: all planned
-            return
-        on_host = host_slots(node)
-        args = [self._device_argument(tid, i in on_host) for i, tid in enumerate(node.inputs)]
-        workload: Any = node.workload
-        if (
-            recorded is not None
-            and targets is not None
-            and hasattr(workload, "record")
-            and all(self._same_each_run(tid) for tid in node.inputs)
-        ):
-            results, recorded[node.layer] = workload.record(queue, args, targets)
-        else:
-            results = workload.enqueue(queue, args, targets)
-        self._store(node, results, self.device_values)
-
-    def _same_each_run(self, tid: int | None) -> bool:
-        """Whether tensor ``tid`` is the same object in every run in this pool: a constant,
-        or planned pool memory this run did not upload to (an upload is a new buffer)."""
-        return tid is None or tid in self.constants or (tid in self.bindings and tid not in self.uploaded)
-
-    def _device_argument(self, tid: int | None, on_host: bool) -> Any:
-        """A device workload's input: the device copy, except for slots it reads on the host
-        and for constants (device workloads keep their own copies of those)."""
-        if tid is None:
-            return None
-        if on_host or tid not in self.device_values:
-            return self.values[tid]
-        return self.device_values[tid]
 
     def _store(self, node: WorkloadNode, results: Sequence[Any], values: dict[int, Any]) -> None:
         if len(results) < sum(1 for t in node.outputs if t is not None):

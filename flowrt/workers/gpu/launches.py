@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextvars
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -84,14 +84,27 @@ class BoundLaunches:
         self.scratch = scratch
         self._keep = keep  # the arguments' buffers, alive as long as the kernels that name them
 
+    def ready(self) -> bool:
+        """Whether the submission being enqueued has the scratch set the launches name (not
+        when its pool's set was lent elsewhere)."""
+        return current_scratch.get() is self.scratch
+
     def enqueue(self, queue: Any) -> bool:
-        """Enqueue the launches on ``queue``; False (nothing enqueued) when the submission
-        has another scratch set than the one they name (its pool's was lent elsewhere)."""
+        """Enqueue the launches on ``queue``; False (nothing enqueued) unless ``ready``."""
         if current_scratch.get() is not self.scratch:
             return False
+        enqueue = cl.enqueue_nd_range_kernel
         for kernel, global_size, local_size in self.launches:
-            cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size)
+            enqueue(queue, kernel, global_size, local_size)
         return True
+
+    @classmethod
+    def chain(cls, parts: Sequence[BoundLaunches]) -> BoundLaunches | None:
+        """The launches of ``parts`` in order, as one (None unless all name one scratch set)."""
+        if not parts or any(p.scratch is not parts[0].scratch for p in parts):
+            return None
+        launches = [launch for part in parts for launch in part.launches]
+        return cls(launches, parts[0].scratch, [kept for part in parts for kept in part._keep])
 
 
 def bind(record: Recording, scratch: Any) -> BoundLaunches | None:

@@ -221,3 +221,30 @@ async def test_concat_inputs_written_in_place_are_not_copied_again(gpu, conv_net
             np.testing.assert_allclose(out["y"], want["y"], rtol=1e-5, atol=1e-6)
     assert pool.arenas  # a device arena
     assert "concat_slab" not in launched and "gemm" in launched
+
+
+async def test_later_runs_enqueue_consecutive_recorded_layers_as_one_step_and_profiled_runs_time_each(
+    gpu, conv_network, launch_counts
+):
+    from flowrt.engine.scheduler.device_segments import BoundGroup
+
+    feeds = [_random_feeds(seed) for seed in range(5)]
+    expected = await _references(conv_network(), feeds)
+    opt = flowrt.optimize(conv_network(), backends=["GpuAcc", "CpuRef"])
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        model = await rt.load(opt, max_in_flight=1)
+        for feed, want in zip(feeds[:4], expected[:4]):
+            out = await model.run(feed)
+            np.testing.assert_allclose(out["y"], want["y"], rtol=1e-5, atol=1e-6)
+        ((key, program),) = [
+            (k, v) for k, v in model.pools.pools[0].programs.items() if k[0] == "device program"
+        ]
+        groups = [step for step in program if isinstance(step, BoundGroup)]
+        (segment,) = model.dataflow.segments
+        # every layer once, consecutive recorded ones as one step
+        assert groups and sum(len(g.nodes) for g in groups) + len(program) - len(groups) == len(segment.nodes)
+        assert len(program) < len(segment.nodes)
+        out = await model.run(feeds[4], profile=True)
+        np.testing.assert_allclose(out["y"], expected[4]["y"], rtol=1e-5, atol=1e-6)
+        timed = {r.layer for r in model.profile() if r.backend == "GpuAcc"}
+    assert timed == {node.layer for node in segment.nodes}  # layer by layer when profiled

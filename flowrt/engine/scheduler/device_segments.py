@@ -1,0 +1,204 @@
+"""How a run enqueues a device segment: its uploads, its workloads, its downloads.
+
+A device workload runs through its ``enqueue(queue, inputs, outputs)``, or, in a memory
+pool, as launches it recorded there (``record(queue, inputs, outputs)`` returns the results
+and an object whose ``enqueue(queue)`` repeats them, or None; see GpuAcc's ``launches``).
+The pool's first run of a segment runs the workloads as they are (the backend's scratch
+memory grows to its size), its second records them, and later runs take the segment's
+*program*: each run of consecutive recorded workloads is one step, a single object that
+enqueues all their launches (``chain``), after which their outputs (the pool's planned
+tensors) are published together — no Python per layer. A run that profiles takes the
+recorded launches layer by layer, so that each layer is timed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from flowrt.engine.memory.pool import MemoryPool
+from flowrt.engine.scheduler.dataflow import Segment, WorkloadNode, host_slots
+from flowrt.errors import RunError
+
+
+@attrs.frozen
+class BoundGroup:
+    """Consecutive recorded workloads of a segment: their launches as one, the tensors they
+    leave in the pool by id, and the tensors they read (released once they have run)."""
+
+    nodes: tuple[WorkloadNode, ...]
+    launches: Any
+    outputs: Mapping[int, Any]
+    inputs: tuple[int | None, ...]
+
+
+class DeviceSegments:
+    """The device half of a run's state (the executor's ``_RunState`` is one)."""
+
+    pool: MemoryPool | None
+    values: dict[int, Any]
+    device_values: dict[int, Any]
+    uploaded: set[int]
+    constants: Mapping[int, Any]
+    bindings: Mapping[int, Any]
+    direct: Mapping[int, Any]
+    stop: threading.Event
+    record: Callable[..., None] | None
+    _targets: Callable[[WorkloadNode], list[Any] | None]
+    _store: Callable[[WorkloadNode, Sequence[Any], dict[int, Any]], None]
+    _release: Callable[[Any], None]
+
+    def enqueue_segment(self, segment: Segment, runner: Any, queue: Any, keep: list[Any]) -> None:
+        """Enqueue a device segment on ``queue`` (from its queue actor, in the trio thread):
+        its uploads, its workloads, its downloads. Nothing waits; the transfers' events go to
+        ``keep``, which the caller holds until the device has finished."""
+        for tid in segment.uploads:
+            self.device_values[tid], event = runner.upload(queue, self.values[tid])
+            keep.append((self.device_values[tid], event))  # both alive until the device is done
+            self.uploaded.add(tid)
+        bound, recorded, program = self._device_program(segment)
+        if program is not None and self.record is None and self._run_program(program, queue):
+            pass
+        else:
+            for node in segment.nodes:
+                if self.stop.is_set():
+                    return
+                self._run_node(node, queue, bound, recorded, segment.backend)
+        for tid in segment.downloads:
+            into = self.direct.get(tid)
+            if into is None:
+                self.values[tid], event = runner.download(queue, self.device_values[tid])
+            else:
+                self.values[tid], event = into, runner.download_into(queue, self.device_values[tid], into)
+            keep.append(event)
+
+    def _device_program(
+        self, segment: Segment
+    ) -> tuple[Mapping[str, Any], dict[str, Any] | None, list[Any] | None]:
+        """The recorded launches of ``segment``'s workloads in this run's pool (by layer),
+        where this run records them (its pool's second run of the segment), and the
+        segment's program once they are recorded."""
+        pool = self.pool
+        if pool is None:
+            return {}, None, None
+        if segment.index not in pool.ran:
+            pool.ran.add(segment.index)
+            return {}, None, None
+        key = ("device", segment.index)
+        bound = pool.programs.get(key)
+        if bound is None:
+            bound = pool.programs[key] = {}
+            return {}, bound, None
+        program = pool.programs.get(("device program", segment.index))
+        if program is None:
+            program = pool.programs["device program", segment.index] = self._program(segment, bound)
+        return bound, None, program
+
+    def _program(self, segment: Segment, bound: Mapping[str, Any]) -> list[Any]:
+        """``segment``'s steps: groups of consecutive recorded workloads, and the others."""
+        steps: list[Any] = []
+        run: list[WorkloadNode] = []
+
+        def close_run() -> None:
+            parts = [bound[node.layer] for node in run]
+            chain = getattr(type(parts[0]), "chain", None) if parts else None
+            launches = chain(parts) if chain is not None else None
+            if launches is None:
+                steps.extend(run)
+            else:
+                outputs = {}
+                for node in run:
+                    targets = self._targets(node) or []
+                    outputs.update({t: v for t, v in zip(node.outputs, targets) if t is not None})
+                inputs = tuple(t for node in run for t in node.inputs)
+                steps.append(BoundGroup(tuple(run), launches, outputs, inputs))
+            run.clear()
+
+        for node in segment.nodes:
+            if bound.get(node.layer) is not None:
+                run.append(node)
+                continue
+            close_run()
+            steps.append(node)
+        close_run()
+        return steps
+
+    def _run_program(self, program: list[Any], queue: Any) -> bool:
+        """Enqueue the program's steps; False, with nothing enqueued, when its launches do
+        not take this submission (they stand down: its scratch memory is not theirs)."""
+        groups = [step for step in program if type(step) is BoundGroup]
+        if groups and not groups[0].launches.ready():
+            return False
+        for step in program:
+            if self.stop.is_set():
+                return True
+            if type(step) is BoundGroup:
+                try:
+                    step.launches.enqueue(queue)
+                except Exception as e:
+                    first = step.nodes[0]
+                    raise RunError(first.layer, first.backend, e) from e
+                self.device_values.update(step.outputs)
+                self._release(step.inputs)
+            else:
+                self._run_node(step, queue, {}, None, step.backend)
+        return True
+
+    def _run_node(
+        self,
+        node: WorkloadNode,
+        queue: Any,
+        bound: Mapping[str, Any],
+        recorded: dict[str, Any] | None,
+        backend: str,
+    ) -> None:
+        start = time.perf_counter_ns()
+        try:
+            self._enqueue_node(node, queue, bound, recorded)
+        except Exception as e:
+            raise RunError(node.layer, node.backend, e) from e
+        if self.record is not None:
+            self.record(node, f"{backend} queue", start, time.perf_counter_ns())
+        self._release(node.inputs)
+
+    def _enqueue_node(
+        self, node: WorkloadNode, queue: Any, bound: Mapping[str, Any], recorded: dict[str, Any] | None
+    ) -> None:
+        """Enqueue a device workload: as its recorded launches where it has them (and they
+        take this submission), recorded where this run records, else through its ``enqueue``."""
+        targets = self._targets(node)
+        launches = bound.get(node.layer)
+        if launches is not None and launches.enqueue(queue):
+            self._store(node, targets, self.device_values)  # type: ignore[arg-type]  # recorded: all planned
+            return
+        on_host = host_slots(node)
+        args = [self._device_argument(tid, i in on_host) for i, tid in enumerate(node.inputs)]
+        workload: Any = node.workload
+        if (
+            recorded is not None
+            and targets is not None
+            and hasattr(workload, "record")
+            and all(self._same_each_run(tid) for tid in node.inputs)
+        ):
+            results, recorded[node.layer] = workload.record(queue, args, targets)
+        else:
+            results = workload.enqueue(queue, args, targets)
+        self._store(node, results, self.device_values)
+
+    def _same_each_run(self, tid: int | None) -> bool:
+        """Whether tensor ``tid`` is the same object in every run in this pool: a constant,
+        or planned pool memory this run did not upload to (an upload is a new buffer)."""
+        return tid is None or tid in self.constants or (tid in self.bindings and tid not in self.uploaded)
+
+    def _device_argument(self, tid: int | None, on_host: bool) -> Any:
+        """A device workload's input: the device copy, except for slots it reads on the host
+        and for constants (device workloads keep their own copies of those)."""
+        if tid is None:
+            return None
+        if on_host or tid not in self.device_values:
+            return self.values[tid]
+        return self.device_values[tid]
