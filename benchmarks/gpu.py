@@ -13,8 +13,8 @@ difference between their outputs. ``--concurrency C`` keeps C flowrt runs in fli
 pools), which overlaps one run's host work with another's device work.
 
 It also prints flowrt's kernel launches per run and the host time per launch (the time
-the queue actor spends enqueueing a run's GPU segments, over its launches, from five
-profiled runs). ``--record-launches on,off`` runs flowrt with GpuAcc's recorded launches
+the queue actor spends enqueueing a run's GPU segments, transfers included, over its
+launches, from five runs). ``--record-launches on,off`` runs flowrt with GpuAcc's recorded launches
 (the default, see ``flowrt.workers.gpu.launches``) and without, in the same process.
 
 ``--load-times`` starts two fresh processes one after the other, sharing an empty program
@@ -113,14 +113,29 @@ class _LaunchCounter:
 
 
 async def _host_per_launch(model, feeds, counter: _LaunchCounter, runs: int = 5) -> tuple[float, float]:
-    """(launches per run, host microseconds per launch) over ``runs`` profiled runs."""
-    model.profile(clear=True)
-    before = counter.count
-    for _ in range(runs):
-        await model.run(feeds, profile=True)
-    host_ns = sum(r.duration_ns for r in model.profile(clear=True) if r.backend == "GpuAcc")
+    """(launches per run, host microseconds per launch) over ``runs`` runs: the time the
+    queue actor spends enqueueing the runs' GPU segments (transfers included), per launch."""
+    from flowrt.engine.scheduler.device_segments import DeviceSegments
+
+    spent = [0.0]
+    enqueue_segment = DeviceSegments.enqueue_segment
+
+    def timed(state, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return enqueue_segment(state, *args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - start
+
+    DeviceSegments.enqueue_segment = timed  # type: ignore[method-assign]
+    try:
+        before = counter.count
+        for _ in range(runs):
+            await model.run(feeds)
+    finally:
+        DeviceSegments.enqueue_segment = enqueue_segment  # type: ignore[method-assign]
     launches = (counter.count - before) / runs
-    return launches, host_ns / 1e3 / runs / max(launches, 1)
+    return launches, spent[0] * 1e6 / runs / max(launches, 1)
 
 
 async def _flowrt_latencies(
