@@ -68,7 +68,9 @@ class _StageCall:
         return await result if inspect.isawaitable(result) else result
 
 
-def _stage_call(index: int, stage: Any, name: str | None) -> _StageCall:
+def stage_call(index: int, stage: Any, name: str | None) -> _StageCall:
+    """Stage ``index`` ready to call: a loaded model, or a function (taking the request's feeds
+    when it has two positional parameters); FlowrtError for anything else."""
     if isinstance(stage, LoadedNetwork):
         return _StageCall(name or f"{index}: model", stage, False)
     if not callable(stage):
@@ -117,10 +119,23 @@ class Pipeline:
             raise FlowrtError(f"{len(names)} names given for {len(stages)} pipeline stages")
         for i, name in enumerate(names or []):
             check_instance(f"names[{i}]", name, str, "a str", where="Pipeline")
-        calls = [_stage_call(i, s, None if names is None else names[i]) for i, s in enumerate(stages)]
+        calls = [stage_call(i, s, None if names is None else names[i]) for i, s in enumerate(stages)]
         # Models loaded under asyncio: the stages run in their runtime's trio thread.
         self.stages, self._aio = asyncio_stages(calls)
         self.priority = check_priority(priority, where="Pipeline")
+
+    @classmethod
+    def of_calls(
+        cls, calls: Sequence[Any], priority: Priority = Priority.MEDIUM, bridge: Any = None
+    ) -> Pipeline:
+        """A pipeline over stage calls made elsewhere (``flowrt.ray``'s, which run a stage
+        on Ray actors): each has a ``name``, a ``concurrency`` and ``async __call__(values,
+        feeds, priority)``. ``bridge``: the asyncio bridge its calls cross by, when made
+        under asyncio. Its ``run`` and ``stream`` are a local pipeline's."""
+        pipeline = cls.__new__(cls)
+        pipeline.stages, pipeline._aio = list(calls), bridge
+        pipeline.priority = check_priority(priority, where="Pipeline")
+        return pipeline
 
     async def _through(self, call: _StageCall, request: Request) -> None:
         """Run one stage on a request, turning a failure into the request's RunError."""

@@ -87,9 +87,10 @@ class AsyncioBridge:
         self.loop = loop
 
     @classmethod
-    async def start(cls, runtime: Any) -> AsyncioBridge:
-        """Enter ``runtime`` (its trio ``__aenter__``) in a new trio thread. FlowrtError under an
-        async library other than asyncio; the runtime's own errors as they are."""
+    async def start(cls, runtime: Any, what: str = "Runtime") -> AsyncioBridge:
+        """Enter ``runtime`` (its trio ``__aenter__``) in a new trio thread; ``what`` names it
+        in errors ("this Runtime is closed"). FlowrtError under an async library other than
+        asyncio; the runtime's own errors as they are."""
         import asyncio
 
         library = async_library()
@@ -98,7 +99,7 @@ class AsyncioBridge:
         loop = asyncio.get_running_loop()
         # Started from an executor thread: entering a runtime starts its CPU workers' threads,
         # which must not block the asyncio loop.
-        make = functools.partial(TrioThread, name="flowrt-runtime", resource=runtime, what="Runtime")
+        make = functools.partial(TrioThread, name="flowrt-runtime", resource=runtime, what=what)
         starting = _retrieved(loop.run_in_executor(None, make))
         try:
             thread = await asyncio.shield(starting)
