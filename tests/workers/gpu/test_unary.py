@@ -55,3 +55,19 @@ def test_pow_broadcasts_as_cpuref(run_both, shapes, seed):
     exponent = rng.choice([-1.5, 0.5, 2.0, 3.0], shapes.input_shapes[1]).astype(np.float32)
     (got,), (expected,) = run_both("Pow", flowrt.descriptors.Pow(), [base, exponent], constant=(1,))
     np.testing.assert_allclose(got, expected, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "bounds, descriptor",
+    [
+        ((-0.5, 0.5), flowrt.descriptors.Clip()),
+        ((0.0,), flowrt.descriptors.Clip()),  # ReLU6-like without its top: max absent
+        ((), flowrt.descriptors.Clip()),  # no bounds: the identity
+        ((), flowrt.descriptors.Clip(min=0.0, max=6.0, opset=6)),  # bounds as attributes
+    ],
+)
+def test_clip_matches_cpuref_with_bounds_as_inputs_or_attributes(run_both, bounds, descriptor):
+    x = np.linspace(-8, 8, 2 * 3 * 5, dtype=np.float32).reshape(2, 3, 5)
+    inputs = [x, *(np.float32(b) for b in bounds)]
+    (got,), (expected,) = run_both("Clip", descriptor, inputs, constant=tuple(range(1, len(inputs))))
+    np.testing.assert_array_equal(got, expected)

@@ -1,4 +1,4 @@
-"""Relu, LeakyRelu, Sigmoid and Tanh: common.cl's activate() over every element.
+"""Relu, LeakyRelu, Sigmoid, Tanh and Clip: common.cl's activate() over every element.
 
 :func:`enqueue_activation` is also how a workload applies a fused activation that its own
 kernel does not.
@@ -43,3 +43,29 @@ class ActivationKernel(GpuKernel):
 
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
         return enqueue_activation(self, self.kernel, queue, inputs[0], outputs[0], self.activation)
+
+
+@gpu_kernel("Clip")
+class ClipKernel(GpuKernel):
+    """Clip to [min, max], elementwise (common.cl's ACT_CLIP). The bounds are attributes
+    before opset 11, else inputs 1 and 2, read on the host (absent: unbounded)."""
+
+    host_inputs = frozenset({1, 2})
+
+    def prepare(self) -> None:
+        self.kernel = self.context.kernel("elementwise", "activation")
+
+    def bounds(self, inputs: Sequence[Any]) -> tuple[float, float]:
+        desc = self.info.descriptor
+        given = [desc.min, desc.max] if desc.opset < 11 else [*inputs[1:3], None, None][:2]
+        low, high = (
+            sign * np.inf if b is None else float(np.asarray(b).reshape(-1)[0])
+            for b, sign in zip(given, (-1, 1))
+        )
+        return low, high
+
+    def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
+        low, high = self.bounds(inputs)
+        return enqueue_activation(
+            self, self.kernel, queue, inputs[0], outputs[0], FusedActivation("Clip", low, high)
+        )
