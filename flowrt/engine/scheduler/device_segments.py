@@ -61,13 +61,12 @@ class DeviceSegments:
             keep.append((self.device_values[tid], event))  # both alive until the device is done
             self.uploaded.add(tid)
         bound, recorded, program = self._device_program(segment)
-        if program is not None and self.record is None and self._run_program(program, queue):
-            pass
-        else:
+        # A profiled run goes layer by layer, so that each layer is timed.
+        if program is None or self.record is not None or not self._run_program(program, queue):
             for node in segment.nodes:
                 if self.stop.is_set():
                     return
-                self._run_node(node, queue, bound, recorded, segment.backend)
+                self._run_node(node, queue, bound, recorded)
         for tid in segment.downloads:
             into = self.direct.get(tid)
             if into is None:
@@ -145,16 +144,11 @@ class DeviceSegments:
                 self.device_values.update(step.outputs)
                 self._release(step.inputs)
             else:
-                self._run_node(step, queue, {}, None, step.backend)
+                self._run_node(step, queue, {}, None)
         return True
 
     def _run_node(
-        self,
-        node: WorkloadNode,
-        queue: Any,
-        bound: Mapping[str, Any],
-        recorded: dict[str, Any] | None,
-        backend: str,
+        self, node: WorkloadNode, queue: Any, bound: Mapping[str, Any], recorded: dict[str, Any] | None
     ) -> None:
         start = time.perf_counter_ns()
         try:
@@ -162,7 +156,7 @@ class DeviceSegments:
         except Exception as e:
             raise RunError(node.layer, node.backend, e) from e
         if self.record is not None:
-            self.record(node, f"{backend} queue", start, time.perf_counter_ns())
+            self.record(node, f"{node.backend} queue", start, time.perf_counter_ns())
         self._release(node.inputs)
 
     def _enqueue_node(

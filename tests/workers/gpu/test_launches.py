@@ -45,12 +45,18 @@ async def _references(network, feeds_list):
         return [await model.run(feeds) for feeds in feeds_list]
 
 
+async def _conv_case(conv_network, runs: int):
+    """``runs`` random feeds of the conv network, CpuRef's outputs for them, and the network
+    optimized for GpuAcc."""
+    feeds = [_random_feeds(seed) for seed in range(runs)]
+    optimized = flowrt.optimize(conv_network(), backends=["GpuAcc", "CpuRef"])
+    return feeds, await _references(conv_network(), feeds), optimized
+
+
 async def test_later_runs_in_a_pool_enqueue_its_recorded_launches_with_cpurefs_results(
     gpu, conv_network, launch_counts
 ):
-    feeds = [_random_feeds(seed) for seed in range(5)]
-    expected = await _references(conv_network(), feeds)
-    opt = flowrt.optimize(conv_network(), backends=["GpuAcc", "CpuRef"])
+    feeds, expected, opt = await _conv_case(conv_network, 5)
     per_run = []
     async with flowrt.Runtime(cpu_workers=1) as rt:
         model = await rt.load(opt, max_in_flight=1)
@@ -71,9 +77,7 @@ async def test_later_runs_in_a_pool_enqueue_its_recorded_launches_with_cpurefs_r
 async def test_runs_in_flight_in_several_pools_each_enqueue_their_own_launches(
     gpu, conv_network, launch_counts
 ):
-    feeds = [_random_feeds(seed) for seed in range(4)]
-    expected = await _references(conv_network(), feeds)
-    opt = flowrt.optimize(conv_network(), backends=["GpuAcc", "CpuRef"])
+    feeds, expected, opt = await _conv_case(conv_network, 4)
     async with flowrt.Runtime(cpu_workers=1) as rt:
         model = await rt.load(opt, max_in_flight=2)
         results: dict[int, dict] = {}
@@ -189,9 +193,7 @@ async def test_recording_switched_off_by_the_environment_leaves_every_launch_to_
     gpu, conv_network, launch_counts, monkeypatch
 ):
     monkeypatch.setenv(launches.ENV, "0")
-    feeds = [_random_feeds(seed) for seed in range(4)]
-    expected = await _references(conv_network(), feeds)
-    opt = flowrt.optimize(conv_network(), backends=["GpuAcc", "CpuRef"])
+    feeds, expected, opt = await _conv_case(conv_network, 4)
     async with flowrt.Runtime(cpu_workers=1) as rt:
         model = await rt.load(opt, max_in_flight=1)
         for feed, want in zip(feeds, expected):
@@ -209,9 +211,7 @@ async def test_concat_inputs_written_in_place_are_not_copied_again(gpu, conv_net
         return call(self, *args, **kwargs)
 
     monkeypatch.setattr(TypedKernel, "__call__", naming_call)
-    feeds = [_random_feeds(seed) for seed in range(2)]
-    expected = await _references(conv_network(), feeds)
-    opt = flowrt.optimize(conv_network(), backends=["GpuAcc", "CpuRef"])
+    feeds, expected, opt = await _conv_case(conv_network, 2)
     async with flowrt.Runtime(cpu_workers=1) as rt:
         model = await rt.load(opt, max_in_flight=1)
         # both Concat inputs (the MaxPool's and the second Conv's) planned into its output
@@ -226,9 +226,7 @@ async def test_later_runs_enqueue_consecutive_recorded_layers_as_one_step_and_pr
 ):
     from flowrt.engine.scheduler.device_segments import BoundGroup
 
-    feeds = [_random_feeds(seed) for seed in range(5)]
-    expected = await _references(conv_network(), feeds)
-    opt = flowrt.optimize(conv_network(), backends=["GpuAcc", "CpuRef"])
+    feeds, expected, opt = await _conv_case(conv_network, 5)
     async with flowrt.Runtime(cpu_workers=1) as rt:
         model = await rt.load(opt, max_in_flight=1)
         for feed, want in zip(feeds[:4], expected[:4]):
