@@ -24,6 +24,10 @@ class ArenaCache:
         # costs a wait for the device besides. The operating system reclaims the device memory
         # with the process.
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(self._free))
+        # Serializes takers only. ``give`` takes no lock: a tensor's finalizer gives its buffer
+        # back, and the cyclic garbage collector may run that finalizer inside ``take``, on the
+        # thread that holds the lock. An append is atomic and leaves the indices ``take`` holds
+        # valid.
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -38,5 +42,5 @@ class ArenaCache:
             return self._free.pop(min(fits, key=lambda i: self._free[i][0].size))
 
     def give(self, buffer: Any, views: Views) -> None:
-        with self._lock:
-            self._free.append((buffer, views))
+        """Keep ``buffer`` for a later ``take``; never waits (see ``__init__``)."""
+        self._free.append((buffer, views))

@@ -1,10 +1,13 @@
 """The OpenCL allocator: one buffer per pool arena, tensors as that buffer at aligned offsets."""
 
+import threading
+
 import numpy as np
 import pytest
 
 from flowrt.engine.memory.pool import PoolManager
 from flowrt.workers.gpu.allocator import DeviceArena, OpenCLAllocator, device_memory_manager
+from flowrt.workers.gpu.arena_cache import ArenaCache
 from flowrt.workers.gpu.device import cl
 
 F32 = np.dtype(np.float32)
@@ -73,3 +76,19 @@ def test_an_arena_no_pool_holds_goes_back_to_the_device_cache_with_its_views(gpu
     assert len(gpu.arena_cache) == cached_before
     larger = allocator.allocate(8 * size)  # nothing cached fits: a new buffer
     assert larger.buffer.int_ptr != buffer_ptr and larger.buffer.size == 8 * size
+
+
+def test_giving_a_buffer_back_never_waits_for_a_take():
+    """A tensor's finalizer gives its buffer back, and the garbage collector may run it inside
+    ``take`` on the thread that holds the cache's lock: ``give`` must not wait for it."""
+
+    class Buffer:
+        size = 64
+
+    cache = ArenaCache()
+    given = threading.Event()
+    with cache._lock:  # as inside take
+        threading.Thread(target=lambda: (cache.give(Buffer(), {}), given.set()), daemon=True).start()
+        assert given.wait(timeout=10)
+    taken = cache.take(48)
+    assert taken is not None and isinstance(taken[0], Buffer) and len(cache) == 0
