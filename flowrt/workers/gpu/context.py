@@ -47,11 +47,11 @@ class DeviceContext:
             self._priority_hints = takes_priority_hints(self.device, self.context)
         return self._priority_hints
 
-    def kernel(self, program: str, name: str) -> TypedKernel:
-        """A new kernel object for ``name`` in ``program`` (a ``cl.Kernel`` whose scalar
-        argument types are declared at its first launch): its arguments are its own, so the
-        caller must not share it between threads without a lock."""
-        return TypedKernel(cl.Kernel(self.programs.get(program), name))
+    def kernel(self, program: str, name: str, defines: str = "") -> TypedKernel:
+        """A new kernel object for ``name`` in ``program`` built with ``defines`` (a
+        ``cl.Kernel`` whose scalar argument types are declared at its first launch): its
+        arguments are its own, so the caller must not share it between threads without a lock."""
+        return TypedKernel(cl.Kernel(self.programs.get(program, defines), name))
 
     def empty(self, shape: tuple[int, ...], dtype: Any = np.float32) -> GpuTensor:
         """An uninitialized device tensor."""

@@ -1,7 +1,7 @@
 """OpenCL programs: built once per device and context, their binaries cached on disk.
 
-A program is one ``kernels/<name>.cl`` file with ``kernels/common.cl`` in front of it. The
-first build on a machine compiles the source and writes the device binary to the cache
+A program is one ``kernels/<name>.cl`` file with ``kernels/common.cl`` in front of it, built
+with optional defines (``-D`` options: one program per tiling of gemm.cl, say). The first build on a machine compiles the source and writes the device binary to the cache
 directory (``FLOWRT_CACHE_DIR``, else ``~/.cache/flowrt``, under ``opencl/``); the file name
 holds the device name, the driver version and a hash of the source and build options, so a
 driver update or an edited kernel never loads a stale binary. A later process builds from
@@ -69,8 +69,9 @@ def binary_path(name: str, device: Any, source: str, options: str) -> Path:
 class ProgramCache:
     """The built programs of one device and context, by name; thread-safe.
 
-    ``builds`` counts how each program was made (``"source"`` or ``"binary"``), so a test or
-    ``flowrt`` can tell a warm start from a cold one.
+    ``builds`` counts how each program was made (``"source"`` or ``"binary"``), by name (with
+    its defines after a space when it has any), so a test or ``flowrt`` can tell a warm start
+    from a cold one.
     """
 
     def __init__(self, context: Any, device: Any) -> None:
@@ -80,32 +81,36 @@ class ProgramCache:
         self._programs: dict[str, Any] = {}
         self._lock = threading.Lock()
 
-    def get(self, name: str) -> Any:
-        """Program ``name``, built on first use (from the disk cache when it can be)."""
+    def get(self, name: str, defines: str = "") -> Any:
+        """Program ``name`` built with ``defines`` (``-D`` options), built on first use (from
+        the disk cache when it can be)."""
+        key = f"{name} {defines}" if defines else name
         with self._lock:
-            program = self._programs.get(name)
+            program = self._programs.get(key)
             if program is None:
-                program = self._programs[name] = self._build(name)
+                program = self._programs[key] = self._build(name, key, f"{BUILD_OPTIONS} {defines}".strip())
             return program
 
-    def _build(self, name: str) -> Any:
+    def _build(self, name: str, key: str, options: str) -> Any:
         source = kernel_source(name)
-        path = binary_path(name, self.device, source, BUILD_OPTIONS)
+        path = binary_path(name, self.device, source, options)
         cache_trusted = _cache_directory_trusted(path.parent)
         binary = _read_binary(path) if cache_trusted else None
         if binary is not None:
             try:
-                program = cl.Program(self.context, [self.device], [binary]).build(BUILD_OPTIONS)
+                program = cl.Program(self.context, [self.device], [binary]).build(options)
             except cl.Error as e:
                 logger.info("cached OpenCL binary %s is unusable, rebuilding from source: %s", path, e)
             else:
-                self.builds[name] = "binary"
+                self.builds[key] = "binary"
                 return program
         try:
-            program = cl.Program(self.context, source).build(BUILD_OPTIONS, devices=[self.device])
+            program = cl.Program(self.context, source).build(options, devices=[self.device])
         except cl.Error as e:
-            raise BackendError(f"GpuAcc failed to build {name}.cl on {self.device.name!r}: {e}") from e
-        self.builds[name] = "source"
+            raise BackendError(
+                f"GpuAcc failed to build {name}.cl ({options}) on {self.device.name!r}: {e}"
+            ) from e
+        self.builds[key] = "source"
         if cache_trusted:
             self._store(path, program)
         return program

@@ -1,11 +1,14 @@
 """GpuAcc Conv (im2col + tiled GEMM), Gemm and MatMul against CpuRef."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flowrt
 from flowrt.registry import FusedActivation
+from flowrt.workers.gpu.kernels import gemm as gemm_module
+from flowrt.workers.gpu.kernels.gemm import TILINGS, TK, GemmPlan, plan_gemm
 
 
 def _normal(rng, *shape):
@@ -91,3 +94,37 @@ def test_matmul_matches_cpuref(run_both):
     a, b = _normal(rng, 33, 100), _normal(rng, 100, 129)
     (got,), (expected,) = run_both("MatMul", flowrt.descriptors.MatMul(), [a, b])
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("tiling", sorted(TILINGS))
+def test_every_tiling_and_k_split_matches_cpuref(run_both, monkeypatch, tiling, splits):
+    """Each build of gemm.cl, whole or with K split and reduced, on shapes no tile divides:
+    a grouped convolution with bias and a fused ReLU, and a Gemm of transposed operands."""
+
+    def forced(shape, batches, units):
+        k = shape[2]
+        return GemmPlan(TILINGS[tiling], splits, -(-k // splits // TK) * TK)
+
+    monkeypatch.setattr(gemm_module, "plan_gemm", forced)
+    rng = np.random.default_rng(11)
+    x, w, b = _normal(rng, 2, 40, 9, 11), _normal(rng, 70, 20, 3, 3), _normal(rng, 70)
+    (got,), (expected,) = run_both(
+        "Conv", flowrt.descriptors.Conv(group=2, pads=(1, 1, 1, 1)), [x, w, b], constant=(1, 2),
+        activation=FusedActivation("Relu"),
+    )  # fmt: skip
+    np.testing.assert_allclose(got, np.maximum(expected, 0), rtol=1e-4, atol=1e-4)
+    a, bt, c = _normal(rng, 100, 37), _normal(rng, 75, 100), _normal(rng, 37, 75)
+    desc = flowrt.descriptors.Gemm(transA=1, transB=1, alpha=0.5, beta=2.0)
+    (got,), (expected,) = run_both("Gemm", desc, [a, bt, c], constant=(1, 2))
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_gemm_plan_splits_deep_narrow_products_and_tiles_wide_ones_whole():
+    deep = plan_gemm((512, 49, 4608), 1, units=132)  # resnet50's last 3x3 conv at batch 1
+    assert deep.splits > 1
+    assert deep.k_split % TK == 0 and deep.splits * deep.k_split >= 4608 > (deep.splits - 1) * deep.k_split
+    wide = plan_gemm((256, 3136, 64), 8, units=132)
+    assert (wide.tiling, wide.splits) == (max(TILINGS.values(), key=lambda t: t.rows * t.cols), 1)
+    # a device of two compute units is filled by a few tiles: nothing to gain from splitting
+    assert plan_gemm((512, 784, 128), 1, units=2).splits == 1

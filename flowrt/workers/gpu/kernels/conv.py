@@ -8,6 +8,7 @@ NCHW output. A 1x1 convolution with unit strides and no padding reads the input 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,7 +16,7 @@ from flowrt.engine.graph.layers.conv import window_geometry
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import static_dims
 from flowrt.workers.gpu.kernels import GpuKernel, gpu_kernel, ints, static_shape
-from flowrt.workers.gpu.kernels.gemm import Operand, enqueue_gemm
+from flowrt.workers.gpu.kernels.gemm import Gemm, Operand
 from flowrt.workers.gpu.tensor import GpuTensor
 
 
@@ -36,8 +37,11 @@ class ConvKernel(GpuKernel):
         self.kernel_hw = w_shape[2:]
         self.geometry = window_geometry(self.info.descriptor, x_shape[2:], self.kernel_hw)
         self.out_hw = static_dims(self.geometry.out)
-        self.gemm = self.context.kernel("gemm", "gemm")
         g = self.geometry
+        n, c = x_shape[:2]
+        m, groups = w_shape[0], self.info.descriptor.group
+        pixels = math.prod(self.out_hw)
+        self.gemm = Gemm(self, (m // groups, pixels, (c // groups) * math.prod(self.kernel_hw)), n * groups)
         self.direct = (
             self.kernel_hw == (1, 1)
             and g.strides == (1, 1)
@@ -57,14 +61,13 @@ class ConvKernel(GpuKernel):
         cells = (c // groups) * kh * kw
         pixels = oh * ow
         cols = x if self.direct else self._columns(queue, x, n * c * kh * kw * pixels)
-        y = outputs[0]
-        return enqueue_gemm(
-            self.gemm, queue, (m // groups, pixels, cells),
+        return self.gemm.enqueue(
+            queue,
             Operand(w, cells, 1, (m // groups) * cells),
             Operand(cols, pixels, 1, cells * pixels),
-            y,
+            outputs[0],
             Operand(bias, 1, 0, m // groups) if bias is not None else None,
-            batches=n * groups, groups=groups, activation=self.info.activation,
+            groups=groups, activation=self.info.activation,
         )  # fmt: skip
 
     def _columns(self, queue: Any, x: GpuTensor, total: int) -> GpuTensor:

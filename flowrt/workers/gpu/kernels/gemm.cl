@@ -1,73 +1,143 @@
 // Batched, tiled, register-blocked GEMM: C[b] = act(alpha * A[b] @ B[b] + beta * bias[b]).
 //
-// A work-group of 16x16 work-items computes a 64x64 tile of C; each work-item a 4x4 block
-// (rows lr + 16 i, columns lc + 16 j), so every value loaded into local memory is used 4 times
-// from registers. A and B are read through (row, column) strides, so transposed operands and
-// im2col columns need no copy. Batch b reads A (and the bias) at group b % groups: the groups
-// of a grouped convolution share one weight tensor, and a plain GEMM has groups = 1.
+// A work-group computes a TM x TN tile of C, each of its (TN / WPTN) x (TM / WPTM) work-items
+// a WPTM x WPTN block (rows lr + RM i, columns lc + RN j), so every value staged in local
+// memory is used WPTN or WPTM times from registers. The tile sizes are build options: the host
+// builds one program per tiling (gemm.py's TILINGS) and picks one per shape. Each step of K
+// stages a TK-deep slice of A and B in local memory while the next slice's loads are already in
+// flight to registers.
+//
+// A and B are read through (row, column) strides, so transposed operands and im2col columns
+// need no copy; the loads walk whichever dim is contiguous. Batch b reads A (and the bias) at
+// group b % groups: the groups of a grouped convolution share one weight tensor, and a plain
+// GEMM has groups = 1. With splits > 1, K is cut into `splits` slices of k_split: work-group z
+// of dim 2 computes slice z % splits of batch z / splits and writes its raw partial product to
+// C at z * c_batch; gemm_reduce then sums the slices, adds the bias and applies the activation.
 // Each matrix is a buffer and the offset of its first element in it (see common.cl).
 
+#ifndef TM
 #define TM 64
+#endif
+#ifndef TN
 #define TN 64
+#endif
+#ifndef WPTM
+#define WPTM 4
+#endif
+#ifndef WPTN
+#define WPTN 4
+#endif
 #define TK 16
-#define WG 16
-#define WPT 4
+#define RM (TM / WPTM)  // work-items along the rows: local dim 1
+#define RN (TN / WPTN)  // along the columns: local dim 0
+#define THREADS (RM * RN)
+#define A_LOADS (TM * TK / THREADS)
+#define B_LOADS (TN * TK / THREADS)
 
-__kernel __attribute__((reqd_work_group_size(WG, WG, 1)))
-void gemm(int M, int N, int K, int groups,
+// Element e of a TK-deep slice, as (index along the tile, index along K): walking K first
+// when that is the contiguous dim, so that neighbouring work-items read neighbouring floats.
+#define SLICE_POS(e, k_fast, len, i, k) \
+    do { if (k_fast) { i = (e) / TK; k = (e) % TK; } else { k = (e) / (len); i = (e) % (len); } } while (0)
+
+__kernel __attribute__((reqd_work_group_size(RN, RM, 1)))
+void gemm(int M, int N, int K, int groups, int splits, int k_split,
           __global const float* A, int A_off, int a_group, int a_rs, int a_cs,
           __global const float* B, int B_off, int b_batch, int b_rs, int b_cs,
           __global float* C, int C_off, int c_batch,
           __global const float* bias, int bias_off, int has_bias, int bias_group, int bias_rs, int bias_cs,
           float alpha, float beta, int code, float act_alpha, float act_beta) {
-    __local float As[TK][TM];
-    __local float Bs[TK][TN];
+    __local float As[TK][TM + 1];
+    __local float Bs[TK][TN + 1];
     const int lc = get_local_id(0), lr = get_local_id(1);
     const int col0 = get_group_id(0) * TN, row0 = get_group_id(1) * TM;
-    const int batch = get_global_id(2), group = batch % groups;
-    const int tid = lr * WG + lc;
+    const int z = get_global_id(2), batch = z / splits, group = batch % groups;
+    const int k0 = (z % splits) * k_split, k1 = min(K, k0 + k_split);
+    const int tid = lr * RN + lc;
+    const int a_k_fast = a_cs == 1 || a_rs != 1, b_k_fast = b_rs == 1 && b_cs != 1;
     A += A_off + group * a_group;
     B += B_off + batch * b_batch;
-    C += C_off + batch * c_batch;
+    C += C_off + z * c_batch;
     bias += bias_off;
 
-    float acc[WPT][WPT];
-    for (int i = 0; i < WPT; ++i)
-        for (int j = 0; j < WPT; ++j) acc[i][j] = 0.0f;
+    float acc[WPTM][WPTN];
+    for (int i = 0; i < WPTM; ++i)
+        for (int j = 0; j < WPTN; ++j) acc[i][j] = 0.0f;
 
-    for (int t = 0; t < K; t += TK) {
-        for (int l = 0; l < (TM * TK) / (WG * WG); ++l) {
-            int e = tid + l * WG * WG;
-            int m = e / TK, k = e % TK;
-            int gr = row0 + m, gk = t + k;
-            As[k][m] = (gr < M && gk < K) ? A[gr * a_rs + gk * a_cs] : 0.0f;
+    float ra[A_LOADS], rb[B_LOADS];  // the next slice, on its way from global memory
+#define LOAD_SLICE(t)                                                                   \
+    for (int l = 0; l < A_LOADS; ++l) {                                                  \
+        int m, k;                                                                        \
+        SLICE_POS(tid + l * THREADS, a_k_fast, TM, m, k);                                \
+        int gr = row0 + m, gk = (t) + k;                                                 \
+        ra[l] = (gr < M && gk < k1) ? A[gr * a_rs + gk * a_cs] : 0.0f;                   \
+    }                                                                                    \
+    for (int l = 0; l < B_LOADS; ++l) {                                                  \
+        int n, k;                                                                        \
+        SLICE_POS(tid + l * THREADS, b_k_fast, TN, n, k);                                \
+        int gc = col0 + n, gk = (t) + k;                                                 \
+        rb[l] = (gc < N && gk < k1) ? B[gk * b_rs + gc * b_cs] : 0.0f;                   \
+    }
+
+    LOAD_SLICE(k0)
+    for (int t = k0; t < k1; t += TK) {
+        barrier(CLK_LOCAL_MEM_FENCE);  // every work-item is done with the previous slice
+        for (int l = 0; l < A_LOADS; ++l) {
+            int m, k;
+            SLICE_POS(tid + l * THREADS, a_k_fast, TM, m, k);
+            As[k][m] = ra[l];
         }
-        for (int l = 0; l < (TN * TK) / (WG * WG); ++l) {
-            int e = tid + l * WG * WG;
-            int k = e / TN, n = e % TN;
-            int gc = col0 + n, gk = t + k;
-            Bs[k][n] = (gc < N && gk < K) ? B[gk * b_rs + gc * b_cs] : 0.0f;
+        for (int l = 0; l < B_LOADS; ++l) {
+            int n, k;
+            SLICE_POS(tid + l * THREADS, b_k_fast, TN, n, k);
+            Bs[k][n] = rb[l];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
+        if (t + TK < k1) {
+            LOAD_SLICE(t + TK)
+        }
+#pragma unroll
         for (int k = 0; k < TK; ++k) {
-            float a[WPT], b[WPT];
-            for (int i = 0; i < WPT; ++i) a[i] = As[k][lr + WG * i];
-            for (int j = 0; j < WPT; ++j) b[j] = Bs[k][lc + WG * j];
-            for (int i = 0; i < WPT; ++i)
-                for (int j = 0; j < WPT; ++j) acc[i][j] = mad(a[i], b[j], acc[i][j]);
+            float a[WPTM], b[WPTN];
+            for (int i = 0; i < WPTM; ++i) a[i] = As[k][lr + RM * i];
+            for (int j = 0; j < WPTN; ++j) b[j] = Bs[k][lc + RN * j];
+            for (int i = 0; i < WPTM; ++i)
+                for (int j = 0; j < WPTN; ++j) acc[i][j] = mad(a[i], b[j], acc[i][j]);
         }
-        barrier(CLK_LOCAL_MEM_FENCE);
     }
+#undef LOAD_SLICE
 
-    for (int i = 0; i < WPT; ++i) {
-        int row = row0 + lr + WG * i;
+    for (int i = 0; i < WPTM; ++i) {
+        int row = row0 + lr + RM * i;
         if (row >= M) continue;
-        for (int j = 0; j < WPT; ++j) {
-            int col = col0 + lc + WG * j;
+        for (int j = 0; j < WPTN; ++j) {
+            int col = col0 + lc + RN * j;
             if (col >= N) continue;
-            float v = alpha * acc[i][j];
-            if (has_bias) v += beta * bias[group * bias_group + row * bias_rs + col * bias_cs];
-            C[row * N + col] = activate(v, code, act_alpha, act_beta);
+            float v = acc[i][j];
+            if (splits == 1) {
+                v *= alpha;
+                if (has_bias) v += beta * bias[group * bias_group + row * bias_rs + col * bias_cs];
+                v = activate(v, code, act_alpha, act_beta);
+            }
+            C[row * N + col] = v;
         }
     }
+}
+
+// The end of a split-K GEMM: C[b] = act(alpha * sum of P's slices of batch b + beta * bias),
+// one work-item per element of C (P holds batch b's `splits` slices of M x N at b * splits).
+__kernel void gemm_reduce(int M, int N, int groups, int splits, int total,
+                          __global const float* P, int P_off, __global float* C, int C_off, int c_batch,
+                          __global const float* bias, int bias_off, int has_bias, int bias_group,
+                          int bias_rs, int bias_cs, float alpha, float beta, int code, float act_alpha,
+                          float act_beta) {
+    int i = get_global_id(0);
+    if (i >= total) return;
+    const int mn = M * N, batch = i / mn, e = i % mn;
+    P += P_off + batch * splits * mn + e;
+    float sum = 0.0f;
+    for (int s = 0; s < splits; ++s) sum += P[s * mn];
+    float v = alpha * sum;
+    if (has_bias)
+        v += beta * bias[bias_off + (batch % groups) * bias_group + (e / N) * bias_rs + (e % N) * bias_cs];
+    C[C_off + batch * c_batch + e] = activate(v, code, act_alpha, act_beta);
 }

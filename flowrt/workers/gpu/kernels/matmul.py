@@ -1,4 +1,4 @@
-"""MatMul with numpy's batch rules on gemm.cl's tiled GEMM (through :func:`enqueue_gemm`).
+"""MatMul with numpy's batch rules on gemm.cl's tiled GEMM (through :class:`Gemm`).
 
 A (..., M, K) @ B (..., K, N): when only A has batch dims they fold into M (one GEMM of
 batch * M rows); when only B has them, each batch multiplies the one A; when both have the
@@ -14,7 +14,7 @@ from typing import Any
 
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.workers.gpu.kernels import GpuKernel, gpu_kernel, static_shape
-from flowrt.workers.gpu.kernels.gemm import Operand, enqueue_gemm
+from flowrt.workers.gpu.kernels.gemm import Gemm, Operand
 from flowrt.workers.gpu.tensor import GpuTensor
 
 
@@ -51,17 +51,17 @@ class MatMulKernel(GpuKernel):
         return Support.yes()
 
     def prepare(self) -> None:
-        self.kernel = self.context.kernel("gemm", "gemm")
         a, b = (static_shape(x) for x in self.info.inputs[:2])
         plan = matmul_plan(a, b)
         assert plan is not None  # supports() declines the shapes with none
         self.plan = plan
+        m, n, k, batches, _, _ = plan
+        self.gemm = Gemm(self, (m, n, k), batches)
 
     def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
         a, b = inputs[:2]
         m, n, k, batches, a_batches, _ = self.plan
-        return enqueue_gemm(
-            self.kernel, queue, (m, n, k),
-            Operand(a, k, 1, m * k), Operand(b, n, 1, k * n), outputs[0],
-            batches=batches, groups=batches if a_batches > 1 else 1, activation=self.info.activation,
+        return self.gemm.enqueue(
+            queue, Operand(a, k, 1, m * k), Operand(b, n, 1, k * n), outputs[0],
+            groups=batches if a_batches > 1 else 1, activation=self.info.activation,
         )  # fmt: skip
