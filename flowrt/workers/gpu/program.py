@@ -1,7 +1,8 @@
 """OpenCL programs: built once per device and context, their binaries cached on disk.
 
 A program is one ``kernels/<name>.cl`` file with ``kernels/common.cl`` in front of it, built
-with optional defines (``-D`` options: one program per tiling of gemm.cl, say). The first build on a machine compiles the source and writes the device binary to the cache
+with optional defines (``-D`` options: one program per tiling of gemm.cl, say), and with
+``GPU_DEVICE`` defined on a GPU. The first build on a machine compiles the source and writes the device binary to the cache
 directory (``FLOWRT_CACHE_DIR``, else ``~/.cache/flowrt``, under ``opencl/``); the file name
 holds the device name, the driver version and a hash of the source and build options, so a
 driver update or an edited kernel never loads a stale binary. A later process builds from
@@ -80,6 +81,8 @@ class ProgramCache:
         self.builds: dict[str, str] = {}
         self._programs: dict[str, Any] = {}
         self._lock = threading.Lock()
+        # A kernel may tell a GPU from a CPU device (PoCL's): GPU_DEVICE is defined on a GPU.
+        self._device_defines = "-DGPU_DEVICE" if device.type & cl.device_type.GPU else ""
 
     def get(self, name: str, defines: str = "") -> Any:
         """Program ``name`` built with ``defines`` (``-D`` options), built on first use (from
@@ -88,7 +91,8 @@ class ProgramCache:
         with self._lock:
             program = self._programs.get(key)
             if program is None:
-                program = self._programs[key] = self._build(name, key, f"{BUILD_OPTIONS} {defines}".strip())
+                options = f"{BUILD_OPTIONS} {self._device_defines} {defines}".strip()
+                program = self._programs[key] = self._build(name, key, options)
             return program
 
     def _build(self, name: str, key: str, options: str) -> Any:

@@ -1,4 +1,4 @@
-"""Scratch memory for kernels' temporary values: im2col columns, a fold's running result.
+"""Scratch memory for kernels' temporary values: split GEMMs' partial sums, a fold's running result.
 
 A kernel asks its device context for a temporary with ``context.scratch(shape, slot)``. Inside
 a queue actor's submission the temporary comes from the :class:`ScratchSet` lent to that
@@ -20,7 +20,7 @@ other run could be enqueued meanwhile.
 
 Making and releasing an OpenCL buffer per launch is dear: on an H100 (NVIDIA's OpenCL driver)
 a new buffer costs about 35 µs to create and 60 µs more at its first launch, and releasing one
-that queued commands still use about 300 µs — resnet50's twenty im2col buffers cost more host
+that queued commands still use about 300 µs — resnet50's twenty im2col buffers (as convolutions had then) cost more host
 time than all its GEMM launches. A kernel outside any submission (a workload's blocking
 ``execute``, the tuner) gets a new buffer per call, as before.
 """

@@ -19,14 +19,14 @@ def _kernel_names(program) -> set[str]:
 
 @pytest.fixture
 def planted(gpu, tmp_path, monkeypatch):
-    """A cache whose file for program ``layout`` holds another program's binary (``conv``):
+    """A cache whose file for program ``layout`` holds another program's binary (``pad``):
     a binary that builds and runs, but is not the one flowrt compiled for that name."""
     monkeypatch.setenv("FLOWRT_CACHE_DIR", str(tmp_path / "cache"))
     ProgramCache(gpu.context, gpu.device).get("layout")
-    ProgramCache(gpu.context, gpu.device).get("conv")
+    ProgramCache(gpu.context, gpu.device).get("pad")
     (layout,) = cache_dir().glob("layout--*.bin")
-    (conv,) = cache_dir().glob("conv--*.bin")
-    shutil.copyfile(conv, layout)
+    (pad,) = cache_dir().glob("pad--*.bin")
+    shutil.copyfile(pad, layout)
     return layout
 
 

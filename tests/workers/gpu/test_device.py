@@ -47,6 +47,20 @@ def test_program_binaries_are_cached_on_disk(gpu, tmp_path, monkeypatch, caplog)
     assert "unusable, rebuilding from source" in caplog.text
 
 
+def test_a_program_built_with_defines_is_a_program_of_its_own(gpu, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLOWRT_CACHE_DIR", str(tmp_path))
+    cold = ProgramCache(gpu.context, gpu.device)
+    assert cold.get("pad") is not cold.get("pad", "-DUNUSED=1")
+    assert cold.builds == {"pad": "source", "pad -DUNUSED=1": "source"}
+    assert len(list((tmp_path / "opencl").glob("pad--*.bin"))) == 2
+    warm = ProgramCache(gpu.context, gpu.device)
+    warm.get("pad", "-DUNUSED=1")
+    assert warm.builds == {"pad -DUNUSED=1": "binary"}
+    # one work-item per column of B (16 x 1 of them) cannot load 24 columns: gemm.cl's #error
+    with pytest.raises(BackendError, match=r"gemm\.cl \(.*-DTM=32 -DTN=24"):
+        warm.get("gemm", "-DTM=32 -DTN=24 -DWPTM=2 -DWPTN=16")
+
+
 def _registry():
     registry = flowrt.backend_registry().copy()
     if not registry.is_registered("GpuAcc"):

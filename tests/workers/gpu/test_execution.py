@@ -1,6 +1,7 @@
 """GpuAcc in a run: tensors stay on the device between GpuAcc layers, cross only where the host
 reads them, and a run's GPU segments are one submission each to the queue actors."""
 
+import attrs
 import numpy as np
 import pytest
 import trio
@@ -11,6 +12,7 @@ from flowrt.errors import BackendError, RunError
 from flowrt.types import TensorInfo
 from flowrt.workers.gpu.allocator import DeviceArena
 from flowrt.workers.gpu.context import DeviceContext
+from flowrt.workers.gpu.kernels import gemm as gemm_module
 from flowrt.workers.gpu.tensor import GpuTensor
 
 
@@ -166,9 +168,17 @@ async def test_runtime_opencl_device_picks_gpuacc_device(gpu, conv_network, conv
 
 
 async def test_kernel_temporaries_come_from_their_pools_scratch_set_that_later_runs_reuse(
-    gpu, conv_network, conv_net_reference
+    gpu, conv_network, conv_net_reference, monkeypatch
 ):
     feeds, expected = conv_net_reference
+    planned = gemm_module.plan_gemm
+
+    def split_k(shape, batches, units):  # partial sums in scratch, as on a large device
+        plan = planned(shape, batches, units)
+        k_split = -(-shape[2] // 2 // gemm_module.TK) * gemm_module.TK
+        return attrs.evolve(plan, splits=-(-shape[2] // k_split), k_split=k_split)
+
+    monkeypatch.setattr(gemm_module, "plan_gemm", split_k)
     opt = flowrt.optimize(conv_network(), backends=["GpuAcc", "CpuRef"])
     async with flowrt.Runtime(cpu_workers=1) as rt:
         model = await rt.load(opt, max_in_flight=4)
@@ -177,7 +187,7 @@ async def test_kernel_temporaries_come_from_their_pools_scratch_set_that_later_r
         (first_pool,) = [p for p in model.pools.pools if p in owned]
         first = owned[first_pool]
         buffers = {id(b) for b in first.buffers.values()}
-        assert buffers  # the im2col columns went to the pool's scratch set
+        assert buffers  # the GEMMs' partial sums went to the pool's scratch set
         # the feed went up and the output came down through its pinned staging memory
         assert len(first.staging) >= 2
         results = {}

@@ -14,6 +14,12 @@
 // of dim 2 computes slice z % splits of batch z / splits and writes its raw partial product to
 // C at z * c_batch; gemm_reduce then sums the slices, adds the bias and applies the activation.
 // Each matrix is a buffer and the offset of its first element in it (see common.cl).
+//
+// Built with IMPLICIT, B is the column matrix of a 2-D convolution, read from the NCHW image
+// itself (implicit GEMM: no im2col pass writes it out): element (k, n) of batch b is input
+// channel k / (KH KW) of image b's group at kernel cell k % (KH KW) under output pixel n, or 0
+// in the padding; b_batch is one group's channels, H x W each. Without it the geometry
+// arguments are unused.
 
 #ifndef TM
 #define TM 64
@@ -33,6 +39,9 @@
 #define THREADS (RM * RN)
 #define A_LOADS (TM * TK / THREADS)
 #define B_LOADS (TN * TK / THREADS)
+#if THREADS % TN != 0
+#error "a work-item's B loads must stay in one column: THREADS must be a multiple of TN"
+#endif
 
 // Element e of a TK-deep slice, as (index along the tile, index along K): walking K first
 // when that is the contiguous dim, so that neighbouring work-items read neighbouring floats.
@@ -43,6 +52,7 @@ __kernel __attribute__((reqd_work_group_size(RN, RM, 1)))
 void gemm(int M, int N, int K, int groups, int splits, int k_split,
           __global const float* A, int A_off, int a_group, int a_rs, int a_cs,
           __global const float* B, int B_off, int b_batch, int b_rs, int b_cs,
+          int H, int W, int KH, int KW, int OW, int SH, int SW, int PH, int PW, int DH, int DW,
           __global float* C, int C_off, int c_batch,
           __global const float* bias, int bias_off, int has_bias, int bias_group, int bias_rs, int bias_cs,
           float alpha, float beta, int code, float act_alpha, float act_beta) {
@@ -64,19 +74,39 @@ void gemm(int M, int N, int K, int groups, int splits, int k_split,
         for (int j = 0; j < WPTN; ++j) acc[i][j] = 0.0f;
 
     float ra[A_LOADS], rb[B_LOADS];  // the next slice, on its way from global memory
-#define LOAD_SLICE(t)                                                                   \
+#define LOAD_A(t)                                                                        \
     for (int l = 0; l < A_LOADS; ++l) {                                                  \
         int m, k;                                                                        \
         SLICE_POS(tid + l * THREADS, a_k_fast, TM, m, k);                                \
         int gr = row0 + m, gk = (t) + k;                                                 \
         ra[l] = (gr < M && gk < k1) ? A[gr * a_rs + gk * a_cs] : 0.0f;                   \
-    }                                                                                    \
+    }
+#ifdef IMPLICIT
+    // This work-item loads one column (output pixel) of every slice: rows k_row + l THREADS/TN.
+    const int b_col = tid % TN, k_row = tid / TN, kcells = KH * KW;
+    const int out_pixel = col0 + b_col, in_columns = out_pixel < N;
+    const int ih0 = (out_pixel / OW) * SH - PH, iw0 = (out_pixel % OW) * SW - PW;
+#define LOAD_SLICE(t)                                                                    \
+    LOAD_A(t)                                                                            \
+    for (int l = 0; l < B_LOADS; ++l) {                                                  \
+        int gk = (t) + k_row + l * (THREADS / TN);                                       \
+        int c = gk / kcells, cell = gk - c * kcells, kh = cell / KW;                     \
+        int ih = ih0 + kh * DH, iw = iw0 + (cell - kh * KW) * DW;                        \
+        rb[l] = (in_columns && gk < k1 && (uint)ih < (uint)H && (uint)iw < (uint)W)      \
+                    ? B[(c * H + ih) * W + iw] : 0.0f;                                   \
+    }
+#define B_POS(l, n, k) do { n = b_col; k = k_row + (l) * (THREADS / TN); } while (0)
+#else
+#define LOAD_SLICE(t)                                                                    \
+    LOAD_A(t)                                                                            \
     for (int l = 0; l < B_LOADS; ++l) {                                                  \
         int n, k;                                                                        \
         SLICE_POS(tid + l * THREADS, b_k_fast, TN, n, k);                                \
         int gc = col0 + n, gk = (t) + k;                                                 \
         rb[l] = (gc < N && gk < k1) ? B[gk * b_rs + gc * b_cs] : 0.0f;                   \
     }
+#define B_POS(l, n, k) SLICE_POS(tid + (l) * THREADS, b_k_fast, TN, n, k)
+#endif
 
     LOAD_SLICE(k0)
     for (int t = k0; t < k1; t += TK) {
@@ -88,14 +118,16 @@ void gemm(int M, int N, int K, int groups, int splits, int k_split,
         }
         for (int l = 0; l < B_LOADS; ++l) {
             int n, k;
-            SLICE_POS(tid + l * THREADS, b_k_fast, TN, n, k);
+            B_POS(l, n, k);
             Bs[k][n] = rb[l];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         if (t + TK < k1) {
             LOAD_SLICE(t + TK)
         }
+#ifdef GPU_DEVICE  // 8% faster on an H100; PoCL's CPU device only compiles longer
 #pragma unroll
+#endif
         for (int k = 0; k < TK; ++k) {
             float a[WPTM], b[WPTN];
             for (int i = 0; i < WPTM; ++i) a[i] = As[k][lr + RM * i];
@@ -105,6 +137,8 @@ void gemm(int M, int N, int K, int groups, int splits, int k_split,
         }
     }
 #undef LOAD_SLICE
+#undef LOAD_A
+#undef B_POS
 
     for (int i = 0; i < WPTM; ++i) {
         int row = row0 + lr + RM * i;

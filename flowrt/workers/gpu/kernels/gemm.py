@@ -115,15 +115,27 @@ class Gemm:
     """One GEMM shape of a layer, planned for its device: the kernels of the chosen tiling (and
     the split-K reduction when K is split). ``enqueue`` runs
     ``C[n] = act(alpha * A[n % groups] @ B[n] + beta * bias[n % groups])`` for each of the
-    ``batches`` batches (C packed, (M, N) per batch)."""
+    ``batches`` batches (C packed, (M, N) per batch).
 
-    def __init__(self, owner: GpuKernel, shape: tuple[int, int, int], batches: int = 1) -> None:
+    With ``image`` (a convolution's (H, W, KH, KW, OW, SH, SW, PH, PW, DH, DW)), B is the
+    convolution's column matrix read from the image itself (gemm.cl's IMPLICIT build): B's
+    operand is the image, its ``step`` one group's channels, its strides unused."""
+
+    def __init__(
+        self,
+        owner: GpuKernel,
+        shape: tuple[int, int, int],
+        batches: int = 1,
+        image: tuple[int, ...] | None = None,
+    ) -> None:
         self.owner = owner
         self.shape = shape
         self.batches = batches
+        self.image = ints(*(image or (0,) * 11))
         device = owner.context.device
         self.plan = plan_gemm(shape, batches, int(device.max_compute_units))
-        self.kernel = owner.context.kernel("gemm", "gemm", self.plan.tiling.defines)
+        defines = self.plan.tiling.defines + (" -DIMPLICIT" if image else "")
+        self.kernel = owner.context.kernel("gemm", "gemm", defines)
         self.reduce = owner.context.kernel("gemm", "gemm_reduce") if self.plan.splits > 1 else None
 
     def enqueue(
@@ -150,12 +162,12 @@ class Gemm:
             *bias.tensor.kernel_args, *ints(has_bias, bias.step, bias.rows, bias.cols),
             np.float32(alpha), np.float32(beta), *activation_args(activation),
         )  # fmt: skip
-        partial = c if splits == 1 else self.owner.context.scratch((self.batches * splits * m * n,), slot=1)
+        partial = c if splits == 1 else self.owner.context.scratch((self.batches * splits * m * n,))
         event = self.kernel(
             queue, size, tiling.local_size,
             *ints(m, n, k, groups, splits, k_split),
             *a.tensor.kernel_args, *ints(a.step, a.rows, a.cols),
-            *b.tensor.kernel_args, *ints(b.step, b.rows, b.cols),
+            *b.tensor.kernel_args, *ints(b.step, b.rows, b.cols), *self.image,
             *partial.kernel_args, np.int32(m * n),
             *epilogue,
         )  # fmt: skip
