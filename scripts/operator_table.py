@@ -40,7 +40,10 @@ BACKENDS = (
 # Kinds that are the graph's plumbing, not operators.
 PLUMBING = {"Input", "Output"}
 # Kinds that are flowrt's own, not ONNX operators: made by the optimizer, never imported.
-FLOWRT_KINDS = {"MatMulBias": "flowrt's own: MatMul + bias Add, made by substitution"}
+FLOWRT_KINDS = {
+    "MatMulBias": "flowrt's own: MatMul + bias Add, made by substitution",
+    "FusedConv": "flowrt's own: Conv + residual Add, as ONNX Runtime's com.microsoft FusedConv with Z; made by substitution",
+}
 CHECK = "✓"
 # The end of a message that reports what was found: ", got shape (1, 2)".
 FOUND_CLAUSE = re.compile(r"[,;]?\s*\b(got|found)\b[\w ]*$")

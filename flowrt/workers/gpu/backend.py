@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flowrt.engine.graph.passes.fusions import offer_fusions
+from flowrt.engine.graph.passes.fusions import conv_residual, offer_fusions
 from flowrt.engine.memory.manager import MemoryManager
 from flowrt.errors import BackendError
 from flowrt.registry import OptimizationViews
@@ -18,7 +18,7 @@ from flowrt.workers.gpu.workload_factory import GpuWorkloadFactory
 
 # Kernels that apply a fused activation in their own store; other kinds would need a pass more.
 FUSED_ACTIVATION_KINDS = frozenset(
-    {"Conv", "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Sum", "BatchNormalization"}
+    {"Conv", "FusedConv", "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Sum", "BatchNormalization"}
 )
 
 
@@ -67,9 +67,10 @@ class GpuAccBackend:
         return GpuLayerSupport()
 
     def optimize_subgraph(self, view: Any) -> OptimizationViews:
-        """MatMul + bias Add (+ activation) as one Gemm, and an activation fused into the
-        layer before it (Conv + bias + Relu as one Conv): see ``offer_fusions``."""
-        return offer_fusions(view, self.layer_support(), FUSED_ACTIVATION_KINDS)
+        """MatMul + bias Add (+ activation) as one Gemm, Conv + residual Add (+ activation) as
+        one FusedConv, and an activation fused into the layer before it (Conv + bias + Relu as
+        one Conv): see ``offer_fusions``."""
+        return offer_fusions(view, self.layer_support(), FUSED_ACTIVATION_KINDS, patterns=(conv_residual,))
 
     def create_context(self, options: Any = None) -> GpuBackendContext:
         """The runtime's GpuAcc context: the device ``options.opencl_device`` names (this

@@ -109,3 +109,20 @@ def test_descriptors_are_found_by_kind_name():
     assert conv.group == 1
     with pytest.raises(AttributeError, match="no descriptor for layer kind 'Frob'"):
         flowrt.descriptors.Frob  # noqa: B018
+
+
+def test_fused_conv_takes_a_residual_of_its_output_shape_only():
+    w = np.ones((3, 2, 3, 3), np.float32)
+    for z_shape in [(1, 3, 3, 3), (1, 3, 5, 5)]:
+        net = flowrt.Network()
+        x = net.add_input("x", TensorInfo((1, 2, 5, 5)))
+        z = net.add_input("z", TensorInfo(z_shape))
+        net.add_output("y", net.add_layer("FusedConv", flowrt.descriptors.Conv(), [x, w, None, z], name="fc"))
+        if z_shape == (1, 3, 3, 3):
+            net.validate()
+            continue
+        expected = (
+            r"FusedConv expects Z of its output's shape \(1, 3, 3, 3\) and type float32, got \(1, 3, 5, 5\)"
+        )
+        with pytest.raises(ShapeError, match=expected):
+            net.validate()

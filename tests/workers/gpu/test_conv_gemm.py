@@ -1,12 +1,15 @@
 """GpuAcc Conv (im2col + tiled GEMM), Gemm and MatMul against CpuRef."""
 
+import attrs
 import numpy as np
 import pytest
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flowrt
 from flowrt.registry import FusedActivation
+from flowrt.types import TensorInfo
 from flowrt.workers.gpu.kernels import gemm as gemm_module
 from flowrt.workers.gpu.kernels.gemm import TILINGS, TK, GemmPlan, plan_gemm
 
@@ -128,3 +131,61 @@ def test_gemm_plan_splits_deep_narrow_products_and_tiles_wide_ones_whole():
     assert (wide.tiling, wide.splits) == (max(TILINGS.values(), key=lambda t: t.rows * t.cols), 1)
     # a device of two compute units is filled by a few tiles: nothing to gain from splitting
     assert plan_gemm((512, 784, 128), 1, units=2).splits == 1
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_fused_conv_adds_its_residual_before_the_activation(run_both, monkeypatch, splits):
+    planned = gemm_module.plan_gemm
+    monkeypatch.setattr(
+        gemm_module, "plan_gemm",
+        lambda shape, batches, units: attrs.evolve(
+            planned(shape, batches, units), splits=splits, k_split=-(-shape[2] // splits // TK) * TK
+        ),
+    )  # fmt: skip
+    rng = np.random.default_rng(12)
+    x, w, b, z = (
+        _normal(rng, 2, 16, 7, 9),
+        _normal(rng, 12, 16, 3, 3),
+        _normal(rng, 12),
+        _normal(rng, 2, 12, 7, 9),
+    )
+    (got,), (expected,) = run_both(
+        "FusedConv", flowrt.descriptors.Conv(pads=(1, 1, 1, 1)), [x, w, b, z], constant=(1, 2),
+        activation=FusedActivation("Relu"),
+    )  # fmt: skip
+    np.testing.assert_allclose(got, np.maximum(expected, 0), rtol=1e-4, atol=1e-4)
+
+
+def _residual_block(with_bias: bool) -> flowrt.Network:
+    """x -> Conv + Relu -> Conv -> Add x -> Relu: a ResNet basic block."""
+    rng = np.random.default_rng(13)
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((2, 8, 10, 10)))
+    pads = flowrt.descriptors.Conv(pads=(1, 1, 1, 1))
+    w1, w2 = (0.2 * _normal(rng, 8, 8, 3, 3) for _ in range(2))
+    conv1 = net.add_layer("Conv", pads, [x, w1, _normal(rng, 8)], name="conv1")
+    relu1 = net.add_layer("Relu", inputs=[conv1], name="relu1")
+    conv2 = net.add_layer(
+        "Conv", pads, [relu1, w2, _normal(rng, 8)] if with_bias else [relu1, w2], name="conv2"
+    )
+    add = net.add_layer("Add", inputs=[conv2, x], name="add")
+    net.add_output("y", net.add_layer("Relu", inputs=[add], name="relu2"))
+    return net
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_a_residual_block_runs_as_conv_and_fused_conv_on_gpuacc(gpu, with_bias):
+    x = np.random.default_rng(14).standard_normal((2, 8, 10, 10)).astype(np.float32)
+    opt = flowrt.optimize(_residual_block(with_bias), backends=["GpuAcc", "CpuRef"])
+    layers = opt.graph.layers
+    assert layers["conv2"].kind == "FusedConv" and layers["conv2"].backend == "GpuAcc"
+    assert "add" not in layers and "relu2" not in layers
+    assert layers["conv2"].activation == FusedActivation("Relu")
+    assert "GpuAcc: Conv 'conv2' + Add 'add' + Relu 'relu2'" in opt.report()
+
+    async def run(o):
+        async with flowrt.Runtime(cpu_workers=1) as rt:
+            return (await (await rt.load(o, max_in_flight=1)).run({"x": x}))["y"]
+
+    expected = trio.run(run, flowrt.optimize(_residual_block(with_bias), backends=["CpuRef"]))
+    np.testing.assert_allclose(trio.run(run, opt), expected, rtol=1e-4, atol=1e-4)

@@ -223,6 +223,27 @@ def infer_conv(desc: ConvDescriptor, inputs, consts):
     return [TensorInfo(conv_output_shape(desc, x, w, b, "Conv"), x.dtype)]
 
 
+@layer_kind("FusedConv", ConvDescriptor, min_inputs=2, max_inputs=4)
+def infer_fused_conv(desc: ConvDescriptor, inputs, consts):
+    """A Conv with a tensor of its output's shape added before its fused activation
+    (``Y = act(Conv(X, W, B) + Z)``, ONNX Runtime's com.microsoft FusedConv with Z): what the
+    optimizer makes of a Conv whose only reader is a residual Add, on a backend that offers
+    it. Inputs X, W, B (optional: None), Z."""
+    x, w, b, z = (list(inputs) + [None, None])[:4]
+    _same_float_types(x, w, "FusedConv")
+    shape = conv_output_shape(desc, x, w, b, "FusedConv")
+    if (
+        z is None
+        or z.dtype != x.dtype
+        or (shape is not None and z.shape is not None and tuple(z.shape) != shape)
+    ):
+        found = "no tensor" if z is None else f"{z.format_shape()} {z.dtype.value}"
+        raise ShapeError(
+            f"FusedConv expects Z of its output's shape {shape} and type {x.dtype.value}, got {found}"
+        )
+    return [TensorInfo(shape, x.dtype)]
+
+
 def conv_output_shape(
     desc: ConvDescriptor, x: TensorInfo, w: TensorInfo, b: TensorInfo | None, what: str
 ) -> tuple[Dim, ...] | None:

@@ -7,6 +7,8 @@ is handed, each answered as a substitution by one fused layer (Arm NN's backend-
   rows by a matrix + a constant vector along its columns -> one ``MatMulBias``;
 - a layer of ``activation_kinds`` (Conv, Gemm, ...) + the activation reading it -> that
   layer with the activation fused (Conv + bias + Relu is one Conv);
+- Conv + a residual Add (+ an activation) -> one ``FusedConv``, where a backend passes
+  :func:`conv_residual` among its patterns (GpuAcc adds Z in its GEMM's epilogue);
 - the ``patterns`` a backend passes, tried first (CpuAcc's ``PATTERN_FUSIONS``: SiLU, GELU,
   HardSwish, LayerNormalization and RMSNormalization written out of small ops -> one layer).
 
@@ -111,6 +113,35 @@ def matmul_add(
     sources = (layer.inputs[0].source, layer.inputs[1].source, bias_slot)
     descriptor = GemmDescriptor() if kind == "Gemm" else NoDescriptor()
     return fused, ReplacementLayer(kind, descriptor, sources, activation, layer.name)
+
+
+def conv_residual(
+    layer: Layer, members: set[str], activations: Collection[str] | None = None
+) -> Fusion | None:
+    """Conv + Add of a tensor of the Conv's output shape (a residual connection) [+ the
+    activation] -> one FusedConv (``act(Conv(X, W, B) + Z)``). A backend offers it by passing
+    this among its ``patterns``."""
+    if layer.kind != "Conv" or layer.activation is not None:
+        return None
+    add = _only_reader(layer, members)
+    if add is None or add.kind != "Add" or len(add.inputs) != 2 or getattr(add.descriptor, "legacy", False):
+        return None
+    out = layer.outputs[0]
+    z = next((s.source for s in add.inputs if s.source is not out), None)
+    info = out.info
+    if z is None or z.info is None or info is None or not info.is_static:
+        return None
+    if z.info.dtype is not DataType.FLOAT32 or z.info.shape != info.shape or add.outputs[0].info != info:
+        return None  # a broadcast Add is not a residual
+    activation, fused = add.activation, [layer, add]
+    if activation is None:
+        after = _only_reader(add, members)
+        activation = _activation_of(after, activations)
+        if after is not None and activation is not None:
+            fused.append(after)
+    x, w, *bias = (s.source for s in layer.inputs)
+    sources = (x, w, bias[0] if bias else None, z)
+    return fused, ReplacementLayer("FusedConv", layer.descriptor, sources, activation, layer.name)
 
 
 def fused_activation(

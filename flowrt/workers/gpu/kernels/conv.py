@@ -22,9 +22,10 @@ from flowrt.workers.gpu.kernels.gemm import Gemm, Operand
 from flowrt.workers.gpu.tensor import GpuTensor
 
 
-@gpu_kernel("Conv")
+@gpu_kernel("Conv", "FusedConv")
 class ConvKernel(GpuKernel):
-    """Conv over NCHW input and MCHW weights."""
+    """Conv over NCHW input and MCHW weights; FusedConv adds its residual Z in the GEMM's
+    epilogue, before the activation."""
 
     fuses_activation = True
 
@@ -62,6 +63,7 @@ class ConvKernel(GpuKernel):
         x, w, *rest = inputs
         assert x is not None and w is not None  # required inputs; only the bias is optional
         bias = rest[0] if rest else None
+        residual = rest[1] if len(rest) > 1 else None
         m, pixels = self.gemm.shape[:2]
         return self.gemm.enqueue(
             queue,
@@ -69,5 +71,5 @@ class ConvKernel(GpuKernel):
             Operand(x, pixels, 1, self.group_step),  # strides unused when implicit
             outputs[0],
             Operand(bias, 1, 0, m) if bias is not None else None,
-            groups=self.info.descriptor.group, activation=self.info.activation,
+            groups=self.info.descriptor.group, activation=self.info.activation, residual=residual,
         )  # fmt: skip

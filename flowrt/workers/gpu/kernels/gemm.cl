@@ -13,6 +13,7 @@
 // GEMM has groups = 1. With splits > 1, K is cut into `splits` slices of k_split: work-group z
 // of dim 2 computes slice z % splits of batch z / splits and writes its raw partial product to
 // C at z * c_batch; gemm_reduce then sums the slices, adds the bias and applies the activation.
+// With has_res, R (laid out as C) is added before the activation: a residual connection.
 // Each matrix is a buffer and the offset of its first element in it (see common.cl).
 //
 // Built with IMPLICIT, B is the column matrix of a 2-D convolution, read from the NCHW image
@@ -55,6 +56,7 @@ void gemm(int M, int N, int K, int groups, int splits, int k_split,
           int H, int W, int KH, int KW, int OW, int SH, int SW, int PH, int PW, int DH, int DW,
           __global float* C, int C_off, int c_batch,
           __global const float* bias, int bias_off, int has_bias, int bias_group, int bias_rs, int bias_cs,
+          __global const float* R, int R_off, int has_res,
           float alpha, float beta, int code, float act_alpha, float act_beta) {
     __local float As[TK][TM + 1];
     __local float Bs[TK][TN + 1];
@@ -67,6 +69,7 @@ void gemm(int M, int N, int K, int groups, int splits, int k_split,
     A += A_off + group * a_group;
     B += B_off + batch * b_batch;
     C += C_off + z * c_batch;
+    R += R_off + z * c_batch;  // read only when splits == 1, where z is the batch
     bias += bias_off;
 
     float acc[WPTM][WPTN];
@@ -150,6 +153,7 @@ void gemm(int M, int N, int K, int groups, int splits, int k_split,
             if (splits == 1) {
                 v *= alpha;
                 if (has_bias) v += beta * bias[group * bias_group + row * bias_rs + col * bias_cs];
+                if (has_res) v += R[row * N + col];
                 v = activate(v, code, act_alpha, act_beta);
             }
             C[row * N + col] = v;
@@ -157,13 +161,13 @@ void gemm(int M, int N, int K, int groups, int splits, int k_split,
     }
 }
 
-// The end of a split-K GEMM: C[b] = act(alpha * sum of P's slices of batch b + beta * bias),
+// The end of a split-K GEMM: C[b] = act(alpha * sum of P's slices of batch b + beta * bias + R[b]),
 // one work-item per element of C (P holds batch b's `splits` slices of M x N at b * splits).
 __kernel void gemm_reduce(int M, int N, int groups, int splits, int total,
                           __global const float* P, int P_off, __global float* C, int C_off, int c_batch,
                           __global const float* bias, int bias_off, int has_bias, int bias_group,
-                          int bias_rs, int bias_cs, float alpha, float beta, int code, float act_alpha,
-                          float act_beta) {
+                          int bias_rs, int bias_cs, __global const float* R, int R_off, int has_res,
+                          float alpha, float beta, int code, float act_alpha, float act_beta) {
     int i = get_global_id(0);
     if (i >= total) return;
     const int mn = M * N, batch = i / mn, e = i % mn;
@@ -173,5 +177,6 @@ __kernel void gemm_reduce(int M, int N, int groups, int splits, int total,
     float v = alpha * sum;
     if (has_bias)
         v += beta * bias[bias_off + (batch % groups) * bias_group + (e / N) * bias_rs + (e % N) * bias_cs];
+    if (has_res) v += R[R_off + batch * c_batch + e];
     C[C_off + batch * c_batch + e] = activate(v, code, act_alpha, act_beta);
 }

@@ -150,8 +150,10 @@ class Gemm:
         alpha: float = 1.0,
         beta: float = 1.0,
         activation: FusedActivation | None = None,
+        residual: GpuTensor | None = None,
     ) -> Any:
-        """Enqueue the GEMM on ``queue``; returns the event of its last command."""
+        """Enqueue the GEMM on ``queue``; returns the event of its last command. A
+        ``residual`` (laid out as C) is added before the activation."""
         m, n, k = self.shape
         tiling, splits, k_split = self.plan.tiling, self.plan.splits, self.plan.k_split
         rn, rm, _ = tiling.local_size
@@ -160,6 +162,7 @@ class Gemm:
         bias = bias or Operand(c, 0, 0)  # a placeholder the kernel never reads
         epilogue = (
             *bias.tensor.kernel_args, *ints(has_bias, bias.step, bias.rows, bias.cols),
+            *(residual or c).kernel_args, np.int32(residual is not None),
             np.float32(alpha), np.float32(beta), *activation_args(activation),
         )  # fmt: skip
         partial = c if splits == 1 else self.owner.context.scratch((self.batches * splits * m * n,))

@@ -93,6 +93,12 @@ def conv(desc, x, w, b=None):
     return y.astype(x.dtype, copy=False)
 
 
+@ref_kernel("FusedConv")
+def fused_conv(desc, x, w, b, z):
+    """Conv + Z (the residual); the workload applies the fused activation after."""
+    return conv(desc, x, w, b) + z
+
+
 @ref_kernel("ConvTranspose")
 def conv_transpose(desc, x, w, b=None):
     kernel = w.shape[2:]
