@@ -135,7 +135,9 @@ def _add_bench(sub) -> None:
 
 
 def _add_tune(sub) -> None:
-    tune = _command(sub, "tune", "tune GpuAcc's local work sizes for a model into a tuning file")
+    tune = _command(
+        sub, "tune", "tune GpuAcc's local work sizes and GEMM plans for a model into a tuning file"
+    )
     tune.add_argument("model", help="an .onnx or .flowrt file")
     tune.add_argument(
         "--mode", choices=["rapid", "normal", "exhaustive"], default="normal", help="how many sizes to time"

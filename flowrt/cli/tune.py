@@ -1,4 +1,5 @@
-"""``flowrt tune``: load a model on GpuAcc with the tuner on and write the tuned local work sizes."""
+"""``flowrt tune``: load a model on GpuAcc with the tuner on and write the tuned local work sizes
+and GEMM plans."""
 
 from __future__ import annotations
 
@@ -46,11 +47,12 @@ def command(args: argparse.Namespace) -> int:
         raise InputError(f"no layer of {args.model} runs on GpuAcc, so there is nothing to tune{why}")
     trio.run(_tune, opt, args.output, args.mode, layers, args.bars)
 
-    from flowrt.workers.gpu.tuning_file import read_tuning_file
+    from flowrt.workers.gpu.tuning_file import PLAN, read_tuning_file
 
     entries = read_tuning_file(args.output)
+    plans = sum(key[2].endswith(PLAN) for key in entries)
     print(
-        f"wrote {args.output}: {len(entries)} tuned local work sizes for {layers} GpuAcc layers "
-        f"(mode {args.mode}) in {time.perf_counter() - start:.1f} s"
+        f"wrote {args.output}: {len(entries) - plans} tuned local work sizes and {plans} GEMM plans "
+        f"for {layers} GpuAcc layers (mode {args.mode}) in {time.perf_counter() - start:.1f} s"
     )
     return 0

@@ -9,6 +9,10 @@ the fastest. Modes: ``none`` (use what is known, time nothing), ``rapid`` (a few
 ``normal`` (every power of two) and ``exhaustive`` (every multiple of the device's preferred
 work-group multiple too, each timed three times).
 
+A kernel with a choice to make beyond its local size times its candidates through
+:meth:`Tuner.choose` on the same queue: GpuAcc's GEMM, among the tilings and K splits its cost
+model ranks first (3 in ``rapid``, 8 in ``normal``, every one in ``exhaustive``).
+
 Results are keyed by (device name, driver version, kernel name, global size) and kept in a
 msgpack tuning file (see :mod:`flowrt.workers.gpu.tuning_file`), read when the tuner is made
 and written, atomically, after each load that tuned something new.
@@ -20,13 +24,13 @@ import contextvars
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from flowrt.errors import BackendError
 from flowrt.workers.gpu.device import cl
-from flowrt.workers.gpu.tuning_file import TuningEntries, TuningKey, read_tuning_file, write_tuning_file
+from flowrt.workers.gpu.tuning_file import PLAN, TuningEntries, TuningKey, read_tuning_file, write_tuning_file
 from flowrt.workers.gpu.tuning_mode import TuningMode
 
 logger = logging.getLogger(__name__)
@@ -99,6 +103,8 @@ class Tuner:
         largest = int(device.max_work_group_size)
         per_dim = [int(s) for s in device.max_work_item_sizes]
         for key, local in self.entries.items():
+            if key[2].endswith(PLAN):
+                continue  # a plan, not a local size: the kernel that reads it checks it
             fits = len(local) <= len(per_dim) and all(s <= most for s, most in zip(local, per_dim))
             if key[:2] == identity and not (fits and math.prod(local) <= largest):
                 limit = f"at most {per_dim[: len(local)]}, {largest} in all, on {identity[0]!r}"
@@ -124,6 +130,45 @@ class Tuner:
                 props = cl.command_queue_properties.PROFILING_ENABLE
                 queue = self._queues[id(context)] = cl.CommandQueue(context.context, context.device, props)
             return queue
+
+    def tunes_on(self, queue: Any) -> bool:
+        """Whether commands enqueued on ``queue`` are to be tuned: a tuning mode, and the
+        profiling queue."""
+        return self.tunes and queue in self._queues.values()
+
+    def plan(self, device: Any, name: str, key: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The plan :meth:`choose` chose for kernel ``name`` over ``key`` on ``device``, if any."""
+        return self.entries.get((*device_identity(device), name + PLAN, key))
+
+    def choose(
+        self,
+        device: Any,
+        name: str,
+        key: tuple[int, ...],
+        candidates: Sequence[tuple[tuple[int, ...], Callable[[], Sequence[Any]]]],
+    ) -> tuple[int, ...]:
+        """Time ``candidates`` (plan, enqueue), best guess first, each ``enqueue`` putting its
+        commands on the profiling queue and returning their events; keep the fastest plan for
+        ``name`` over ``key`` and return it. The mode decides how many are timed, and how often."""
+        count = {TuningMode.RAPID: 3, TuningMode.NORMAL: 8}.get(self.mode, len(candidates))
+        repeats = {TuningMode.RAPID: 1, TuningMode.NORMAL: 2}.get(self.mode, 3)
+        best, best_ns = candidates[0][0], None
+        for plan, enqueue in candidates[:count]:
+            for event in enqueue():  # untimed: a first run may build the kernel
+                event.wait()
+            for _ in range(repeats):
+                events = enqueue()
+                for event in events:
+                    event.wait()
+                elapsed = sum(e.profile.end - e.profile.start for e in events)
+                self.timed += 1
+                if best_ns is None or elapsed < best_ns:
+                    best, best_ns = plan, elapsed
+        with self._lock:
+            self.entries[(*device_identity(device), name + PLAN, key)] = best
+            self._changed = True
+        logger.debug("tuned %s over %s: plan %s (%s ns)", name, key, best, best_ns)
+        return best
 
     def local_size(self, device: Any, name: str, n: int) -> int | None:
         """The tuned 1-D local size of kernel ``name`` over ``n`` work-items, or None."""

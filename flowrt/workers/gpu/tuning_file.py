@@ -2,7 +2,10 @@
 
 The file is one msgpack map: ``{"format": "flowrt-opencl-tuning", "version": 1, "entries":
 [[device name, driver version, kernel name, [global size...], [local size...]], ...]}``.
-Entries of every device are kept, so one file serves several machines. It is read with
+Entries of every device are kept, so one file serves several machines. An entry whose kernel
+name ends in ``:plan`` holds a plan chosen by timing rather than a local size: for
+``gemm:plan`` (and ``gemm_implicit:plan``), the GEMM's (M, N, K, batches) and its
+(tile rows, tile columns, K splits). It is read with
 msgpack's size limits (no ext types, no binary, short strings) and checked entry by entry: a
 corrupt, truncated or foreign file is a BackendError that names the file and says what was
 wrong, never a partly used table.
@@ -24,7 +27,8 @@ VERSION = 1
 MAX_BYTES = 64 * 2**20
 MAX_ENTRIES = 1_000_000
 
-# (device name, driver version, kernel name, global size) -> local size
+PLAN = ":plan"  # the kernel-name suffix of an entry that holds a plan
+# (device name, driver version, kernel name, global size) -> local size (or a plan's key and plan)
 TuningKey = tuple[str, str, str, tuple[int, ...]]
 TuningEntries = dict[TuningKey, tuple[int, ...]]
 
@@ -63,8 +67,8 @@ def _unpack(path: Path, data: bytes) -> Any:
         raise _problem(path, f"is {detail} ({type(e).__name__}: {e})") from None
 
 
-def _sizes(value: Any) -> tuple[int, ...] | None:
-    if not isinstance(value, list) or not 1 <= len(value) <= 3:
+def _sizes(value: Any, most: int = 3) -> tuple[int, ...] | None:
+    if not isinstance(value, list) or not 1 <= len(value) <= most:
         return None
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
         return None
@@ -77,8 +81,10 @@ def _entry(path: Path, index: int, item: Any) -> tuple[TuningKey, tuple[int, ...
         raise _problem(path, f"entry {index} expected {expected}, found {item!r:.80}")
     device, driver, kernel, global_size, local_size = item
     names_ok = all(isinstance(s, str) for s in (device, driver, kernel))
-    dims, local = _sizes(global_size), _sizes(local_size)
-    if not names_ok or dims is None or local is None or len(dims) != len(local):
+    plan = names_ok and kernel.endswith(PLAN)
+    most = 4 if plan else 3
+    dims, local = _sizes(global_size, most), _sizes(local_size, most)
+    if not names_ok or dims is None or local is None or (not plan and len(dims) != len(local)):
         raise _problem(path, f"entry {index} expected {expected} with positive sizes, found {item!r:.80}")
     return (device, driver, kernel, dims), local
 

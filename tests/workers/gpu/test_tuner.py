@@ -1,5 +1,7 @@
 """GpuAcc's local-work-size tuner: tuning at load, the tuning file, and its errors."""
 
+import logging
+
 import msgpack
 import numpy as np
 import pytest
@@ -8,8 +10,9 @@ import trio
 import flowrt
 from flowrt.errors import ArgumentError, BackendError
 from flowrt.types import TensorInfo
+from flowrt.workers.gpu.kernels.gemm import TILINGS
 from flowrt.workers.gpu.tuner import DEFAULT_LOCAL_SIZE, Tuner, TuningMode, candidate_sizes
-from flowrt.workers.gpu.tuning_file import FORMAT, read_tuning_file
+from flowrt.workers.gpu.tuning_file import FORMAT, read_tuning_file, write_tuning_file
 
 SHAPE = (2, 8, 40)
 
@@ -117,6 +120,23 @@ def _corrupt_cases(good: bytes) -> dict[str, tuple[bytes, str]]:
             "entry 0",
         ),
         "zip file": (b"PK\x03\x04" + bytes(60), "msgpack"),
+        # four dims are a GEMM plan's key only, and a local size has the global size's rank
+        "4-d local size": (
+            msgpack.packb(
+                {"format": FORMAT, "version": 1, "entries": [["d", "1", "k", [8, 8, 8, 8], [1, 1, 1, 1]]]}
+            ),
+            "entry 0",
+        ),
+        "plan of 0 splits": (
+            msgpack.packb(
+                {
+                    "format": FORMAT,
+                    "version": 1,
+                    "entries": [["d", "1", "gemm:plan", [8, 8, 8, 1], [64, 64, 0]]],
+                }
+            ),
+            "entry 0",
+        ),
     }
 
 
@@ -184,7 +204,42 @@ def test_cli_tune_writes_a_tuning_file_with_a_progress_bar(gpu, tmp_path, capsys
     out, err = capsys.readouterr()
     entries = read_tuning_file(output)
     assert {key[2] for key in entries} == {"activation", "binary", "softmax"}
-    assert f"wrote {output}: {len(entries)} tuned local work sizes for 3 GpuAcc layers" in out
+    assert (
+        f"wrote {output}: {len(entries)} tuned local work sizes and 0 GEMM plans for 3 GpuAcc layers" in out
+    )
     assert "tuning (rapid)" in err and "3/3" in err
     assert main(["tune", str(model), "--backends", "CpuRef", "-o", str(output)]) == 2
     assert "no layer of" in capsys.readouterr().err
+
+
+def test_tuning_times_gemm_plans_that_a_later_load_reads(
+    gpu, tmp_path, conv_network, conv_net_reference, caplog
+):
+    """The small CNN's 3x3 conv (an implicit GEMM), its 1x1 conv and its Gemm each get the
+    fastest of the plans timed, in the file; a load with mode none uses them, timing nothing,
+    and ignores (with a warning) a plan this version has no tiling for."""
+    path = tmp_path / "cnn.msgpack"
+    feeds, expected = conv_net_reference
+
+    async def run(mode):
+        async with flowrt.Runtime(cpu_workers=1, tuning_file=path, tuning_mode=mode) as rt:
+            model = await rt.load(flowrt.optimize(conv_network(), backends=["GpuAcc"]), max_in_flight=1)
+            return await model.run(feeds), rt._backends["GpuAcc"].tuner
+
+    outputs, tuner = trio.run(run, "rapid")
+    np.testing.assert_allclose(outputs["y"], expected["y"], rtol=1e-5, atol=1e-6)
+    plans = {key: plan for key, plan in tuner.entries.items() if key[2].endswith(":plan")}
+    assert sorted(key[2] for key in plans) == ["gemm:plan", "gemm:plan", "gemm_implicit:plan"]
+    assert all(f"{rows}x{cols}" in TILINGS and splits >= 1 for rows, cols, splits in plans.values())
+    assert read_tuning_file(path) == tuner.entries
+
+    again, reader = trio.run(run, "none")
+    assert reader.timed == 0
+    np.testing.assert_allclose(again["y"], expected["y"], rtol=1e-5, atol=1e-6)
+
+    (implicit,) = [key for key in plans if key[2] == "gemm_implicit:plan"]
+    write_tuning_file(path, {**tuner.entries, implicit: (48, 48, 1)})
+    with caplog.at_level(logging.WARNING, logger="flowrt.workers.gpu.kernels.gemm"):
+        third, _ = trio.run(run, "none")
+    assert "ignoring the tuned plan (48, 48, 1) of gemm_implicit" in caplog.text
+    np.testing.assert_allclose(third["y"], expected["y"], rtol=1e-5, atol=1e-6)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -11,6 +12,8 @@ import numpy as np
 from flowrt.registry import FusedActivation
 from flowrt.workers.gpu.kernels import GpuKernel, activation_args, gpu_kernel, ints, static_shape
 from flowrt.workers.gpu.tensor import GpuTensor
+
+logger = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -95,20 +98,30 @@ def _cost(m: int, n: int, k: int, batches: int, units: int, tiling: Tiling, spli
     return cycles
 
 
-def plan_gemm(shape: tuple[int, int, int], batches: int, units: int) -> GemmPlan:
-    """The cheapest tiling and K split for an (M, N, K) GEMM of ``batches`` batches on a
-    device of ``units`` compute units, by :func:`_cost`: large tiles where there are enough
+def ranked_plans(shape: tuple[int, int, int], batches: int, units: int) -> list[GemmPlan]:
+    """Every tiling and K split of an (M, N, K) GEMM of ``batches`` batches, cheapest first on
+    a device of ``units`` compute units by :func:`_cost`: large tiles where there are enough
     of them to fill the device, smaller ones or a split K where there are not (a batch-1
     convolution of a deep layer has a few dozen pixels and thousands of K)."""
     m, n, k = shape
     candidates = []
     for index, tiling in enumerate(TILINGS.values()):
         for splits in _SPLITS:
-            k_split = -(-k // splits // TK) * TK  # whole slices of TK
-            if splits == 1 or (k >= splits * 8 * TK and -(-k // k_split) == splits):
-                cost = _cost(m, n, k, batches, units, tiling, splits)
-                candidates.append((cost, index, GemmPlan(tiling, splits, k_split)))
-    return min(candidates, key=lambda c: c[:2])[2]
+            plan = _plan(tiling, splits, k)
+            if plan is not None and (splits == 1 or k >= splits * 8 * TK):
+                candidates.append((_cost(m, n, k, batches, units, tiling, splits), index, plan))
+    return [c[2] for c in sorted(candidates, key=lambda c: c[:2])]
+
+
+def _plan(tiling: Tiling, splits: int, k: int) -> GemmPlan | None:
+    """K in ``splits`` slices of whole TK steps, or None when that many do not fit K."""
+    k_split = -(-k // splits // TK) * TK
+    return GemmPlan(tiling, splits, k_split) if splits == 1 or -(-k // k_split) == splits else None
+
+
+def plan_gemm(shape: tuple[int, int, int], batches: int, units: int) -> GemmPlan:
+    """The plan :func:`ranked_plans` ranks first."""
+    return ranked_plans(shape, batches, units)[0]
 
 
 class Gemm:
@@ -116,6 +129,10 @@ class Gemm:
     the split-K reduction when K is split). ``enqueue`` runs
     ``C[n] = act(alpha * A[n % groups] @ B[n] + beta * bias[n % groups])`` for each of the
     ``batches`` batches (C packed, (M, N) per batch).
+
+    The plan is the tuner's, where it has timed one for this shape and device (its first
+    enqueue on the tuner's profiling queue times the plans :func:`ranked_plans` ranks first),
+    else the cost model's.
 
     With ``image`` (a convolution's (H, W, KH, KW, OW, SH, SW, PH, PW, DH, DW)), B is the
     convolution's column matrix read from the image itself (gemm.cl's IMPLICIT build): B's
@@ -132,11 +149,31 @@ class Gemm:
         self.shape = shape
         self.batches = batches
         self.image = ints(*(image or (0,) * 11))
-        device = owner.context.device
-        self.plan = plan_gemm(shape, batches, int(device.max_compute_units))
-        defines = self.plan.tiling.defines + (" -DIMPLICIT" if image else "")
-        self.kernel = owner.context.kernel("gemm", "gemm", defines)
-        self.reduce = owner.context.kernel("gemm", "gemm_reduce") if self.plan.splits > 1 else None
+        self.implicit = image is not None
+        self.name = "gemm_implicit" if image else "gemm"
+        self.device = owner.context.device
+        tuned = owner.tuner.plan(self.device, self.name, (*shape, batches))
+        plan = self._tuned_plan(tuned) if tuned is not None else None
+        self.tuned = plan is not None
+        self.plan = plan or plan_gemm(shape, batches, int(self.device.max_compute_units))
+        self.kernel, self.reduce = self._kernels(self.plan)
+
+    def _tuned_plan(self, tuned: tuple[int, ...]) -> GemmPlan | None:
+        """The tuning file's (tile rows, tile columns, splits) as a plan; None, logged, when
+        it names no tiling of this version or a split K does not take."""
+        tiling = TILINGS.get(f"{tuned[0]}x{tuned[1]}") if len(tuned) == 3 else None
+        plan = _plan(tiling, tuned[2], self.shape[2]) if tiling is not None and tuned[2] >= 1 else None
+        if plan is None:
+            logger.warning(
+                "ignoring the tuned plan %s of %s %s: no such tiling and split", tuned, self.name, self.shape
+            )
+        return plan
+
+    def _kernels(self, plan: GemmPlan) -> tuple[Any, Any]:
+        defines = plan.tiling.defines + (" -DIMPLICIT" if self.implicit else "")
+        kernel = self.owner.context.kernel("gemm", "gemm", defines)
+        reduce = self.owner.context.kernel("gemm", "gemm_reduce") if plan.splits > 1 else None
+        return kernel, reduce
 
     def enqueue(
         self,
@@ -154,10 +191,6 @@ class Gemm:
     ) -> Any:
         """Enqueue the GEMM on ``queue``; returns the event of its last command. A
         ``residual`` (laid out as C) is added before the activation."""
-        m, n, k = self.shape
-        tiling, splits, k_split = self.plan.tiling, self.plan.splits, self.plan.k_split
-        rn, rm, _ = tiling.local_size
-        size = (-(-n // tiling.cols) * rn, -(-m // tiling.rows) * rm, self.batches * splits)
         has_bias = bias is not None
         bias = bias or Operand(c, 0, 0)  # a placeholder the kernel never reads
         epilogue = (
@@ -165,22 +198,56 @@ class Gemm:
             *(residual or c).kernel_args, np.int32(residual is not None),
             np.float32(alpha), np.float32(beta), *activation_args(activation),
         )  # fmt: skip
+        operands = (a, b, c, groups, epilogue)
+        if not self.tuned and self.owner.tuner.tunes_on(queue):
+            self._tune(queue, operands)
+        return self._enqueue(self.plan, self.kernel, self.reduce, queue, *operands)[-1]
+
+    def _tune(self, queue: Any, operands: tuple) -> None:
+        """Time the plans ranked first on ``queue`` (the tuner's) and take the fastest."""
+
+        def runner(plan: GemmPlan) -> Callable[[], list[Any]]:
+            def run() -> list[Any]:  # programs built for the candidates timed only
+                return self._enqueue(plan, *self._kernels(plan), queue, *operands)
+
+            return run
+
+        ranked = ranked_plans(self.shape, self.batches, int(self.device.max_compute_units))
+        candidates = [((p.tiling.rows, p.tiling.cols, p.splits), runner(p)) for p in ranked]
+        chosen = self.owner.tuner.choose(self.device, self.name, (*self.shape, self.batches), candidates)
+        best = self._tuned_plan(chosen)
+        assert best is not None  # one of ranked_plans'
+        self.plan, self.tuned = best, True
+        self.kernel, self.reduce = self._kernels(best)
+
+    def _enqueue(
+        self, plan: GemmPlan, kernel: Any, reduce: Any, queue: Any, a: Operand, b: Operand, c: GpuTensor,
+        groups: int, epilogue: tuple,
+    ) -> list[Any]:  # fmt: skip
+        m, n, k = self.shape
+        tiling, splits = plan.tiling, plan.splits
+        rn, rm, _ = tiling.local_size
+        size = (-(-n // tiling.cols) * rn, -(-m // tiling.rows) * rm, self.batches * splits)
         partial = c if splits == 1 else self.owner.context.scratch((self.batches * splits * m * n,))
-        event = self.kernel(
-            queue, size, tiling.local_size,
-            *ints(m, n, k, groups, splits, k_split),
-            *a.tensor.kernel_args, *ints(a.step, a.rows, a.cols),
-            *b.tensor.kernel_args, *ints(b.step, b.rows, b.cols), *self.image,
-            *partial.kernel_args, np.int32(m * n),
-            *epilogue,
-        )  # fmt: skip
-        if self.reduce is None:
-            return event
-        total = self.batches * m * n
-        return self.owner.launch(
-            self.reduce, queue, total, *ints(m, n, groups, splits, total),
-            *partial.kernel_args, *c.kernel_args, np.int32(m * n), *epilogue,
-        )  # fmt: skip
+        events = [
+            kernel(
+                queue, size, tiling.local_size,
+                *ints(m, n, k, groups, splits, plan.k_split),
+                *a.tensor.kernel_args, *ints(a.step, a.rows, a.cols),
+                *b.tensor.kernel_args, *ints(b.step, b.rows, b.cols), *self.image,
+                *partial.kernel_args, np.int32(m * n),
+                *epilogue,
+            )
+        ]  # fmt: skip
+        if reduce is not None:
+            total = self.batches * m * n
+            events.append(
+                self.owner.launch(
+                    reduce, queue, total, *ints(m, n, groups, splits, total),
+                    *partial.kernel_args, *c.kernel_args, np.int32(m * n), *epilogue,
+                )
+            )  # fmt: skip
+        return events
 
 
 def matrix(tensor: GpuTensor, transposed: bool) -> Operand:
