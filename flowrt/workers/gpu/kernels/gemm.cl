@@ -40,6 +40,32 @@
 #define THREADS (RM * RN)
 #define A_LOADS (TM * TK / THREADS)
 #define B_LOADS (TN * TK / THREADS)
+#ifdef BLOCKED
+// Each work-item owns WPTM consecutive rows and WPTN consecutive columns of the tile, read from
+// local memory as vectors (a 128-bit load for four values): a third of the loads per
+// multiply-add of rows and columns RM and RN apart. Rows of local memory stay 16-byte aligned.
+#define PAD 4
+#define ROW(i) (lr * WPTM + (i))
+#define COL(j) (lc * WPTN + (j))
+#if WPTM % 4 == 0
+#define VA 4
+#define AVEC float4
+#else
+#define VA 2
+#define AVEC float2
+#endif
+#if WPTN % 4 == 0
+#define VB 4
+#define BVEC float4
+#else
+#define VB 2
+#define BVEC float2
+#endif
+#else
+#define PAD 1
+#define ROW(i) (lr + RM * (i))
+#define COL(j) (lc + RN * (j))
+#endif
 #if THREADS % TN != 0
 #error "a work-item's B loads must stay in one column: THREADS must be a multiple of TN"
 #endif
@@ -58,8 +84,8 @@ void gemm(int M, int N, int K, int groups, int splits, int k_split,
           __global const float* bias, int bias_off, int has_bias, int bias_group, int bias_rs, int bias_cs,
           __global const float* R, int R_off, int has_res,
           float alpha, float beta, int code, float act_alpha, float act_beta) {
-    __local float As[TK][TM + 1];
-    __local float Bs[TK][TN + 1];
+    __local float As[TK][TM + PAD] __attribute__((aligned(16)));
+    __local float Bs[TK][TN + PAD] __attribute__((aligned(16)));
     const int lc = get_local_id(0), lr = get_local_id(1);
     const int col0 = get_group_id(0) * TN, row0 = get_group_id(1) * TM;
     const int z = get_global_id(2), batch = z / splits, group = batch % groups;
@@ -133,8 +159,19 @@ void gemm(int M, int N, int K, int groups, int splits, int k_split,
 #endif
         for (int k = 0; k < TK; ++k) {
             float a[WPTM], b[WPTN];
-            for (int i = 0; i < WPTM; ++i) a[i] = As[k][lr + RM * i];
-            for (int j = 0; j < WPTN; ++j) b[j] = Bs[k][lc + RN * j];
+#ifdef BLOCKED
+            for (int q = 0; q < WPTM / VA; ++q) {
+                AVEC v = *(__local const AVEC*)&As[k][ROW(VA * q)];
+                for (int c = 0; c < VA; ++c) a[VA * q + c] = ((const float*)&v)[c];
+            }
+            for (int q = 0; q < WPTN / VB; ++q) {
+                BVEC v = *(__local const BVEC*)&Bs[k][COL(VB * q)];
+                for (int c = 0; c < VB; ++c) b[VB * q + c] = ((const float*)&v)[c];
+            }
+#else
+            for (int i = 0; i < WPTM; ++i) a[i] = As[k][ROW(i)];
+            for (int j = 0; j < WPTN; ++j) b[j] = Bs[k][COL(j)];
+#endif
             for (int i = 0; i < WPTM; ++i)
                 for (int j = 0; j < WPTN; ++j) acc[i][j] = mad(a[i], b[j], acc[i][j]);
         }
@@ -144,10 +181,10 @@ void gemm(int M, int N, int K, int groups, int splits, int k_split,
 #undef B_POS
 
     for (int i = 0; i < WPTM; ++i) {
-        int row = row0 + lr + RM * i;
+        int row = row0 + ROW(i);
         if (row >= M) continue;
         for (int j = 0; j < WPTN; ++j) {
-            int col = col0 + lc + RN * j;
+            int col = col0 + COL(j);
             if (col >= N) continue;
             float v = acc[i][j];
             if (splits == 1) {
