@@ -9,7 +9,9 @@ and optimized for ``GpuAcc,CpuRef``; PyTorch runs the same module eagerly on CUD
 off (``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32``), so
 both sides compute in fp32; PyTorch runs in a child process, so CUDA and the OpenCL driver never share one. For each batch size it prints the median latency and the
 throughput of each engine, flowrt's throughput as a fraction of PyTorch's, and the largest
-difference between their outputs. ``--concurrency C`` keeps C flowrt runs in flight (C memory
+difference between their outputs. PyTorch is timed on an input already on the GPU, its output
+left there; "torch host ms" is PyTorch from the host array to a host array, as flowrt's
+``run`` is timed. ``--concurrency C`` keeps C flowrt runs in flight (C memory
 pools), which overlaps one run's host work with another's device work.
 
 It also prints flowrt's kernel launches per run and the host time per launch (the time
@@ -66,7 +68,9 @@ def _export(model, batch: int, folder: Path, name: str = "resnet50") -> str:
     return str(path)
 
 
-def _torch_latencies(model, x: np.ndarray, iterations: int) -> tuple[list[float], np.ndarray]:
+def _torch_latencies(model, x: np.ndarray, iterations: int) -> tuple[list[float], list[float], np.ndarray]:
+    """PyTorch's latencies on an input already on the GPU (the output left there), then from
+    the host array to the host array (as flowrt's ``run`` is timed), and its output."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -83,9 +87,14 @@ def _torch_latencies(model, x: np.ndarray, iterations: int) -> tuple[list[float]
             out = gpu_model(xt)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
+        host_times = []
+        for _ in range(iterations):
+            start = time.perf_counter()
+            gpu_model(torch.from_numpy(x).cuda()).cpu()
+            host_times.append(time.perf_counter() - start)
     result = out.cpu().numpy()
     model.cpu()
-    return times, result
+    return times, host_times, result
 
 
 class _LaunchCounter:
@@ -170,13 +179,14 @@ async def _flowrt_latencies(
 
 def _torch_in_child(
     name: str, batch: int, iterations: int, folder: Path
-) -> tuple[float, np.ndarray, np.ndarray]:
-    """PyTorch's median latency, the input and the output at ``batch``, measured in a process of its own (so
-    CUDA and the OpenCL driver never share one)."""
+) -> tuple[float, float, np.ndarray, np.ndarray]:
+    """PyTorch's median latencies (device to device, host to host), the input and the output at
+    ``batch``, measured in a process of its own (so CUDA and the OpenCL driver never share one)."""
     x_path, y_path = folder / f"{name}_x_b{batch}.npy", folder / f"{name}_y_b{batch}.npy"
     out = subprocess.run([sys.executable, __file__, "--torch-only", name, str(batch), str(iterations), str(folder)],
                          check=True, capture_output=True, text=True).stdout  # fmt: skip
-    return json.loads(out.strip().splitlines()[-1])["median_s"], np.load(x_path), np.load(y_path)
+    medians = json.loads(out.strip().splitlines()[-1])
+    return medians["median_s"], medians["host_median_s"], np.load(x_path), np.load(y_path)
 
 
 def torch_once(name: str, batch: int, iterations: int, folder: Path) -> None:
@@ -184,10 +194,10 @@ def torch_once(name: str, batch: int, iterations: int, folder: Path) -> None:
     model = _torch_model(name)
     _export(model, batch, folder, name)
     x = np.random.default_rng(batch).standard_normal((batch, 3, 224, 224), dtype=np.float32)
-    times, y = _torch_latencies(model, x, iterations)
+    times, host_times, y = _torch_latencies(model, x, iterations)
     np.save(folder / f"{name}_x_b{batch}.npy", x)
     np.save(folder / f"{name}_y_b{batch}.npy", y)
-    print(json.dumps({"median_s": statistics.median(times)}))
+    print(json.dumps({"median_s": statistics.median(times), "host_median_s": statistics.median(host_times)}))
 
 
 def benchmark(
@@ -203,7 +213,7 @@ def benchmark(
     counter = _LaunchCounter()
     rows = []
     for name, batch in [(m, b) for m in models for b in batches]:
-        torch_s, x, expected = _torch_in_child(name, batch, iterations, folder)
+        torch_s, torch_host_s, x, expected = _torch_in_child(name, batch, iterations, folder)
         path = str(folder / f"{name}_b{batch}.onnx")
         for record in recording:
             os.environ[launches.ENV] = "1" if record == "on" else "0"
@@ -214,7 +224,7 @@ def benchmark(
                 ips = batch * len(times) / wall
                 diff = float(np.max(np.abs(got - expected)) / max(1e-12, float(np.max(np.abs(expected)))))
                 rows.append((name, batch, record, concurrency, statistics.median(times) * 1e3, ips, torch_s * 1e3,
-                             batch / torch_s, diff, per_run, host_us))  # fmt: skip
+                             batch / torch_s, torch_host_s * 1e3, diff, per_run, host_us))  # fmt: skip
                 print(
                     f"{name} batch {batch}, recorded launches {record}, {concurrency} in flight: load {load_s:.2f} s, "
                     f"layers off GpuAcc: {off_gpu or 'none'}"
@@ -222,13 +232,13 @@ def benchmark(
     print()
     print(
         "| model | batch | recorded launches | in flight | flowrt ms | flowrt img/s | torch ms | torch img/s "
-        "| flowrt/torch img/s | max rel diff | launches/run | host us/launch |"
+        "| flowrt/torch img/s | torch host ms | max rel diff | launches/run | host us/launch |"
     )
-    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for name, batch, record, conc, ms, ips, tms, tips, diff, per_run, host_us in rows:
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, batch, record, conc, ms, ips, tms, tips, thms, diff, per_run, host_us in rows:
         print(
             f"| {name} | {batch} | {record} | {conc} | {ms:.2f} | {ips:.1f} | {tms:.2f} | {tips:.1f} | {ips / tips:.3f} "
-            f"| {diff:.2e} | {per_run:.0f} | {host_us:.1f} |"
+            f"| {thms:.2f} | {diff:.2e} | {per_run:.0f} | {host_us:.1f} |"
         )
 
 
