@@ -38,8 +38,8 @@ def test_program_binaries_are_cached_on_disk(gpu, tmp_path, monkeypatch, caplog)
     (binary,) = (tmp_path / "opencl").glob("layout--*.bin")
     warm = ProgramCache(gpu.context, gpu.device)
     assert (
-        warm.get("layout").get_info(flowrt.workers.gpu.device.cl.program_info.NUM_KERNELS) == 2
-    )  # transpose, concat_slab
+        warm.get("layout").get_info(flowrt.workers.gpu.device.cl.program_info.NUM_KERNELS) == 3
+    )  # transpose, concat_slab, concat_many
     assert warm.builds == {"layout": "binary"}
     binary.write_bytes(b"not a program")
     with caplog.at_level(logging.INFO, logger="flowrt.workers.gpu.program"):

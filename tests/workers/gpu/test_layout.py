@@ -1,11 +1,14 @@
 """GpuAcc Concat, Transpose and the view kinds against CpuRef."""
 
 import numpy as np
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import flowrt
+from flowrt.types import TensorInfo
+from flowrt.workers.gpu.kernels.layout import ConcatKernel
 from flowrt.workers.gpu.tensor import GpuTensor
 
 
@@ -44,3 +47,30 @@ def test_reshape_and_flatten_are_views_of_the_input(gpu, run_both):
     view = tensor.reshape(6, 4)
     assert isinstance(view, GpuTensor) and view.buffer is tensor.buffer
     np.testing.assert_array_equal(np.asarray(view), x.reshape(6, 4))
+
+
+def test_concat_copies_the_inputs_of_one_buffer_sixteen_a_launch(gpu, monkeypatch):
+    """A DenseNet-like Concat of 21 pool tensors (one of them twice) over 2 images: the inputs
+    lie in the memory pool's one buffer, so 16 go in one launch and the other 5 in a second."""
+    calls = []
+    copy = ConcatKernel._copy
+    monkeypatch.setattr(
+        ConcatKernel, "_copy", lambda self, q, parts, y: calls.append(len(parts)) or copy(self, q, parts, y)
+    )
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((2, 3, 4, 5)))
+    parts = [net.add_layer("Mul", inputs=[x, np.float32(i + 1)], name=f"mul{i}") for i in range(20)]
+    net.add_output(
+        "y", net.add_layer("Concat", flowrt.descriptors.Concat(axis=1), [*parts, parts[3]], name="concat")
+    )
+    feeds = {"x": np.random.default_rng(7).standard_normal((2, 3, 4, 5)).astype(np.float32)}
+
+    async def run():
+        async with flowrt.Runtime(cpu_workers=1) as rt:
+            model = await rt.load(flowrt.optimize(net, backends=["GpuAcc"]), max_in_flight=1)
+            return [(await model.run(feeds))["y"] for _ in range(3)]
+
+    expected = np.concatenate([feeds["x"] * (i + 1) for i in [*range(20), 3]], axis=1)
+    for got in trio.run(run):
+        np.testing.assert_array_equal(got, expected)
+    assert calls[:2] == [16, 5]

@@ -15,3 +15,29 @@ __kernel void concat_slab(__global const float* x, int x_off, __global float* y,
     int i = get_global_id(0);
     if (i < n) y[(i / block) * pitch + start + i % block] = x[i];
 }
+
+// Up to CONCAT_INPUTS inputs of a concat that lie in one buffer, in one launch (a DenseNet
+// concatenates every earlier feature map at each layer: one launch per input was most of its
+// launches). Input j is `outer` slabs of block_j values at x + src_j; slab o lands at
+// y[o * pitch + start_j]. Work-item i copies value r = i % total of slab o = i / total, where
+// total is the sum of the blocks, from the input whose blocks hold r.
+#define CONCAT_INPUTS 16
+#define CONCAT_PARAMS(j) int src##j, int block##j, int start##j
+#define CONCAT_FIND(j)                                                                   \
+    if (!found && j < count) {                                                           \
+        if (r < block##j) { src = src##j; block = block##j; start = start##j; found = 1; } \
+        else r -= block##j;                                                              \
+    }
+__kernel void concat_many(__global const float* x, __global float* y, int y_off, int pitch, int total, int n,
+                          int count, CONCAT_PARAMS(0), CONCAT_PARAMS(1), CONCAT_PARAMS(2), CONCAT_PARAMS(3),
+                          CONCAT_PARAMS(4), CONCAT_PARAMS(5), CONCAT_PARAMS(6), CONCAT_PARAMS(7),
+                          CONCAT_PARAMS(8), CONCAT_PARAMS(9), CONCAT_PARAMS(10), CONCAT_PARAMS(11),
+                          CONCAT_PARAMS(12), CONCAT_PARAMS(13), CONCAT_PARAMS(14), CONCAT_PARAMS(15)) {
+    int i = get_global_id(0);
+    if (i >= n) return;
+    int o = i / total, r = i % total, src = 0, block = 0, start = 0, found = 0;
+    CONCAT_FIND(0) CONCAT_FIND(1) CONCAT_FIND(2) CONCAT_FIND(3) CONCAT_FIND(4) CONCAT_FIND(5)
+    CONCAT_FIND(6) CONCAT_FIND(7) CONCAT_FIND(8) CONCAT_FIND(9) CONCAT_FIND(10) CONCAT_FIND(11)
+    CONCAT_FIND(12) CONCAT_FIND(13) CONCAT_FIND(14) CONCAT_FIND(15)
+    y[y_off + o * pitch + start + r] = x[src + o * block + r];
+}

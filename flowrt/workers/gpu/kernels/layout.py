@@ -19,35 +19,57 @@ from flowrt.workers.gpu.kernels import (
 from flowrt.workers.gpu.kernels.elementwise import broadcast_strides, stride_table
 from flowrt.workers.gpu.tensor import GpuTensor
 
+CONCAT_INPUTS = 16  # layout.cl's concat_many takes this many inputs at most
+
 
 @gpu_kernel("Concat")
 class ConcatKernel(GpuKernel):
-    """Each input copied into its slab of the output by one kernel: ``outer`` slabs of
-    ``axis * inner`` values, placed ``axis_len * inner`` apart."""
+    """Each input copied into its slab of the output: ``outer`` slabs of ``axis * inner``
+    values, placed ``axis_len * inner`` apart. Inputs that lie in one buffer (a memory pool's
+    tensors do) are copied together, up to CONCAT_INPUTS a launch; an input its producer wrote
+    in place is not copied."""
 
     def prepare(self) -> None:
         self.kernel = self.context.kernel("layout", "concat_slab")
+        self.many = self.context.kernel("layout", "concat_many")
         out = self.output_shapes[0]
         axis = self.info.descriptor.concat_axis % len(out)
         self.inner = int(np.prod(out[axis + 1 :], dtype=np.int64))
         self.pitch = out[axis] * self.inner
+        self.outer = int(np.prod(out[:axis], dtype=np.int64))
         self.axis = axis
 
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
         y = outputs[0]
-        event, start = None, 0
+        start = 0
         one_slab = y.size == self.pitch
+        by_buffer: dict[Any, list[tuple[GpuTensor, int, int]]] = {}
         for x in inputs:
             block = x.shape[self.axis] * self.inner
             in_place = one_slab and x.buffer is y.buffer and x.offset == y.offset + start * y.dtype.itemsize
             # An input its producer wrote into its slab in place (the planner's Concat parts)
             # is there already.
             if x.size and not in_place:
-                event = self.launch(self.kernel, queue, x.size, *x.kernel_args, *y.kernel_args,
-                    *ints(block, self.pitch, start, x.size),
-                )  # fmt: skip
+                by_buffer.setdefault(x.buffer, []).append((x, block, start))
             start += block
+        event = None
+        for parts in by_buffer.values():
+            for first in range(0, len(parts), CONCAT_INPUTS):
+                event = self._copy(queue, parts[first : first + CONCAT_INPUTS], y)
         return event
+
+    def _copy(self, queue: Any, parts: list[tuple[GpuTensor, int, int]], y: GpuTensor) -> Any:
+        """Copy ``parts`` (input, block, start), all in one buffer, into their slabs of ``y``."""
+        if len(parts) == 1:
+            x, block, start = parts[0]
+            return self.launch(self.kernel, queue, x.size, *x.kernel_args, *y.kernel_args,
+                               *ints(block, self.pitch, start, x.size))  # fmt: skip
+        total = sum(block for _, block, _ in parts)
+        table = [v for x, block, start in parts for v in (x.offset // x.dtype.itemsize, block, start)]
+        table += [0] * (3 * CONCAT_INPUTS - len(table))
+        n = self.outer * total
+        return self.launch(self.many, queue, n, parts[0][0].buffer, y.buffer,
+                           *ints(y.offset // y.dtype.itemsize, self.pitch, total, n, len(parts), *table))  # fmt: skip
 
 
 @gpu_kernel("Transpose")
