@@ -34,7 +34,9 @@
 #ifndef WPTN
 #define WPTN 4
 #endif
+#ifndef TK
 #define TK 16
+#endif
 #define RM (TM / WPTM)  // work-items along the rows: local dim 1
 #define RN (TN / WPTN)  // along the columns: local dim 0
 #define THREADS (RM * RN)
