@@ -1,9 +1,10 @@
 """OpenCL programs: built once per device and context, their binaries cached on disk.
 
 A program is one ``kernels/<name>.cl`` file with ``kernels/common.cl`` in front of it, built
-with optional defines (``-D`` options: one program per tiling of gemm.cl, say), and with
-``GPU_DEVICE`` defined on a GPU. The first build on a machine compiles the source and writes the device binary to the cache
-directory (``FLOWRT_CACHE_DIR``, else ``~/.cache/flowrt``, under ``opencl/``); the file name
+with optional defines (``-D`` options: one program per tiling of gemm.cl, say), with
+``GPU_DEVICE`` defined on a GPU, and with the options ``FLOWRT_OPENCL_BUILD_OPTIONS`` holds, if
+any. The first build on a machine compiles the source and, on a GPU, writes the device binary
+to the cache directory (``FLOWRT_CACHE_DIR``, else ``~/.cache/flowrt``, under ``opencl/``); the file name
 holds the device name, the driver version and a hash of the source and build options, so a
 driver update or an edited kernel never loads a stale binary. A later process builds from
 that binary and skips the compiler. A binary the driver refuses is logged and rebuilt.
@@ -36,6 +37,9 @@ from flowrt.workers.gpu.device import cl
 logger = logging.getLogger(__name__)
 
 BUILD_OPTIONS = "-cl-mad-enable"
+# More build options for every program, such as -cl-opt-disable to rule out the OpenCL
+# compiler's optimizations when a result looks wrong (or to build fast where speed is moot).
+EXTRA_OPTIONS_ENV = "FLOWRT_OPENCL_BUILD_OPTIONS"
 _PRELUDE = "common"
 # Cache directories already warned about, so that each program's build does not warn again.
 _warned_directories: set[tuple[Path, str]] = set()
@@ -75,9 +79,16 @@ class ProgramCache:
     from a cold one.
     """
 
-    def __init__(self, context: Any, device: Any) -> None:
+    def __init__(self, context: Any, device: Any, store_binaries: bool | None = None) -> None:
         self.context = context
         self.device = device
+        # On a CPU device (PoCL's) a binary costs more than it saves: building from source
+        # takes milliseconds there and PoCL caches the compiled kernels itself, while asking
+        # for the binary compiles every kernel of the program again (4 s for a gemm.cl build).
+        # So binaries are written for GPUs only, unless asked (``store_binaries``).
+        self.store_binaries = (
+            bool(device.type & cl.device_type.GPU) if store_binaries is None else store_binaries
+        )
         self.builds: dict[str, str] = {}
         self._programs: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -85,13 +96,15 @@ class ProgramCache:
         self._device_defines = "-DGPU_DEVICE" if device.type & cl.device_type.GPU else ""
 
     def get(self, name: str, defines: str = "") -> Any:
-        """Program ``name`` built with ``defines`` (``-D`` options), built on first use (from
-        the disk cache when it can be)."""
-        key = f"{name} {defines}" if defines else name
+        """Program ``name`` built with ``defines`` (``-D`` options) and the options of
+        ``FLOWRT_OPENCL_BUILD_OPTIONS``, built on first use (from the disk cache when it can be)."""
+        key = " ".join(
+            part for part in (name, defines, os.environ.get(EXTRA_OPTIONS_ENV, "").strip()) if part
+        )
         with self._lock:
             program = self._programs.get(key)
             if program is None:
-                options = f"{BUILD_OPTIONS} {self._device_defines} {defines}".strip()
+                options = f"{BUILD_OPTIONS} {self._device_defines} {key[len(name) :]}".strip()
                 program = self._programs[key] = self._build(name, key, options)
             return program
 
@@ -115,7 +128,7 @@ class ProgramCache:
                 f"GpuAcc failed to build {name}.cl ({options}) on {self.device.name!r}: {e}"
             ) from e
         self.builds[key] = "source"
-        if cache_trusted:
+        if cache_trusted and self.store_binaries:
             self._store(path, program)
         return program
 

@@ -22,8 +22,8 @@ def planted(gpu, tmp_path, monkeypatch):
     """A cache whose file for program ``layout`` holds another program's binary (``pad``):
     a binary that builds and runs, but is not the one flowrt compiled for that name."""
     monkeypatch.setenv("FLOWRT_CACHE_DIR", str(tmp_path / "cache"))
-    ProgramCache(gpu.context, gpu.device).get("layout")
-    ProgramCache(gpu.context, gpu.device).get("pad")
+    ProgramCache(gpu.context, gpu.device, store_binaries=True).get("layout")
+    ProgramCache(gpu.context, gpu.device, store_binaries=True).get("pad")
     (layout,) = cache_dir().glob("layout--*.bin")
     (pad,) = cache_dir().glob("pad--*.bin")
     shutil.copyfile(pad, layout)
@@ -32,7 +32,7 @@ def planted(gpu, tmp_path, monkeypatch):
 
 def test_a_planted_binary_in_a_trusted_cache_would_run(gpu, planted):
     # The control: in a cache only we can write, the file is taken as ours.
-    cache = ProgramCache(gpu.context, gpu.device)
+    cache = ProgramCache(gpu.context, gpu.device, store_binaries=True)
     assert "transpose" not in _kernel_names(cache.get("layout"))
     assert cache.builds == {"layout": "binary"}
 
@@ -41,7 +41,7 @@ def test_a_planted_binary_in_a_trusted_cache_would_run(gpu, planted):
 def test_a_planted_binary_in_a_world_writable_cache_is_not_used(gpu, planted, caplog, open_dir):
     (planted.parent if open_dir == "cache" else planted.parent.parent).chmod(0o777)
     before = planted.read_bytes()
-    cache = ProgramCache(gpu.context, gpu.device)
+    cache = ProgramCache(gpu.context, gpu.device, store_binaries=True)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         assert {"transpose", "concat_slab"} <= _kernel_names(cache.get("layout"))
     assert cache.builds == {"layout": "source"}
@@ -55,7 +55,7 @@ def test_a_cache_file_not_owned_by_you_is_ignored_and_replaced(gpu, planted, cap
         pytest.skip("giving a file to another user needs root")
     os.chown(planted, 54321, -1)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        cache = ProgramCache(gpu.context, gpu.device)
+        cache = ProgramCache(gpu.context, gpu.device, store_binaries=True)
         assert "transpose" in _kernel_names(cache.get("layout"))
     assert cache.builds == {"layout": "source"}
     assert f"ignoring cached OpenCL binary {planted}" in caplog.text

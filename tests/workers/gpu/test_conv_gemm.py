@@ -12,6 +12,7 @@ from flowrt.registry import FusedActivation
 from flowrt.types import TensorInfo
 from flowrt.workers.gpu.kernels import gemm as gemm_module
 from flowrt.workers.gpu.kernels.gemm import TILINGS, TK, GemmPlan, plan_gemm
+from flowrt.workers.gpu.program import EXTRA_OPTIONS_ENV
 
 
 def _normal(rng, *shape):
@@ -105,11 +106,13 @@ def test_every_tiling_and_k_split_matches_cpuref(run_both, monkeypatch, tiling, 
     """Each build of gemm.cl, whole or with K split and reduced, on shapes no tile divides:
     a grouped convolution with bias and a fused ReLU, and a Gemm of transposed operands."""
 
-    def forced(shape, batches, units):
+    def forced(shape, batches, units, cpu=False):
         k = shape[2]
         return GemmPlan(TILINGS[tiling], splits, -(-k // splits // TK) * TK)
 
     monkeypatch.setattr(gemm_module, "plan_gemm", forced)
+    # Unoptimized builds of their own: PoCL spends seconds optimizing each tiling it would not run.
+    monkeypatch.setenv(EXTRA_OPTIONS_ENV, "-cl-opt-disable")
     rng = np.random.default_rng(11)
     x, w, b = _normal(rng, 2, 40, 9, 11), _normal(rng, 70, 20, 3, 3), _normal(rng, 70)
     (got,), (expected,) = run_both(
@@ -131,6 +134,9 @@ def test_gemm_plan_splits_deep_narrow_products_and_tiles_wide_ones_whole():
     assert (wide.tiling, wide.splits) == (max(TILINGS.values(), key=lambda t: t.rows * t.cols), 1)
     # a device of two compute units is filled by a few tiles: nothing to gain from splitting
     assert plan_gemm((512, 784, 128), 1, units=2).splits == 1
+    # a CPU device runs one tiling, whole
+    cpu = plan_gemm((512, 49, 4608), 1, units=132, cpu=True)
+    assert (cpu.tiling, cpu.splits) == (TILINGS[gemm_module.CPU_TILING], 1) and cpu.k_split >= 4608
 
 
 @pytest.mark.parametrize("splits", [1, 3])
@@ -138,7 +144,7 @@ def test_fused_conv_adds_its_residual_before_the_activation(run_both, monkeypatc
     planned = gemm_module.plan_gemm
     monkeypatch.setattr(
         gemm_module, "plan_gemm",
-        lambda shape, batches, units: attrs.evolve(
+        lambda shape, batches, units, cpu=False: attrs.evolve(
             planned(shape, batches, units), splits=splits, k_split=-(-shape[2] // splits // TK) * TK
         ),
     )  # fmt: skip

@@ -32,30 +32,35 @@ def test_devices_are_described_with_memory_and_priority_hints(gpu):
 
 def test_program_binaries_are_cached_on_disk(gpu, tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("FLOWRT_CACHE_DIR", str(tmp_path))
-    cold = ProgramCache(gpu.context, gpu.device)
+    cold = ProgramCache(gpu.context, gpu.device, store_binaries=True)
     cold.get("layout")
     assert cold.builds == {"layout": "source"}
     (binary,) = (tmp_path / "opencl").glob("layout--*.bin")
-    warm = ProgramCache(gpu.context, gpu.device)
+    warm = ProgramCache(gpu.context, gpu.device, store_binaries=True)
     assert (
         warm.get("layout").get_info(flowrt.workers.gpu.device.cl.program_info.NUM_KERNELS) == 3
     )  # transpose, concat_slab, concat_many
     assert warm.builds == {"layout": "binary"}
     binary.write_bytes(b"not a program")
     with caplog.at_level(logging.INFO, logger="flowrt.workers.gpu.program"):
-        ProgramCache(gpu.context, gpu.device).get("layout")
+        ProgramCache(gpu.context, gpu.device, store_binaries=True).get("layout")
     assert "unusable, rebuilding from source" in caplog.text
 
 
 def test_a_program_built_with_defines_is_a_program_of_its_own(gpu, tmp_path, monkeypatch):
     monkeypatch.setenv("FLOWRT_CACHE_DIR", str(tmp_path))
-    cold = ProgramCache(gpu.context, gpu.device)
+    cold = ProgramCache(gpu.context, gpu.device, store_binaries=True)
     assert cold.get("pad") is not cold.get("pad", "-DUNUSED=1")
     assert cold.builds == {"pad": "source", "pad -DUNUSED=1": "source"}
     assert len(list((tmp_path / "opencl").glob("pad--*.bin"))) == 2
-    warm = ProgramCache(gpu.context, gpu.device)
+    warm = ProgramCache(gpu.context, gpu.device, store_binaries=True)
     warm.get("pad", "-DUNUSED=1")
     assert warm.builds == {"pad -DUNUSED=1": "binary"}
+    before = warm.get("pad", "-DUNUSED=1")
+    monkeypatch.setenv("FLOWRT_OPENCL_BUILD_OPTIONS", "-DUNUSED=2")  # a program of its own again
+    assert warm.get("pad", "-DUNUSED=1") is not before
+    assert warm.builds["pad -DUNUSED=1 -DUNUSED=2"] == "source"
+    monkeypatch.delenv("FLOWRT_OPENCL_BUILD_OPTIONS")
     # one work-item per column of B (16 x 1 of them) cannot load 24 columns: gemm.cl's #error
     with pytest.raises(BackendError, match=r"gemm\.cl \(.*-DTM=32 -DTN=24"):
         warm.get("gemm", "-DTM=32 -DTN=24 -DWPTM=2 -DWPTN=16")
@@ -128,3 +133,13 @@ def test_flowrt_backends_says_why_there_is_no_opencl_device(monkeypatch, capsys)
     monkeypatch.setattr(device, "platforms", lambda: [])
     assert main(["backends"]) == 0
     assert "OpenCL devices: none (no OpenCL platform or device found)" in capsys.readouterr().out
+
+
+def test_program_binaries_are_written_for_a_gpu_only_by_default(gpu, tmp_path, monkeypatch):
+    # PoCL's CPU device builds from source in milliseconds and caches its kernels itself
+    monkeypatch.setenv("FLOWRT_CACHE_DIR", str(tmp_path))
+    cache = ProgramCache(gpu.context, gpu.device)
+    cache.get("pad")
+    on_gpu = bool(gpu.device.type & flowrt.workers.gpu.device.cl.device_type.GPU)
+    assert cache.store_binaries is on_gpu
+    assert len(list((tmp_path / "opencl").glob("pad--*.bin"))) == int(on_gpu)

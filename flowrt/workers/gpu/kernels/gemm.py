@@ -10,6 +10,7 @@ import attrs
 import numpy as np
 
 from flowrt.registry import FusedActivation
+from flowrt.workers.gpu.device import cl
 from flowrt.workers.gpu.kernels import GpuKernel, activation_args, gpu_kernel, ints, static_shape
 from flowrt.workers.gpu.tensor import GpuTensor
 
@@ -128,8 +129,15 @@ def _plan(tiling: Tiling, splits: int, k: int) -> GemmPlan | None:
     return GemmPlan(tiling, splits, k_split) if splits == 1 or -(-k // k_split) == splits else None
 
 
-def plan_gemm(shape: tuple[int, int, int], batches: int, units: int) -> GemmPlan:
-    """The plan :func:`ranked_plans` ranks first."""
+# A CPU OpenCL device (PoCL's) runs a work-group as a loop on one core: the tilings run alike
+# there and a split K only adds a pass, so it takes one tiling, whole (and compiles one).
+CPU_TILING = "64x64"
+
+
+def plan_gemm(shape: tuple[int, int, int], batches: int, units: int, cpu: bool = False) -> GemmPlan:
+    """The plan :func:`ranked_plans` ranks first; on a CPU device, CPU_TILING with K whole."""
+    if cpu:
+        return GemmPlan(TILINGS[CPU_TILING], 1, -(-shape[2] // TK) * TK)
     return ranked_plans(shape, batches, units)[0]
 
 
@@ -164,7 +172,8 @@ class Gemm:
         tuned = owner.tuner.plan(self.device, self.name, (*shape, batches))
         plan = self._tuned_plan(tuned) if tuned is not None else None
         self.tuned = plan is not None
-        self.plan = plan or plan_gemm(shape, batches, int(self.device.max_compute_units))
+        self.cpu = bool(self.device.type & cl.device_type.CPU)
+        self.plan = plan or plan_gemm(shape, batches, int(self.device.max_compute_units), self.cpu)
         self.kernel, self.reduce = self._kernels(self.plan)
 
     def _tuned_plan(self, tuned: tuple[int, ...]) -> GemmPlan | None:
@@ -222,6 +231,8 @@ class Gemm:
             return run
 
         ranked = ranked_plans(self.shape, self.batches, int(self.device.max_compute_units))
+        if self.cpu:  # one tiling there (see CPU_TILING): its splits only
+            ranked = [p for p in ranked if p.tiling.name == CPU_TILING]
         candidates = [((p.tiling.rows, p.tiling.cols, p.splits), runner(p)) for p in ranked]
         chosen = self.owner.tuner.choose(self.device, self.name, (*self.shape, self.batches), candidates)
         best = self._tuned_plan(chosen)
