@@ -98,13 +98,12 @@ class ProgramCache:
     def get(self, name: str, defines: str = "") -> Any:
         """Program ``name`` built with ``defines`` (``-D`` options) and the options of
         ``FLOWRT_OPENCL_BUILD_OPTIONS``, built on first use (from the disk cache when it can be)."""
-        key = " ".join(
-            part for part in (name, defines, os.environ.get(EXTRA_OPTIONS_ENV, "").strip()) if part
-        )
+        asked = " ".join(part for part in (defines, os.environ.get(EXTRA_OPTIONS_ENV, "").strip()) if part)
+        key = f"{name} {asked}" if asked else name
         with self._lock:
             program = self._programs.get(key)
             if program is None:
-                options = f"{BUILD_OPTIONS} {self._device_defines} {key[len(name) :]}".strip()
+                options = " ".join(part for part in (BUILD_OPTIONS, self._device_defines, asked) if part)
                 program = self._programs[key] = self._build(name, key, options)
             return program
 

@@ -53,6 +53,15 @@ async def _conv_case(conv_network, runs: int):
     return feeds, await _references(conv_network(), feeds), optimized
 
 
+async def _run_each_and_compare(opt, feeds, expected) -> None:
+    """Run ``opt`` on each feed in turn in one pool, checking each output against CpuRef's."""
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        model = await rt.load(opt, max_in_flight=1)
+        for feed, want in zip(feeds, expected):
+            out = await model.run(feed)
+            np.testing.assert_allclose(out["y"], want["y"], rtol=1e-5, atol=1e-6)
+
+
 async def test_later_runs_in_a_pool_enqueue_its_recorded_launches_with_cpurefs_results(
     gpu, conv_network, launch_counts
 ):
@@ -194,11 +203,7 @@ async def test_recording_switched_off_by_the_environment_leaves_every_launch_to_
 ):
     monkeypatch.setenv(launches.ENV, "0")
     feeds, expected, opt = await _conv_case(conv_network, 4)
-    async with flowrt.Runtime(cpu_workers=1) as rt:
-        model = await rt.load(opt, max_in_flight=1)
-        for feed, want in zip(feeds, expected):
-            out = await model.run(feed)
-            np.testing.assert_allclose(out["y"], want["y"], rtol=1e-5, atol=1e-6)
+    await _run_each_and_compare(opt, feeds, expected)
     assert launch_counts["bound"] == 0 and launch_counts["python"] > 0
 
 
@@ -212,12 +217,8 @@ async def test_concat_inputs_written_in_place_are_not_copied_again(gpu, conv_net
 
     monkeypatch.setattr(TypedKernel, "__call__", naming_call)
     feeds, expected, opt = await _conv_case(conv_network, 2)
-    async with flowrt.Runtime(cpu_workers=1) as rt:
-        model = await rt.load(opt, max_in_flight=1)
-        # both Concat inputs (the MaxPool's and the second Conv's) planned into its output
-        for feed, want in zip(feeds, expected):
-            out = await model.run(feed)
-            np.testing.assert_allclose(out["y"], want["y"], rtol=1e-5, atol=1e-6)
+    # both Concat inputs (the MaxPool's and the second Conv's) planned into its output
+    await _run_each_and_compare(opt, feeds, expected)
     assert "concat_slab" not in launched and "gemm" in launched
 
 

@@ -137,7 +137,9 @@ CPU_TILING = "64x64"
 def plan_gemm(shape: tuple[int, int, int], batches: int, units: int, cpu: bool = False) -> GemmPlan:
     """The plan :func:`ranked_plans` ranks first; on a CPU device, CPU_TILING with K whole."""
     if cpu:
-        return GemmPlan(TILINGS[CPU_TILING], 1, -(-shape[2] // TK) * TK)
+        whole = _plan(TILINGS[CPU_TILING], 1, shape[2])
+        assert whole is not None  # one split always fits
+        return whole
     return ranked_plans(shape, batches, units)[0]
 
 
@@ -224,21 +226,30 @@ class Gemm:
     def _tune(self, queue: Any, operands: tuple) -> None:
         """Time the plans ranked first on ``queue`` (the tuner's) and take the fastest."""
 
+        kernels: dict[GemmPlan, tuple[Any, Any]] = {}  # built for the candidates timed only
+
         def runner(plan: GemmPlan) -> Callable[[], list[Any]]:
-            def run() -> list[Any]:  # programs built for the candidates timed only
-                return self._enqueue(plan, *self._kernels(plan), queue, *operands)
+            def run() -> list[Any]:
+                if plan not in kernels:
+                    kernels[plan] = self._kernels(plan)
+                return self._enqueue(plan, *kernels[plan], queue, *operands)
 
             return run
 
         ranked = ranked_plans(self.shape, self.batches, int(self.device.max_compute_units))
         if self.cpu:  # one tiling there (see CPU_TILING): its splits only
             ranked = [p for p in ranked if p.tiling.name == CPU_TILING]
-        candidates = [((p.tiling.rows, p.tiling.cols, p.splits), runner(p)) for p in ranked]
-        chosen = self.owner.tuner.choose(self.device, self.name, (*self.shape, self.batches), candidates)
-        best = self._tuned_plan(chosen)
-        assert best is not None  # one of ranked_plans'
-        self.plan, self.tuned = best, True
-        self.kernel, self.reduce = self._kernels(best)
+        by_key: dict[tuple[int, ...], GemmPlan] = {
+            (p.tiling.rows, p.tiling.cols, p.splits): p for p in ranked
+        }
+        chosen = self.owner.tuner.choose(
+            self.device,
+            self.name,
+            (*self.shape, self.batches),
+            [(key, runner(p)) for key, p in by_key.items()],
+        )
+        self.plan, self.tuned = by_key[chosen], True
+        self.kernel, self.reduce = kernels[self.plan]
 
     def _enqueue(
         self, plan: GemmPlan, kernel: Any, reduce: Any, queue: Any, a: Operand, b: Operand, c: GpuTensor,
