@@ -4,8 +4,10 @@
 
 Each measurement is a new Python process that imports the engine, loads the model (flowrt:
 ``flowrt.onnx.load``, ``optimize``, ``Runtime``, ``rt.load``; ONNX Runtime: an
-``InferenceSession``) and runs it once; the time is the process's wall time from its start
-to that first output, and its CPU time (user + system, all threads) as the OS counts it.
+``InferenceSession``) and runs it once. Two times: from the process's start to that first
+output (the process prints the monotonic clock, which all processes share, when it has the
+output), and to the process's exit (the first, plus freeing its memory at exit); and its CPU
+time (user + system, all threads) as the OS counts it.
 
 - ``flowrt cold``: numba's kernel cache empty (``NUMBA_CACHE_DIR`` a new directory), so every
   kernel the model needs is compiled: what a first install pays once, with the progress bar.
@@ -30,33 +32,38 @@ import time
 from flowrt.models import light_model
 
 FLOWRT = """
-import sys, trio, flowrt
+import sys, time, trio, flowrt
 from flowrt.models import pattern_input
 async def main():
     opt = flowrt.optimize(flowrt.onnx.load(sys.argv[1]), backends=sys.argv[2].split(","))
     async with flowrt.Runtime() as rt:
         model = await rt.load(opt)
         await model.run({n: pattern_input(i) for n, i in model.inputs.items()})
+        print(time.monotonic())
 trio.run(main)
 """
 
 ORT = """
-import sys, numpy as np, onnxruntime as ort
+import sys, time, numpy as np, onnxruntime as ort
 session = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
 shapes = {i.name: [d if isinstance(d, int) else 1 for d in i.shape] for i in session.get_inputs()}
 session.run(None, {name: np.full(shape, 0.5, np.float32) for name, shape in shapes.items()})
+print(time.monotonic())
 """
 
 
-def _process(code: str, args: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of one process running ``code``."""
+def _process(code: str, args: list[str], env: dict[str, str]) -> tuple[float, float, float]:
+    """(seconds to the first output, to the exit, CPU seconds) of one process running ``code``,
+    which prints ``time.monotonic()`` as its last line when it has its output."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code, *args], env=env, check=True)
-    wall = time.perf_counter() - start
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, check=True, stdout=subprocess.PIPE, text=True
+    )
+    wall = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu
+    return float(done.stdout.split()[-1]) - start, wall, cpu
 
 
 def main() -> None:
@@ -72,18 +79,15 @@ def main() -> None:
         rows.append(("flowrt cold", *_process(FLOWRT, [path, args.backends], env)))
         warm = [_process(FLOWRT, [path, args.backends], env) for _ in range(args.repeat)]
     theirs = [_process(ORT, [path], dict(os.environ)) for _ in range(args.repeat)]
-    rows.append(("flowrt warm", statistics.median(w for w, _ in warm), statistics.median(c for _, c in warm)))
-    rows.append(
-        ("onnxruntime", statistics.median(w for w, _ in theirs), statistics.median(c for _, c in theirs))
-    )
-    print(
-        f"{args.model}, backends {args.backends}; fresh process to first output (median of {args.repeat})\n"
-    )
-    print("| engine | wall s | CPU s |")
-    print("| --- | ---: | ---: |")
-    for name, wall, cpu in rows:
-        print(f"| {name} | {wall:.2f} | {cpu:.2f} |")
-    print(f"\nwarm flowrt / ONNX Runtime: {rows[1][1] / rows[2][1]:.2f}")
+    for name, runs in (("flowrt warm", warm), ("onnxruntime", theirs)):
+        rows.append((name, *(statistics.median(run[i] for run in runs) for i in range(3))))
+    print(f"{args.model}, backends {args.backends}; fresh processes (median of {args.repeat})\n")
+    print("| engine | to first output s | to exit s | CPU s |")
+    print("| --- | ---: | ---: | ---: |")
+    for name, first, wall, cpu in rows:
+        print(f"| {name} | {first:.2f} | {wall:.2f} | {cpu:.2f} |")
+    print(f"\nwarm flowrt / ONNX Runtime, to first output: {rows[1][1] / rows[2][1]:.2f}")
+    print(f"warm flowrt / ONNX Runtime, to exit: {rows[1][2] / rows[2][2]:.2f}")
 
 
 if __name__ == "__main__":
