@@ -20,11 +20,13 @@ class GpuTensor:
     first element, in elements (see common.cl). ``get()`` copies it to a new numpy array,
     blocking on ``queue``; ``np.asarray(t)`` does the same. ``enqueue_read`` is the
     non-blocking copy a queue actor orders after the kernels that write the tensor.
-    ``reshape`` is a view on the same bytes. The tensor keeps its buffer alive; it does not
+    ``reshape`` is a view on the same bytes, which keeps the tensor it views alive (``base``):
+    a buffer that goes back to a cache when its tensor is dropped (an uploaded feed's) stays
+    out of it while a view is in use. The tensor keeps its buffer alive; it does not
     synchronize with commands on other queues still writing it.
     """
 
-    __slots__ = ("__weakref__", "buffer", "dtype", "kernel_args", "offset", "queue", "shape", "size")
+    __slots__ = ("__weakref__", "base", "buffer", "dtype", "kernel_args", "offset", "queue", "shape", "size")
 
     def __init__(self, buffer: Any, shape: Sequence[int], dtype: Any, queue: Any, offset: int = 0) -> None:
         self.buffer = buffer
@@ -36,6 +38,7 @@ class GpuTensor:
         if offset % self.dtype.itemsize:
             raise ValueError(f"a {self.dtype} tensor cannot start at byte {offset} of its buffer")
         self.kernel_args = (buffer, np.int32(offset // self.dtype.itemsize))
+        self.base: GpuTensor | None = None  # the tensor a view sees the bytes of
 
     @property
     def ndim(self) -> int:
@@ -69,7 +72,9 @@ class GpuTensor:
         dims = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
         if int(np.prod(dims, dtype=np.int64)) != self.size:
             raise ValueError(f"cannot reshape a GpuTensor of shape {self.shape} to {tuple(dims)}")
-        return GpuTensor(self.buffer, dims, self.dtype, self.queue, self.offset)
+        view = GpuTensor(self.buffer, dims, self.dtype, self.queue, self.offset)
+        view.base = self if self.base is None else self.base
+        return view
 
     def __repr__(self) -> str:
         return f"GpuTensor(shape={self.shape}, dtype={self.dtype})"
