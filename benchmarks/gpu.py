@@ -106,6 +106,7 @@ class _LaunchCounter:
 
         self.count = 0
         call, enqueue = TypedKernel.__call__, launches.BoundLaunches.enqueue
+        enqueue_each = launches.BoundLaunches.enqueue_each
         counter = self
 
         def counting_call(kernel, *args, **kwargs):
@@ -117,8 +118,14 @@ class _LaunchCounter:
             counter.count += len(bound.launches) if replayed else 0
             return replayed
 
+        def counting_enqueue_each(bound, queue):
+            for _ in enqueue_each(bound, queue):
+                counter.count += 1
+                yield
+
         TypedKernel.__call__ = counting_call  # type: ignore[method-assign]
         launches.BoundLaunches.enqueue = counting_enqueue  # type: ignore[method-assign]
+        launches.BoundLaunches.enqueue_each = counting_enqueue_each  # type: ignore[method-assign]
 
 
 async def _host_per_launch(model, feeds, counter: _LaunchCounter, runs: int = 5) -> tuple[float, float]:
@@ -130,11 +137,17 @@ async def _host_per_launch(model, feeds, counter: _LaunchCounter, runs: int = 5)
     enqueue_segment = DeviceSegments.enqueue_segment
 
     def timed(state, *args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return enqueue_segment(state, *args, **kwargs)
-        finally:
-            spent[0] += time.perf_counter() - start
+        # The segment's commands are enqueued as the actor steps its generator: time each step.
+        commands = enqueue_segment(state, *args, **kwargs)
+        while True:
+            start = time.perf_counter()
+            try:
+                next(commands)
+            except StopIteration:
+                return
+            finally:
+                spent[0] += time.perf_counter() - start
+            yield
 
     DeviceSegments.enqueue_segment = timed  # type: ignore[method-assign]
     try:

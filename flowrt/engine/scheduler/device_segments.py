@@ -9,13 +9,18 @@ memory grows to its size), its second records them, and later runs take the segm
 enqueues all their launches (``chain``), after which their outputs (the pool's planned
 tensors) are published together — no Python per layer. A run that profiles takes the
 recorded launches layer by layer, so that each layer is timed.
+
+``enqueue_segment`` is a generator: it yields after each command it enqueues (an upload, a
+launch, a workload's commands), so that the queue actor serving it may cut the segment into
+chunks, each admitted to the device on its own (see GpuAcc's ``queues``), and returns once
+the downloads are enqueued.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -52,21 +57,26 @@ class DeviceSegments:
     _store: Callable[[WorkloadNode, Sequence[Any], dict[int, Any]], None]
     _release: Callable[[Any], None]
 
-    def enqueue_segment(self, segment: Segment, runner: Any, queue: Any, keep: list[Any]) -> None:
+    def enqueue_segment(
+        self, segment: Segment, runner: Any, queue: Any, keep: list[Any]
+    ) -> Generator[None, None, None]:
         """Enqueue a device segment on ``queue`` (from its queue actor, in the trio thread):
-        its uploads, its workloads, its downloads. Nothing waits; the transfers' events go to
-        ``keep``, which the caller holds until the device has finished."""
+        its uploads, its workloads, its downloads, yielding after each command but the
+        downloads. Nothing waits; the transfers' events go to ``keep``, which the caller holds
+        until the device has finished."""
         for tid in segment.uploads:
             self.device_values[tid], event = runner.upload(queue, self.values[tid])
             keep.append((self.device_values[tid], event))  # both alive until the device is done
             self.uploaded.add(tid)
+            yield
         bound, recorded, program = self._device_program(segment)
         # A profiled run goes layer by layer, so that each layer is timed.
-        if program is None or self.record is not None or not self._run_program(program, queue):
+        if program is None or self.record is not None or not (yield from self._run_program(program, queue)):
             for node in segment.nodes:
                 if self.stop.is_set():
                     return
                 self._run_node(node, queue, bound, recorded)
+                yield
         for tid in segment.downloads:
             into = self.direct.get(tid)
             if into is None:
@@ -126,9 +136,10 @@ class DeviceSegments:
         close_run()
         return steps
 
-    def _run_program(self, program: list[Any], queue: Any) -> bool:
-        """Enqueue the program's steps; False, with nothing enqueued, when its launches do
-        not take this submission (they stand down: its scratch memory is not theirs)."""
+    def _run_program(self, program: list[Any], queue: Any) -> Generator[None, None, bool]:
+        """Enqueue the program's steps, yielding after each launch; False, with nothing
+        enqueued, when its launches do not take this submission (they stand down: its
+        scratch memory is not theirs)."""
         groups = [step for step in program if type(step) is BoundGroup]
         if groups and not groups[0].launches.ready():
             return False
@@ -136,8 +147,13 @@ class DeviceSegments:
             if self.stop.is_set():
                 return True
             if type(step) is BoundGroup:
+                launches = step.launches
                 try:
-                    step.launches.enqueue(queue)
+                    if hasattr(launches, "enqueue_each"):  # one launch at a time
+                        yield from launches.enqueue_each(queue)
+                    else:
+                        launches.enqueue(queue)
+                        yield
                 except Exception as e:
                     first = step.nodes[0]
                     raise RunError(first.layer, first.backend, e) from e
@@ -145,6 +161,7 @@ class DeviceSegments:
                 self._release(step.inputs)
             else:
                 self._run_node(step, queue, {}, None)
+                yield
         return True
 
     def _run_node(

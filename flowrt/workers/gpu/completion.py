@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Any
 
 import trio
@@ -73,6 +74,7 @@ class EventCompletion:
         self._token = trio.lowlevel.current_trio_token()
         self._done = trio.Event()
         self.status: int | None = None
+        self.done_at: float | None = None  # when first reported complete (time.perf_counter)
 
     def attach(self, event: Any, waiter: CompletionWaiter | None = None) -> None:
         """Report ``event``'s completion by its callback, and by ``waiter`` when given."""
@@ -94,6 +96,8 @@ class EventCompletion:
 
     def _on_complete(self, status: int) -> None:
         # In a driver thread: hand the wake-up to the trio loop and return at once.
+        if self.done_at is None:  # the callback and the waiter: either time will do
+            self.done_at = time.perf_counter()
         try:
             self._token.run_sync_soon(self._deliver, status)
         except trio.RunFinishedError:

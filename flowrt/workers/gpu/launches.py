@@ -98,6 +98,14 @@ class BoundLaunches:
             enqueue(queue, kernel, global_size, local_size)
         return True
 
+    def enqueue_each(self, queue: Any) -> Iterator[None]:
+        """Enqueue the launches on ``queue``, yielding after each (the caller checked
+        ``ready``)."""
+        enqueue = cl.enqueue_nd_range_kernel
+        for kernel, global_size, local_size in self.launches:
+            enqueue(queue, kernel, global_size, local_size)
+            yield
+
     @classmethod
     def chain(cls, parts: Sequence[BoundLaunches]) -> BoundLaunches | None:
         """The launches of ``parts`` in order, as one (None unless all name one scratch set)."""

@@ -20,6 +20,7 @@ def launch_counts(monkeypatch):
     """Launches made through a kernel's ``enqueue`` ("python") and replayed ("bound")."""
     counts = {"python": 0, "bound": 0}
     call, enqueue = TypedKernel.__call__, launches.BoundLaunches.enqueue
+    enqueue_each = launches.BoundLaunches.enqueue_each
 
     def counting_call(self, *args, **kwargs):
         counts["python"] += 1
@@ -30,8 +31,14 @@ def launch_counts(monkeypatch):
         counts["bound"] += len(self.launches) if replayed else 0
         return replayed
 
+    def counting_enqueue_each(self, queue):
+        for _ in enqueue_each(self, queue):
+            counts["bound"] += 1
+            yield
+
     monkeypatch.setattr(TypedKernel, "__call__", counting_call)
     monkeypatch.setattr(launches.BoundLaunches, "enqueue", counting_enqueue)
+    monkeypatch.setattr(launches.BoundLaunches, "enqueue_each", counting_enqueue_each)
     return counts
 
 

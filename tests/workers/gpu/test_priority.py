@@ -2,13 +2,15 @@
 from the queue actors' shared admission, so high-priority work overtakes queued low work."""
 
 import numpy as np
+import pytest
 import trio
 import trio.testing
 
 import flowrt
 from flowrt.types import Priority, TensorInfo
+from flowrt.workers.gpu.completion import EventCompletion
 from flowrt.workers.gpu.device import cl
-from flowrt.workers.gpu.queues import Admission, open_queue_actors
+from flowrt.workers.gpu.queues import CHUNK_S, RECENT_S, Admission, _Submission, open_queue_actors
 
 SPIN = """
 __kernel void spin(__global float* y, int n) {
@@ -131,3 +133,103 @@ async def test_a_high_priority_run_finishes_before_queued_low_priority_runs(gpu)
     # Overtaken by at most the two low runs already on the device when it arrived.
     assert finished.index("high") <= 2, finished
     assert finished[-1].startswith("low")
+
+
+class _Owner:
+    """A run's memory pool as the admission sees it: whose submissions are timed together."""
+
+
+async def test_the_time_per_command_falls_to_a_faster_measurement_and_rises_slowly(autojump_clock):
+    admission, owner = Admission(2), _Owner()
+    await admission.acquire(Priority.HIGH)  # a HIGH submission arrives: lower ones are cut
+    admission.release()
+    assert admission.commands_per_chunk(Priority.LOW, owner) is None  # not timed yet: whole
+    admission.timed(owner, 0.01, 10)  # 1 ms a command
+    assert admission.commands_per_chunk(Priority.LOW, owner) == 1
+    admission.timed(owner, 0.001, 10)  # 0.1 ms: taken at once
+    assert admission.commands_per_chunk(Priority.LOW, owner) == round(CHUNK_S / 1e-4)
+    admission.timed(owner, 0.1, 10)  # waited behind other work: 10% more at most
+    assert admission.commands_per_chunk(Priority.MEDIUM, owner) == round(CHUNK_S / 1.1e-4)
+    assert admission.commands_per_chunk(Priority.HIGH, owner) is None  # nothing above HIGH
+    assert Admission(None).commands_per_chunk(Priority.LOW, owner) is None
+    await trio.sleep(RECENT_S + 0.01)  # no HIGH since: nothing to make way for
+    assert admission.commands_per_chunk(Priority.LOW, owner) is None
+    await admission.acquire(Priority.MEDIUM)  # a MEDIUM one: LOW is cut for it, MEDIUM is not
+    admission.release()
+    assert admission.commands_per_chunk(Priority.LOW, owner) == round(CHUNK_S / 1.1e-4)
+    assert admission.commands_per_chunk(Priority.MEDIUM, owner) is None
+
+
+def _spins(kernels, outputs, order, label, iterations=3 * 10**5):
+    """A submission that enqueues a spin kernel on each output, noting each in ``order``."""
+
+    def enqueue(queue):
+        for i, (kernel, y) in enumerate(zip(kernels, outputs)):
+            event = kernel(queue, (128,), (64,), y, np.int32(iterations))
+            order.append(f"{label}{i}")
+            yield
+        return event
+
+    return enqueue
+
+
+async def test_a_high_submission_goes_between_the_chunks_of_a_low_one(gpu):
+    program = cl.Program(gpu.context, SPIN).build()
+    kernels = [cl.Kernel(program, "spin") for _ in range(7)]
+    outputs = [cl.Buffer(gpu.context, cl.mem_flags.READ_WRITE, 128 * 4) for _ in kernels]
+    owner, order = _Owner(), []
+    async with open_queue_actors(gpu, in_flight_limit=1) as actors:
+        actors.admission.timed(owner, 1.0, 1)  # a command takes longer than a chunk: one each
+        await actors.admission.acquire(Priority.HIGH)  # a HIGH submission went by just now
+        actors.admission.release()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                actors[Priority.LOW].submit, _spins(kernels[:6], outputs[:6], order, "low"), owner
+            )
+            await trio.testing.wait_all_tasks_blocked()  # low0 on the device, low1 waits for it
+            assert order == ["low0"]
+            high = _spins(kernels[6:], outputs[6:], order, "high")
+            nursery.start_soon(actors[Priority.HIGH].submit, high)
+    assert order == ["low0", "high0", "low1", "low2", "low3", "low4", "low5"]
+    assert actors.admission.in_flight == 0
+
+
+async def test_a_cancelled_submitter_waits_for_the_chunks_already_on_the_device(gpu):
+    program = cl.Program(gpu.context, SPIN).build()
+    kernels = [cl.Kernel(program, "spin") for _ in range(4)]
+    outputs = [cl.Buffer(gpu.context, cl.mem_flags.READ_WRITE, 128 * 4) for _ in kernels]
+    owner, order = _Owner(), []
+    events = []
+
+    def enqueue(queue):
+        for kernel, y in zip(kernels, outputs):
+            events.append(kernel(queue, (128,), (64,), y, np.int32(3 * 10**5)))
+            order.append("low")
+            yield
+
+    async with open_queue_actors(gpu, in_flight_limit=1) as actors:
+        actors.admission.timed(owner, 1.0, 1)
+        await actors.admission.acquire(Priority.HIGH)
+        actors.admission.release()
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(actors[Priority.LOW].submit, enqueue, owner)
+                await trio.testing.wait_all_tasks_blocked()
+                scope.cancel()  # with its first chunk on the device
+        # the submit returned only once what it had enqueued was done, and enqueued no more
+        assert len(events) == 1
+        assert events[0].command_execution_status == cl.command_execution_status.COMPLETE
+    assert actors.admission.in_flight == 0
+
+
+async def test_a_chunk_is_timed_from_its_first_command_or_the_end_of_the_chunk_before():
+    chunks = []
+    for started, done in [(0.0, 1.0), (0.5, 1.5), (2.0, 2.2)]:
+        completion = EventCompletion()
+        completion.done_at = done
+        chunks.append((started, completion))
+    submission = _Submission(lambda queue: None, EventCompletion(), chunks=chunks)
+    # 1.0 s, then 0.5 s behind the first (queued at 0.5, run from 1.0), then 0.2 s
+    assert submission.device_seconds() == pytest.approx(1.7)
+    chunks[1][1].done_at = None  # not reported yet: no figure
+    assert submission.device_seconds() == 0.0
