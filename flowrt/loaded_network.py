@@ -156,9 +156,11 @@ class LoadedNetwork:
         return results
 
     def _recorder(self, run: int):
-        def record(node, worker: str, start_ns: int, end_ns: int) -> None:
+        def record(node, worker: str, start_ns: int, end_ns: int, launches: int = 0) -> None:
             self._records.append(
-                ProfileRecord(run, node.layer, node.kind, node.backend, worker, start_ns, end_ns)
+                ProfileRecord(
+                    run, node.layer, node.kind, node.backend, worker, start_ns, end_ns, launches=launches
+                )
             )
 
         return record

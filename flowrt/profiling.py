@@ -27,6 +27,7 @@ class ProfileRecord:
     start_ns: int
     end_ns: int
     slices: int = 1
+    launches: int = 0  # the kernels a device workload enqueued (0 on the host)
 
     @property
     def duration_ns(self) -> int:
@@ -53,7 +54,13 @@ def chrome_trace(records: Sequence[ProfileRecord]) -> dict:
                 "dur": r.duration_ns / 1e3,
                 "pid": pid,
                 "tid": workers[r.worker],
-                "args": {"kind": r.kind, "backend": r.backend, "run": r.run, "slices": r.slices},
+                "args": {
+                    "kind": r.kind,
+                    "backend": r.backend,
+                    "run": r.run,
+                    "slices": r.slices,
+                    "launches": r.launches,
+                },
             }
         )
     return {"traceEvents": events, "displayTimeUnit": "ms"}

@@ -13,7 +13,8 @@ from flowrt.cli import checks
 from flowrt.cli.model import open_model
 from flowrt.engine.graph.report import format_details, format_summary
 from flowrt.errors import InputError
-from flowrt.models import default_model
+from flowrt.models import default_model, pattern_input
+from flowrt.profiling import ProfileRecord
 
 
 def _hints(items: Sequence[str]) -> dict[str, str]:
@@ -43,6 +44,37 @@ def _print_memory(opt: flowrt.OptimizedNetwork) -> None:
         )
 
 
+# A pool's runs: the first runs each layer's code, the second records its launches, the third
+# replays them (profiled, layer by layer): what every later run enqueues.
+_RUNS_TO_STEADY = 3
+
+
+async def _launches(opt: flowrt.OptimizedNetwork) -> list[ProfileRecord]:
+    """The profile records of a steady run of ``opt`` on pattern inputs."""
+    async with flowrt.Runtime() as rt:
+        model = await rt.load(opt, max_in_flight=1)
+        feeds = {name: pattern_input(info) for name, info in model.inputs.items()}
+        for run in range(_RUNS_TO_STEADY):
+            await model.run(feeds, profile=run == _RUNS_TO_STEADY - 1)
+        return model.profile()
+
+
+def _print_launches(opt: flowrt.OptimizedNetwork) -> None:
+    records = trio.run(_launches, opt)
+    devices = [r for r in records if r.worker.endswith(" queue")]
+    if not devices:
+        print("kernel launches a run: none (no layer runs on a device backend)")
+        return
+    for backend in dict.fromkeys(r.backend for r in devices):
+        mine = [r for r in devices if r.backend == backend]
+        print(f"kernel launches a run on {backend}: {sum(r.launches for r in mine)} for {len(mine)} layers")
+        by_kind: dict[str, list[int]] = {}
+        for r in mine:
+            by_kind.setdefault(r.kind, []).append(r.launches)
+        for kind, counts in sorted(by_kind.items(), key=lambda item: -sum(item[1])):
+            print(f"  {kind:<24} {sum(counts):>6} launches  {len(counts):>5} layers")
+
+
 async def _stream_choice(opt: flowrt.OptimizedNetwork, hint: str) -> str:
     async with flowrt.Runtime() as rt:
         model = await rt.load(opt, hint=hint)
@@ -70,6 +102,8 @@ def command(args: argparse.Namespace) -> int:
         print("(every layer, the graph passes and substitutions: flowrt inspect --layers)")
     if args.memory:
         _print_memory(opt)
+    if args.launches:
+        _print_launches(opt)
     if args.stream_hint:
         print(trio.run(_stream_choice, opt, args.stream_hint))
     return 0

@@ -88,6 +88,12 @@ def _add_inspect(sub) -> None:
         help="put a layer on a backend of the list (layer_backend_hints; repeatable, .onnx only)",
     )
     inspect.add_argument(
+        "--launches",
+        action="store_true",
+        help="also load the model, run it on pattern inputs and print the kernel launches a run "
+        "on each device backend, by layer kind",
+    )
+    inspect.add_argument(
         "--stream-hint",
         choices=("latency", "throughput"),
         help="also load the model and print the stream settings this performance hint chooses, and why "

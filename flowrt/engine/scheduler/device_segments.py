@@ -72,10 +72,11 @@ class DeviceSegments:
         bound, recorded, program = self._device_program(segment)
         # A profiled run goes layer by layer, so that each layer is timed.
         if program is None or self.record is not None or not (yield from self._run_program(program, queue)):
+            launched = getattr(runner, "launched", None)
             for node in segment.nodes:
                 if self.stop.is_set():
                     return
-                self._run_node(node, queue, bound, recorded)
+                self._run_node(node, queue, bound, recorded, launched)
                 yield
         for tid in segment.downloads:
             into = self.direct.get(tid)
@@ -165,15 +166,23 @@ class DeviceSegments:
         return True
 
     def _run_node(
-        self, node: WorkloadNode, queue: Any, bound: Mapping[str, Any], recorded: dict[str, Any] | None
+        self,
+        node: WorkloadNode,
+        queue: Any,
+        bound: Mapping[str, Any],
+        recorded: dict[str, Any] | None,
+        launched: Callable[[], int] | None = None,
     ) -> None:
-        start = time.perf_counter_ns()
+        """Enqueue one workload; a profiled run records it with its launches (``launched``:
+        the runner's count, where it keeps one)."""
+        start, before = time.perf_counter_ns(), launched() if launched is not None else 0
         try:
             self._enqueue_node(node, queue, bound, recorded)
         except Exception as e:
             raise RunError(node.layer, node.backend, e) from e
         if self.record is not None:
-            self.record(node, f"{node.backend} queue", start, time.perf_counter_ns())
+            launches = launched() - before if launched is not None else 0
+            self.record(node, f"{node.backend} queue", start, time.perf_counter_ns(), launches=launches)
         self._release(node.inputs)
 
     def _enqueue_node(

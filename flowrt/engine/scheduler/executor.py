@@ -59,7 +59,8 @@ class DeviceRunner(Protocol):
     ``download(queue, tensor)`` enqueue a copy without waiting and return the copy and an
     object to keep until the work is done (the copy's event); ``download_into(queue, tensor,
     array)`` enqueues the copy into a C-contiguous host array of the tensor's shape and dtype
-    and returns that object.
+    and returns that object. A runner may also have ``launched()``, a count of the kernel
+    launches it has enqueued: a profiled run records each workload's.
     """
 
     async def submit(self, priority: int, enqueue: Callable[[Any], Any], owner: Any = None) -> None: ...

@@ -15,6 +15,7 @@ import trio
 from flowrt.errors import FlowrtError
 from flowrt.types import Priority
 from flowrt.workers.gpu.context import DeviceContext
+from flowrt.workers.gpu.launches import LAUNCHED
 from flowrt.workers.gpu.queues import Enqueue, QueueActors, open_queue_actors
 from flowrt.workers.gpu.tensor import GpuTensor
 
@@ -26,7 +27,9 @@ class GpuBackendContext:
     ``submit(priority, enqueue, owner)`` runs ``enqueue(queue)`` on the queue actor of that
     priority and returns once the device has finished (the kernels' temporaries are
     ``owner``'s, a run's memory pool); ``upload``/``download`` enqueue a copy on the
-    queue they are given and return the copy and its event (keep it until the work is done).
+    queue they are given and return the copy and its event (keep it until the work is done);
+    ``launched()`` counts the kernel launches enqueued (a profiled run's records take each
+    workload's).
     """
 
     def __init__(self, device: DeviceContext, in_flight_limit: int | None = None) -> None:
@@ -54,6 +57,11 @@ class GpuBackendContext:
                 "Runtime()' block that loaded it"
             )
         await self.actors[priority].submit(enqueue, owner)
+
+    @staticmethod
+    def launched() -> int:
+        """Kernel launches enqueued so far (all of the process's GpuAcc queues)."""
+        return LAUNCHED[0]
 
     def upload(self, queue: Any, array: np.ndarray) -> tuple[GpuTensor, Any]:
         return self.device.enqueue_upload(queue, array)

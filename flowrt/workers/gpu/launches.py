@@ -40,6 +40,11 @@ def enabled() -> bool:
     return os.environ.get(ENV, "1").strip() != "0"
 
 
+# Kernel launches this process has enqueued on GpuAcc's queues (a profiled run reads it
+# around each workload: ``GpuBackendContext.launched``).
+LAUNCHED = [0]
+
+
 class Recording:
     """The launches one workload makes while it is recorded: (kernel, global size, local
     size, arguments); ``refused`` says why they cannot stand for it, if they cannot."""
@@ -96,6 +101,7 @@ class BoundLaunches:
         enqueue = cl.enqueue_nd_range_kernel
         for kernel, global_size, local_size in self.launches:
             enqueue(queue, kernel, global_size, local_size)
+        LAUNCHED[0] += len(self.launches)
         return True
 
     def enqueue_each(self, queue: Any) -> Iterator[None]:
@@ -104,6 +110,7 @@ class BoundLaunches:
         enqueue = cl.enqueue_nd_range_kernel
         for kernel, global_size, local_size in self.launches:
             enqueue(queue, kernel, global_size, local_size)
+            LAUNCHED[0] += 1
             yield
 
     @classmethod

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from flowrt.workers.gpu.launches import current_recording
+from flowrt.workers.gpu.launches import LAUNCHED, current_recording
 
 
 class TypedKernel:
@@ -36,6 +36,7 @@ class TypedKernel:
             if kwargs:  # wait_for and the like: not a launch a bound kernel repeats as it is
                 record.refused = record.refused or "a launch with options"
             record.launches.append((self.kernel, global_size, local_size, args))
+        LAUNCHED[0] += 1
         return self.kernel(queue, global_size, local_size, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:

@@ -3,8 +3,10 @@ enqueue them as they are (``flowrt.workers.gpu.launches``): same results as CpuR
 run, fewer launches through the kernels' Python, and nothing recorded that could change."""
 
 import gc
+import re
 
 import numpy as np
+import onnx
 import pytest
 import trio
 
@@ -252,3 +254,53 @@ async def test_later_runs_enqueue_consecutive_recorded_layers_as_one_step_and_pr
         np.testing.assert_allclose(out["y"], expected[4]["y"], rtol=1e-5, atol=1e-6)
         timed = {r.layer for r in model.profile() if r.backend == "GpuAcc"}
     assert timed == {node.layer for node in segment.nodes}  # layer by layer when profiled
+
+
+async def test_a_profiled_run_records_each_device_layers_kernel_launches(gpu, conv_network, launch_counts):
+    opt = flowrt.optimize(conv_network(), backends=["GpuAcc", "CpuRef"])
+    feeds = _random_feeds(0)
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        model = await rt.load(opt, max_in_flight=1)
+        for _ in range(3):  # the first run, the recording one, then recorded runs
+            await model.run(feeds)
+        launch_counts.update(python=0, bound=0)
+        await model.run(feeds)
+        per_run = launch_counts["python"] + launch_counts["bound"]
+        await model.run(feeds, profile=True)
+        records = model.profile()
+    assert per_run > 0
+    assert sum(r.launches for r in records) == per_run  # layer by layer, the same launches
+    convs = [r for r in records if r.kind == "Conv"]
+    assert convs and all(r.launches >= 1 for r in convs)
+
+
+def test_inspect_launches_prints_the_launches_a_run_by_kind(gpu, tmp_path, capsys):
+    from onnx import TensorProto, helper, numpy_helper
+
+    from flowrt.cli import main
+
+    w = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w"
+    )
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Sigmoid", ["c"], ["y"], name="sigmoid"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [w],
+    )
+    path = tmp_path / "conv.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert main(["inspect", str(path), "--backends", "GpuAcc,CpuRef", "--launches"]) == 0
+    out = capsys.readouterr().out
+    found = re.search(r"kernel launches a run on GpuAcc: (\d+) for (\d+) layers", out)
+    assert found, out
+    lines = out.splitlines()
+    after = lines[next(i for i, line in enumerate(lines) if line.startswith("kernel launches")) + 1 :]
+    rows = {line.split()[0]: int(line.split()[1]) for line in after if line.startswith("  ")}
+    assert rows["Conv"] >= 1
+    assert int(found.group(1)) == sum(rows.values())
