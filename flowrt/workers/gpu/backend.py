@@ -12,6 +12,7 @@ from flowrt.workers.gpu import device
 from flowrt.workers.gpu.allocator import device_memory_manager
 from flowrt.workers.gpu.backend_context import GpuBackendContext
 from flowrt.workers.gpu.context import device_context
+from flowrt.workers.gpu.kernels import activation_codes
 from flowrt.workers.gpu.layer_support import GpuLayerSupport
 from flowrt.workers.gpu.tuner import Tuner
 from flowrt.workers.gpu.workload_factory import GpuWorkloadFactory
@@ -69,8 +70,14 @@ class GpuAccBackend:
     def optimize_subgraph(self, view: Any) -> OptimizationViews:
         """MatMul + bias Add (+ activation) as one Gemm, Conv + residual Add (+ activation) as
         one FusedConv, and an activation fused into the layer before it (Conv + bias + Relu as
-        one Conv): see ``offer_fusions``."""
-        return offer_fusions(view, self.layer_support(), FUSED_ACTIVATION_KINDS, patterns=(conv_residual,))
+        one Conv; the activations of common.cl's ``activate``): see ``offer_fusions``."""
+        return offer_fusions(
+            view,
+            self.layer_support(),
+            FUSED_ACTIVATION_KINDS,
+            patterns=(conv_residual,),
+            activations=activation_codes(),
+        )
 
     def create_context(self, options: Any = None) -> GpuBackendContext:
         """The runtime's GpuAcc context: the device ``options.opencl_device`` names (this

@@ -9,7 +9,7 @@ import pytest
 from flowrt.engine.graph.layer_kind import activation_facts, activation_kinds
 from flowrt.errors import BackendError
 from flowrt.registry import FusedActivation
-from flowrt.workers.gpu.kernels import activation_args, activation_codes
+from flowrt.workers.gpu.kernels import GPU_CURVES, activation_args, activation_codes
 
 
 def _macro(kind: str) -> str:
@@ -23,18 +23,20 @@ def _common_cl() -> str:
 
 def test_common_cl_defines_each_code_of_the_table():
     defines = {name: int(code) for name, code in re.findall(r"#define (ACT_\w+) (\d+)", _common_cl())}
-    expected = {_macro(kind): activation_facts()[kind].code for kind in activation_kinds("everywhere")}
+    kinds = {*activation_kinds("everywhere"), *GPU_CURVES}
+    expected = {_macro(kind): activation_facts()[kind].code for kind in kinds}
     assert defines == {"ACT_NONE": 0, **expected}
 
 
 def test_activate_switch_has_a_case_for_each_activation():
     switch = _common_cl().split("inline float activate(", 1)[1].split("\n}\n", 1)[0]
     cases = set(re.findall(r"case (ACT_\w+):", switch))
-    assert cases == {_macro(kind) for kind in activation_kinds("everywhere")}
+    assert cases == {_macro(kind) for kind in {*activation_kinds("everywhere"), *GPU_CURVES}}
 
 
 def test_kernel_arguments_carry_the_table_code():
-    assert activation_codes() == {k: activation_facts()[k].code for k in activation_kinds("everywhere")}
+    kinds = {*activation_kinds("everywhere"), *GPU_CURVES}
+    assert activation_codes() == {k: activation_facts()[k].code for k in kinds}
     code, alpha, beta = activation_args(FusedActivation("Clip", -1.0, 6.0))
     assert (int(code), float(alpha), float(beta)) == (3, -1.0, 6.0)
     assert int(activation_args(None)[0]) == 0

@@ -15,7 +15,7 @@ FLOATS = st.floats(-50, 50, width=32)
 
 @settings(max_examples=15, deadline=None)
 @given(
-    kind=st.sampled_from(["Relu", "LeakyRelu", "Sigmoid", "Tanh"]),
+    kind=st.sampled_from(["Relu", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish"]),
     x=hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=4, max_side=20), elements=FLOATS),
 )
 def test_activations_match_cpuref(run_both, kind, x):
@@ -56,6 +56,8 @@ def test_sum_folds_three_broadcasting_inputs(run_both):
         FusedActivation("Clip", alpha=-0.5, beta=0.25),
         FusedActivation("Sigmoid"),
         FusedActivation("Tanh"),
+        FusedActivation("HardSigmoid", alpha=0.3, beta=0.4),
+        FusedActivation("HardSwish"),
     ],
 )
 def test_fused_activation_applies_to_the_output(run_both, activation):
@@ -66,9 +68,9 @@ def test_fused_activation_applies_to_the_output(run_both, activation):
     if kind == "Clip":
         expected = np.clip(added, activation.alpha, activation.beta)
     else:
-        desc = getattr(flowrt.descriptors, kind)(
-            **({"alpha": activation.alpha} if kind == "LeakyRelu" else {})
-        )
+        params = {"LeakyRelu": {"alpha": activation.alpha}}
+        params["HardSigmoid"] = {"alpha": activation.alpha, "beta": activation.beta}
+        desc = getattr(flowrt.descriptors, kind)(**params.get(kind, {}))
         expected = ref_kernels()[kind](desc, added)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
 
@@ -77,3 +79,27 @@ def test_sigmoid_saturates_without_overflow(run_both):
     x = np.array([-1e4, -100, 0, 100, 1e4], np.float32)
     (got,), _ = run_both("Sigmoid", flowrt.descriptors.Sigmoid(), [x])
     np.testing.assert_allclose(got, [0, 0, 0.5, 1, 1], atol=1e-30)
+
+
+def test_hard_sigmoid_takes_its_slope_and_offset_from_the_layer(run_both):
+    x = np.linspace(-6, 6, 49, dtype=np.float32)
+    (got,), (expected,) = run_both("HardSigmoid", flowrt.descriptors.HardSigmoid(alpha=0.25, beta=0.6), [x])
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+    assert got[0] == 0 and got[-1] == 1 and 0 < got[24] < 1  # both bounds, and the slope between
+
+
+async def test_conv_then_hard_swish_is_one_gpuacc_layer(gpu):
+    rng = np.random.default_rng(3)
+    net = flowrt.Network()
+    x = net.add_input("x", flowrt.types.TensorInfo((1, 3, 8, 8)))
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    conv = net.add_layer("Conv", flowrt.descriptors.Conv(pads=(1, 1, 1, 1)), [x, w], name="conv")
+    net.add_output("y", net.add_layer("HardSwish", inputs=[conv], name="hswish"))
+    opt = flowrt.optimize(net, backends=["GpuAcc", "CpuRef"])
+    layers = [layer for layer in opt.graph if layer.kind not in ("Input", "Output", "Constant")]
+    assert [(layer.kind, layer.backend) for layer in layers] == [("Conv", "GpuAcc")]
+    feeds = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        got = await (await rt.load(opt)).run(feeds)
+        want = await (await rt.load(flowrt.optimize(net, backends=["CpuRef"]))).run(feeds)
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-5)

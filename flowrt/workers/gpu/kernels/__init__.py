@@ -37,13 +37,20 @@ LOCAL_SIZE = DEFAULT_LOCAL_SIZE
 RANK = 6  # the largest rank strided_offset handles
 
 
+# The activation table's curves (fused only by the backends that offer them) that GpuAcc
+# applies too: MobileNetV3's.
+GPU_CURVES = frozenset({"HardSigmoid", "HardSwish"})
+
+
 @functools.cache
 def activation_codes() -> dict[str, int]:
     """The codes of common.cl's ``activate()``, by kind: the activation table's kinds fused
-    "everywhere", which every backend that fuses activations applies (common.cl spells each
-    as an ``ACT_`` macro; tests/workers/gpu/test_activation_codes.py checks they agree)."""
+    "everywhere", which every backend that fuses activations applies, and ``GPU_CURVES``
+    (common.cl spells each as an ``ACT_`` macro; tests/workers/gpu/test_activation_codes.py
+    checks they agree)."""
     facts = activation_facts()
-    return {kind: facts[kind].code for kind in activation_kinds("everywhere")}
+    kinds = sorted({*activation_kinds("everywhere"), *GPU_CURVES}, key=lambda kind: facts[kind].code)
+    return {kind: facts[kind].code for kind in kinds}
 
 
 def activation_args(activation: FusedActivation | None) -> tuple[np.int32, np.float32, np.float32]:

@@ -1,4 +1,5 @@
-"""Relu, LeakyRelu, Sigmoid, Tanh and Clip: common.cl's activate() over every element.
+"""Relu, LeakyRelu, Sigmoid, Tanh, HardSwish and Clip: common.cl's activate() over every
+element (HardSigmoid alone is one of unary.py's functions).
 
 :func:`enqueue_activation` is also how a workload applies a fused activation that its own
 kernel does not.
@@ -11,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from flowrt.engine.graph.layer_kind import activation_facts
 from flowrt.registry import FusedActivation
 from flowrt.workers.gpu.kernels import GpuKernel, activation_args, gpu_kernel
 from flowrt.workers.gpu.tensor import GpuTensor
@@ -32,14 +34,15 @@ def enqueue_activation(
     )
 
 
-@gpu_kernel("Relu", "LeakyRelu", "Sigmoid", "Tanh")
+@gpu_kernel("Relu", "LeakyRelu", "Sigmoid", "Tanh", "HardSwish")
 class ActivationKernel(GpuKernel):
-    """One activation, elementwise."""
+    """One activation, elementwise; its alpha and beta as the activation table reads them."""
 
     def prepare(self) -> None:
         self.kernel = self.context.kernel("elementwise", "activation")
-        alpha = getattr(self.info.descriptor, "alpha", 0.0) if self.info.kind == "LeakyRelu" else 0.0
-        self.activation = FusedActivation(self.info.kind, alpha)
+        params = activation_facts()[self.info.kind].params(self.info.descriptor, self.info.constants)
+        alpha, beta = params or (0.0, 0.0)
+        self.activation = FusedActivation(self.info.kind, alpha, beta)
 
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
         return enqueue_activation(self, self.kernel, queue, inputs[0], outputs[0], self.activation)

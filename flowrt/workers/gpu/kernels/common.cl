@@ -1,7 +1,8 @@
 // Shared by every GpuAcc program: the activation epilogue. Each ACT_<KIND> is the code of the
 // activation table (flowrt/engine/graph/layer_kind.py, declared with the kind in its layers/
-// file), for every kind fused "everywhere"; tests/workers/gpu/test_activation_codes.py checks
-// that they agree. The semantics are CpuRef's activation kernels'.
+// file), for every kind fused "everywhere" and the curves GpuAcc fuses (GPU_CURVES in
+// kernels/__init__.py); tests/workers/gpu/test_activation_codes.py checks that they agree.
+// The semantics are CpuRef's activation kernels'.
 //
 // Every tensor parameter of a kernel is a buffer followed by the offset, in elements, of the
 // tensor's first element in it (`x, x_off`): the tensors of a memory pool lie at offsets of the
@@ -14,6 +15,8 @@
 #define ACT_CLIP 3
 #define ACT_SIGMOID 4
 #define ACT_TANH 5
+#define ACT_HARD_SIGMOID 6
+#define ACT_HARD_SWISH 7
 
 inline float activate(float v, int code, float alpha, float beta) {
     switch (code) {
@@ -26,6 +29,8 @@ inline float activate(float v, int code, float alpha, float beta) {
         return v >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
     }
     case ACT_TANH: return tanh(v);
+    case ACT_HARD_SIGMOID: return clamp(v * alpha + beta, 0.0f, 1.0f);
+    case ACT_HARD_SWISH: return v * clamp(v * (1.0f / 6.0f) + 0.5f, 0.0f, 1.0f);
     default: return v;
     }
 }
