@@ -1,0 +1,120 @@
+"""Slice and Split: the output read through the input's strides (times the steps) from the
+first element it takes, by layout.cl's ``transpose`` gather with the input's offset moved
+there. Each output is one launch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from flowrt.engine.graph.layers.reshape import const_ints
+from flowrt.engine.graph.layers.slice import slice_params
+from flowrt.engine.graph.shapes import normalize_axis
+from flowrt.registry import Support, WorkloadInfo
+from flowrt.workers.gpu.kernels import RANK, GpuKernel, gpu_kernel, static_shape
+from flowrt.workers.gpu.kernels.elementwise import stride_table
+from flowrt.workers.gpu.launches import refuse
+from flowrt.workers.gpu.tensor import GpuTensor
+
+
+def _strides(shape: Sequence[int]) -> list[int]:
+    """Element strides of a C-contiguous ``shape``."""
+    strides, step = [0] * len(shape), 1
+    for d in range(len(shape) - 1, -1, -1):
+        strides[d] = step
+        step *= shape[d]
+    return strides
+
+
+def _padded(strides: Sequence[int]) -> list[int]:
+    return [0] * (RANK - len(strides)) + list(strides)
+
+
+class _Gather(GpuKernel):
+    """Enqueues ``y[i] = x[first + strided_offset(i, table)]`` for each output."""
+
+    kernel: Any  # layout.cl's transpose, made in prepare
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        if len(static_shape(info.inputs[0])) > RANK:
+            return Support.no(f"GpuAcc slices tensors of rank {RANK} or less")
+        return Support.yes()
+
+    def gather(self, queue: Any, x: GpuTensor, y: GpuTensor, first: int, table: Any) -> Any:
+        offset = np.int32(int(x.kernel_args[1]) + first)
+        return self.launch(
+            self.kernel, queue, y.size, x.buffer, offset, *y.kernel_args, table, np.int32(y.size)
+        )
+
+
+@gpu_kernel("Slice")
+class SliceKernel(_Gather):
+    """Starts, ends, axes and steps are attributes before opset 10, else inputs 1 to 4, read
+    on the host: constants once at load, others at each run (a run's launches are then not
+    recorded: the next run's may differ)."""
+
+    host_inputs = frozenset({1, 2, 3, 4})
+
+    def prepare(self) -> None:
+        self.kernel = self.context.kernel("layout", "transpose")
+        self.shape = static_shape(self.info.inputs[0])
+        self.tables: dict[tuple, tuple[int, Any]] = {}
+        given = range(1, len(self.info.inputs))
+        self.fixed = all(self.constant(i) is not None for i in given if self.info.inputs[i] is not None)
+        if self.fixed:
+            self.plan([self.constant(i) for i in given])
+
+    def plan(self, values: Sequence[Any]) -> tuple[int, Any]:
+        """(first element, stride table) of the slice the parameter values ``values`` (inputs 1
+        to 4, None where absent) name; made once per distinct parameters."""
+        params = slice_params(self.info.descriptor, [const_ints(v) for v in values])
+        assert params is not None  # shape inference found starts and ends
+        key = tuple(tuple(p) for p in params)
+        found = self.tables.get(key)
+        if found is None:
+            strides = _strides(self.shape)
+            read, first = list(strides), 0
+            for start, end, axis, step in zip(*params, strict=True):
+                a = normalize_axis(axis, len(self.shape), "Slice")
+                picked = range(*slice(start, end, step).indices(self.shape[a]))
+                first += picked.start * strides[a]
+                read[a] = strides[a] * step
+            found = self.tables[key] = (
+                first,
+                stride_table(self.context, self.output_shapes[0], _padded(read)),
+            )
+        return found
+
+    def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
+        if not self.fixed:
+            refuse("Slice parameters read at each run")
+        first, table = self.plan([None if v is None else np.asarray(v) for v in inputs[1:]])
+        return self.gather(queue, inputs[0], outputs[0], first, table)
+
+
+@gpu_kernel("Split")
+class SplitKernel(_Gather):
+    """Each output is the next run of the axis (their lengths are the outputs' static shapes,
+    so the split input is not read)."""
+
+    host_inputs = frozenset({1})
+
+    def prepare(self) -> None:
+        self.kernel = self.context.kernel("layout", "transpose")
+        shape = static_shape(self.info.inputs[0])
+        axis = normalize_axis(self.info.descriptor.axis, len(shape), "Split")
+        strides = _strides(shape)
+        self.parts = []
+        start = 0
+        for out in self.output_shapes:
+            self.parts.append((start * strides[axis], stride_table(self.context, out, _padded(strides))))
+            start += out[axis]
+
+    def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
+        event = None
+        for (first, table), y in zip(self.parts, outputs, strict=True):
+            event = self.gather(queue, inputs[0], y, first, table)
+        return event
