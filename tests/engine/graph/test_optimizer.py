@@ -74,6 +74,20 @@ def test_dropout_and_identity_are_removed():
     np.testing.assert_array_equal(y, [[0, 0, 1]] * 2)
 
 
+def test_a_cast_to_its_inputs_own_type_is_removed_and_other_casts_stay():
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((2, 3)))
+    same = net.add_layer("Cast", flowrt.descriptors.Cast(to=1), [x], name="to_float")  # float32 already
+    relu = net.add_layer("Relu", inputs=[same], name="relu")
+    net.add_output("y", net.add_layer("Cast", flowrt.descriptors.Cast(to=7), [relu], name="to_int64"))
+    opt = flowrt.optimize(net, backends=["CpuRef"])
+    assert list(opt.assignments()) == ["relu", "to_int64"]
+    assert "removed Cast 'to_float'" in opt.passes
+    (y,) = flowrt.InferenceSession(opt).run(None, {"x": np.array([[-1.5, 0, 2.5]] * 2, np.float32)})
+    assert y.dtype == np.int64
+    np.testing.assert_array_equal(y, [[0, 0, 2]] * 2)
+
+
 def test_constant_subgraphs_and_static_shapes_are_folded():
     net = flowrt.Network()
     x = net.add_input("x", TensorInfo((2, 3, 4)))
