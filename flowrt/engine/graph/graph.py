@@ -244,30 +244,35 @@ class Graph:
     def infer_shapes(self) -> None:
         """Infer each output's TensorInfo in topological order."""
         for layer in self.topological_order():
-            if layer.kind == "Input":
-                layer.outputs[0].info = layer.descriptor.info
-                continue
-            infos = layer.input_infos
-            consts = [constant_value(s.source) for s in layer.inputs]
-            try:
-                outs = get_layer_kind(layer.kind).infer(layer.descriptor, infos, consts)
-            except (ShapeError, DataTypeError, UnsupportedLayerError) as e:
-                raise type(e)(f"layer {layer.name!r} ({layer.kind}): {e}") from None
-            except FlowrtError:
-                raise
-            except Exception as e:  # a malformed descriptor or input deep in the arithmetic
-                shapes = ", ".join(str(i) for i in infos)
-                raise ShapeError(
-                    f"layer {layer.name!r} ({layer.kind}): cannot infer outputs from inputs "
-                    f"[{shapes}]: {type(e).__name__}: {e}"
-                ) from e
-            if len(outs) < len(layer.outputs):
-                raise ShapeError(
-                    f"layer {layer.name!r} ({layer.kind}) has {len(layer.outputs)} outputs but "
-                    f"produces {len(outs)}"
-                )
-            for slot, info in zip(layer.outputs, outs):
-                slot.info = info
+            self.infer_layer(layer)
+
+    @staticmethod
+    def infer_layer(layer: Layer) -> None:
+        """Infer ``layer``'s outputs' TensorInfos from its inputs' (and their constant values)."""
+        if layer.kind == "Input":
+            layer.outputs[0].info = layer.descriptor.info
+            return
+        infos = layer.input_infos
+        consts = [constant_value(s.source) for s in layer.inputs]
+        try:
+            outs = get_layer_kind(layer.kind).infer(layer.descriptor, infos, consts)
+        except (ShapeError, DataTypeError, UnsupportedLayerError) as e:
+            raise type(e)(f"layer {layer.name!r} ({layer.kind}): {e}") from None
+        except FlowrtError:
+            raise
+        except Exception as e:  # a malformed descriptor or input deep in the arithmetic
+            shapes = ", ".join(str(i) for i in infos)
+            raise ShapeError(
+                f"layer {layer.name!r} ({layer.kind}): cannot infer outputs from inputs "
+                f"[{shapes}]: {type(e).__name__}: {e}"
+            ) from e
+        if len(outs) < len(layer.outputs):
+            raise ShapeError(
+                f"layer {layer.name!r} ({layer.kind}) has {len(layer.outputs)} outputs but "
+                f"produces {len(outs)}"
+            )
+        for slot, info in zip(layer.outputs, outs):
+            slot.info = info
 
     # -- copying ----------------------------------------------------------------------------
     def copy(self) -> Graph:

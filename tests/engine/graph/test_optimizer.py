@@ -107,9 +107,9 @@ def test_constant_subgraphs_and_static_shapes_are_folded():
     np.testing.assert_allclose(y, x_val + 1)
 
 
-def test_folding_repeats_while_a_fold_makes_more_shapes_static():
+def test_a_fold_that_makes_a_shape_static_lets_its_shape_fold_in_the_same_round():
     # The pads are computed (an Add of constants), so the Pad's output shape is only known
-    # once they are folded; the Shape of it folds in the next round, and so on down the chain.
+    # once they are folded; the Shape of it folds as the round reaches it.
     net = flowrt.Network()
     x = net.add_input("x", TensorInfo((1, 2, 3, 3)))
     pads = net.add_layer("Add", inputs=[np.zeros(8, np.int64), np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)])
@@ -119,10 +119,34 @@ def test_folding_repeats_while_a_fold_makes_more_shapes_static():
     net.add_output("y", net.add_layer("Relu", inputs=[flat], name="relu"))
     opt = flowrt.optimize(net, backends=["CpuRef"])
     assert list(opt.assignments()) == ["pad", "reshape", "relu"]
-    assert sum("folded" in p for p in opt.passes) == 2
+    assert [p for p in opt.passes if "folded" in p] == ["folded 2 constant layer(s) (Add, Shape)"]
     x_val = np.arange(18, dtype=np.float32).reshape(1, 2, 3, 3) - 9
     (y,) = flowrt.InferenceSession(opt).run(None, {"x": x_val})
     np.testing.assert_array_equal(y, np.maximum(np.pad(x_val, ((0, 0), (0, 0), (1, 1), (1, 1))), 0))
+
+
+def test_a_chain_of_pads_each_sized_by_the_shape_before_folds_whole():
+    # Each Pad's pads come from the Shape of the previous Pad's output (as Swin's blocks pad
+    # their windows): more links than rounds of folding, all static in the end.
+    links = 12
+    net = flowrt.Network()
+    h = net.add_input("x", TensorInfo((1, 1, 2, 2)))
+    for i in range(links):
+        shape = net.add_layer("Shape", inputs=[h], name=f"shape{i}")
+        side = net.add_layer("Gather", flowrt.descriptors.Gather(axis=0), [shape, np.array([3], np.int64)])
+        odd = net.add_layer("Mod", inputs=[side, np.array([2], np.int64)])  # 1 when the side is odd
+        pads = net.add_layer("Concat", flowrt.descriptors.Concat(axis=0), [np.zeros(7, np.int64), odd])
+        h = net.add_layer("Pad", inputs=[h, pads], name=f"pad{i}")
+        h = net.add_layer("Pad", inputs=[h, np.array([0, 0, 0, 0, 0, 0, 0, 1], np.int64)], name=f"grow{i}")
+    net.add_output("y", h)
+    opt = flowrt.optimize(net, backends=["CpuRef"])
+    assert all(layer.outputs[0].info.is_static for layer in opt.graph if layer.kind == "Pad")
+    assert not any(layer.kind in ("Shape", "Gather", "Mod", "Concat") for layer in opt.graph)
+    (y,) = flowrt.InferenceSession(opt).run(None, {"x": np.ones((1, 1, 2, 2), np.float32)})
+    width = 2
+    for _ in range(links):
+        width += width % 2 + 1  # made even, then one more
+    assert y.shape == (1, 1, 2, width)
 
 
 def _conv_bn_network(with_bias: bool):

@@ -80,12 +80,16 @@ def _evaluate(layer: Layer, inputs: list, evaluate: Evaluator, budget: MemoryBud
     return outputs
 
 
-def fold_constants(graph: Graph, evaluate: Evaluator, budget: MemoryBudget | None = None) -> list[str]:
+def fold_constants(
+    graph: Graph, evaluate: Evaluator, budget: MemoryBudget | None = None, infer: bool = False
+) -> list[str]:
     """Replace foldable layers by Constant layers holding their outputs; return the changes.
 
-    Shapes must be inferred before (Shape/Size fold from static input shapes). ``budget``
-    (default: the default memory budget, counting the constants the graph holds) is claimed
-    before each layer is evaluated.
+    Shapes must be inferred before (Shape/Size fold from static input shapes). ``infer``: each
+    layer's outputs are inferred again as the pass reaches it, so that a shape made static by
+    a fold earlier in the pass (a Pad whose pads were computed) lets the Shape layers that
+    read it fold in the same pass. ``budget`` (default: the default memory budget, counting
+    the constants the graph holds) is claimed before each layer is evaluated.
     """
     if budget is None:
         budget = MemoryBudget(None, BUDGET_OPTION, _constant_bytes(graph), "the network's constants")
@@ -95,6 +99,8 @@ def fold_constants(graph: Graph, evaluate: Evaluator, budget: MemoryBudget | Non
         # load compiles: it runs with the network, whatever its inputs.
         if layer.kind in ("Input", "Output", "Constant") or subgraphs_of(layer.descriptor):
             continue
+        if infer:
+            graph.infer_layer(layer)
         if layer.kind in _SHAPE_ONLY_KINDS:
             inputs = _shape_stand_in(layer)
         else:
@@ -131,14 +137,16 @@ MAX_ROUNDS = 8
 
 
 def fold_to_fixpoint(graph: Graph, evaluate: Evaluator, memory_budget: int | None = None) -> list[str]:
-    """Fold, re-infer shapes, and fold again while something folds: a layer folded in one
-    round can make a shape static (a Pad whose pads were computed), and with it the Shape
-    layers that read it, which the next round folds. Each round holds the graph's constants
-    and what it folds to ``memory_budget`` (bytes; None: the default budget)."""
+    """Fold, re-infer shapes, and fold again while something folds: a layer folded can make a
+    shape static (a Pad whose pads were computed), and with it the Shape layers that read
+    it. Each round infers shapes as it goes, so a chain of them (Swin's blocks, each padded
+    by its input's shape) folds in one round; the next finds what is left. Each round holds
+    the graph's constants and what it folds to ``memory_budget`` (bytes; None: the default
+    budget)."""
     changes: list[str] = []
     for _ in range(MAX_ROUNDS):
         budget = MemoryBudget(memory_budget, BUDGET_OPTION, _constant_bytes(graph), "the network's constants")
-        folded = fold_constants(graph, evaluate, budget)
+        folded = fold_constants(graph, evaluate, budget, infer=True)
         if not folded:
             break
         changes += folded
