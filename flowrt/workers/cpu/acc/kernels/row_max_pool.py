@@ -36,20 +36,22 @@ def _along_unit(of, at, count, columns, span, rows, even, odd, kw_count, sw, dw)
 
 @njit(**NATIVE)
 def _along_pairs(of, at, count, columns, span, rows, even, odd, kw_count, sw, dw):
-    """Stride 2: each row is first split into its even and odd cells (``even``, ``odd``), by
-    64-bit loads of pairs, so that every pass reads one of them at unit stride, which LLVM
-    vectorizes."""
+    """Stride 2. The classic 3x3 window reads its three cells from the row at once (LLVM
+    vectorizes the stride-2 reads well: twice as fast as splitting the row first). Other
+    windows first split each row into its even and odd cells (``even``, ``odd``), by 64-bit
+    loads of pairs, so that every pass reads one of them at unit stride."""
     u8 = np.uint64
     pairs = u8(((count - 1) * 2 + (kw_count - 1) * dw) // 2 + 1)
     for r in range(rows):
         base, column = u8(at + r * count), u8(r * span)
+        if kw_count == 3 and dw == 1:  # the classic 3x3 stride-2 pool, in one pass
+            for o in range(u8(count)):
+                q = column + u8(2) * o
+                of[base + o] = larger(larger(columns[q], columns[q + u8(1)]), columns[q + u8(2)])
+            continue
         for k in range(pairs):
             even[k] = pair_low(columns, column + u8(2) * k)
             odd[k] = pair_high(columns, column + u8(2) * k)
-        if kw_count == 3 and dw == 1:  # the classic 3x3 stride-2 pool, in one pass
-            for o in range(u8(count)):
-                of[base + o] = larger(larger(even[o], odd[o]), even[o + u8(1)])
-            continue
         for o in range(u8(count)):
             of[base + o] = even[o]
         for k in range(1, kw_count):
