@@ -70,3 +70,64 @@ def test_split_into_equal_pieces_without_lengths(run_both, num_outputs):
     assert [g.shape[1] for g in got] == [e.shape[1] for e in expected]
     for g, e in zip(got, expected, strict=True):
         np.testing.assert_array_equal(g, e)
+
+
+@settings(max_examples=20, deadline=None)
+@given(shape=hnp.array_shapes(min_dims=1, max_dims=4, max_side=6), data=st.data())
+def test_gather_by_a_scalar_index_matches_cpuref(run_both, shape, data):
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1))
+    index = np.array(data.draw(st.integers(-shape[axis], shape[axis] - 1)), np.int64)
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+    constant = data.draw(st.booleans())  # at load, or read at each run
+    (got,), (expected,) = run_both(
+        "Gather", flowrt.descriptors.Gather(axis=axis), [x, index], constant=(1,) if constant else ()
+    )
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_gather_by_several_indices_along_the_first_axis(run_both):
+    x = np.arange(5 * 3 * 4, dtype=np.float32).reshape(5, 3, 4)
+    indices = np.array([[4, 0], [-1, 2]], np.int64)
+    (got,), (expected,) = run_both("Gather", flowrt.descriptors.Gather(axis=0), [x, indices], constant=(1,))
+    assert got.shape == (2, 2, 3, 4)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_gathers_gpuacc_declines_say_why(gpu):
+    from flowrt.types import TensorInfo
+    from flowrt.workers.gpu.layer_support import GpuLayerSupport
+
+    support = GpuLayerSupport()
+    data, out = TensorInfo((2, 40, 8)), TensorInfo((2, 40, 8))
+    many = support.is_layer_supported(
+        "Gather", flowrt.descriptors.Gather(axis=1), [data, TensorInfo((40,), "int64")], [out]
+    )
+    assert not many.supported and "16 indices at most" in many.reason
+    inner = support.is_layer_supported(
+        "Gather",
+        flowrt.descriptors.Gather(axis=1),
+        [data, TensorInfo((2,), "int64")],
+        [TensorInfo((2, 2, 8))],
+    )
+    assert not inner.supported and "nothing before it" in inner.reason
+
+
+async def test_a_gather_index_out_of_range_fails_the_run_with_a_clear_error(gpu):
+    net = flowrt.Network()
+    x = net.add_input("x", flowrt.types.TensorInfo((5, 4)))
+    i = net.add_input("i", flowrt.types.TensorInfo((), "int64"))
+    net.add_output("y", net.add_layer("Gather", flowrt.descriptors.Gather(axis=0), [x, i], name="gather"))
+    opt = flowrt.optimize(net, backends=["GpuAcc", "CpuRef"])
+    assert {layer.name: layer.backend for layer in opt.graph}["gather"] == "GpuAcc"
+    x_val = np.arange(20, dtype=np.float32).reshape(5, 4)
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        model = await rt.load(opt)
+        for index in (3, -1, 0):  # read at each run
+            y = (await model.run({"x": x_val, "i": np.array(index, np.int64)}))["y"]
+            np.testing.assert_array_equal(y, x_val[index])
+        with pytest.raises(
+            flowrt.errors.RunError, match=r"indices must lie in \[-5, 5\) along axis 0, found \[7\]"
+        ):
+            await model.run({"x": x_val, "i": np.array(7, np.int64)})
+        y = (await model.run({"x": x_val, "i": np.array(2, np.int64)}))["y"]  # and runs on
+        np.testing.assert_array_equal(y, x_val[2])

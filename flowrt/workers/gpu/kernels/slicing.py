@@ -1,6 +1,6 @@
-"""Slice and Split: the output read through the input's strides (times the steps) from the
-first element it takes, by layout.cl's ``transpose`` gather with the input's offset moved
-there. Each output is one launch."""
+"""Slice, Split and Gather: the output read through the input's strides (times the steps)
+from the first element it takes, by layout.cl's ``transpose`` gather with the input's offset
+moved there. Each output is one launch (a Gather's, one per index)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import numpy as np
 from flowrt.engine.graph.layers.reshape import const_ints
 from flowrt.engine.graph.layers.slice import slice_params
 from flowrt.engine.graph.shapes import normalize_axis
+from flowrt.errors import ShapeError
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.workers.gpu.kernels import RANK, GpuKernel, gpu_kernel, static_shape
 from flowrt.workers.gpu.kernels.elementwise import stride_table
@@ -43,10 +44,15 @@ class _Gather(GpuKernel):
             return Support.no(f"GpuAcc slices tensors of rank {RANK} or less")
         return Support.yes()
 
-    def gather(self, queue: Any, x: GpuTensor, y: GpuTensor, first: int, table: Any) -> Any:
+    def gather(
+        self, queue: Any, x: GpuTensor, y: GpuTensor, first: int, table: Any, at: int = 0, size: int = 0
+    ) -> Any:
+        """``size`` elements of ``y`` from its element ``at`` (default: all of it)."""
         offset = np.int32(int(x.kernel_args[1]) + first)
+        size = size or y.size
+        y_offset = np.int32(int(y.kernel_args[1]) + at)
         return self.launch(
-            self.kernel, queue, y.size, x.buffer, offset, *y.kernel_args, table, np.int32(y.size)
+            self.kernel, queue, size, x.buffer, offset, y.buffer, y_offset, table, np.int32(size)
         )
 
 
@@ -117,4 +123,67 @@ class SplitKernel(_Gather):
         event = None
         for (first, table), y in zip(self.parts, outputs, strict=True):
             event = self.gather(queue, inputs[0], y, first, table)
+        return event
+
+
+# A Gather's indices are this many launches at most (one each).
+GATHER_INDICES = 16
+
+
+@gpu_kernel("Gather")
+class GatherKernel(_Gather):
+    """Gather along an axis, each index's slab one launch: a scalar index (Swin's and ViT's
+    ``qkv[0]``), or up to GATHER_INDICES along an axis with nothing before it, where each
+    slab lies whole in the output. The indices are read on the host: a constant once at
+    load, others at each run (those runs' launches are then not recorded)."""
+
+    host_inputs = frozenset({1})
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        found = super().supports(info)
+        if not found.supported:
+            return found
+        shape, indices = static_shape(info.inputs[0]), info.inputs[1]
+        if indices is None or indices.shape is None or not indices.is_static:
+            return Support.no("GpuAcc gathers by indices of a static shape")
+        count = int(np.prod(static_shape(indices), dtype=np.int64))
+        axis = info.descriptor.axis % len(shape)
+        if count > GATHER_INDICES:
+            return Support.no(f"GpuAcc gathers {GATHER_INDICES} indices at most, found {count}")
+        if count > 1 and any(d != 1 for d in shape[:axis]):
+            return Support.no("GpuAcc gathers several indices only along an axis with nothing before it")
+        return Support.yes()
+
+    def prepare(self) -> None:
+        self.kernel = self.context.kernel("layout", "transpose")
+        shape = static_shape(self.info.inputs[0])
+        self.axis = self.info.descriptor.axis % len(shape)
+        self.dim = shape[self.axis]
+        strides = _strides(shape)
+        self.step = strides[self.axis]
+        slab = [d for i, d in enumerate(shape) if i != self.axis]
+        read = [s for i, s in enumerate(strides) if i != self.axis]
+        self.slab = int(np.prod(slab, dtype=np.int64))
+        self.table = stride_table(self.context, slab, _padded(read))
+        self.fixed = self.constant(1)
+
+    def _indices(self, given: Any) -> np.ndarray:
+        indices = np.asarray(given).astype(np.int64, copy=False).reshape(-1)
+        indices = np.where(indices < 0, indices + self.dim, indices)
+        if indices.size and (indices.min() < 0 or indices.max() >= self.dim):
+            raise ShapeError(
+                f"Gather: indices must lie in [-{self.dim}, {self.dim}) along axis {self.axis}, "
+                f"found {np.asarray(given).reshape(-1).tolist()}"
+            )
+        return indices
+
+    def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
+        if self.fixed is None:
+            refuse("Gather indices read at each run")
+        indices = self._indices(inputs[1] if self.fixed is None else self.fixed)
+        event = None
+        for k, index in enumerate(indices):
+            first = int(index) * self.step
+            event = self.gather(queue, inputs[0], outputs[0], first, self.table, k * self.slab, self.slab)
         return event
