@@ -10,7 +10,9 @@ is measured idle (the stream stopped), then beside the stream three ways: the pr
 priority, and, as the baseline that shows what priority buys, at LOW like the stream. The
 stream's images per second are printed beside each. flowrt's own admission orders a device's
 runs by priority (NVIDIA's OpenCL driver takes no queue priority hints); a run already on the
-device is not preempted, so a probe waits at most for the commands enqueued before it.
+device is not preempted, so a probe waits at most for the commands enqueued before it. While
+HIGH runs are coming, the LOW runs go to the device in chunks; the LOW probes start
+``RECENT_S`` after the last HIGH run, when they no longer are (see ``flowrt.workers.gpu.queues``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 import trio
 
 import flowrt
+from flowrt.workers.gpu.queues import RECENT_S
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu import _export, _torch_model  # noqa: E402 (a sibling script)
@@ -73,7 +76,9 @@ async def _measure(probe_path: str, low_path: str, batch: int, low_batch: int, c
             async with trio.open_nursery() as nursery:
                 for _ in range(clients):
                     nursery.start_soon(stream)
-                await trio.sleep(0.2)  # the stream at its pace
+                # The stream at its pace; before the LOW probes, also past the time after the
+                # last HIGH run in which GpuAcc still cuts the LOW runs into chunks.
+                await trio.sleep(0.2 if priority == flowrt.Priority.HIGH else RECENT_S + 0.2)
                 start, before = time.perf_counter(), done
                 times = await probe_latencies(priority)
                 ips = (done - before) / (time.perf_counter() - start)
