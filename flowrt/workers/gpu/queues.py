@@ -18,8 +18,9 @@ high-priority run instead of filling the device ahead of it.
 Admission counts *chunks*. A submission may enqueue its commands through a generator that
 yields after each one (a run's device segment does); below HIGH priority the actor cuts it
 into chunks of about ``CHUNK_S`` of device time, each admitted on its own and giving its
-place back when it completes, so a HIGH run that arrives waits for the chunks already on the
-device, not for whole runs. A cut costs the device a pause (the next chunk is enqueued once
+place back when it completes, so a HIGH run that arrives is not queued behind whole runs;
+and a HIGH submission may take one place beyond the limit, so it goes to the device at once,
+beside the chunks there (NVIDIA runs its queues side by side). A cut costs the device a pause (the next chunk is enqueued once
 the one before has been reported done), so submissions are cut only while there is someone
 to make way for: a submission of a higher priority arrived in the last ``RECENT_S``. The
 device time per command is measured on the submissions the actors serve: a chunk's time
@@ -79,10 +80,13 @@ RECENT_S = 1.0
 
 
 class Admission:
-    """How many submissions may be on a device at once, and who goes next: the waiting one of
-    the highest priority (the lowest ``Priority`` value), first come first served within one.
+    """How many submissions (or chunks of them) may be on a device at once, and who goes
+    next: the waiting one of the highest priority (the lowest ``Priority`` value), first come
+    first served within one.
 
-    ``limit`` None admits everything at once (the driver orders the levels itself).
+    A HIGH submission may take one place beyond ``limit``: it goes to the device beside the
+    chunks on it (NVIDIA's queues run side by side) instead of waiting for one of them to
+    end. ``limit`` None admits everything at once (the driver orders the levels itself).
     """
 
     def __init__(self, limit: int | None) -> None:
@@ -103,10 +107,19 @@ class Admission:
         pace = self._pace.get(owner) if owner is not None else None
         if self.limit is None or not pace:
             return None
-        since = trio.current_time() - RECENT_S
-        if not any(at >= since for level, at in self._arrived.items() if level < priority):
+        if not self._outranked(priority):
             return None
         return max(1, round(CHUNK_S / pace))
+
+    def _outranked(self, priority: int) -> bool:
+        """Whether a submission of a higher priority than ``priority`` arrived lately."""
+        since = trio.current_time() - RECENT_S
+        return any(at >= since for level, at in self._arrived.items() if level < priority)
+
+    def _room(self, priority: int) -> bool:
+        """Whether a submission at ``priority`` may go on the device now."""
+        assert self.limit is not None
+        return self.in_flight < self.limit + (priority == Priority.HIGH)
 
     def timed(self, owner: Any, seconds: float, commands: int) -> None:
         """``owner``'s submission of ``commands`` kept the device ``seconds``. Waiting behind
@@ -123,8 +136,10 @@ class Admission:
         return len(self._waiting)
 
     async def acquire(self, priority: Priority) -> None:
-        self._arrived[int(priority)] = trio.current_time()
-        if self.limit is None or (self.in_flight < self.limit and not self._waiting):
+        level = int(priority)
+        self._arrived[level] = trio.current_time()
+        # Straight on where there is room, unless one of its priority or higher waits first.
+        if self.limit is None or (self._room(level) and not any(e[0] <= level for e in self._waiting)):
             self.in_flight += 1
             return
         entry = (int(priority), next(self._sequence), trio.Event())
@@ -139,12 +154,15 @@ class Admission:
             raise
 
     def release(self) -> None:
-        if self._waiting:
+        self.in_flight -= 1
+        # The waiting ones in turn while there is room for them (a lower one has no more).
+        while self._waiting:
             entry = min(self._waiting)
+            if not self._room(entry[0]):
+                break
             self._waiting.remove(entry)
-            entry[2].set()  # the slot passes to it: in_flight stays
-        else:
-            self.in_flight -= 1
+            self.in_flight += 1
+            entry[2].set()
 
 
 @attrs.define(eq=False)

@@ -75,8 +75,9 @@ async def test_high_priority_submission_overtakes_queued_low_priority_work(gpu):
             assert (actors.admission.in_flight, actors.admission.waiting) == (1, 1)
             nursery.start_soon(submit, actors[Priority.HIGH], _spin_on(kernels[4], outputs[4], 10**6), "high")
             await trio.testing.wait_all_tasks_blocked()
-            assert (actors.admission.in_flight, actors.admission.waiting) == (1, 2)
-    assert finished == ["low0", "high", "low1", "low2", "low3"]
+            # the HIGH one goes on beside low0 (a place beyond the limit); low1 still waits
+            assert (actors.admission.in_flight, actors.admission.waiting) == (2, 1)
+    assert sorted(finished[:2]) == ["high", "low0"] and finished[2:] == ["low1", "low2", "low3"]
 
 
 def _widening_chain(rows: int, width: int, layers: int = 4) -> flowrt.Network:
@@ -233,3 +234,34 @@ async def test_a_chunk_is_timed_from_its_first_command_or_the_end_of_the_chunk_b
     assert submission.device_seconds() == pytest.approx(1.7)
     chunks[1][1].done_at = None  # not reported yet: no figure
     assert submission.device_seconds() == 0.0
+
+
+async def test_a_high_submission_takes_a_place_beyond_the_limit():
+    admission = Admission(2)
+    await admission.acquire(Priority.LOW)
+    await admission.acquire(Priority.LOW)  # the device full for LOW
+    admitted = []
+
+    async def wait(priority, label):
+        await admission.acquire(priority)
+        admitted.append(label)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait, Priority.LOW, "low")
+        await trio.testing.wait_all_tasks_blocked()
+        assert admitted == [] and admission.in_flight == 2
+        nursery.start_soon(wait, Priority.HIGH, "high")
+        await trio.testing.wait_all_tasks_blocked()
+        assert admitted == ["high"] and admission.in_flight == 3  # beside the two LOW chunks
+        nursery.start_soon(wait, Priority.HIGH, "high2")
+        await trio.testing.wait_all_tasks_blocked()
+        assert admitted == ["high"]  # one place beyond, not more
+        admission.release()
+        await trio.testing.wait_all_tasks_blocked()
+        assert admitted == ["high", "high2"]  # HIGH first, again beyond the limit
+        admission.release()
+        await trio.testing.wait_all_tasks_blocked()
+        assert admitted == ["high", "high2"] and admission.in_flight == 2  # LOW waits for room
+        admission.release()
+        await trio.testing.wait_all_tasks_blocked()
+        assert admitted == ["high", "high2", "low"] and admission.in_flight == 2
