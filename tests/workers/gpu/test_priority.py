@@ -21,14 +21,21 @@ __kernel void spin(__global float* y, int n) {
 """
 
 
-async def test_admission_admits_the_highest_priority_waiting_first():
-    admission = Admission(1)
-    await admission.acquire(Priority.LOW)  # the one on the device
-    admitted = []
+def _waiter(admission: Admission, admitted: list[str]):
+    """``wait(priority, label)``: acquire a place, then note ``label`` in ``admitted``."""
 
     async def wait(priority, label):
         await admission.acquire(priority)
         admitted.append(label)
+
+    return wait
+
+
+async def test_admission_admits_the_highest_priority_waiting_first():
+    admission = Admission(1)
+    await admission.acquire(Priority.LOW)  # the one on the device
+    admitted: list[str] = []
+    wait = _waiter(admission, admitted)
 
     async with trio.open_nursery() as nursery:
         for priority, label in [(Priority.LOW, "low"), (Priority.MEDIUM, "medium"), (Priority.HIGH, "high")]:
@@ -240,11 +247,8 @@ async def test_a_high_submission_takes_a_place_beyond_the_limit():
     admission = Admission(2)
     await admission.acquire(Priority.LOW)
     await admission.acquire(Priority.LOW)  # the device full for LOW
-    admitted = []
-
-    async def wait(priority, label):
-        await admission.acquire(priority)
-        admitted.append(label)
+    admitted: list[str] = []
+    wait = _waiter(admission, admitted)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(wait, Priority.LOW, "low")
