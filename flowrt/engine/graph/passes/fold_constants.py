@@ -80,16 +80,15 @@ def _evaluate(layer: Layer, inputs: list, evaluate: Evaluator, budget: MemoryBud
     return outputs
 
 
-def fold_constants(
-    graph: Graph, evaluate: Evaluator, budget: MemoryBudget | None = None, infer: bool = False
-) -> list[str]:
+def fold_constants(graph: Graph, evaluate: Evaluator, budget: MemoryBudget | None = None) -> list[str]:
     """Replace foldable layers by Constant layers holding their outputs; return the changes.
 
-    Shapes must be inferred before (Shape/Size fold from static input shapes). ``infer``: each
-    layer's outputs are inferred again as the pass reaches it, so that a shape made static by
-    a fold earlier in the pass (a Pad whose pads were computed) lets the Shape layers that
-    read it fold in the same pass. ``budget`` (default: the default memory budget, counting
-    the constants the graph holds) is claimed before each layer is evaluated.
+    Shapes must be inferred before (Shape/Size fold from static input shapes). Each layer's
+    outputs are inferred again as the pass reaches it, so that a shape made static by a fold
+    earlier in the pass (a Pad whose pads were computed) lets the Shape layers that read it
+    fold in the same pass, and every shape is up to date when it ends. ``budget`` (default:
+    the default memory budget, counting the constants the graph holds) is claimed before
+    each layer is evaluated.
     """
     if budget is None:
         budget = MemoryBudget(None, BUDGET_OPTION, _constant_bytes(graph), "the network's constants")
@@ -97,10 +96,11 @@ def fold_constants(
     for layer in graph.topological_order():
         # A layer with subgraphs (If, Loop, Scan) runs them as nested dataflows, which only a
         # load compiles: it runs with the network, whatever its inputs.
-        if layer.kind in ("Input", "Output", "Constant") or subgraphs_of(layer.descriptor):
+        if layer.kind in ("Input", "Constant"):
             continue
-        if infer:
-            graph.infer_layer(layer)
+        graph.infer_layer(layer)
+        if layer.kind == "Output" or subgraphs_of(layer.descriptor):
+            continue
         if layer.kind in _SHAPE_ONLY_KINDS:
             inputs = _shape_stand_in(layer)
         else:
@@ -132,23 +132,21 @@ def fold_constants(
 
 
 # Rounds of folding after which a graph that still changes is left as it is (each round
-# re-infers every shape; real exports settle in two or three).
+# infers every shape as it goes; real exports settle in one, the next finding nothing more).
 MAX_ROUNDS = 8
 
 
 def fold_to_fixpoint(graph: Graph, evaluate: Evaluator, memory_budget: int | None = None) -> list[str]:
-    """Fold, re-infer shapes, and fold again while something folds: a layer folded can make a
-    shape static (a Pad whose pads were computed), and with it the Shape layers that read
-    it. Each round infers shapes as it goes, so a chain of them (Swin's blocks, each padded
-    by its input's shape) folds in one round; the next finds what is left. Each round holds
-    the graph's constants and what it folds to ``memory_budget`` (bytes; None: the default
-    budget)."""
+    """Fold while something folds: a layer folded can make a shape static (a Pad whose pads
+    were computed), and with it the Shape layers that read it. Each round infers shapes as it
+    goes, so a chain of them (Swin's blocks, each padded by its input's shape) folds in one
+    round, and the next finds what is left. Each round holds the graph's constants and what
+    it folds to ``memory_budget`` (bytes; None: the default budget)."""
     changes: list[str] = []
     for _ in range(MAX_ROUNDS):
         budget = MemoryBudget(memory_budget, BUDGET_OPTION, _constant_bytes(graph), "the network's constants")
-        folded = fold_constants(graph, evaluate, budget, infer=True)
+        folded = fold_constants(graph, evaluate, budget)
         if not folded:
             break
         changes += folded
-        graph.infer_shapes()
     return changes
