@@ -50,18 +50,18 @@ _RUNS_TO_STEADY = 3
 
 
 async def _launches(opt: flowrt.OptimizedNetwork) -> list[ProfileRecord]:
-    """The profile records of a steady run of ``opt`` on pattern inputs."""
+    """The profile records of the device layers in a steady run of ``opt`` on pattern inputs."""
     async with flowrt.Runtime() as rt:
         model = await rt.load(opt, max_in_flight=1)
         feeds = {name: pattern_input(info) for name, info in model.inputs.items()}
         for run in range(_RUNS_TO_STEADY):
             await model.run(feeds, profile=run == _RUNS_TO_STEADY - 1)
-        return model.profile()
+        on_device = {node.layer for s in model.dataflow.segments if s.device for node in s.nodes}
+        return [r for r in model.profile() if r.layer in on_device]
 
 
 def _print_launches(opt: flowrt.OptimizedNetwork) -> None:
-    records = trio.run(_launches, opt)
-    devices = [r for r in records if r.worker.endswith(" queue")]
+    devices = trio.run(_launches, opt)
     if not devices:
         print("kernel launches a run: none (no layer runs on a device backend)")
         return

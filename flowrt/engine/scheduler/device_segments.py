@@ -175,13 +175,14 @@ class DeviceSegments:
     ) -> None:
         """Enqueue one workload; a profiled run records it with its launches (``launched``:
         the runner's count, where it keeps one)."""
-        start, before = time.perf_counter_ns(), launched() if launched is not None else 0
+        counted = launched if self.record is not None else None
+        start, before = time.perf_counter_ns(), counted() if counted is not None else 0
         try:
             self._enqueue_node(node, queue, bound, recorded)
         except Exception as e:
             raise RunError(node.layer, node.backend, e) from e
         if self.record is not None:
-            launches = launched() - before if launched is not None else 0
+            launches = counted() - before if counted is not None else 0
             self.record(node, f"{node.backend} queue", start, time.perf_counter_ns(), launches=launches)
         self._release(node.inputs)
 

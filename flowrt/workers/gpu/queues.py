@@ -20,9 +20,10 @@ yields after each one (a run's device segment does); below HIGH priority the act
 into chunks of about ``CHUNK_S`` of device time, each admitted on its own and giving its
 place back when it completes, so a HIGH run that arrives is not queued behind whole runs;
 and a HIGH submission may take one place beyond the limit, so it goes to the device at once,
-beside the chunks there (NVIDIA runs its queues side by side). A cut costs the device a pause (the next chunk is enqueued once
-the one before has been reported done), so submissions are cut only while there is someone
-to make way for: a submission of a higher priority arrived in the last ``RECENT_S``. The
+beside the chunks there (NVIDIA runs its queues side by side). A cut costs the device a
+pause (the next chunk is enqueued once the one before has been reported done), so
+submissions are cut only while there is someone to make way for: a submission of a higher
+priority arrived in the last ``RECENT_S``. The
 device time per command is measured on the submissions the actors serve: a chunk's time
 runs from its first command, or from the end of the chunk before it if that ended later
 (the device was busy with it), to its end; until one of an owner's submissions has been
@@ -105,9 +106,7 @@ class Admission:
         chunk; None: the whole submission (no limit, nothing of a higher priority arrived in
         the last ``RECENT_S``, or not yet timed)."""
         pace = self._pace.get(owner) if owner is not None else None
-        if self.limit is None or not pace:
-            return None
-        if not self._outranked(priority):
+        if self.limit is None or not pace or not self._outranked(priority):
             return None
         return max(1, round(CHUNK_S / pace))
 
@@ -142,7 +141,7 @@ class Admission:
         if self.limit is None or (self._room(level) and not any(e[0] <= level for e in self._waiting)):
             self.in_flight += 1
             return
-        entry = (int(priority), next(self._sequence), trio.Event())
+        entry = (level, next(self._sequence), trio.Event())
         self._waiting.append(entry)
         try:
             await entry[2].wait()

@@ -69,9 +69,8 @@ class SliceKernel(_Gather):
         self.shape = static_shape(self.info.inputs[0])
         self.tables: dict[tuple, tuple[int, Any]] = {}
         given = range(1, len(self.info.inputs))
-        self.fixed = all(self.constant(i) is not None for i in given if self.info.inputs[i] is not None)
-        if self.fixed:
-            self.plan([self.constant(i) for i in given])
+        constant = all(self.constant(i) is not None for i in given if self.info.inputs[i] is not None)
+        self.fixed = self.plan([self.constant(i) for i in given]) if constant else None
 
     def plan(self, values: Sequence[Any]) -> tuple[int, Any]:
         """(first element, stride table) of the slice the parameter values ``values`` (inputs 1
@@ -95,9 +94,11 @@ class SliceKernel(_Gather):
         return found
 
     def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
-        if not self.fixed:
+        if self.fixed is not None:
+            first, table = self.fixed
+        else:
             refuse("Slice parameters read at each run")
-        first, table = self.plan([None if v is None else np.asarray(v) for v in inputs[1:]])
+            first, table = self.plan([None if v is None else np.asarray(v) for v in inputs[1:]])
         return self.gather(queue, inputs[0], outputs[0], first, table)
 
 
@@ -166,7 +167,8 @@ class GatherKernel(_Gather):
         read = [s for i, s in enumerate(strides) if i != self.axis]
         self.slab = int(np.prod(slab, dtype=np.int64))
         self.table = stride_table(self.context, slab, _padded(read))
-        self.fixed = self.constant(1)
+        constant = self.constant(1)
+        self.fixed = None if constant is None else self._indices(constant)
 
     def _indices(self, given: Any) -> np.ndarray:
         indices = np.asarray(given).astype(np.int64, copy=False).reshape(-1)
@@ -179,9 +181,10 @@ class GatherKernel(_Gather):
         return indices
 
     def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
-        if self.fixed is None:
+        indices = self.fixed
+        if indices is None:
             refuse("Gather indices read at each run")
-        indices = self._indices(inputs[1] if self.fixed is None else self.fixed)
+            indices = self._indices(inputs[1])
         event = None
         for k, index in enumerate(indices):
             first = int(index) * self.step
