@@ -6,7 +6,9 @@ GlobalAveragePool adds in numpy's pairwise order, bit for bit what CpuRef's ``np
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import Support, WorkloadInfo
@@ -22,6 +24,49 @@ def plane_bounds(planes: int, reads_per_plane: int, workers: int) -> np.ndarray:
     return split_bounds(planes, SplitHint(0, max(1, MIN_WORK // max(1, reads_per_plane))), workers)
 
 
+@intrinsic
+def _lanes_sum(typingctx, a, first, blocks):
+    """numpy's eight-lane sum of ``a[first : first + 8 * blocks]`` (``blocks`` >= 1): lane
+    ``j`` adds every eighth value from ``a[first + j]`` on, one vector add per block of eight
+    (a loop of eight scalar accumulators stays scalar), and the lanes are added
+    ``((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))``: each lane adds in numpy's order,
+    so the sum is numpy's bit for bit."""
+    sig = types.float32(a, first, blocks)
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        i64, lanes = ir.IntType(64), ir.VectorType(ir.FloatType(), 8)
+        base = builder.gep(data, [args[1]])
+
+        def block(i):
+            return builder.load(builder.bitcast(builder.gep(base, [i]), lanes.as_pointer()), align=4)
+
+        start = block(ir.Constant(i64, 0))
+        entry = builder.block
+        loop = builder.append_basic_block("lanes.loop")
+        done = builder.append_basic_block("lanes.done")
+        builder.cbranch(builder.icmp_signed(">", args[2], ir.Constant(i64, 1)), loop, done)
+        builder.position_at_end(loop)
+        index, sums = builder.phi(i64), builder.phi(lanes)
+        added = builder.fadd(sums, block(builder.mul(index, ir.Constant(i64, 8))))
+        following = builder.add(index, ir.Constant(i64, 1))
+        index.add_incoming(ir.Constant(i64, 1), entry)
+        index.add_incoming(following, loop)
+        sums.add_incoming(start, entry)
+        sums.add_incoming(added, loop)
+        builder.cbranch(builder.icmp_signed("<", following, args[2]), loop, done)
+        builder.position_at_end(done)
+        total = builder.phi(lanes)
+        total.add_incoming(start, entry)
+        total.add_incoming(added, loop)
+        lane = [builder.extract_element(total, ir.Constant(ir.IntType(32), j)) for j in range(8)]
+        low = builder.fadd(builder.fadd(lane[0], lane[1]), builder.fadd(lane[2], lane[3]))
+        high = builder.fadd(builder.fadd(lane[4], lane[5]), builder.fadd(lane[6], lane[7]))
+        return builder.fadd(low, high)
+
+    return sig, codegen
+
+
 @njit(inline="always", nogil=True, cache=True)
 def _block_sum(a, first, n):
     """numpy's pairwise sum of a block of at most 128 values: eight lanes, then the rest."""
@@ -30,19 +75,8 @@ def _block_sum(a, first, n):
         for i in range(first, first + n):
             res += a[i]
         return res
-    l0, l1, l2, l3 = a[first], a[first + 1], a[first + 2], a[first + 3]
-    l4, l5, l6, l7 = a[first + 4], a[first + 5], a[first + 6], a[first + 7]
     end = first + n - n % 8
-    for i in range(first + 8, end, 8):
-        l0 += a[i]
-        l1 += a[i + 1]
-        l2 += a[i + 2]
-        l3 += a[i + 3]
-        l4 += a[i + 4]
-        l5 += a[i + 5]
-        l6 += a[i + 6]
-        l7 += a[i + 7]
-    res = ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
+    res = _lanes_sum(a, first, n // 8)
     for k in range(end, first + n):
         res += a[k]
     return res
