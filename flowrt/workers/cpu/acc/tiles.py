@@ -82,11 +82,14 @@ def _intrinsic_function(builder, name, return_type, argument_types):
     )
 
 
-def _emit_tile(context, builder, signature, args, masked: bool, rows_in_place: bool = False):
+def _emit_tile(
+    context, builder, signature, args, masked: bool, rows_in_place: bool = False, by_columns: bool = False
+):
     """The micro-kernel's IR (see :func:`_tile`); ``masked``: only the first ``columns``
     columns are read and written. ``rows_in_place`` (:func:`_row_tile`): ``a`` is read in
     place, row i from ``a_at + i * lda``, ``b`` is a packed panel, and the bias is per column
-    (and ``mode`` is Relu or none: no bounds)."""
+    (and ``mode`` is Relu or none: no bounds); ``by_columns`` (:func:`_column_tile`): ``a``'s
+    row i is read down a column instead, step p from ``a_at + i + p * lda``."""
     accumulate = low = high = None
     if rows_in_place:  # lda and accumulate come out; the rest reads as _tile's arguments
         lda, accumulate = args[2], args[13]
@@ -164,7 +167,10 @@ def _emit_tile(context, builder, signature, args, masked: bool, rows_in_place: b
     builder.position_at_end(loop)
     step = builder.phi(i64)
     sums = [[builder.phi(vec) for _ in range(_VECTORS)] for _ in range(TILE_ROWS)]
-    if rows_in_place:
+    if by_columns:
+        a_column = builder.gep(a_ptr, [builder.mul(step, lda)])
+        a_values = [builder.gep(a_column, [ir.Constant(i64, i)]) for i in range(TILE_ROWS)]
+    elif rows_in_place:
         a_values = [
             builder.gep(a_ptr, [builder.add(builder.mul(ir.Constant(i64, i), lda), step)])
             for i in range(TILE_ROWS)
@@ -274,6 +280,16 @@ def _row_tile_part(
     sig = types.void(a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu, accumulate, columns)
     return sig, lambda context, builder, signature, args: _emit_tile(
         context, builder, signature, args, True, True
+    )
+
+
+@intrinsic
+def _column_tile(typingctx, a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu, accumulate):
+    """:func:`_row_tile` with ``a`` read by columns: ``a[a_at + i + p*lda]`` is row i's step
+    p (``a`` is the transpose of the rows multiplied: a conv's input, channels by pixels)."""
+    sig = types.void(a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu, accumulate)
+    return sig, lambda context, builder, signature, args: _emit_tile(
+        context, builder, signature, args, False, True, True
     )
 
 

@@ -55,6 +55,7 @@ _MANY_SLICES = dict(
     taps_block_floats=1,
 )  # fmt: skip
 _BY_BLAS = dict(tiles_max_weights=-1)  # the column paths multiply by BLAS, not register tiles
+_NOT_ACROSS_CHANNELS = dict(few_pixels_max=0, few_pixels_deep_max=0)  # no few_pixels path
 # Any batch as one GEMM, without register tiles, which a 1x1 conv would take instead (as on
 # CPUs without AVX2).
 _MERGE_ANY_BATCH = dict(merge_pixels=10**9, merge_weights=0, tiles_max_weights=-1)
@@ -156,13 +157,17 @@ def test_a_batch_of_small_images_runs_as_one_gemm(x_shape, w_shape, attrs, worke
     assert not _applies(Batched, conv_case(x, w, b, **attrs)[0], x.shape, w.shape)
 
 
-def test_large_weights_on_few_pixels_merge_the_batch_by_default():
+def test_large_weights_on_few_pixels_merge_the_batch_unless_tiled_across_output_channels():
     rng = np.random.default_rng(6)
     x = rng.standard_normal((4, 512, 7, 7), dtype=np.float32)
     w = rng.standard_normal((512, 512, 1, 1), dtype=np.float32) * np.float32(0.05)
-    # By register tiles, a 1x1 conv reads all the images' pixels in place, with no copy (where
-    # the tiles take dot products of 512: AVX-512's, not AVX2's).
+    # 49 pixels an image: by register tiles across the output channels, image by image
     kernel, got, expected = conv_case(x, w, workers=2)
+    close(got, expected)
+    assert kernel.plan(x.shape, w.shape).name == ("few_pixels" if TILES_AVAILABLE else "batched")
+    # By the column tiles, a 1x1 conv reads all the images' pixels in place, with no copy
+    # (where the tiles take dot products of 512: AVX-512's, not AVX2's).
+    kernel, got, expected = conv_case(x, w, workers=2, tuning=_tuning(_NOT_ACROSS_CHANNELS))
     close(got, expected)
     plan = kernel.plan(x.shape, w.shape)
     by_tiles = TILES_AVAILABLE and kernel.tuning.tiles(w.shape[0] * w.shape[1], w.shape[1])
@@ -345,12 +350,57 @@ def test_1x1_convs_multiply_all_images_pixels_side_by_side(x_shape, group, tiny_
     for activation in (FusedActivation("Relu"), FusedActivation("Clip", -1.0, 2.0)):
         kernel, got, expected = conv_case(
             x, w, b, workers=workers, group=group, activation=activation,
-            tuning=_tuning(_MANY_SLICES) if tiny_slices else None,
+            tuning=_tuning(_NOT_ACROSS_CHANNELS, *([_MANY_SLICES] if tiny_slices else [])),
         )  # fmt: skip
         close(got, expected)
         plan = kernel.plan(x.shape, w.shape)
         assert plan.name == "packed" and plan.bounds[-1] == x_shape[0] * x_shape[2] * x_shape[3]
         assert kernel.weights._panels is not None
+
+
+@pytest.mark.skipif(not TILES_AVAILABLE, reason="no register tiles on this CPU")
+@settings(max_examples=25, deadline=None)
+@given(
+    m=st.integers(1, 300),
+    c=st.sampled_from([1, 7, 64, 255, 256, 257, 600]),
+    hw=st.sampled_from([(1, 6), (2, 5), (3, 4), (7, 7), (8, 8), (4, 13)]),
+    batch=st.integers(1, 2),
+    workers=st.integers(1, 3),
+    activation=st.sampled_from(list(ACTIVATIONS)),
+    constant=st.booleans(),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_1x1_convs_of_few_pixels_tile_across_output_channels(
+    m, c, hw, batch, workers, activation, constant, bias, seed
+):
+    """Up to 64 pixels an image: tiles of pixels by output channels, the pixels packed by
+    tiles or read in place (few panels per task), the last tile short, any depth (summed in
+    blocks), the last panel of output channels partial."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, c, *hw), dtype=np.float32)
+    w = rng.standard_normal((m, c, 1, 1), dtype=np.float32)
+    b = rng.standard_normal(m, dtype=np.float32) if bias else None
+    kernel, got, expected = conv_case(
+        x, w, b, workers=workers, activation=activation, constant=constant, tuning=_tuning()
+    )
+    close(got, expected)
+    assert kernel.plan(x.shape, w.shape).name == "few_pixels"
+
+
+@pytest.mark.skipif(not TILES_AVAILABLE, reason="no register tiles on this CPU")
+@pytest.mark.parametrize("workers", [1, 2])
+def test_deep_1x1_convs_of_14x14_pixels_tile_across_output_channels_instead_of_blas(workers):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 384, 14, 14), dtype=np.float32)
+    w = rng.standard_normal((70, 384, 1, 1), dtype=np.float32)
+    b = rng.standard_normal(70, dtype=np.float32)
+    kernel, got, expected = conv_case(
+        x, w, b, workers=workers, activation=FusedActivation("Clip", -1.0, 2.0),
+        tuning=_tuning(dict(tiles_max_depth=192)),
+    )  # fmt: skip
+    close(got, expected)
+    assert kernel.plan(x.shape, w.shape).name == "few_pixels"
 
 
 @pytest.mark.parametrize(

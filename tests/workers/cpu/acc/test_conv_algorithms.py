@@ -11,7 +11,7 @@ import flowrt
 from flowrt.engine.scheduler.window import SplitHint
 from flowrt.registry import WorkloadInfo
 from flowrt.types import TensorInfo
-from flowrt.workers.cpu.acc.conv.algorithms import ALGORITHMS
+from flowrt.workers.cpu.acc.conv.algorithms import ALGORITHMS, choose
 from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
 from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
 from flowrt.workers.cpu.acc.conv.winograd import WinogradRule
@@ -181,9 +181,10 @@ def _kernel(x_shape, w_shape, attrs_, workers, tuning=None):
     w = np.zeros(w_shape, np.float32)
     inputs = (TensorInfo(x_shape, "float32"), TensorInfo(w_shape, "float32"))
     info = WorkloadInfo("conv", "Conv", desc, inputs, (None,), (None, w, None), None)
-    # The table was recorded before the tiles had a depth limit: it pins the choice by every
-    # other knob (test_the_tiles_take_dot_products_up_to_their_depth_limit pins that one).
-    unlimited = attrs.evolve(ConvTuning(), tiles_max_depth=1 << 30)
+    # The table was recorded before the tiles had a depth limit and before few_pixels: it pins
+    # the choice by every other knob (test_the_tiles_take_dot_products_up_to_their_depth_limit
+    # and test_1x1_convs_of_few_pixels_take_the_tiles_across_output_channels pin those).
+    unlimited = attrs.evolve(ConvTuning(), tiles_max_depth=1 << 30, few_pixels_max=0, few_pixels_deep_max=0)
     return load_all()["Conv"](info, workers, tuning=attrs.evolve(unlimited, **(tuning or {})))
 
 
@@ -195,7 +196,7 @@ def _label(plan):
 def test_the_algorithms_are_tried_in_a_fixed_order_ending_with_one_that_takes_any_shape():
     names = [a.name for a in ALGORITHMS]
     assert names == [
-        "depthwise_same3", "depthwise_same5", "depthwise_strided2", "depthwise", "grouped_same3", "grouped_strided2", "grouped", "winograd", "taps", "vector", "batched", "packed", "columns",
+        "depthwise_same3", "depthwise_same5", "depthwise_strided2", "depthwise", "grouped_same3", "grouped_strided2", "grouped", "winograd", "few_pixels", "taps", "vector", "batched", "packed", "columns",
             "rows",
     ]  # fmt: skip
     geometry = ConvGeometry.of(flowrt.descriptors.Conv(), (1, 3, 5, 5), (4, 3, 3, 3), 1)
@@ -246,3 +247,32 @@ def test_the_tiles_take_dot_products_up_to_their_depth_limit(x_shape, w_shape, a
     assert (inside.name, outside.name) == (within, beyond)
     if inside.name == "columns":  # the same path, by tiles or by BLAS
         assert (inside.tiles, outside.tiles) == (True, False)
+
+
+DEEP = 192  # a depth limit of the column tiles (AVX2's)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize(
+    "x_shape, w_shape, attrs_, depth_limit, few",
+    [
+        ((1, 160, 7, 7), (960, 160, 1, 1), {}, DEEP, True),
+        ((1, 960, 7, 7), (160, 960, 1, 1), {}, 1 << 30, True),  # 49 pixels at any depth
+        ((1, 16, 8, 8), (24, 16, 1, 1), {}, DEEP, True),  # 64 pixels
+        ((1, 16, 9, 9), (24, 16, 1, 1), {}, DEEP, False),  # 81, shallow: the column tiles
+        ((1, 384, 14, 14), (64, 384, 1, 1), {}, DEEP, True),  # deep: else BLAS
+        ((1, 384, 14, 14), (64, 384, 1, 1), {}, 1 << 30, False),  # the column tiles take it
+        ((1, 384, 15, 15), (64, 384, 1, 1), {}, DEEP, False),  # 225 pixels
+        ((2, 160, 7, 7), (960, 160, 1, 1), {}, DEEP, True),  # image by image
+        ((2, 16, 9, 9), (24, 16, 1, 1), {}, DEEP, False),  # 81 an image, shallow
+        ((1, 160, 2, 2), (960, 160, 1, 1), {}, DEEP, False),  # fewer pixels than a tile's rows
+        ((1, 32, 7, 7), (32, 16, 1, 1), dict(group=2), DEEP, False),
+        ((1, 32, 13, 13), (32, 32, 1, 1), dict(strides=(2, 2)), DEEP, False),
+    ],
+)
+def test_1x1_convs_of_few_pixels_take_the_tiles_across_output_channels(
+    x_shape, w_shape, attrs_, depth_limit, few, workers
+):
+    tuning = attrs.evolve(ConvTuning(), tiles_max_depth=depth_limit)
+    geometry = ConvGeometry.of(flowrt.descriptors.Conv(**attrs_), x_shape, w_shape, workers)
+    assert (choose(geometry, tuning).name == "few_pixels") == few

@@ -17,6 +17,7 @@ from flowrt.workers.cpu.acc.conv.columns import Columns, Rows
 from flowrt.workers.cpu.acc.conv.depthwise import Depthwise, DepthwiseSame3
 from flowrt.workers.cpu.acc.conv.depthwise_same5 import DepthwiseSame5
 from flowrt.workers.cpu.acc.conv.depthwise_strided import DepthwiseStrided2
+from flowrt.workers.cpu.acc.conv.few_pixels import FewPixels
 from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
 from flowrt.workers.cpu.acc.conv.grouped import Grouped
 from flowrt.workers.cpu.acc.conv.grouped_same3 import GroupedSame3, GroupedStrided2
@@ -82,6 +83,7 @@ ALGORITHMS: tuple[type[ConvAlgorithm], ...] = (
     GroupedStrided2,
     Grouped,
     Winograd,
+    FewPixels,
     Taps,
     Vector,
     Batched,

@@ -35,6 +35,14 @@ TILES_MAX_WEIGHTS = 1 << 20
 # GEMM of K=144 0.69x, of K=576 and 1152 1.17x and 1.24x). AVX-512's 8x32 tiles were measured
 # ahead of BLAS at every depth on a Zen 4 core, and keep no limit.
 TILES_MAX_DEPTH = 192 if TILE_COLUMNS == 16 else 1 << 30
+# Most output pixels per image for which a 1x1 conv runs by tiles across its output channels
+# (``few_pixels.py``) rather than across its pixels; and the most where its depth would leave
+# it to BLAS. On one core of an AMD EPYC without AVX-512, in MobileNetV2: 7x7 convs 8-35%
+# faster than by the column tiles or BLAS, 14x14 ones of depth 384 and 576 5-20% faster than
+# BLAS, 14x14 ones of depth 64 and 96 5-10% slower than the column tiles; a batch of 2 or 4
+# 7x7 images (160 -> 960 channels) twice as fast as the column tiles over the merged batch.
+FEW_PIXELS_MAX = 64
+FEW_PIXELS_DEEP_MAX = 196
 # A batch runs as one GEMM when each image has at most MERGE_PIXELS output pixels and the
 # layer's weights (per group) are at least MERGE_WEIGHTS floats: with fewer, they stay in L2
 # from one image to the next, and the copies cost more than the wider GEMM saves (measured on
@@ -62,6 +70,8 @@ class ConvTuning:
     # -1 on CPUs without the register tiles (no AVX2): the column paths multiply by BLAS.
     tiles_max_weights: int = TILES_MAX_WEIGHTS if TILES_AVAILABLE else -1
     tiles_max_depth: int = TILES_MAX_DEPTH
+    few_pixels_max: int = FEW_PIXELS_MAX
+    few_pixels_deep_max: int = FEW_PIXELS_DEEP_MAX
 
     def tiles(self, group_weights: int, depth: int) -> bool:
         """Whether a GEMM of ``group_weights`` weights and dot products ``depth`` long runs by

@@ -8,6 +8,7 @@ from flowrt.engine.memory.weights import MANAGER
 from flowrt.workers.cpu.acc.blas import read_only
 from flowrt.workers.cpu.acc.conv.winograd import winograd_weights
 from flowrt.workers.cpu.acc.conv.winograd4 import winograd4_weights
+from flowrt.workers.cpu.acc.packed_gemm import column_bias, column_panels
 from flowrt.workers.cpu.acc.tiles import pack_panels, pad_rows
 
 
@@ -31,6 +32,7 @@ class ConvWeights:
         self._taps: np.ndarray | None = None
         self._winograd: dict[int, np.ndarray] = {}
         self._panels: tuple[np.ndarray, np.ndarray] | None = None
+        self._columns: tuple[np.ndarray, np.ndarray] | None = None
 
     def pack(self, w: np.ndarray) -> np.ndarray:
         """Weights ``w`` (M, C / groups, kh, kw) as (groups, M / groups, C / groups * kh * kw)
@@ -80,6 +82,22 @@ class ConvWeights:
         if constant:
             self._panels = (panels, padded)
         return panels, padded
+
+    def column_panels(self, w: np.ndarray, bias: np.ndarray, constant: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Packed weights ``w`` of one group (1, M, C) transposed, as panels of output channels
+        (``packed_gemm.column_panels``), and the bias padded to them; kept when both are
+        ``constant``."""
+        if constant and self._columns is not None:
+            return self._columns
+
+        def make() -> np.ndarray:
+            return column_panels(np.ascontiguousarray(w[0].T))
+
+        panels = self._shared("conv.column_panels", w.shape, make) if w is self.packed else make()
+        columns = (panels, column_bias(panels, bias))
+        if constant:
+            self._columns = columns
+        return columns
 
     def _shared(self, transform: str, params: object, make) -> np.ndarray:
         """``make()``, the ``transform`` of the layer's constant weights, shared with every

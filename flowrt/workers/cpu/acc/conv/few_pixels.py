@@ -1,0 +1,160 @@
+"""A 1x1 stride-1 conv of few pixels per image (the 7x7 and 14x14 stages of a CNN) by register
+tiles across its output channels.
+
+The column tiles (``tiles.py``, :class:`~flowrt.workers.cpu.acc.conv.packed.Packed`) put the
+pixels along the vectors: a 7x7 plane of 49 pixels fills three 16-column tiles and a fourth
+that holds one, and each tile reads every panel of weights again. Here the product is
+computed transposed, out^T = x^T w^T, as ONNX Runtime's NCHWc convs do: a tile is
+``TILE_ROWS`` pixels by ``TILE_COLUMNS`` output channels
+(:func:`~flowrt.workers.cpu.acc.tiles._column_tile`), the weights read from panels of
+``TILE_COLUMNS`` output channels packed at load (``packed_gemm.column_panels``), the pixels
+either packed a tile at a time first (``PACK_PANELS`` panels or more to pass over them) or
+read in place down the input's columns, a few adjacent pixels of each channel per step. Each
+panel is read once per image, all the image's pixels passing over it; the dot products are
+summed in blocks of ``packed_gemm.DEPTH``. A panel's tiles land in a small buffer, copied into
+the output's rows with the activation applied.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+import attrs
+import numpy as np
+from numba import njit
+
+from flowrt.engine.scheduler.window import SplitHint, split_bounds
+from flowrt.workers.cpu.acc.blas import NATIVE, SliceFunction, run_tasks
+from flowrt.workers.cpu.acc.kernels.epilogue import activate_in_place
+from flowrt.workers.cpu.acc.packed_gemm import DEPTH
+from flowrt.workers.cpu.acc.tiles import AVAILABLE, TILE_COLUMNS, TILE_ROWS, _column_tile
+
+# Fewest panels (of TILE_COLUMNS output channels) a task multiplies for which it packs the
+# pixels first. On one core of an AMD EPYC without AVX-512, 7x7 and 14x14 convs of 64 and 96
+# output channels ran a third faster reading the input in place, those of 960 and 1280 ten
+# per cent faster packed.
+PACK_PANELS = 8
+
+if TYPE_CHECKING:
+    from flowrt.workers.cpu.acc.conv.algorithms import ActArgs
+    from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
+    from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
+    from flowrt.workers.cpu.acc.conv.weights import ConvWeights
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _pack_rows(x, rows, pixels, k):
+    """``x`` (K, pixels) into ``rows`` (tiles, K, TILE_ROWS), a tile of pixels at a time,
+    k-major; the last tile's missing pixels stay zero."""
+    for t in range(rows.shape[0]):
+        first = t * TILE_ROWS
+        count = min(TILE_ROWS, pixels - first)
+        for j in range(k):
+            for i in range(count):
+                rows[t, j, i] = x[j, first + i]
+
+
+@njit(**NATIVE)
+def _few_pixels_task(task, _step, x_flat, panels, bias, out, bounds, code, alpha, beta):
+    """Task (image, slice of ``bounds`` over the panels) of :func:`conv_few_pixels`."""
+    k, pixels = x_flat.shape[1], x_flat.shape[2]
+    m = out.shape[1]
+    image, s = divmod(task, bounds.shape[0] - 1)
+    q0, q1 = bounds[s], bounds[s + 1]
+    x = x_flat[image]
+    tiles = -(-pixels // TILE_ROWS)
+    # With enough panels to pass over them, the pixels are first packed a tile of rows at a
+    # time (the last tile zero-padded), so that a tile's step reads TILE_ROWS adjacent values
+    # and the tiles stream in order; with few, the copy costs more than it saves, and the
+    # tiles read the input in place (the last, short tile from a padded copy of its rows).
+    packed = q1 - q0 >= PACK_PANELS
+    rows = np.zeros((tiles if packed else 1, k, TILE_ROWS), np.float32)
+    first_tail = tiles - 1 if pixels % TILE_ROWS else tiles
+    if packed:
+        _pack_rows(x, rows, pixels, k)
+    else:
+        _pack_rows(x[:, first_tail * TILE_ROWS :], rows, pixels - first_tail * TILE_ROWS, k)
+    c = np.empty((tiles * TILE_ROWS, TILE_COLUMNS), np.float32)
+    for q in range(q0, q1):
+        for k0 in range(0, k, DEPTH):
+            depth = min(DEPTH, k - k0)
+            onto = 1 if k0 > 0 else 0
+            b_at = (q * k + k0) * TILE_COLUMNS
+            for t in range(tiles):
+                c_at = t * TILE_ROWS * TILE_COLUMNS
+                if packed or t == first_tail:
+                    at = ((t if packed else 0) * k + k0) * TILE_ROWS
+                    _column_tile(
+                        rows, at, TILE_ROWS, panels, b_at, TILE_COLUMNS, c, c_at, TILE_COLUMNS, depth, bias,
+                        q * TILE_COLUMNS, 0, onto,
+                    )  # fmt: skip
+                else:
+                    _column_tile(
+                        x, k0 * pixels + t * TILE_ROWS, pixels, panels, b_at, TILE_COLUMNS, c, c_at,
+                        TILE_COLUMNS, depth, bias, q * TILE_COLUMNS, 0, onto,
+                    )  # fmt: skip
+        for j in range(min(TILE_COLUMNS, m - q * TILE_COLUMNS)):
+            row = out[image, q * TILE_COLUMNS + j]
+            for i in range(pixels):
+                row[i] = c[i, j]
+            activate_in_place(row, code, alpha, beta)
+
+
+_FEW_PIXELS_TASK = SliceFunction(_few_pixels_task)
+
+
+def conv_few_pixels(x_flat, panels, bias, out, bounds, code, alpha, beta) -> None:
+    """``out`` (N, M, pixels) = activation(w @ x + bias) for every image of ``x_flat`` (N, C,
+    pixels), ``w`` packed as panels of output channels (``packed_gemm.column_panels`` of its
+    transpose) and ``bias`` padded to them; one task per (image, slice of ``bounds`` over the
+    panels), called by address (``blas.run_tasks``)."""
+    args = (x_flat, panels, bias, out, bounds, code, alpha, beta)
+    run_tasks(_FEW_PIXELS_TASK.address(args), x_flat.shape[0] * (bounds.shape[0] - 1), args)
+
+
+@attrs.frozen(eq=False)
+class FewPixels:
+    """Plan of a 1x1 stride-1 unpadded conv of one group and at most
+    ``tuning.few_pixels_max`` pixels per image by :func:`conv_few_pixels`: ``bounds`` over
+    the panels of output channels."""
+
+    name: ClassVar[str] = "few_pixels"
+    bounds: np.ndarray
+
+    @classmethod
+    def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:
+        """A 1x1 stride-1 unpadded conv of one group whose weights the tiles take
+        (``tuning.tiles_max_weights``), of at least a tile's rows of pixels per image (fewer:
+        :class:`~flowrt.workers.cpu.acc.conv.vector.Vector` takes them) and at most
+        ``tuning.few_pixels_max``; or up to ``tuning.few_pixels_deep_max`` where the column
+        tiles would leave the product to BLAS (its depth past ``tuning.tiles_max_depth``)."""
+        pixels = geometry.pixels
+        return (
+            AVAILABLE
+            and geometry.direct
+            and geometry.groups == 1
+            and geometry.group_weights <= tuning.tiles_max_weights
+            and TILE_ROWS <= pixels
+            and (
+                pixels <= tuning.few_pixels_max
+                or (pixels <= tuning.few_pixels_deep_max and geometry.rows > tuning.tiles_max_depth)
+            )
+        )
+
+    @classmethod
+    def plan(cls, geometry: ConvGeometry, tuning: ConvTuning) -> FewPixels:
+        """The panels of output channels split over the workers."""
+        panels = -(-geometry.mg // TILE_COLUMNS)
+        return cls(split_bounds(panels, SplitHint(axis=1, min_slice=1), geometry.workers).astype(np.int64))
+
+    def forms(self, weights: ConvWeights, w, w_shape, bias, constant: bool) -> None:
+        """See ``algorithms.ConvAlgorithm``."""
+        weights.column_panels(w, bias, constant)
+
+    def run(
+        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: ActArgs
+    ) -> None:
+        """See ``algorithms.ConvAlgorithm.run``."""
+        panels, panel_bias = weights.column_panels(w, bias, constant)
+        x_flat, out_flat = x.reshape(*x.shape[:2], -1), out.reshape(*out.shape[:2], -1)
+        conv_few_pixels(x_flat, panels, panel_bias, out_flat, self.bounds, *act)
