@@ -75,6 +75,9 @@ class Dataflow:
     readers: dict[int, int]  # tensor id -> number of workloads that read it
     order: tuple[WorkloadNode, ...]  # every workload, in topological order
     tensor_infos: dict[int, TensorInfo]  # inferred info of each workload-produced tensor
+    # Seconds each host segment's workloads took in its last run with a program (by segment
+    # index): the executor runs the quick ones on its own thread (see executor.INLINE_S).
+    host_costs: dict[int, float] = attrs.field(factory=dict, eq=False)
 
     @property
     def nodes(self) -> list[WorkloadNode]:
