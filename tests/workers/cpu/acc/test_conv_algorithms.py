@@ -267,7 +267,10 @@ DEEP = 192  # a depth limit of the column tiles (AVX2's)
         ((2, 16, 9, 9), (24, 16, 1, 1), {}, DEEP, False),  # 81 an image, shallow
         ((1, 160, 2, 2), (960, 160, 1, 1), {}, DEEP, False),  # fewer pixels than a tile's rows
         ((1, 32, 7, 7), (32, 16, 1, 1), dict(group=2), DEEP, False),
-        ((1, 32, 13, 13), (32, 32, 1, 1), dict(strides=(2, 2)), DEEP, False),
+        ((1, 32, 13, 13), (32, 32, 1, 1), dict(strides=(2, 2)), DEEP, True),  # 7x7 of 13x13
+        ((1, 1024, 14, 14), (2048, 1024, 1, 1), dict(strides=(2, 2)), DEEP, True),  # 8 MiB of weights
+        ((1, 32, 13, 13), (32, 32, 1, 1), dict(strides=(2, 2), pads=(1, 1, 0, 0)), DEEP, False),
+        ((1, 32, 7, 7), (32, 32, 3, 3), dict(pads=(1, 1, 1, 1)), DEEP, False),
     ],
 )
 def test_1x1_convs_of_few_pixels_take_the_tiles_across_output_channels(

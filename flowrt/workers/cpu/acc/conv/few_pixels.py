@@ -1,5 +1,5 @@
-"""A 1x1 stride-1 conv of few pixels per image (the 7x7 and 14x14 stages of a CNN) by register
-tiles across its output channels.
+"""A 1x1 conv of few output pixels per image (the 7x7 and 14x14 stages of a CNN, and the
+strided 1x1 convs that downsample into them) by register tiles across its output channels.
 
 The column tiles (``tiles.py``, :class:`~flowrt.workers.cpu.acc.conv.packed.Packed`) put the
 pixels along the vectors: a 7x7 plane of 49 pixels fills three 16-column tiles and a fourth
@@ -9,7 +9,8 @@ computed transposed, out^T = x^T w^T, as ONNX Runtime's NCHWc convs do: a tile i
 (:func:`~flowrt.workers.cpu.acc.tiles._column_tile`), the weights read from panels of
 ``TILE_COLUMNS`` output channels packed at load (``packed_gemm.column_panels``), the pixels
 either packed a tile at a time first (``PACK_PANELS`` panels or more to pass over them) or
-read in place down the input's columns, a few adjacent pixels of each channel per step. Each
+read in place down the input's columns, a few adjacent pixels of each channel per step (at
+stride 1 only: a strided conv's pixels are always packed, which picks them out). Each
 panel is read once per image, all the image's pixels passing over it; the dot products are
 summed in blocks of ``packed_gemm.DEPTH``. A panel's tiles land in a small buffer, copied into
 the output's rows with the activation applied.
@@ -43,21 +44,24 @@ if TYPE_CHECKING:
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _pack_rows(x, rows, pixels, k):
-    """``x`` (K, pixels) into ``rows`` (tiles, K, TILE_ROWS), a tile of pixels at a time,
-    k-major; the last tile's missing pixels stay zero."""
+def _pack_rows(x, rows, first_pixel, pixels, k, stride):
+    """Output pixels ``first_pixel .. + pixels`` of ``x`` (K, input pixels) into ``rows``
+    (tiles, K, TILE_ROWS), a tile of them at a time, k-major; the last tile's missing pixels
+    stay zero. ``stride`` (ow, sh, sw, input width): output pixel p reads input pixel
+    (p // ow) * sh * width + (p % ow) * sw."""
+    ow, sh, sw, width = stride[0], stride[1], stride[2], stride[3]
     for t in range(rows.shape[0]):
-        first = t * TILE_ROWS
-        count = min(TILE_ROWS, pixels - first)
-        for j in range(k):
-            for i in range(count):
-                rows[t, j, i] = x[j, first + i]
+        for i in range(min(TILE_ROWS, pixels - t * TILE_ROWS)):
+            p = first_pixel + t * TILE_ROWS + i
+            at = p // ow * sh * width + p % ow * sw
+            for j in range(k):
+                rows[t, j, i] = x[j, at]
 
 
 @njit(**NATIVE)
-def _few_pixels_task(task, _step, x_flat, panels, bias, out, bounds, code, alpha, beta):
+def _few_pixels_task(task, _step, x_flat, panels, bias, out, bounds, stride, code, alpha, beta):
     """Task (image, slice of ``bounds`` over the panels) of :func:`conv_few_pixels`."""
-    k, pixels = x_flat.shape[1], x_flat.shape[2]
+    k, pixels = x_flat.shape[1], out.shape[2]
     m = out.shape[1]
     image, s = divmod(task, bounds.shape[0] - 1)
     q0, q1 = bounds[s], bounds[s + 1]
@@ -66,14 +70,15 @@ def _few_pixels_task(task, _step, x_flat, panels, bias, out, bounds, code, alpha
     # With enough panels to pass over them, the pixels are first packed a tile of rows at a
     # time (the last tile zero-padded), so that a tile's step reads TILE_ROWS adjacent values
     # and the tiles stream in order; with few, the copy costs more than it saves, and the
-    # tiles read the input in place (the last, short tile from a padded copy of its rows).
-    packed = q1 - q0 >= PACK_PANELS
+    # tiles read the input in place (the last, short tile from a padded copy of its rows),
+    # where its pixels are the output's (stride 1).
+    packed = q1 - q0 >= PACK_PANELS or stride[1] != 1 or stride[2] != 1
     rows = np.zeros((tiles if packed else 1, k, TILE_ROWS), np.float32)
     first_tail = tiles - 1 if pixels % TILE_ROWS else tiles
     if packed:
-        _pack_rows(x, rows, pixels, k)
+        _pack_rows(x, rows, 0, pixels, k, stride)
     else:
-        _pack_rows(x[:, first_tail * TILE_ROWS :], rows, pixels - first_tail * TILE_ROWS, k)
+        _pack_rows(x, rows, first_tail * TILE_ROWS, pixels - first_tail * TILE_ROWS, k, stride)
     c = np.empty((tiles * TILE_ROWS, TILE_COLUMNS), np.float32)
     for q in range(q0, q1):
         for k0 in range(0, k, DEPTH):
@@ -103,37 +108,41 @@ def _few_pixels_task(task, _step, x_flat, panels, bias, out, bounds, code, alpha
 _FEW_PIXELS_TASK = SliceFunction(_few_pixels_task)
 
 
-def conv_few_pixels(x_flat, panels, bias, out, bounds, code, alpha, beta) -> None:
+def conv_few_pixels(x_flat, panels, bias, out, bounds, stride, code, alpha, beta) -> None:
     """``out`` (N, M, pixels) = activation(w @ x + bias) for every image of ``x_flat`` (N, C,
-    pixels), ``w`` packed as panels of output channels (``packed_gemm.column_panels`` of its
-    transpose) and ``bias`` padded to them; one task per (image, slice of ``bounds`` over the
-    panels), called by address (``blas.run_tasks``)."""
-    args = (x_flat, panels, bias, out, bounds, code, alpha, beta)
+    input pixels) read at ``stride`` (see :func:`_pack_rows`), ``w`` packed as panels of
+    output channels (``packed_gemm.column_panels`` of its transpose) and ``bias`` padded to
+    them; one task per (image, slice of ``bounds`` over the panels), called by address
+    (``blas.run_tasks``)."""
+    args = (x_flat, panels, bias, out, bounds, stride, code, alpha, beta)
     run_tasks(_FEW_PIXELS_TASK.address(args), x_flat.shape[0] * (bounds.shape[0] - 1), args)
 
 
 @attrs.frozen(eq=False)
 class FewPixels:
-    """Plan of a 1x1 stride-1 unpadded conv of one group and at most
-    ``tuning.few_pixels_max`` pixels per image by :func:`conv_few_pixels`: ``bounds`` over
-    the panels of output channels."""
+    """Plan of a 1x1 unpadded conv of one group and at most ``tuning.few_pixels_max`` output
+    pixels per image by :func:`conv_few_pixels`: ``bounds`` over the panels of output
+    channels, and where its output pixels are in the input (``stride``: ow, sh, sw, width)."""
 
     name: ClassVar[str] = "few_pixels"
     bounds: np.ndarray
+    stride: np.ndarray
 
     @classmethod
     def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:
-        """A 1x1 stride-1 unpadded conv of one group whose weights the tiles take
-        (``tuning.tiles_max_weights``), of at least a tile's rows of pixels per image (fewer:
+        """A 1x1 unpadded conv (any stride) of one group, where the tiles run at all
+        (``tuning.tiles_max_weights`` not negative: each panel is read once an image, so
+        large weights do not count against them), of at least a tile's rows of pixels per image (fewer:
         :class:`~flowrt.workers.cpu.acc.conv.vector.Vector` takes them) and at most
         ``tuning.few_pixels_max``; or up to ``tuning.few_pixels_deep_max`` where the column
         tiles would leave the product to BLAS (its depth past ``tuning.tiles_max_depth``)."""
-        pixels = geometry.pixels
+        pixels, g = geometry.pixels, geometry.window
         return (
             AVAILABLE
-            and geometry.direct
+            and geometry.kernel == (1, 1)
+            and not any(g.pads_begin + g.pads_end)
             and geometry.groups == 1
-            and geometry.group_weights <= tuning.tiles_max_weights
+            and tuning.tiles_max_weights >= 0
             and TILE_ROWS <= pixels
             and (
                 pixels <= tuning.few_pixels_max
@@ -145,7 +154,9 @@ class FewPixels:
     def plan(cls, geometry: ConvGeometry, tuning: ConvTuning) -> FewPixels:
         """The panels of output channels split over the workers."""
         panels = -(-geometry.mg // TILE_COLUMNS)
-        return cls(split_bounds(panels, SplitHint(axis=1, min_slice=1), geometry.workers).astype(np.int64))
+        bounds = split_bounds(panels, SplitHint(axis=1, min_slice=1), geometry.workers).astype(np.int64)
+        stride = np.array([geometry.out_hw[1], *geometry.window.strides, geometry.x_shape[3]], np.int64)
+        return cls(bounds, stride)
 
     def forms(self, weights: ConvWeights, w, w_shape, bias, constant: bool) -> None:
         """See ``algorithms.ConvAlgorithm``."""
@@ -157,4 +168,4 @@ class FewPixels:
         """See ``algorithms.ConvAlgorithm.run``."""
         panels, panel_bias = weights.column_panels(w, bias, constant)
         x_flat, out_flat = x.reshape(*x.shape[:2], -1), out.reshape(*out.shape[:2], -1)
-        conv_few_pixels(x_flat, panels, panel_bias, out_flat, self.bounds, *act)
+        conv_few_pixels(x_flat, panels, panel_bias, out_flat, self.bounds, self.stride, *act)
