@@ -91,7 +91,7 @@ class ConvWeights:
             return self._columns
 
         def make() -> np.ndarray:
-            return column_panels(np.ascontiguousarray(w[0].T))
+            return column_panels(w[0].T)  # panel by panel from the rows of w: one copy
 
         panels = self._shared("conv.column_panels", w.shape, make) if w is self.packed else make()
         columns = (panels, column_bias(panels, bias))
