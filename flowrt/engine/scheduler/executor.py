@@ -347,10 +347,12 @@ async def execute(
     inline = record is None and pool is not None and all(i.is_static for i in dataflow.input_infos.values())
 
     def timed(segment: Segment) -> None:
-        programmed = pool is not None and segment.index in pool.programs
+        # The runs before a pool's program are not its cost; a segment of other backends
+        # never runs inline, so its cost is not kept.
+        measured = inline and pool is not None and segment.index in pool.programs and _computes_only(segment)
         began = time.perf_counter()
         state.run_segment(segment)
-        if programmed:  # the runs before a pool's program are not its cost
+        if measured:
             costs[segment.index] = time.perf_counter() - began
 
     async def run_on_host(segment: Segment) -> None:
@@ -403,16 +405,16 @@ def _one_thread() -> JobContext:
     return _ONE_THREAD
 
 
+def _computes_only(segment: Segment) -> bool:
+    """Whether every workload of ``segment`` is of a backend of ``INLINE_BACKENDS``."""
+    return all(b in INLINE_BACKENDS for b in segment.backend.split("+"))
+
+
 def _quick(segment: Segment, costs: Mapping[int, float], pool: MemoryPool | None) -> bool:
-    """Whether ``segment`` runs on the executor's thread (see the module doc)."""
+    """Whether ``segment`` runs on the executor's thread (see the module doc): only segments
+    of ``INLINE_BACKENDS`` have a cost (``timed`` keeps no other)."""
     cost = costs.get(segment.index)
-    return (
-        cost is not None
-        and cost < INLINE_S
-        and pool is not None
-        and segment.index in pool.programs
-        and all(b in INLINE_BACKENDS for b in segment.backend.split("+"))
-    )
+    return cost is not None and cost < INLINE_S and pool is not None and segment.index in pool.programs
 
 
 def direct_outputs(

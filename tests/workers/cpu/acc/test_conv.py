@@ -358,53 +358,6 @@ def test_1x1_convs_multiply_all_images_pixels_side_by_side(x_shape, group, tiny_
         assert kernel.weights._panels is not None
 
 
-@pytest.mark.skipif(not TILES_AVAILABLE, reason="no register tiles on this CPU")
-@settings(max_examples=25, deadline=None)
-@given(
-    m=st.integers(1, 300),
-    c=st.sampled_from([1, 7, 64, 255, 256, 257, 600]),
-    hw=st.sampled_from([(1, 6), (2, 5), (3, 4), (7, 7), (8, 8), (4, 13)]),
-    strides=st.sampled_from([(1, 1), (1, 1), (2, 2), (2, 1), (3, 2)]),
-    batch=st.integers(1, 2),
-    workers=st.integers(1, 3),
-    activation=st.sampled_from(list(ACTIVATIONS)),
-    constant=st.booleans(),
-    bias=st.booleans(),
-    seed=st.integers(0, 2**16),
-)
-def test_1x1_convs_of_few_pixels_tile_across_output_channels(
-    m, c, hw, strides, batch, workers, activation, constant, bias, seed
-):
-    """Up to 64 output pixels an image: tiles of pixels by output channels, the pixels packed
-    by tiles (picked out of the input at a stride) or read in place (few panels per task), the
-    last tile short, any depth (summed in blocks), the last panel of output channels partial."""
-    rng = np.random.default_rng(seed)
-    shape = tuple((d - 1) * s + 1 + rng.integers(0, s) for d, s in zip(hw, strides))  # hw out
-    x = rng.standard_normal((batch, c, *shape), dtype=np.float32)
-    w = rng.standard_normal((m, c, 1, 1), dtype=np.float32)
-    b = rng.standard_normal(m, dtype=np.float32) if bias else None
-    kernel, got, expected = conv_case(
-        x, w, b, workers=workers, activation=activation, constant=constant, tuning=_tuning(), strides=strides
-    )
-    close(got, expected)
-    assert kernel.plan(x.shape, w.shape).name == "few_pixels" and got.shape[2:] == hw
-
-
-@pytest.mark.skipif(not TILES_AVAILABLE, reason="no register tiles on this CPU")
-@pytest.mark.parametrize("workers", [1, 2])
-def test_deep_1x1_convs_of_14x14_pixels_tile_across_output_channels_instead_of_blas(workers):
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((1, 384, 14, 14), dtype=np.float32)
-    w = rng.standard_normal((70, 384, 1, 1), dtype=np.float32)
-    b = rng.standard_normal(70, dtype=np.float32)
-    kernel, got, expected = conv_case(
-        x, w, b, workers=workers, activation=FusedActivation("Clip", -1.0, 2.0),
-        tuning=_tuning(dict(tiles_max_depth=192)),
-    )  # fmt: skip
-    close(got, expected)
-    assert kernel.plan(x.shape, w.shape).name == "few_pixels"
-
-
 @pytest.mark.parametrize(
     "batch, m, c, workers", [(1, 7, 5, 1), (1, 70, 1000, 2), (3, 130, 600, 2), (4, 576, 144, 2)]
 )

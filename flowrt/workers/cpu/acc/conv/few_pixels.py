@@ -120,8 +120,8 @@ def conv_few_pixels(x_flat, panels, bias, out, bounds, stride, code, alpha, beta
 
 @attrs.frozen(eq=False)
 class FewPixels:
-    """Plan of a 1x1 unpadded conv of one group and at most ``tuning.few_pixels_max`` output
-    pixels per image by :func:`conv_few_pixels`: ``bounds`` over the panels of output
+    """Plan of a 1x1 unpadded conv of one group and few output pixels per image (see
+    :meth:`applies`) by :func:`conv_few_pixels`: ``bounds`` over the panels of output
     channels, and where its output pixels are in the input (``stride``: ow, sh, sw, width)."""
 
     name: ClassVar[str] = "few_pixels"
@@ -131,8 +131,8 @@ class FewPixels:
     @classmethod
     def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:
         """A 1x1 unpadded conv (any stride) of one group, where the tiles run at all
-        (``tuning.tiles_max_weights`` not negative: each panel is read once an image, so
-        large weights do not count against them), of at least a tile's rows of pixels per image (fewer:
+        (``tuning.tiles_max_weights`` not negative; each panel is read once an image, so the
+        weights' size does not count), of at least a tile's rows of pixels per image (fewer:
         :class:`~flowrt.workers.cpu.acc.conv.vector.Vector` takes them) and at most
         ``tuning.few_pixels_max``; or up to ``tuning.few_pixels_deep_max`` where the column
         tiles would leave the product to BLAS (its depth past ``tuning.tiles_max_depth``)."""
