@@ -98,10 +98,9 @@ class SliceFunction:
         key = compute_fingerprint(args)  # the tuple's at once: a fifth of the time of each one's
         found = self._addresses.get(key)
         if found is None:
-            found = self._addresses[key] = native_address(
-                self.fn, (types.int64, types.int64, *map(numba.typeof, args))
-            )
-            _register_parallel_tasks()
+            found = native_address(self.fn, (types.int64, types.int64, *map(numba.typeof, args)))
+            _register_parallel_tasks()  # before another thread finds the address and runs it
+            self._addresses[key] = found
         return found
 
     def run(self, tasks: int, args: tuple) -> None:
@@ -142,16 +141,20 @@ _ENTRY_ARGS = [types.int64] * 3
 
 
 _registered = False
+_register_lock = threading.Lock()
 
 
 def _register_parallel_tasks() -> None:
-    """Compile :func:`_parallel_tasks` (once per process) and publish it as ``_PARALLEL_TASKS``,
-    before any launcher is linked: every slice address comes from
-    :meth:`SliceFunction.address`, which calls this."""
+    """Compile :func:`_parallel_tasks` and publish it as ``_PARALLEL_TASKS`` (once per
+    process; a thread that comes meanwhile waits), before any launcher is linked: every slice
+    address comes from :meth:`SliceFunction.address`, which calls this."""
     global _registered
-    if not _registered:
-        llvm.add_symbol(_PARALLEL_TASKS, native_address(_parallel_tasks, (types.int64,) * 4))
-        _registered = True
+    if _registered:
+        return
+    with _register_lock:
+        if not _registered:
+            llvm.add_symbol(_PARALLEL_TASKS, native_address(_parallel_tasks, (types.int64,) * 4))
+            _registered = True
 
 
 def _entry(context, module, slice_args):
