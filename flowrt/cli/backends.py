@@ -7,6 +7,8 @@ import argparse
 import flowrt
 from flowrt.registry.dynamic import format_report, load_dynamic_backends
 from flowrt.workers.cpu import threading_layer
+from flowrt.workers.cpu.acc import team
+from flowrt.workers.cpu.workers import default_cpu_workers
 
 
 def _print_opencl_devices() -> None:
@@ -44,6 +46,7 @@ def command(args: argparse.Namespace) -> int:
         caps = ", ".join(f"{k}={_capability(v)}" for k, v in backend.capabilities.items())
         print(f"{bid}  version {major}.{minor}  capabilities: {caps}")
     print(f"CpuAcc's parallel regions: numba's {threading_layer.requested()!r} threading layer")
+    print(f"CpuAcc's team: {team.describe(default_cpu_workers())}")
     if dynamic.found or dynamic.skipped:
         print("dynamic backends:")
         print("\n".join(f"  {line}" for line in format_report(dynamic).splitlines()))

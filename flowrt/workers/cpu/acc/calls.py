@@ -35,8 +35,11 @@ from numba.core.cpu_options import ParallelOptions
 from numba.core.datamodel import default_manager
 from numba.core.datamodel.packer import ArgPacker
 from numba.extending import intrinsic
+from numba.np.ufunc.parallel import _launch_threads as launch_threads
 
-from flowrt.workers.cpu.acc import cache_stamp
+from flowrt.workers.cpu import threading_layer
+from flowrt.workers.cpu.acc import cache_stamp, team
+from flowrt.workers.cpu.workers import default_cpu_workers
 
 logger = logging.getLogger(__name__)
 
@@ -124,14 +127,21 @@ def native_address(fn, signature: tuple) -> int:
 
 @njit(parallel=PRANGE_ONLY, **NATIVE)
 def _parallel_tasks(entry, tasks, step, data):
-    """Tasks ``0 .. tasks`` of an entry (``_entry``) in parallel, a single task on the calling
-    thread with no parallel region: the one parallel loop of all the launchers, compiled once
-    whatever the slice functions' arguments."""
-    if tasks == 1:
-        call_native(entry, (np.int64(0), step, data))
+    """Tasks ``0 .. tasks`` of an entry (``_entry``) in parallel on CpuAcc's team
+    (``team.py``), or on numba's layer where the team is busy; on the calling thread alone,
+    with no parallel region, for a single task or a caller of one thread: the one parallel
+    loop of all the launchers, compiled once whatever the slice functions' arguments."""
+    threads = team.threads()
+    if tasks == 1 or threads == 1:
+        for task in range(tasks):
+            call_native(entry, (np.int64(task), step, data))
         return
-    for task in prange(tasks):
-        call_native(entry, (np.int64(task), step, data))
+    failed = team.run(entry, tasks, step, data, threads)
+    if failed == team.NOT_RUN:
+        for task in prange(tasks):
+            call_native(entry, (np.int64(task), step, data))
+    elif failed < tasks:  # raised on a thread of the team: raised here again
+        call_native(entry, (failed, step, data))
 
 
 # The symbol :func:`_launch` calls :func:`_parallel_tasks` by: a name the JIT resolves when
@@ -145,14 +155,18 @@ _register_lock = threading.Lock()
 
 
 def _register_parallel_tasks() -> None:
-    """Compile :func:`_parallel_tasks` and publish it as ``_PARALLEL_TASKS`` (once per
-    process; a thread that comes meanwhile waits), before any launcher is linked: every slice
-    address comes from :meth:`SliceFunction.address`, which calls this."""
+    """Start numba's layer and CpuAcc's team, compile :func:`_parallel_tasks` and publish it as
+    ``_PARALLEL_TASKS`` (once per process; a thread that comes meanwhile waits), before any
+    launcher is linked: every slice address comes from :meth:`SliceFunction.address`, which
+    calls this."""
     global _registered
     if _registered:
         return
     with _register_lock:
         if not _registered:
+            threading_layer.prepare()
+            launch_threads()  # the layer's symbols (get_num_threads), before anything links them
+            team.start(min(default_cpu_workers(), numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]  # numba.config sets its options at import
             llvm.add_symbol(_PARALLEL_TASKS, native_address(_parallel_tasks, (types.int64,) * 4))
             _registered = True
 
