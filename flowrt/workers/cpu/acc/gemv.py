@@ -21,9 +21,9 @@ from flowrt.workers.cpu.acc.kernels.epilogue import activate_row
 # Vectors (images, rows of a Gemm's A) up to which one product per vector beats one GEMM of
 # them all (each reads the weights again, from L2 or L3).
 MAX_VECTORS = 4
-# Rows of weights per task below which a split costs more than it saves (a row of 1024
-# weights streams in ~0.1 us).
-MIN_TASK_WEIGHTS = 64 * 1024
+# Weights per task below which a split costs more than it saves (a row of 1024 weights
+# streams in ~0.1 us; a region starts on CpuAcc's team in about 1 us).
+MIN_TASK_WEIGHTS = 16 * 1024
 
 
 # reassoc: the sums may be kept in vector lanes; contract: each multiply-add one FMA.

@@ -15,6 +15,7 @@ from flowrt.engine.scheduler.window import SplitHint
 from flowrt.models import expected_outputs, expected_tolerance, light_model, pattern_input
 from flowrt.registry import FusedActivation
 from flowrt.types import TensorInfo
+from flowrt.workers.cpu.acc import gemv
 from flowrt.workers.cpu.acc.conv.batched import Batched
 from flowrt.workers.cpu.acc.conv.columns import Columns
 from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
@@ -380,7 +381,7 @@ def test_1x1_convs_on_a_1x1_plane_are_weights_times_a_vector(batch, m, c, worker
         close(got, expected)
         plan = kernel.plan(x.shape, w.shape)
         assert plan.name == "vector" and plan.bounds[-1] == m
-        assert len(plan.bounds) - 1 == (2 if m * c >= 2 * 64 * 1024 and workers == 2 else 1)
+        assert len(plan.bounds) - 1 == (2 if m * c >= 2 * gemv.MIN_TASK_WEIGHTS and workers == 2 else 1)
 
 
 def test_weights_past_the_tile_limit_multiply_by_blas():

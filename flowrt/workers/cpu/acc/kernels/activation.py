@@ -23,8 +23,10 @@ from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels import epilogue as ep
 from flowrt.workers.cpu.acc.kernels.epilogue import activate_slice
 
-# Below this many elements per slice, a second thread costs more than it saves.
-MIN_SLICE = 16384
+# Below this many elements per slice, a second thread costs more than it saves: a region
+# starts on CpuAcc's team in about 1 us (``team.py``), a pass over a few thousand floats.
+# Shared by the elementwise, normalization and softmax kernels.
+MIN_SLICE = 4096
 
 
 @njit(nogil=True, cache=True)

@@ -15,8 +15,9 @@ from flowrt.registry import Support, WorkloadInfo
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 
-# Below this many input reads per slice, a second thread costs more than it saves.
-MIN_WORK = 32768
+# Below this many input reads per slice, a second thread costs more than it saves (a region
+# starts on CpuAcc's team in about 1 us).
+MIN_WORK = 8192
 
 
 def plane_bounds(planes: int, reads_per_plane: int, workers: int) -> np.ndarray:

@@ -18,11 +18,10 @@ from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
+from flowrt.workers.cpu.acc.kernels.activation import MIN_SLICE
 from flowrt.workers.cpu.acc.kernels.epilogue import activation_args, affine_row
 from flowrt.workers.cpu.acc.kernels.row_sums import row_sum, row_sum_of_squares
 
-# Below this many elements per slice, a second thread costs more than it saves.
-MIN_SLICE = 16384
 # Spatial positions LRN keeps in one block: its running sums stay in L1.
 LRN_BLOCK = 512
 # The LRN exponent of AlexNet, GoogLeNet and their kin, computed with square roots.

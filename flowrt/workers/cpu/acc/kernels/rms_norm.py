@@ -15,10 +15,8 @@ from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
 from flowrt.workers.cpu.acc.calls import SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
+from flowrt.workers.cpu.acc.kernels.activation import MIN_SLICE
 from flowrt.workers.cpu.acc.kernels.row_sums import row_sum_of_squares
-
-# Below this many elements per slice, a second thread costs more than it saves.
-MIN_SLICE = 16384
 
 
 @njit(nogil=True, cache=True)

@@ -17,10 +17,9 @@ from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
+from flowrt.workers.cpu.acc.kernels.activation import MIN_SLICE
 from flowrt.workers.cpu.acc.kernels.fastmath import exp as fast_exp
 
-# Below this many elements per slice, a second thread costs more than it saves.
-MIN_SLICE = 16384
 # Inner columns one unit of work handles together: its running max and sum stay in L1.
 BLOCK = 256
 
