@@ -65,3 +65,33 @@ def test_deep_1x1_convs_of_14x14_pixels_tile_across_output_channels_instead_of_b
     )  # fmt: skip
     close(got, expected)
     assert kernel.plan(x.shape, w.shape).name == "few_pixels"
+
+
+@pytest.mark.skipif(not TILES_AVAILABLE, reason="no register tiles on this CPU")
+@pytest.mark.parametrize(
+    "m, hw, workers, by_panels, by_tiles",
+    [
+        (40, (7, 7), 2, 1, 2),
+        (48, (7, 7), 3, 3, 1),
+        (80, (7, 7), 2, 1, 2),
+        (96, (7, 7), 2, 2, 1),
+        (16, (4, 5), 2, 1, 2),
+    ],
+)
+def test_few_panels_are_shared_by_slices_of_the_pixels(m, hw, workers, by_panels, by_tiles):
+    """Three panels of output channels do not split evenly over two threads: each takes every
+    panel over part of the pixels instead (the pixels' tiles split), reading them in place or
+    packed, the short last tile in one of the slices."""
+    rng = np.random.default_rng(m)
+    for c, strides in ((200, (1, 1)), (64, (2, 2))):
+        shape = tuple((d - 1) * s + 1 for d, s in zip(hw, strides))
+        x = rng.standard_normal((2, c, *shape), dtype=np.float32)
+        w = rng.standard_normal((m, c, 1, 1), dtype=np.float32)
+        b = rng.standard_normal(m, dtype=np.float32)
+        kernel, got, expected = conv_case(
+            x, w, b, workers=workers, activation=FusedActivation("Relu"), strides=strides
+        )
+        close(got, expected)
+        plan = kernel.plan(x.shape, w.shape)
+        assert plan.name == "few_pixels"
+        assert (len(plan.bounds) - 1, len(plan.tile_bounds) - 1) == (by_panels, by_tiles)

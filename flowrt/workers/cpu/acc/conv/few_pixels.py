@@ -13,7 +13,9 @@ read in place down the input's columns, a few adjacent pixels of each channel pe
 stride 1 only: a strided conv's pixels are always packed, which picks them out). Each
 panel is read once per image, all the image's pixels passing over it; the dot products are
 summed in blocks of ``packed_gemm.DEPTH``. A panel's tiles land in a small buffer, copied into
-the output's rows with the activation applied.
+the output's rows with the activation applied. The tasks are slices of the panels, and of
+the pixels too where the panels are too few to share evenly among the threads (three panels,
+two threads: each thread takes every panel over half the pixels).
 """
 
 from __future__ import annotations
@@ -59,12 +61,17 @@ def _pack_rows(x, rows, first_pixel, pixels, k, stride):
 
 
 @njit(**NATIVE)
-def _few_pixels_task(task, _step, x_flat, panels, bias, out, bounds, stride, code, alpha, beta):
-    """Task (image, slice of ``bounds`` over the panels) of :func:`conv_few_pixels`."""
+def _few_pixels_task(task, _step, x_flat, panels, bias, out, bounds, tile_bounds, stride, code, alpha, beta):
+    """Task (image, slice of ``bounds`` over the panels, slice of ``tile_bounds`` over the
+    tiles of pixels) of :func:`conv_few_pixels`."""
     k, pixels = x_flat.shape[1], out.shape[2]
     m = out.shape[1]
-    image, s = divmod(task, bounds.shape[0] - 1)
+    tile_slices = tile_bounds.shape[0] - 1
+    image, s = divmod(task, (bounds.shape[0] - 1) * tile_slices)
+    s, r = divmod(s, tile_slices)
     q0, q1 = bounds[s], bounds[s + 1]
+    t0, t1 = tile_bounds[r], tile_bounds[r + 1]
+    p0, p1 = t0 * TILE_ROWS, min(t1 * TILE_ROWS, pixels)
     x = x_flat[image]
     tiles = -(-pixels // TILE_ROWS)
     # With enough panels to pass over them, the pixels are first packed a tile of rows at a
@@ -73,22 +80,22 @@ def _few_pixels_task(task, _step, x_flat, panels, bias, out, bounds, stride, cod
     # tiles read the input in place (the last, short tile from a padded copy of its rows),
     # where its pixels are the output's (stride 1).
     packed = q1 - q0 >= PACK_PANELS or stride[1] != 1 or stride[2] != 1
-    rows = np.zeros((tiles if packed else 1, k, TILE_ROWS), np.float32)
+    rows = np.zeros((t1 - t0 if packed else 1, k, TILE_ROWS), np.float32)
     first_tail = tiles - 1 if pixels % TILE_ROWS else tiles
     if packed:
-        _pack_rows(x, rows, 0, pixels, k, stride)
-    else:
+        _pack_rows(x, rows, p0, p1 - p0, k, stride)
+    elif first_tail < t1:
         _pack_rows(x, rows, first_tail * TILE_ROWS, pixels - first_tail * TILE_ROWS, k, stride)
-    c = np.empty((tiles * TILE_ROWS, TILE_COLUMNS), np.float32)
+    c = np.empty(((t1 - t0) * TILE_ROWS, TILE_COLUMNS), np.float32)
     for q in range(q0, q1):
         for k0 in range(0, k, DEPTH):
             depth = min(DEPTH, k - k0)
             onto = 1 if k0 > 0 else 0
             b_at = (q * k + k0) * TILE_COLUMNS
-            for t in range(tiles):
-                c_at = t * TILE_ROWS * TILE_COLUMNS
+            for t in range(t0, t1):
+                c_at = (t - t0) * TILE_ROWS * TILE_COLUMNS
                 if packed or t == first_tail:
-                    at = ((t if packed else 0) * k + k0) * TILE_ROWS
+                    at = ((t - t0 if packed else 0) * k + k0) * TILE_ROWS
                     _column_tile(
                         rows, at, TILE_ROWS, panels, b_at, TILE_COLUMNS, c, c_at, TILE_COLUMNS, depth, bias,
                         q * TILE_COLUMNS, 0, onto,
@@ -100,22 +107,36 @@ def _few_pixels_task(task, _step, x_flat, panels, bias, out, bounds, stride, cod
                     )  # fmt: skip
         for j in range(min(TILE_COLUMNS, m - q * TILE_COLUMNS)):
             row = out[image, q * TILE_COLUMNS + j]
-            for i in range(pixels):
-                row[i] = c[i, j]
-            activate_in_place(row, code, alpha, beta)
+            for i in range(p0, p1):
+                row[i] = c[i - p0, j]
+            activate_in_place(row[p0:p1], code, alpha, beta)
 
 
 _FEW_PIXELS_TASK = SliceFunction(_few_pixels_task)
 
 
-def conv_few_pixels(x_flat, panels, bias, out, bounds, stride, code, alpha, beta) -> None:
+def conv_few_pixels(x_flat, panels, bias, out, bounds, tile_bounds, stride, code, alpha, beta) -> None:
     """``out`` (N, M, pixels) = activation(w @ x + bias) for every image of ``x_flat`` (N, C,
     input pixels) read at ``stride`` (see :func:`_pack_rows`), ``w`` packed as panels of
     output channels (``packed_gemm.column_panels`` of its transpose) and ``bias`` padded to
-    them; one task per (image, slice of ``bounds`` over the panels), called by address
-    (``blas.run_tasks``)."""
-    args = (x_flat, panels, bias, out, bounds, stride, code, alpha, beta)
-    run_tasks(_FEW_PIXELS_TASK.address(args), x_flat.shape[0] * (bounds.shape[0] - 1), args)
+    them; one task per (image, slice of ``bounds`` over the panels, slice of ``tile_bounds``
+    over the tiles of pixels), called by address (``blas.run_tasks``)."""
+    args = (x_flat, panels, bias, out, bounds, tile_bounds, stride, code, alpha, beta)
+    tasks = x_flat.shape[0] * (bounds.shape[0] - 1) * (tile_bounds.shape[0] - 1)
+    run_tasks(_FEW_PIXELS_TASK.address(args), tasks, args)
+
+
+def _split(panels: int, tiles: int, workers: int) -> tuple[int, int]:
+    """How many slices of the panels and of the pixels' tiles ``workers`` threads take: the
+    pair whose largest task is smallest, the panels' split where they tie (each task then
+    reads every pixel, not every weight)."""
+    best, largest = (1, 1), 1.0
+    for by_panels in range(workers, 0, -1):
+        by_tiles = workers // by_panels
+        share = (-(-panels // by_panels) / panels) * (-(-tiles // by_tiles) / tiles)
+        if share < largest - 1e-9:
+            best, largest = (by_panels, by_tiles), share
+    return best
 
 
 @attrs.frozen(eq=False)
@@ -126,6 +147,7 @@ class FewPixels:
 
     name: ClassVar[str] = "few_pixels"
     bounds: np.ndarray
+    tile_bounds: np.ndarray
     stride: np.ndarray
 
     @classmethod
@@ -152,11 +174,16 @@ class FewPixels:
 
     @classmethod
     def plan(cls, geometry: ConvGeometry, tuning: ConvTuning) -> FewPixels:
-        """The panels of output channels split over the workers."""
+        """The panels of output channels split over the workers, or the tiles of pixels too
+        where the panels are too few to share evenly (:func:`_split`)."""
         panels = -(-geometry.mg // TILE_COLUMNS)
-        bounds = split_bounds(panels, SplitHint(axis=1, min_slice=1), geometry.workers).astype(np.int64)
+        tiles = -(-geometry.pixels // TILE_ROWS)
+        by_panels, by_tiles = _split(panels, tiles, geometry.workers)
+        hint = SplitHint(axis=1, min_slice=1)
+        bounds = split_bounds(panels, hint, by_panels).astype(np.int64)
+        tile_bounds = split_bounds(tiles, hint, by_tiles).astype(np.int64)
         stride = np.array([geometry.out_hw[1], *geometry.window.strides, geometry.x_shape[3]], np.int64)
-        return cls(bounds, stride)
+        return cls(bounds, tile_bounds, stride)
 
     def forms(self, weights: ConvWeights, w, w_shape, bias, constant: bool) -> None:
         """See ``algorithms.ConvAlgorithm``."""
@@ -168,4 +195,6 @@ class FewPixels:
         """See ``algorithms.ConvAlgorithm.run``."""
         panels, panel_bias = weights.column_panels(w, bias, constant)
         x_flat, out_flat = x.reshape(*x.shape[:2], -1), out.reshape(*out.shape[:2], -1)
-        conv_few_pixels(x_flat, panels, panel_bias, out_flat, self.bounds, self.stride, *act)
+        conv_few_pixels(
+            x_flat, panels, panel_bias, out_flat, self.bounds, self.tile_bounds, self.stride, *act
+        )
