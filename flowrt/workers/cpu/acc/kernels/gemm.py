@@ -97,8 +97,9 @@ def plan_split(batch: int, m: int, n: int, workers: int) -> _Split:
     return _Split(whole_rows, split_bounds(n, SplitHint(axis=2, min_slice=MIN_COLUMNS), share))
 
 
-# Below this many multiply-adds a product runs as one slice, on the calling thread.
-MIN_PARALLEL_WORK = 1 << 18
+# Below this many multiply-adds a product runs as one slice, on the calling thread (65536: a
+# few microseconds of one core, where a region starts on CpuAcc's team in about one).
+MIN_PARALLEL_WORK = 1 << 16
 
 
 class _Packed:
