@@ -131,8 +131,11 @@ def _parallel_tasks(entry, tasks, step, data):
     (``team.py``), or on numba's layer where the team is busy; on the calling thread alone,
     with no parallel region, for a single task or a caller of one thread: the one parallel
     loop of all the launchers, compiled once whatever the slice functions' arguments."""
+    if tasks == 1:
+        call_native(entry, (np.int64(0), step, data))
+        return
     threads = team.threads()
-    if tasks == 1 or threads == 1:
+    if threads == 1:
         for task in range(tasks):
             call_native(entry, (np.int64(task), step, data))
         return

@@ -369,14 +369,22 @@ def helpers() -> int:
     return len(_threads) if _started_in == os.getpid() else 0
 
 
+def _off(cores: int) -> str | None:
+    """Why a process that may use ``cores`` has no team, or None where it has one."""
+    if not SUPPORTED:
+        return "not on this platform (Linux on x86-64 or AArch64)"
+    if os.environ.get("FLOWRT_CPU_SPIN") == "0":
+        return "FLOWRT_CPU_SPIN=0"
+    if cores < 2:
+        return "one core"
+    return None
+
+
 def describe(cores: int) -> str:
     """What the team is, or would be once started, in a process that may use ``cores``."""
-    if not SUPPORTED:
-        return "off: not on this platform (Linux on x86-64 or AArch64)"
-    if os.environ.get("FLOWRT_CPU_SPIN") == "0":
-        return "off: FLOWRT_CPU_SPIN=0"
-    if cores < 2:
-        return "off: one core"
+    off = _off(cores)
+    if off is not None:
+        return f"off: {off}"
     count = helpers() or cores - 1
     return f"{count} helper thread{'s' * (count > 1)}, spinning {SPIN_NS // 1000} us between regions"
 
@@ -385,7 +393,7 @@ def start(cores: int) -> bool:
     """Start ``cores - 1`` helpers (once per process; a later call starts none): whether the
     team runs regions."""
     global _started_in
-    if not SUPPORTED or cores < 2 or os.environ.get("FLOWRT_CPU_SPIN") == "0":
+    if _off(cores) is not None:
         return False
     with _start_lock:
         if _started_in == 0:
