@@ -48,6 +48,10 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from flowrt.workers.cpu.acc import cache_stamp
+
+cache_stamp.register()  # before this module jits anything: its functions cached as the package's
+
 # The control block: int64 words, each counter on a cache line of its own.
 OWNER, EPOCH, ACTIVE, NEXT, DONE, SLEEPERS, FAILED, DISABLED, JOINED = (8 * i for i in range(9))
 ENTRY, TASKS, STEP, DATA, HELPERS, REGIONS = (72 + i for i in range(6))

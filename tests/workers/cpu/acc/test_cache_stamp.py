@@ -114,3 +114,32 @@ def test_a_cache_directory_removed_meanwhile_is_made_again(tmp_path, monkeypatch
     os.rmdir(path)
     locator.ensure_cache_path()  # probed before: not probed again, but made again
     assert os.path.isdir(path) and path in cache_stamp._WRITABLE
+
+
+# Imports the package as a load does (``calls`` first), then every module of it, and prints
+# the cached functions numba would keep elsewhere than the package's cache (unstamped).
+_STRAYS = """
+import importlib, pkgutil, sys
+from numba.core.caching import NullCache
+from numba.core.dispatcher import Dispatcher
+from flowrt.workers.cpu.acc import calls, cache_stamp
+import flowrt.workers.cpu.acc as package
+for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+    importlib.import_module(module.name)
+for name, module in list(sys.modules.items()):
+    if name.startswith(package.__name__):
+        for attr, value in vars(module).items():
+            if isinstance(value, Dispatcher) and value.py_func.__module__ == name:
+                cache = value._cache
+                if not isinstance(cache, NullCache) and not cache_stamp.is_ours(cache):
+                    print(f"{name}.{attr}")
+print("checked")
+"""
+
+
+def test_every_cached_function_of_the_package_is_kept_in_its_stamped_cache(tmp_path):
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-c", _STRAYS], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == ["checked"]
