@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from flowrt import descriptors, errors, onnx, profiling
 from flowrt.engine.graph.network import Network
-from flowrt.engine.graph.optimizer import OptimizedNetwork, OptimizerOptions, optimize
+from flowrt.engine.graph.optimizer import OptimizedNetwork, OptimizerOptions
 from flowrt.engine.graph.passes.batch import set_batch
+from flowrt.network_cache import optimize
 from flowrt.registry import BackendId, BackendRegistry, backend_registry
 from flowrt.serialize import load, save
 from flowrt.types import DataType, Priority, TensorInfo

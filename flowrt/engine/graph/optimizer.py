@@ -409,6 +409,13 @@ def _default_order(registry: BackendRegistry) -> list[str]:
     return order
 
 
+def preference_order(backends: Sequence[str] | None, registry: BackendRegistry) -> list[str]:
+    """The backend ids :func:`optimize` tries, in order, for its ``backends`` argument."""
+    if backends is None:
+        return _default_order(registry)
+    return list(dict.fromkeys(backend_ids(backends, "optimize")))
+
+
 @collection_paused()
 def optimize(
     network: Network | Graph,
@@ -434,10 +441,7 @@ def optimize(
     check_instance(
         "registry", registry, BackendRegistry, "a flowrt.BackendRegistry or None", where="optimize"
     )
-    if backends is None:
-        order = _default_order(registry)
-    else:
-        order = list(dict.fromkeys(backend_ids(backends, "optimize")))
+    order = preference_order(backends, registry)
     if not order:
         raise BackendError("the backend preference list is empty")
     instances = {bid: registry.get(bid) for bid in order}

@@ -1,0 +1,340 @@
+"""Optimized networks kept on disk for later processes, as OpenVINO's model cache keeps
+compiled models: a second process that optimizes the same ONNX file the same way reads the
+result back (a mapped .flowrt file) instead of parsing and optimizing again.
+
+``flowrt.onnx.load(path)`` and ``flowrt.optimize(network, ...)`` use it by themselves:
+
+- an optimize of a network loaded from a file, where parsing and optimizing took at least
+  :data:`MIN_SECONDS` (less costs less than reading a result back), writes its result to the
+  cache directory (``FLOWRT_CACHE_DIR``, else ``~/.cache/flowrt``,
+  under ``networks/``), keyed by the file (its path, size, modification and change times and
+  inode: a file written again is a new file), the backends' preference list, the optimizer's
+  options, the backends themselves (class, version, capabilities), flowrt's sources and the
+  machine's cores. A file changed less than :data:`RACY_NS` before its load is not kept (a
+  second write within the file system's clock tick would leave those stamps as they were),
+  nor one that changed between its load and the optimize;
+- a later ``flowrt.onnx.load`` of a file the cache holds an optimized network of returns a
+  network that parses the file only when something looks at its graph; ``optimize`` then
+  reads the cached result without parsing. A network changed after its load (a layer added,
+  removed, reconnected or given another descriptor) is optimized as usual and not cached.
+
+Only the process registry's backends are cached (``registry=None``), and only what
+:func:`flowrt.save` can hold (no If, Loop or Scan). A file that cannot be read back (corrupt,
+made by another version) is removed and the network optimized again. Each source path keeps
+the entries of its current file only; past :data:`MAX_BYTES` in all (``FLOWRT_NETWORK_CACHE_BYTES``),
+the least recently used entries go. ``FLOWRT_NETWORK_CACHE=0`` turns the cache off.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from flowrt import serialize
+from flowrt.defaults import cache_root
+from flowrt.engine.graph import optimizer
+from flowrt.engine.graph.graph import Graph
+from flowrt.engine.graph.network import Network
+from flowrt.errors import FlowrtError
+from flowrt.registry import BackendRegistry, backend_registry
+
+if TYPE_CHECKING:
+    from flowrt.engine.graph.optimizer import OptimizedNetwork, OptimizerOptions
+
+logger = logging.getLogger(__name__)
+
+ENV = "FLOWRT_NETWORK_CACHE"
+BYTES_ENV = "FLOWRT_NETWORK_CACHE_BYTES"
+FORMAT = 1
+MIN_SECONDS = 0.05
+RACY_NS = 2_000_000_000
+MAX_BYTES = 4 << 30
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1") != "0"
+
+
+def directory() -> Path:
+    return cache_root() / "networks"
+
+
+def _max_bytes() -> int:
+    try:
+        return int(os.environ.get(BYTES_ENV, MAX_BYTES))
+    except ValueError:
+        return MAX_BYTES
+
+
+@functools.cache
+def _flowrt_stamp() -> str:
+    """The path, size and modification time of every source file of flowrt: an optimized
+    network is what these sources made of it."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha1()
+    for path in sorted(root.rglob("*.py")):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(root)}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+    return digest.hexdigest()
+
+
+class _Source:
+    """An ONNX file a network was loaded from, and the network's graph as that load made it
+    (the layers, their descriptors and connections, held so that a change shows)."""
+
+    def __init__(self, path: str, check: bool) -> None:
+        self.path = os.path.realpath(path)
+        self.seen_ns = time.time_ns()
+        stat = os.stat(self.path)
+        self.changed_ns = max(stat.st_mtime_ns, stat.st_ctime_ns)
+        self.folder = directory() / hashlib.sha1(f"{self.path}\0{check}".encode()).hexdigest()[:32]
+        self.file = _stamp(stat)
+        self.prefix = hashlib.sha1(self.file.encode()).hexdigest()[:16]
+        self.graph: Graph | None = None
+        self.state: list[tuple[Any, ...]] = []
+        self.parse_seconds = 0.0
+
+    def take(self, graph: Graph) -> None:
+        self.graph, self.state = graph, _state(graph)
+
+    def unchanged(self, graph: Graph) -> bool:
+        return graph is self.graph and _state(graph) == self.state
+
+    def settled(self) -> bool:
+        """Whether what was parsed is what :attr:`file` names: the file had not changed for
+        :data:`RACY_NS` when it was looked at, and has not changed since."""
+        try:
+            now = _stamp(os.stat(self.path))
+        except OSError:
+            return False
+        return now == self.file and self.seen_ns - self.changed_ns >= RACY_NS
+
+    def entries(self) -> list[Path]:
+        try:
+            return [self.folder / n for n in os.listdir(self.folder) if n.startswith(self.prefix)]
+        except OSError:
+            return []
+
+
+def _stamp(stat: os.stat_result) -> str:
+    return f"{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ctime_ns}:{stat.st_ino}"
+
+
+def _state(graph: Graph) -> list[tuple[Any, ...]]:
+    """Each layer and what makes it: the objects' identities (held by the graph, and so by
+    the source that keeps the graph, they cannot be reused while compared)."""
+    return [
+        (
+            id(layer),
+            name,
+            layer.kind,
+            id(layer.descriptor),
+            layer.backend,
+            id(layer.activation),
+            tuple((id(s.source), s.source.index) if s.source is not None else None for s in layer.inputs),
+            tuple(id(o.info) for o in layer.outputs),
+        )
+        for name, layer in graph.layers.items()
+    ]
+
+
+_sources: weakref.WeakKeyDictionary[Network, _Source] = weakref.WeakKeyDictionary()
+
+
+class _FileNetwork(Network):
+    """A network of an ONNX file the cache has optimized before: the file is parsed when its
+    graph is first looked at (by anything but an optimize that finds it cached)."""
+
+    def __init__(self, parse: Callable[[], Network], source: _Source) -> None:
+        self._parse: Callable[[], Network] | None = parse
+        self._graph: Graph | None = None
+        self._file_source = source
+
+    @property
+    def graph(self) -> Graph:
+        if self._graph is None:
+            assert self._parse is not None
+            start = time.perf_counter()
+            self._graph, self._parse = self._parse().graph, None
+            self._file_source.parse_seconds = time.perf_counter() - start
+            self._file_source.take(self._graph)
+        return self._graph
+
+    @graph.setter
+    def graph(self, value: Graph) -> None:
+        self._graph, self._parse = value, None
+
+    @property
+    def parsed(self) -> bool:
+        return self._graph is not None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_network_of, (self.graph,))
+
+
+def _network_of(graph: Graph) -> Network:
+    network = Network()
+    network.graph = graph
+    return network
+
+
+def load_onnx(
+    source: Any, *, check: bool, memory_budget: int | None, parse: Callable[[], Network]
+) -> Network:
+    """``flowrt.onnx.load``: ``parse()`` now, or later for a file the cache holds."""
+    found = _source_for(source, check) if memory_budget is None else None
+    if found is not None and found.entries():
+        network: Network = _FileNetwork(parse, found)
+        _sources[network] = found
+        return network
+    start = time.perf_counter()
+    network = parse()
+    if found is not None:
+        found.parse_seconds = time.perf_counter() - start
+        found.take(network.graph)
+        _sources[network] = found
+    return network
+
+
+def _source_for(source: Any, check: bool) -> _Source | None:
+    if not enabled() or not isinstance(source, (str, os.PathLike)):
+        return None
+    try:
+        return _Source(os.fspath(source), check)
+    except (OSError, ValueError, TypeError):
+        return None  # the parse reports what is wrong with the path
+
+
+def optimize(
+    network: Network | Graph,
+    backends: Sequence[str] | None = None,
+    options: OptimizerOptions | None = None,
+    registry: BackendRegistry | None = None,
+) -> OptimizedNetwork:
+    """``flowrt.optimize``: :func:`flowrt.engine.graph.optimizer.optimize` (its arguments,
+    result and errors), through the cache for a network loaded from a file."""
+    entry = _entry(network, backends, options, registry)
+    if entry is None:
+        return optimizer.optimize(network, backends, options, registry)
+    if entry.exists():
+        try:
+            cached = serialize.load(entry)
+        except FlowrtError as e:
+            logger.warning("the cached optimized network %s is unusable, optimizing again: %s", entry, e)
+            entry.unlink(missing_ok=True)
+        else:
+            _touch(entry)
+            logger.info("optimized network read from the cache: %s", entry)
+            return cached
+    start = time.perf_counter()
+    optimized = optimizer.optimize(network, backends, options, registry)
+    source = _sources[network]  # type: ignore[index]  # found by _entry
+    if time.perf_counter() - start + source.parse_seconds >= MIN_SECONDS and source.settled():
+        _store(optimized, entry)
+    return optimized
+
+
+optimize.__doc__ = (
+    (optimizer.optimize.__doc__ or "")
+    + """
+    A network that ``flowrt.onnx.load`` read from a file goes through the cache of optimized
+    networks (``flowrt.network_cache``): a later process optimizing that file the same way
+    reads the result back instead of parsing and optimizing again.
+    """
+)
+
+
+def _entry(network: Any, backends: Any, options: Any, registry: BackendRegistry | None) -> Path | None:
+    """The cache file for this optimize, or None where it does not go through the cache."""
+    source = _sources.get(network) if isinstance(network, Network) else None
+    if source is None or not enabled() or registry not in (None, backend_registry()):
+        return None
+    if not (isinstance(network, _FileNetwork) and not network.parsed) and not source.unchanged(network.graph):
+        return None
+    try:
+        registry = backend_registry()
+        order = optimizer.preference_order(backends, registry)
+        chosen = optimizer.OptimizerOptions() if options is None else options
+        if not isinstance(chosen, optimizer.OptimizerOptions):
+            return None
+        described = [_describe(bid, registry.get(bid)) for bid in order]
+    except Exception:  # a bad argument: optimize itself reports it
+        return None
+    parts = [FORMAT, source.file, order, repr(chosen), described, _flowrt_stamp(), _machine()]
+    text = json.dumps(parts, default=repr)
+    if " at 0x" in text:  # something keyed by its address: would never be found again
+        return None
+    return source.folder / f"{source.prefix}-{hashlib.sha1(text.encode()).hexdigest()[:24]}.flowrt"
+
+
+def _describe(bid: str, backend: Any) -> list[Any]:
+    kind = type(backend)
+    version = getattr(backend, "version", None)
+    return [bid, f"{kind.__module__}.{kind.__qualname__}", repr(version), _canonical(backend.capabilities)]
+
+
+def _canonical(value: Any) -> Any:
+    """``value`` in a form whose text is the same in every process (sets sorted: their order
+    follows the process's string hashing)."""
+    if isinstance(value, dict):
+        return sorted((repr(k), _canonical(v)) for k, v in value.items())
+    if isinstance(value, (set, frozenset)):
+        return sorted(repr(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return repr(value)
+
+
+def _machine() -> list[Any]:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return [platform.machine(), cores]
+
+
+def _touch(entry: Path) -> None:
+    try:
+        os.utime(entry)  # the least recently used go first
+    except OSError:
+        pass
+
+
+def _store(optimized: OptimizedNetwork, entry: Path) -> None:
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        for stale in entry.parent.iterdir():  # the entries of the path's former files
+            if not stale.name.startswith(entry.name.split("-")[0] + "-"):
+                stale.unlink(missing_ok=True)
+        serialize.save(optimized, entry)
+    except (FlowrtError, OSError) as e:
+        logger.info("the optimized network is not cached (%s): %s", entry, e)
+        return
+    logger.info("optimized network cached: %s", entry)
+    _evict(_max_bytes())
+
+
+def _evict(limit: int) -> None:
+    """Remove the least recently used entries while the cache holds more than ``limit`` bytes."""
+    files = []
+    for path in directory().glob("*/*.flowrt"):
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        files.append((stat.st_mtime, stat.st_size, path))
+    total = sum(size for _, size, _ in files)
+    for _, size, path in sorted(files, key=lambda f: f[0]):
+        if total <= limit:
+            break
+        path.unlink(missing_ok=True)
+        total -= size

@@ -1,0 +1,242 @@
+"""The cache of optimized networks: a later load of the same ONNX file, optimized the same way,
+reads the result back instead of parsing and optimizing; anything that changes the result
+(the file, the network after its load, the backends, the options) is not served stale."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import trio
+from onnx import TensorProto, helper
+
+import flowrt
+from flowrt import network_cache
+
+
+def _conv_model(seed: int) -> onnx.ModelProto:
+    """x[1, 3, 8, 8] -> Conv 3x3 (+bias) -> BatchNormalization -> Relu -> y: random weights."""
+    rng = np.random.default_rng(seed)
+    init = [
+        onnx.numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
+        onnx.numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b"),
+        onnx.numpy_helper.from_array(rng.uniform(0.5, 2, 8).astype(np.float32), "scale"),
+        onnx.numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "shift"),
+        onnx.numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "mean"),
+        onnx.numpy_helper.from_array(rng.uniform(0.5, 2, 8).astype(np.float32), "var"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["n"], name="bn"),
+        helper.make_node("Relu", ["n"], ["y"], name="relu"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
+        init,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty cache that takes every network, however quick to optimize."""
+    monkeypatch.setenv("FLOWRT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv(network_cache.ENV, "1")
+    monkeypatch.setattr(network_cache, "MIN_SECONDS", 0.0)
+    monkeypatch.setattr(network_cache, "RACY_NS", 0)
+    return tmp_path / "cache" / "networks"
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    path = tmp_path / "model.onnx"
+    onnx.save(_conv_model(0), path)
+    return path
+
+
+def _entries(cache) -> list:
+    return sorted(cache.glob("*/*.flowrt"))
+
+
+def _run(optimized, x: np.ndarray) -> np.ndarray:
+    async def main():
+        async with flowrt.Runtime() as rt:
+            model = await rt.load(optimized)
+            return (await model.run({"x": x}))["y"]
+
+    return trio.run(main)
+
+
+X = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)
+
+
+def test_a_second_load_of_a_file_reads_its_optimized_network_back_without_parsing(cache, model_file, caplog):
+    first = flowrt.optimize(flowrt.onnx.load(model_file), backends=["CpuRef"])
+    assert len(_entries(cache)) == 1
+    again = flowrt.onnx.load(model_file)
+    assert not again.parsed  # the cache holds the file: nothing parsed yet
+    with caplog.at_level(logging.INFO, logger="flowrt.network_cache"):
+        second = flowrt.optimize(again, backends=["CpuRef"])
+    assert not again.parsed
+    assert "read from the cache" in caplog.text
+    assert second.assignments() == first.assignments() and second.passes == first.passes
+    np.testing.assert_array_equal(_run(second, X), _run(first, X))
+    # The lazy network is a whole network when looked at: its graph parses the file.
+    assert sorted(layer.kind for layer in again.graph) == [
+        "BatchNormalization",
+        "Constant",
+        "Constant",
+        "Constant",
+        "Constant",
+        "Constant",
+        "Constant",
+        "Conv",
+        "Input",
+        "Output",
+        "Relu",
+    ]
+    assert again.parsed
+
+
+def test_another_process_reads_the_cached_network_without_importing_onnx(cache, model_file):
+    script = (
+        "import sys, flowrt\n"
+        "flowrt.network_cache.MIN_SECONDS = flowrt.network_cache.RACY_NS = 0\n"
+        "opt = flowrt.optimize(flowrt.onnx.load(sys.argv[1]), backends=['CpuRef'])\n"
+        "print(sorted(opt.assignments().items()), 'onnx' in sys.modules)\n"
+    )
+    env = dict(os.environ, FLOWRT_CACHE_DIR=str(cache.parent))
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", script, str(model_file)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split(" ")
+        for _ in range(2)
+    ]
+    assert runs[0][-1].strip() == "True"  # the first parses the file
+    assert runs[1][-1].strip() == "False"  # the second reads the cache alone
+    assert runs[0][:-1] == runs[1][:-1]
+    assert len(_entries(cache)) == 1
+
+
+def test_backends_and_options_key_the_entry(cache, model_file):
+    ref = flowrt.optimize(flowrt.onnx.load(model_file), backends=["CpuRef"])
+    acc = flowrt.optimize(flowrt.onnx.load(model_file), backends=["CpuAcc", "CpuRef"])
+    options = flowrt.OptimizerOptions(fold_batch_norm=False)
+    unfolded = flowrt.optimize(flowrt.onnx.load(model_file), backends=["CpuRef"], options=options)
+    assert len(_entries(cache)) == 3
+    assert set(ref.assignments().values()) == {"CpuRef"}
+    assert "CpuAcc" in acc.assignments().values()
+    assert "BatchNormalization" in [layer.kind for layer in unfolded.graph]
+    again = flowrt.optimize(flowrt.onnx.load(model_file), backends=["CpuRef"], options=options)
+    assert "BatchNormalization" in [layer.kind for layer in again.graph]
+    np.testing.assert_allclose(_run(again, X), _run(ref, X), rtol=1e-5, atol=1e-5)
+
+
+def test_a_file_written_again_is_optimized_again_and_its_former_entries_go(cache, model_file):
+    before = _run(flowrt.optimize(flowrt.onnx.load(model_file), backends=["CpuRef"]), X)
+    onnx.save(_conv_model(7), model_file)  # other weights, same size
+    network = flowrt.onnx.load(model_file)
+    assert network.graph is not None  # parsed now: the cache holds nothing of this file
+    after = _run(flowrt.optimize(network, backends=["CpuRef"]), X)
+    assert not np.allclose(before, after)
+    expected = _run(flowrt.optimize(flowrt.onnx.load(model_file.read_bytes()), backends=["CpuRef"]), X)
+    np.testing.assert_array_equal(after, expected)
+    assert len(_entries(cache)) == 1
+
+
+def test_a_network_changed_after_its_load_is_optimized_as_it_stands(cache, model_file):
+    flowrt.optimize(flowrt.onnx.load(model_file), backends=["CpuRef"])
+    network = flowrt.onnx.load(model_file)
+    graph = network.graph
+    relu = graph.layers["relu"]
+    (out,) = [layer for layer in graph.output_layers]
+    relu.outputs[0].disconnect(out.inputs[0])
+    negate = network.add_layer("Neg", None, [relu])
+    negate.outputs[0].connect(out.inputs[0])
+    changed = flowrt.optimize(network, backends=["CpuRef"])
+    assert "Neg" in [layer.kind for layer in changed.graph]
+    assert np.all(_run(changed, X) <= 0)
+    assert len(_entries(cache)) == 1  # not cached: the file alone no longer says what it is
+
+
+def test_an_unreadable_entry_is_removed_and_the_network_optimized_again(cache, model_file, caplog):
+    expected = _run(flowrt.optimize(flowrt.onnx.load(model_file), backends=["CpuRef"]), X)
+    (entry,) = _entries(cache)
+    entry.write_bytes(b"not a flowrt file at all")
+    with caplog.at_level(logging.WARNING, logger="flowrt.network_cache"):
+        again = flowrt.optimize(flowrt.onnx.load(model_file), backends=["CpuRef"])
+    assert "unusable" in caplog.text
+    np.testing.assert_array_equal(_run(again, X), expected)
+    assert entry.read_bytes()[:8] != b"not a fl"  # written again
+
+
+def test_turned_off_it_writes_nothing_and_parses_every_time(cache, model_file, monkeypatch):
+    monkeypatch.setenv(network_cache.ENV, "0")
+    flowrt.optimize(flowrt.onnx.load(model_file), backends=["CpuRef"])
+    assert _entries(cache) == []
+
+
+def test_networks_quick_to_optimize_are_not_kept(cache, model_file, monkeypatch):
+    monkeypatch.setattr(network_cache, "MIN_SECONDS", 3600.0)
+    flowrt.optimize(flowrt.onnx.load(model_file), backends=["CpuRef"])
+    assert _entries(cache) == []
+
+
+def test_past_its_size_the_least_recently_used_entries_go(cache, tmp_path, monkeypatch):
+    paths = []
+    for seed in range(3):
+        path = tmp_path / f"model{seed}.onnx"
+        onnx.save(_conv_model(seed), path)
+        paths.append(path)
+    flowrt.optimize(flowrt.onnx.load(paths[0]), backends=["CpuRef"])
+    size = _entries(cache)[0].stat().st_size
+    monkeypatch.setenv(network_cache.BYTES_ENV, str(2 * size))
+    flowrt.optimize(flowrt.onnx.load(paths[1]), backends=["CpuRef"])
+    (first,) = [e for e in _entries(cache) if e.stat().st_size == size][:1]
+    os.utime(first, (0, 0))  # the least recently used
+    flowrt.optimize(flowrt.onnx.load(paths[2]), backends=["CpuRef"])
+    entries = _entries(cache)
+    assert len(entries) == 2 and first not in entries
+
+
+def test_a_lazy_network_pickles_as_the_network_it_stands_for(cache, model_file):
+    flowrt.optimize(flowrt.onnx.load(model_file), backends=["CpuRef"])
+    lazy = flowrt.onnx.load(model_file)
+    copy = pickle.loads(pickle.dumps(lazy))
+    assert type(copy) is flowrt.Network
+    assert sorted(copy.graph.layers) == sorted(lazy.graph.layers)
+
+
+def test_a_registry_of_its_own_is_not_served_from_the_cache(cache, model_file):
+    registry = flowrt.BackendRegistry()
+    registry.register("CpuRef", flowrt.RefBackend)
+    flowrt.optimize(flowrt.onnx.load(model_file), backends=["CpuRef"], registry=registry)
+    assert _entries(cache) == []
+
+
+def test_a_file_changed_just_before_its_load_is_not_kept(cache, model_file, monkeypatch):
+    monkeypatch.setattr(network_cache, "RACY_NS", 3600 * 10**9)
+    optimized = flowrt.optimize(flowrt.onnx.load(model_file), backends=["CpuRef"])
+    assert _entries(cache) == [] and optimized.assignments()
+
+
+def test_a_file_changed_between_its_load_and_the_optimize_is_not_kept(cache, model_file):
+    network = flowrt.onnx.load(model_file)
+    onnx.save(_conv_model(3), model_file)
+    flowrt.optimize(network, backends=["CpuRef"])
+    assert _entries(cache) == []
