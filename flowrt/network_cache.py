@@ -79,12 +79,16 @@ def _max_bytes() -> int:
 def _flowrt_stamp() -> str:
     """The path, size and modification time of every source file of flowrt: an optimized
     network is what these sources made of it."""
-    root = Path(__file__).resolve().parent
-    digest = hashlib.sha1()
-    for path in sorted(root.rglob("*.py")):
-        stat = path.stat()
-        digest.update(f"{path.relative_to(root)}:{stat.st_size}:{stat.st_mtime_ns};".encode())
-    return digest.hexdigest()
+    root = os.path.dirname(os.path.realpath(__file__))
+    files = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d != "__pycache__"]
+        for name in names:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                stat = os.stat(path)
+                files.append(f"{os.path.relpath(path, root)}:{stat.st_size}:{stat.st_mtime_ns};")
+    return hashlib.sha1("".join(sorted(files)).encode()).hexdigest()
 
 
 class _Source:
