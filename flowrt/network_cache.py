@@ -18,8 +18,14 @@ result back (a mapped .flowrt file) instead of parsing and optimizing again.
   reads the cached result without parsing. A network changed after its load (a layer added,
   removed, reconnected or given another descriptor) is optimized as usual and not cached.
 
+``flowrt.InferenceSession(path)`` goes through it too (:func:`load_onnx_with_initializers`,
+:func:`through`): its key adds the initializers fed as inputs and the free dimensions set,
+and the file's overridable initializers are written down beside its entries, so that a later
+session parses nothing either.
+
 Only the process registry's backends are cached (``registry=None``), and only what
-:func:`flowrt.save` can hold (no If, Loop or Scan). A file that cannot be read back (corrupt,
+:func:`flowrt.save` can hold (no If, Loop or Scan). As with GpuAcc's program binaries, a
+cache folder that others could write is neither read nor written. A file that cannot be read back (corrupt,
 made by another version) is removed and the network optimized again. Each source path keeps
 the entries of its current file only; past :data:`MAX_BYTES` in all (``FLOWRT_NETWORK_CACHE_BYTES``),
 the least recently used entries go. ``FLOWRT_NETWORK_CACHE=0`` turns the cache off.
@@ -39,13 +45,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flowrt import serialize
+from flowrt import serialize, trusted_paths
 from flowrt.defaults import cache_root
 from flowrt.engine.graph import optimizer
 from flowrt.engine.graph.graph import Graph
 from flowrt.engine.graph.network import Network
 from flowrt.errors import FlowrtError
 from flowrt.registry import BackendRegistry, backend_registry
+from flowrt.types import DataType, TensorInfo
 
 if TYPE_CHECKING:
     from flowrt.engine.graph.optimizer import OptimizedNetwork, OptimizerOptions
@@ -122,9 +129,46 @@ class _Source:
             return False
         return now == self.file and self.seen_ns - self.changed_ns >= RACY_NS
 
+    def initializers(self) -> dict[str, TensorInfo] | None:
+        """The file's overridable initializers as :meth:`keep_initializers` wrote them down,
+        or None."""
+        try:
+            if not _trusted(self.folder):
+                return None
+            data = json.loads((self.folder / f"{self.prefix}.initializers.json").read_text())
+            return {
+                name: TensorInfo(None if shape is None else tuple(shape), DataType[dtype])
+                for name, (shape, dtype) in data.items()
+            }
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def keep_initializers(self, initializers: dict[str, TensorInfo]) -> None:
+        """Write down the file's overridable initializers beside its entries (plain data: their
+        shapes and types), for a later session's load that parses nothing."""
+        if any(info.quantization is not None for info in initializers.values()):
+            return
+        data = {
+            name: [None if info.shape is None else list(info.shape), info.dtype.name]
+            for name, info in initializers.items()
+        }
+        if not self.settled() or not _trusted(self.folder, make=True):
+            return
+        path = self.folder / f"{self.prefix}.initializers.json"
+        try:
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, path)
+        except OSError as e:
+            logger.info("the initializers of %s are not cached: %s", self.path, e)
+
     def entries(self) -> list[Path]:
         try:
-            return [self.folder / n for n in os.listdir(self.folder) if n.startswith(self.prefix)]
+            return [
+                self.folder / n
+                for n in os.listdir(self.folder)
+                if n.startswith(self.prefix) and n.endswith(".flowrt")
+            ]
         except OSError:
             return []
 
@@ -202,11 +246,36 @@ def load_onnx(
         return network
     start = time.perf_counter()
     network = parse()
+    _track(network, found, time.perf_counter() - start)
+    return network
+
+
+def load_onnx_with_initializers(
+    path: str | os.PathLike, parse: Callable[[], tuple[Network, dict[str, TensorInfo]]]
+) -> tuple[Network, dict[str, TensorInfo]]:
+    """``InferenceSession``'s load of an ONNX file: the network and its overridable
+    initializers (``parse()``), or, for a file the cache holds with its initializers, a
+    network parsed only when its graph is looked at."""
+    found = _source_for(path, True)
+    if found is not None and found.entries():
+        initializers = found.initializers()
+        if initializers is not None:
+            network: Network = _FileNetwork(lambda: parse()[0], found)
+            _sources[network] = found
+            return network, initializers
+    start = time.perf_counter()
+    network, initializers = parse()
+    _track(network, found, time.perf_counter() - start)
     if found is not None:
-        found.parse_seconds = time.perf_counter() - start
+        found.keep_initializers(initializers)
+    return network, initializers
+
+
+def _track(network: Network, found: _Source | None, seconds: float) -> None:
+    if found is not None:
+        found.parse_seconds = seconds
         found.take(network.graph)
         _sources[network] = found
-    return network
 
 
 def _source_for(source: Any, check: bool) -> _Source | None:
@@ -226,25 +295,9 @@ def optimize(
 ) -> OptimizedNetwork:
     """``flowrt.optimize``: :func:`flowrt.engine.graph.optimizer.optimize` (its arguments,
     result and errors), through the cache for a network loaded from a file."""
-    entry = _entry(network, backends, options, registry)
-    if entry is None:
+    if registry not in (None, backend_registry()):
         return optimizer.optimize(network, backends, options, registry)
-    if entry.exists():
-        try:
-            cached = serialize.load(entry)
-        except FlowrtError as e:
-            logger.warning("the cached optimized network %s is unusable, optimizing again: %s", entry, e)
-            entry.unlink(missing_ok=True)
-        else:
-            _touch(entry)
-            logger.info("optimized network read from the cache: %s", entry)
-            return cached
-    start = time.perf_counter()
-    optimized = optimizer.optimize(network, backends, options, registry)
-    source = _sources[network]  # type: ignore[index]  # found by _entry
-    if time.perf_counter() - start + source.parse_seconds >= MIN_SECONDS and source.settled():
-        _store(optimized, entry)
-    return optimized
+    return through(network, backends, options, None, lambda: optimizer.optimize(network, backends, options))
 
 
 optimize.__doc__ = (
@@ -257,10 +310,38 @@ optimize.__doc__ = (
 )
 
 
-def _entry(network: Any, backends: Any, options: Any, registry: BackendRegistry | None) -> Path | None:
+def through(
+    network: Any, backends: Any, options: Any, extra: Any, build: Callable[[], OptimizedNetwork]
+) -> OptimizedNetwork:
+    """``build()``, the optimize of ``network`` for ``backends`` and ``options`` (with the
+    process registry; ``extra``: whatever else ``build`` does to it, in the key), or what
+    the cache holds for it. Only a network loaded from a file and unchanged since goes
+    through the cache."""
+    entry = _entry(network, backends, options, extra)
+    if entry is None:
+        return build()
+    if entry.exists() and _trusted(entry.parent):
+        try:
+            cached = serialize.load(entry)
+        except FlowrtError as e:
+            logger.warning("the cached optimized network %s is unusable, optimizing again: %s", entry, e)
+            entry.unlink(missing_ok=True)
+        else:
+            _touch(entry)
+            logger.info("optimized network read from the cache: %s", entry)
+            return cached
+    start = time.perf_counter()
+    optimized = build()
+    source = _sources[network]  # found by _entry
+    if time.perf_counter() - start + source.parse_seconds >= MIN_SECONDS and source.settled():
+        _store(optimized, entry)
+    return optimized
+
+
+def _entry(network: Any, backends: Any, options: Any, extra: Any) -> Path | None:
     """The cache file for this optimize, or None where it does not go through the cache."""
     source = _sources.get(network) if isinstance(network, Network) else None
-    if source is None or not enabled() or registry not in (None, backend_registry()):
+    if source is None or not enabled():
         return None
     if not (isinstance(network, _FileNetwork) and not network.parsed) and not source.unchanged(network.graph):
         return None
@@ -273,11 +354,39 @@ def _entry(network: Any, backends: Any, options: Any, registry: BackendRegistry 
         described = [_describe(bid, registry.get(bid)) for bid in order]
     except Exception:  # a bad argument: optimize itself reports it
         return None
-    parts = [FORMAT, source.file, order, repr(chosen), described, _flowrt_stamp(), _machine()]
+    parts = [
+        FORMAT,
+        source.file,
+        order,
+        repr(chosen),
+        described,
+        _canonical(extra),
+        _flowrt_stamp(),
+        _machine(),
+    ]
     text = json.dumps(parts, default=repr)
     if " at 0x" in text:  # something keyed by its address: would never be found again
         return None
     return source.folder / f"{source.prefix}-{hashlib.sha1(text.encode()).hexdigest()[:24]}.flowrt"
+
+
+_warned: set[str] = set()
+
+
+def _trusted(folder: Path, make: bool = False) -> bool:
+    """Whether only you (or root) can write ``folder`` (made first with ``make``): entries
+    others could plant are neither read nor written (warned once per folder)."""
+    problem = (
+        trusted_paths.private_directory(folder)
+        if make
+        else trusted_paths.untrusted_reason(folder, allow_sticky=True)
+    )
+    if problem is None:
+        return True
+    if str(folder) not in _warned:
+        _warned.add(str(folder))
+        logger.warning("not using the cache of optimized networks in %s: %s", folder, problem)
+    return False
 
 
 def _describe(bid: str, backend: Any) -> list[Any]:
@@ -314,10 +423,11 @@ def _touch(entry: Path) -> None:
 
 
 def _store(optimized: OptimizedNetwork, entry: Path) -> None:
+    if not _trusted(entry.parent, make=True):
+        return
     try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
         for stale in entry.parent.iterdir():  # the entries of the path's former files
-            if not stale.name.startswith(entry.name.split("-")[0] + "-"):
+            if not stale.name.startswith(entry.name.split("-")[0]):
                 stale.unlink(missing_ok=True)
         serialize.save(optimized, entry)
     except (FlowrtError, OSError) as e:

@@ -27,6 +27,7 @@ import attrs
 import numpy as np
 import trio
 
+from flowrt import network_cache
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.optimizer import OptimizedNetwork, OptimizerOptions, optimize
 from flowrt.errors import ArgumentError, InputError
@@ -352,9 +353,15 @@ def _optimize(
     ``inputs`` as inputs (with none, it is saved to ``optimized_model_filepath``)."""
     if isinstance(network, OptimizedNetwork):
         return network
-    graph = as_inputs(network, {n: initializers[n] for n in inputs})
-    graph = override_free_dims(graph, config.sess_options.free_dimension_overrides)
-    optimized = optimize(graph, backends=list(config.backends), options=config.options)
+    overrides = config.sess_options.free_dimension_overrides
+
+    def build() -> OptimizedNetwork:
+        graph = as_inputs(network, {n: initializers[n] for n in inputs})
+        graph = override_free_dims(graph, overrides)
+        return optimize(graph, backends=list(config.backends), options=config.options)
+
+    extra = ["session", sorted(inputs), sorted(overrides.items())]
+    optimized = network_cache.through(network, list(config.backends), config.options, extra, build)
     if config.sess_options.optimized_model_filepath and not inputs:
         save_flowrt(optimized, config.sess_options.optimized_model_filepath)
     return optimized
@@ -408,6 +415,14 @@ def _read(model: Any) -> tuple[Network | OptimizedNetwork, Any, dict[str, Tensor
 
 
 def _load_onnx(model: Any) -> tuple[Network, dict[str, TensorInfo]]:
-    from flowrt.frontends.onnx.importer import load_with_initializer_inputs  # imports onnx
+    """The model and its overridable initializers; a file's through the cache of optimized
+    networks (``flowrt.network_cache``), which may hold them without parsing."""
 
-    return load_with_initializer_inputs(model)
+    def parse() -> tuple[Network, dict[str, TensorInfo]]:
+        from flowrt.frontends.onnx.importer import load_with_initializer_inputs  # imports onnx
+
+        return load_with_initializer_inputs(model)
+
+    if isinstance(model, str | os.PathLike):
+        return network_cache.load_onnx_with_initializers(model, parse)
+    return parse()

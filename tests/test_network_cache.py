@@ -240,3 +240,64 @@ def test_a_file_changed_between_its_load_and_the_optimize_is_not_kept(cache, mod
     onnx.save(_conv_model(3), model_file)
     flowrt.optimize(network, backends=["CpuRef"])
     assert _entries(cache) == []
+
+
+def _model_with_overridable_bias(path) -> None:
+    """The conv model, its bias also a graph input (an initializer a run may override), and
+    a free batch dim."""
+    model = _conv_model(5)
+    model.graph.input.append(helper.make_tensor_value_info("b", TensorProto.FLOAT, [8]))
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    onnx.save(model, path)
+
+
+def test_a_second_session_on_a_file_parses_nothing_and_keeps_its_overridable_initializers(
+    cache, tmp_path, caplog
+):
+    path = tmp_path / "bias.onnx"
+    _model_with_overridable_bias(path)
+    first = flowrt.InferenceSession(str(path), backends=["CpuRef"])
+    with caplog.at_level(logging.INFO, logger="flowrt.network_cache"):
+        second = flowrt.InferenceSession(str(path), backends=["CpuRef"])
+    assert "read from the cache" in caplog.text
+    assert not second._network.parsed
+    got = [(i.name, i.shape, i.type) for i in second.get_overridable_initializers()]
+    assert (
+        got
+        == [(i.name, i.shape, i.type) for i in first.get_overridable_initializers()]
+        == [("b", [8], "tensor(float)")]
+    )
+    x = np.random.default_rng(2).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    np.testing.assert_array_equal(second.run(None, {"x": x})[0], first.run(None, {"x": x})[0])
+    bias = np.full(8, 3.0, np.float32)  # overridden: a variant with "b" as an input, cached too
+    np.testing.assert_array_equal(
+        second.run(None, {"x": x, "b": bias})[0], first.run(None, {"x": x, "b": bias})[0]
+    )
+    assert len(_entries(cache)) == 2
+    first.close()
+    second.close()
+
+
+def test_a_session_with_free_dims_set_is_cached_apart(cache, tmp_path):
+    path = tmp_path / "bias.onnx"
+    _model_with_overridable_bias(path)
+    free = flowrt.InferenceSession(str(path), backends=["CpuRef"])
+    options = flowrt.SessionOptions()
+    options.add_free_dimension_override_by_name("batch", 2)
+    fixed = flowrt.InferenceSession(str(path), options, backends=["CpuRef"])
+    again = flowrt.InferenceSession(str(path), options, backends=["CpuRef"])
+    assert [i.shape for i in free.get_inputs()][0][0] == "batch"
+    assert [i.shape for i in fixed.get_inputs()][0][0] == 2 == [i.shape for i in again.get_inputs()][0][0]
+    assert len(_entries(cache)) == 2
+    for session in (free, fixed, again):
+        session.close()
+
+
+def test_a_cache_directory_others_can_write_is_not_used(cache, model_file, caplog):
+    cache.mkdir(parents=True)
+    cache.chmod(0o777)  # anyone could plant an entry there
+    with caplog.at_level(logging.WARNING, logger="flowrt.network_cache"):
+        flowrt.optimize(flowrt.onnx.load(model_file), backends=["CpuRef"])
+    assert _entries(cache) == []
+    assert "not using the cache of optimized networks" in caplog.text and "writable by others" in caplog.text
