@@ -5,30 +5,32 @@ result back (a mapped .flowrt file) instead of parsing and optimizing again.
 ``flowrt.onnx.load(path)`` and ``flowrt.optimize(network, ...)`` use it by themselves:
 
 - an optimize of a network loaded from a file, where parsing and optimizing took at least
-  :data:`MIN_SECONDS` (less costs less than reading a result back), writes its result to the
-  cache directory (``FLOWRT_CACHE_DIR``, else ``~/.cache/flowrt``,
-  under ``networks/``), keyed by the file (its path, size, modification and change times and
-  inode: a file written again is a new file), the backends' preference list, the optimizer's
-  options, the backends themselves (class, version, capabilities), flowrt's sources and the
-  machine's cores. A file changed less than :data:`RACY_NS` before its load is not kept (a
-  second write within the file system's clock tick would leave those stamps as they were),
-  nor one that changed between its load and the optimize;
+  :data:`MIN_SECONDS` (less costs less than reading a result back), writes its result to
+  the cache directory (``FLOWRT_CACHE_DIR``, else ``~/.cache/flowrt``, under
+  ``networks/``), keyed by the file (its path, size, modification and change times and
+  inode: a file written again is a new file), the backends' preference list, the
+  optimizer's options, the backends themselves (class, version, capabilities), flowrt's
+  sources and the machine's cores. A file changed less than :data:`RACY_NS` before its load
+  is not kept (a second write within the file system's clock tick would leave those stamps
+  as they were), nor one that changed between its load and the optimize;
 - a later ``flowrt.onnx.load`` of a file the cache holds an optimized network of returns a
   network that parses the file only when something looks at its graph; ``optimize`` then
-  reads the cached result without parsing. A network changed after its load (a layer added,
-  removed, reconnected or given another descriptor) is optimized as usual and not cached.
+  reads the cached result without parsing. A network changed after its load (a layer
+  added, removed, reconnected or given another descriptor) is optimized as usual and not
+  cached.
 
 ``flowrt.InferenceSession(path)`` goes through it too (:func:`load_onnx_with_initializers`,
 :func:`through`): its key adds the initializers fed as inputs and the free dimensions set,
-and the file's overridable initializers are written down beside its entries, so that a later
-session parses nothing either.
+and the file's overridable initializers are written down beside its entries, so that a
+later session parses nothing either.
 
 Only the process registry's backends are cached (``registry=None``), and only what
 :func:`flowrt.save` can hold (no If, Loop or Scan). As with GpuAcc's program binaries, a
-cache folder that others could write is neither read nor written. A file that cannot be read back (corrupt,
-made by another version) is removed and the network optimized again. Each source path keeps
-the entries of its current file only; past :data:`MAX_BYTES` in all (``FLOWRT_NETWORK_CACHE_BYTES``),
-the least recently used entries go. ``FLOWRT_NETWORK_CACHE=0`` turns the cache off.
+cache folder that others could write is neither read nor written. An entry that cannot be
+read back (corrupt, made by another version) is removed and the network optimized again.
+Each source path keeps the entries of its current file only; past :data:`MAX_BYTES` in all
+(``FLOWRT_NETWORK_CACHE_BYTES``) the least recently used entries go.
+``FLOWRT_NETWORK_CACHE=0`` turns the cache off.
 """
 
 from __future__ import annotations
@@ -113,6 +115,7 @@ class _Source:
         self.graph: Graph | None = None
         self.state: list[tuple[Any, ...]] = []
         self.parse_seconds = 0.0
+        self._initializers: dict[str, list[Any]] | None = None
 
     def take(self, graph: Graph) -> None:
         self.graph, self.state = graph, _state(graph)
@@ -144,15 +147,18 @@ class _Source:
             return None
 
     def keep_initializers(self, initializers: dict[str, TensorInfo]) -> None:
-        """Write down the file's overridable initializers beside its entries (plain data: their
-        shapes and types), for a later session's load that parses nothing."""
-        if any(info.quantization is not None for info in initializers.values()):
-            return
-        data = {
-            name: [None if info.shape is None else list(info.shape), info.dtype.name]
-            for name, info in initializers.items()
-        }
-        if not self.settled() or not _trusted(self.folder, make=True):
+        """Hold the file's overridable initializers, to be written down beside its first entry
+        (plain data: their shapes and types), for a later session's load that parses nothing."""
+        if all(info.quantization is None for info in initializers.values()):
+            self._initializers = {
+                name: [None if info.shape is None else list(info.shape), info.dtype.name]
+                for name, info in initializers.items()
+            }
+
+    def write_initializers(self) -> None:
+        """Write down the initializers :meth:`keep_initializers` holds, if any (once)."""
+        data, self._initializers = self._initializers, None
+        if data is None:
             return
         path = self.folder / f"{self.prefix}.initializers.json"
         try:
@@ -334,7 +340,7 @@ def through(
     optimized = build()
     source = _sources[network]  # found by _entry
     if time.perf_counter() - start + source.parse_seconds >= MIN_SECONDS and source.settled():
-        _store(optimized, entry)
+        _store(optimized, entry, source)
     return optimized
 
 
@@ -422,14 +428,15 @@ def _touch(entry: Path) -> None:
         pass
 
 
-def _store(optimized: OptimizedNetwork, entry: Path) -> None:
+def _store(optimized: OptimizedNetwork, entry: Path, source: _Source) -> None:
     if not _trusted(entry.parent, make=True):
         return
     try:
         for stale in entry.parent.iterdir():  # the entries of the path's former files
-            if not stale.name.startswith(entry.name.split("-")[0]):
+            if not stale.name.startswith(source.prefix):
                 stale.unlink(missing_ok=True)
         serialize.save(optimized, entry)
+        source.write_initializers()
     except (FlowrtError, OSError) as e:
         logger.info("the optimized network is not cached (%s): %s", entry, e)
         return

@@ -301,3 +301,13 @@ def test_a_cache_directory_others_can_write_is_not_used(cache, model_file, caplo
         flowrt.optimize(flowrt.onnx.load(model_file), backends=["CpuRef"])
     assert _entries(cache) == []
     assert "not using the cache of optimized networks" in caplog.text and "writable by others" in caplog.text
+
+
+def test_a_session_on_a_model_quick_to_optimize_leaves_nothing_behind(cache, tmp_path, monkeypatch):
+    monkeypatch.setattr(network_cache, "MIN_SECONDS", 3600.0)
+    path = tmp_path / "bias.onnx"
+    _model_with_overridable_bias(path)
+    session = flowrt.InferenceSession(str(path), backends=["CpuRef"])
+    assert [i.name for i in session.get_overridable_initializers()] == ["b"]
+    session.close()
+    assert not cache.exists() or list(cache.rglob("*")) == []
