@@ -24,7 +24,8 @@ result back (a mapped .flowrt file) instead of parsing and optimizing again.
 and the file's overridable initializers are written down beside its entries, so that a
 later session parses nothing either.
 
-Only the process registry's backends are cached (``registry=None``), and only what
+Only networks optimized for flowrt's own backends are cached (a third-party backend's
+answers may hang on more than its class, version and capabilities), and only what
 :func:`flowrt.save` can hold (no If, Loop or Scan). As with GpuAcc's program binaries, a
 cache folder that others could write is neither read nor written. An entry that cannot be
 read back (corrupt, made by another version) is removed and the network optimized again.
@@ -67,6 +68,7 @@ FORMAT = 1
 MIN_SECONDS = 0.05
 RACY_NS = 2_000_000_000
 MAX_BYTES = 4 << 30
+OWN_BACKENDS = "flowrt.workers."  # the modules of the backends whose networks are cached
 
 
 def enabled() -> bool:
@@ -301,9 +303,14 @@ def optimize(
 ) -> OptimizedNetwork:
     """``flowrt.optimize``: :func:`flowrt.engine.graph.optimizer.optimize` (its arguments,
     result and errors), through the cache for a network loaded from a file."""
-    if registry not in (None, backend_registry()):
-        return optimizer.optimize(network, backends, options, registry)
-    return through(network, backends, options, None, lambda: optimizer.optimize(network, backends, options))
+    return through(
+        network,
+        backends,
+        options,
+        None,
+        lambda: optimizer.optimize(network, backends, options, registry),
+        registry,
+    )
 
 
 optimize.__doc__ = (
@@ -317,24 +324,31 @@ optimize.__doc__ = (
 
 
 def through(
-    network: Any, backends: Any, options: Any, extra: Any, build: Callable[[], OptimizedNetwork]
+    network: Any,
+    backends: Any,
+    options: Any,
+    extra: Any,
+    build: Callable[[], OptimizedNetwork],
+    registry: BackendRegistry | None = None,
 ) -> OptimizedNetwork:
-    """``build()``, the optimize of ``network`` for ``backends`` and ``options`` (with the
-    process registry; ``extra``: whatever else ``build`` does to it, in the key), or what
-    the cache holds for it. Only a network loaded from a file and unchanged since goes
-    through the cache."""
-    entry = _entry(network, backends, options, extra)
+    """``build()``, the optimize of ``network`` for ``backends`` and ``options`` with the
+    backends of ``registry`` (default: the process's; ``extra``: whatever else ``build`` does
+    to it, in the key), or what the cache holds for it. Only a network loaded from a file and
+    unchanged since, optimized for flowrt's own backends, goes through the cache."""
+    registry = backend_registry() if registry is None else registry
+    entry = _entry(network, backends, options, extra, registry)
     if entry is None:
         return build()
     if entry.exists() and _trusted(entry.parent):
         try:
-            cached = serialize.load(entry)
+            cached = serialize.load(entry, registry=registry)
         except FlowrtError as e:
             logger.warning("the cached optimized network %s is unusable, optimizing again: %s", entry, e)
             entry.unlink(missing_ok=True)
         else:
             _touch(entry)
             logger.info("optimized network read from the cache: %s", entry)
+            cached.cached_from = str(entry)
             return cached
     start = time.perf_counter()
     optimized = build()
@@ -344,7 +358,7 @@ def through(
     return optimized
 
 
-def _entry(network: Any, backends: Any, options: Any, extra: Any) -> Path | None:
+def _entry(network: Any, backends: Any, options: Any, extra: Any, registry: BackendRegistry) -> Path | None:
     """The cache file for this optimize, or None where it does not go through the cache."""
     source = _sources.get(network) if isinstance(network, Network) else None
     if source is None or not enabled():
@@ -352,14 +366,16 @@ def _entry(network: Any, backends: Any, options: Any, extra: Any) -> Path | None
     if not (isinstance(network, _FileNetwork) and not network.parsed) and not source.unchanged(network.graph):
         return None
     try:
-        registry = backend_registry()
         order = optimizer.preference_order(backends, registry)
         chosen = optimizer.OptimizerOptions() if options is None else options
         if not isinstance(chosen, optimizer.OptimizerOptions):
             return None
-        described = [_describe(bid, registry.get(bid)) for bid in order]
+        chosen_backends = [registry.get(bid) for bid in order]
     except Exception:  # a bad argument: optimize itself reports it
         return None
+    if not all(type(b).__module__.startswith(OWN_BACKENDS) for b in chosen_backends):
+        return None  # another's backend: what it takes may hang on more than its class says
+    described = [_describe(bid, backend) for bid, backend in zip(order, chosen_backends)]
     parts = [
         FORMAT,
         source.file,

@@ -91,6 +91,10 @@ def test_a_second_load_of_a_file_reads_its_optimized_network_back_without_parsin
     assert not again.parsed
     assert "read from the cache" in caplog.text
     assert second.assignments() == first.assignments() and second.passes == first.passes
+    (entry,) = _entries(cache)
+    assert first.cached_from is None and second.cached_from == str(entry)
+    assert f"read from the cache of optimized networks: {entry}" in second.report()  # flowrt inspect
+    assert "read from the cache" not in first.report()
     np.testing.assert_array_equal(_run(second, X), _run(first, X))
     # The lazy network is a whole network when looked at: its graph parses the file.
     assert sorted(layer.kind for layer in again.graph) == [
@@ -222,11 +226,17 @@ def test_a_lazy_network_pickles_as_the_network_it_stands_for(cache, model_file):
     assert sorted(copy.graph.layers) == sorted(lazy.graph.layers)
 
 
-def test_a_registry_of_its_own_is_not_served_from_the_cache(cache, model_file):
+def test_another_backend_than_flowrts_own_is_not_cached(cache, model_file):
+    class Theirs(flowrt.RefBackend):
+        """A third party's backend, much like CpuRef."""
+
     registry = flowrt.BackendRegistry()
+    registry.register("Theirs", Theirs)
     registry.register("CpuRef", flowrt.RefBackend)
-    flowrt.optimize(flowrt.onnx.load(model_file), backends=["CpuRef"], registry=registry)
+    flowrt.optimize(flowrt.onnx.load(model_file), backends=["Theirs", "CpuRef"], registry=registry)
     assert _entries(cache) == []
+    flowrt.optimize(flowrt.onnx.load(model_file), backends=["CpuRef"], registry=registry)
+    assert len(_entries(cache)) == 1  # flowrt's own, from a registry of its own
 
 
 def test_a_file_changed_just_before_its_load_is_not_kept(cache, model_file, monkeypatch):
@@ -311,3 +321,13 @@ def test_a_session_on_a_model_quick_to_optimize_leaves_nothing_behind(cache, tmp
     assert [i.name for i in session.get_overridable_initializers()] == ["b"]
     session.close()
     assert not cache.exists() or list(cache.rglob("*")) == []
+
+
+def test_flowrt_inspect_says_when_the_network_came_from_the_cache(cache, model_file, capsys):
+    from flowrt.cli import main
+
+    assert main(["inspect", str(model_file), "--backends", "CpuRef"]) == 0
+    assert "read from the cache" not in capsys.readouterr().out
+    assert main(["inspect", str(model_file), "--backends", "CpuRef"]) == 0
+    (entry,) = _entries(cache)
+    assert f"read from the cache of optimized networks: {entry}" in capsys.readouterr().out

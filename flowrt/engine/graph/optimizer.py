@@ -143,6 +143,8 @@ class OptimizedNetwork:
         # Backend-prepared data, {backend id: ((major, minor), {layer name: bytes})}: what
         # flowrt.load found in a .flowrt file for the registered version of a backend.
         self.prepared: dict[str, tuple[tuple[int, int], dict[str, bytes | memoryview]]] = {}
+        # The cache file it was read from (``flowrt.network_cache``), or None: optimized here.
+        self.cached_from: str | None = None
 
     def assignments(self) -> dict[str, str]:
         """``{layer_name: backend_id}`` for every compute layer, in execution order."""

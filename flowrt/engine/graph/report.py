@@ -56,7 +56,9 @@ def _grouped_fallbacks(opt: OptimizedNetwork) -> list[str]:
 
 def _header(opt: OptimizedNetwork) -> list[str]:
     counts = opt.backend_counts()
+    cached = [f"read from the cache of optimized networks: {opt.cached_from}"] if opt.cached_from else []
     return [
+        *cached,
         f"backends (preference order): {', '.join(opt.backends)}",
         "layers per backend: " + ", ".join(f"{b}={n}" for b, n in counts.items()),
     ]
