@@ -14,6 +14,7 @@ codes all read it (:func:`activation_facts`, :func:`activation_kinds`).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -95,10 +96,14 @@ class LayerKind:
         return ACTIVATIONS.get(self.name)
 
 
-# Filled as the modules of ``flowrt.engine.graph.layers`` are imported; complete once
-# ``_register_all`` ran (the look-ups below run it first).
+# Filled as the modules of ``flowrt.engine.graph.layers`` are imported: a look-up by name
+# imports the module that registers the kind (``layers.KIND_MODULES``), and the listing of
+# every kind imports them all.
 LAYER_KINDS: dict[str, LayerKind] = {}
-# The activation table, by kind: filled with LAYER_KINDS, and as complete.
+# The module that registered each kind (what ``layers.KIND_MODULES`` is checked against).
+REGISTERED_BY: dict[str, str] = {}
+# The activation table, by kind: filled with LAYER_KINDS, complete once the modules of
+# ``layers.ACTIVATION_MODULES`` are imported (the look-ups below import them first).
 ACTIVATIONS: dict[str, ActivationFact] = {}
 _all_registered = False
 
@@ -117,6 +122,7 @@ def layer_kind(
     names = [name] if isinstance(name, str) else list(name)
     if activation is not None and len(names) != 1:
         raise GraphError(f"an activation fact is one kind's, not {names}'s")
+    module = sys._getframe(1).f_globals.get("__name__", "")
 
     def register(infer: InferFn) -> InferFn:
         for n in names:
@@ -125,6 +131,7 @@ def layer_kind(
             if activation is not None:
                 declare_activation(n, activation)
             LAYER_KINDS[n] = LayerKind(n, descriptor, infer, min_inputs, max_inputs, num_outputs)
+            REGISTERED_BY[n] = module
         return infer
 
     return register
@@ -147,7 +154,9 @@ def declare_activation(name: str, fact: ActivationFact) -> None:
 
 def activation_facts() -> dict[str, ActivationFact]:
     """The activation table: every activation kind's fact, in code order."""
-    _register_all()
+    from flowrt.engine.graph.layers import register_activations
+
+    register_activations()
     return dict(sorted(ACTIVATIONS.items(), key=lambda item: item[1].code))
 
 
@@ -172,11 +181,19 @@ def _register_all() -> None:
 
 
 def get_layer_kind(name: str) -> LayerKind:
-    """The registered kind called ``name``; raises KeyError when there is none."""
+    """The registered kind called ``name``; raises KeyError when there is none. Imports the
+    module that registers it where that has not happened yet (the descriptors are attrs
+    classes, some seventy in all, whose making costs tens of milliseconds: a network's load
+    makes those of its kinds only)."""
     kind = LAYER_KINDS.get(name)
     if kind is None:
-        _register_all()
-        return LAYER_KINDS[name]
+        from flowrt.engine.graph.layers import register_kind
+
+        register_kind(name)
+        kind = LAYER_KINDS.get(name)
+        if kind is None:
+            _register_all()
+            return LAYER_KINDS[name]
     return kind
 
 
