@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
-import ml_dtypes
 import numpy as np
 
 from flowrt.errors import DataTypeError, ShapeError
@@ -51,7 +51,7 @@ class DataType(enum.Enum):
     @property
     def numpy(self) -> np.dtype:
         """The numpy dtype of this data type (an ``ml_dtypes`` one for the low-precision types)."""
-        return _ML_DTYPES[self] if self in _ML_DTYPES else np.dtype(self.value)
+        return _ml_dtype(self) if self in _LOW_PRECISION else np.dtype(self.value)
 
     @property
     def itemsize(self) -> int:
@@ -72,11 +72,13 @@ class DataType(enum.Enum):
     @property
     def is_low_precision(self) -> bool:
         """True for the types numpy has only through ``ml_dtypes``."""
-        return self in _ML_DTYPES
+        return self in _LOW_PRECISION
 
     @classmethod
     def from_numpy(cls, dtype: np.dtype | type) -> DataType:
         """The data type of a numpy dtype; raises DataTypeError for one flowrt lacks."""
+        if isinstance(dtype, str) and dtype in _BY_VALUE:  # "bfloat16" before ml_dtypes is imported
+            return _BY_VALUE[dtype]
         dt = np.dtype(dtype)
         if dt.kind in "OUS":
             return cls.STRING
@@ -90,19 +92,27 @@ class DataType(enum.Enum):
 
 
 _D = DataType
-# By attribute rather than by name: numpy knows ml_dtypes' names only once it is imported.
-_ML_DTYPES = {
-    d: np.dtype(getattr(ml_dtypes, d.value))
-    for d in (
-        _D.BFLOAT16, _D.FLOAT8E4M3FN, _D.FLOAT8E4M3FNUZ, _D.FLOAT8E5M2, _D.FLOAT8E5M2FNUZ,
-        _D.FLOAT8E8M0, _D.FLOAT6E2M3, _D.FLOAT6E3M2, _D.FLOAT4E2M1, _D.INT4, _D.UINT4, _D.INT2, _D.UINT2,
-    )
-}  # fmt: skip
+_BY_VALUE = {d.value: d for d in DataType}
+_LOW_PRECISION = frozenset({
+    _D.BFLOAT16, _D.FLOAT8E4M3FN, _D.FLOAT8E4M3FNUZ, _D.FLOAT8E5M2, _D.FLOAT8E5M2FNUZ,
+    _D.FLOAT8E8M0, _D.FLOAT6E2M3, _D.FLOAT6E3M2, _D.FLOAT4E2M1, _D.INT4, _D.UINT4, _D.INT2, _D.UINT2,
+})  # fmt: skip
+
+
+@functools.cache
+def _ml_dtype(data_type: DataType) -> np.dtype:
+    """``ml_dtypes``' numpy dtype for a low-precision type, by attribute (numpy knows
+    ml_dtypes' names only once it is imported; imported here, on first use: 5 ms)."""
+    import ml_dtypes
+
+    return np.dtype(getattr(ml_dtypes, data_type.value))
+
+
 _SUB_BYTE_BITS = {
     _D.FLOAT6E2M3: 6, _D.FLOAT6E3M2: 6, _D.FLOAT4E2M1: 4, _D.INT4: 4, _D.UINT4: 4, _D.INT2: 2, _D.UINT2: 2,
 }  # fmt: skip
 _FLOAT_TYPES = frozenset({_D.FLOAT16, _D.FLOAT32, _D.FLOAT64}) | (
-    _ML_DTYPES.keys() - {_D.INT4, _D.UINT4, _D.INT2, _D.UINT2}
+    _LOW_PRECISION - {_D.INT4, _D.UINT4, _D.INT2, _D.UINT2}
 )
 
 
