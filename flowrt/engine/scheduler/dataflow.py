@@ -78,6 +78,8 @@ class Dataflow:
     # Seconds each host segment's workloads took in its last run with a program (by segment
     # index): the executor runs the quick ones on its own thread (see executor.INLINE_S).
     host_costs: dict[int, float] = attrs.field(factory=dict, eq=False)
+    # Seconds each of those took in its last run on the executor's thread (one thread).
+    inline_costs: dict[int, float] = attrs.field(factory=dict, eq=False)
 
     @property
     def nodes(self) -> list[WorkloadNode]:

@@ -19,8 +19,12 @@ and its device value apart, and reads the one its placement needs.
 A host segment of the built-in CPU backends whose workloads took less than ``INLINE_S`` in
 its last run runs on the executor's own thread instead, once its pool has its program: on
 this project's 2-core machine a job's trip to a worker thread and its result's trip back
-cost 0.1-0.2 ms of thread wake-ups, more than such a segment. Not while the run is profiled,
-nor for a network whose inputs may change shape (a new shape may compile kernels).
+cost 0.1-0.2 ms of thread wake-ups, more than such a segment. There it runs on one thread,
+slower than on a worker's several, so it stays there while it takes less than
+``STAY_INLINE`` times the bound: with one bound, a segment of 0.06 ms on two threads and
+0.11 on one went back and forth, its runs alternating between 0.12 and 0.35 ms. Not while
+the run is profiled, nor for a network whose inputs may change shape (a new shape may
+compile kernels).
 
 A failing workload cancels the run and surfaces as a RunError naming the layer and backend.
 A run cancelled from outside stops at the next workload boundary (a device segment once
@@ -47,6 +51,9 @@ from flowrt.errors import FlowrtError, RunError
 
 # A host segment that ran in less than this (seconds) runs on the executor's thread.
 INLINE_S = 1e-4
+# A segment run on the executor's thread stays there while it takes less than this many
+# times INLINE_S (on one thread, where the handoff it saves costs about as much).
+STAY_INLINE = 2
 # The backends whose workloads only compute on the host (never wait on anything else).
 INLINE_BACKENDS = frozenset({"CpuAcc", "CpuRef"})
 # The job context of a segment run on the executor's thread: one thread, no parallel region.
@@ -343,7 +350,7 @@ async def execute(
             return
         done[segment.index].set()
 
-    costs = dataflow.host_costs
+    costs, inline_costs = dataflow.host_costs, dataflow.inline_costs
     inline = record is None and pool is not None and all(i.is_static for i in dataflow.input_infos.values())
 
     def timed(segment: Segment) -> None:
@@ -354,12 +361,13 @@ async def execute(
         state.run_segment(segment)
         if measured:
             costs[segment.index] = time.perf_counter() - began
+            inline_costs.pop(segment.index, None)
 
     async def run_on_host(segment: Segment) -> None:
-        if inline and _quick(segment, costs, pool):
+        if inline and _quick(segment, costs, inline_costs, pool):
             began = time.perf_counter()
             state.run_segment(segment, _one_thread)
-            costs[segment.index] = time.perf_counter() - began
+            inline_costs[segment.index] = time.perf_counter() - began
             await trio.lowlevel.checkpoint()
             return
         # Cancelled from outside while the worker runs it, the segment stops at its next
@@ -410,11 +418,19 @@ def _computes_only(segment: Segment) -> bool:
     return all(b in INLINE_BACKENDS for b in segment.backend.split("+"))
 
 
-def _quick(segment: Segment, costs: Mapping[int, float], pool: MemoryPool | None) -> bool:
+def _quick(
+    segment: Segment, costs: Mapping[int, float], inline_costs: Mapping[int, float], pool: MemoryPool | None
+) -> bool:
     """Whether ``segment`` runs on the executor's thread (see the module doc): only segments
-    of ``INLINE_BACKENDS`` have a cost (``timed`` keeps no other)."""
+    of ``INLINE_BACKENDS`` have a cost (``timed`` keeps no other). Its last run there, if it
+    was there, decides; else its last run on a worker."""
+    if pool is None or segment.index not in pool.programs:
+        return False
+    inline = inline_costs.get(segment.index)
+    if inline is not None:
+        return inline < INLINE_S * STAY_INLINE
     cost = costs.get(segment.index)
-    return cost is not None and cost < INLINE_S and pool is not None and segment.index in pool.programs
+    return cost is not None and cost < INLINE_S
 
 
 def direct_outputs(

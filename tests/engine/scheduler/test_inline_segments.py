@@ -126,3 +126,31 @@ async def test_a_cancelled_caller_gets_no_result_from_a_run_on_its_thread():
         assert scope.cancelled_caught
         # the pool came back: the next run gets it
         np.testing.assert_allclose((await model.run({"x": x}))["y"], _expected(x), rtol=1e-6)
+
+
+class _Segment:
+    index = 0
+
+
+class _Pool:
+    programs = {0: "its program"}
+
+
+@pytest.mark.parametrize(
+    ("worker", "inline", "quick"),
+    [
+        (0.5e-4, None, True),  # quick on the workers: tried on the caller's thread
+        (1.5e-4, None, False),
+        (0.5e-4, 1.5e-4, True),  # slower on one thread, but less than the trip it saves
+        (0.5e-4, 2.5e-4, False),  # too slow there: back to the workers
+        (None, 0.5e-4, True),
+    ],
+)
+def test_a_segment_on_the_callers_thread_stays_there_while_under_twice_the_bound(
+    worker, inline, quick, monkeypatch
+):
+    monkeypatch.setattr(executor, "INLINE_S", 1e-4)  # the bound itself, not the fixture's
+    costs = {} if worker is None else {0: worker}
+    inline_costs = {} if inline is None else {0: inline}
+    assert executor._quick(_Segment(), costs, inline_costs, _Pool()) is quick
+    assert executor._quick(_Segment(), costs, inline_costs, None) is False
