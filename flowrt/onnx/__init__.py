@@ -14,15 +14,6 @@ if TYPE_CHECKING:
 def load(
     source: str | os.PathLike | bytes | Any, *, check: bool = True, memory_budget: int | None = None
 ) -> Network:
-    """Import an ONNX model (a path, bytes or an ``onnx.ModelProto``) as a Network.
-
-    Raises ModelLoadError for a model file that is missing, empty, not an ONNX model or fails
-    onnx's checker (``check``), UnsupportedLayerError for an op flowrt does not know, and
-    ResourceError when the constants would pass ``memory_budget`` (bytes): see
-    :func:`flowrt.frontends.onnx.importer.load`. A file whose optimized network the cache
-    holds (``flowrt.network_cache``) is parsed only when the network's graph is looked at:
-    ``flowrt.optimize`` reads the cached result instead.
-    """
     from flowrt import network_cache
 
     return network_cache.load_onnx(
@@ -32,5 +23,13 @@ def load(
         parse=lambda: _frontend.load(source, check=check, memory_budget=memory_budget),
     )
 
+
+load.__doc__ = (
+    (_frontend.load.__doc__ or "")
+    + """
+    A file whose optimized network the cache holds (``flowrt.network_cache``) is parsed only
+    when the network's graph is looked at: ``flowrt.optimize`` reads the cached result instead.
+    """
+)
 
 __all__ = ["load"]
