@@ -407,7 +407,9 @@ def _trusted(folder: Path, make: bool = False) -> bool:
         return True
     if str(folder) not in _warned:
         _warned.add(str(folder))
-        logger.warning("not using the cache of optimized networks in %s: %s", folder, problem)
+        # A cache that cannot be made (a read-only home) only costs time: said at INFO.
+        level = logging.WARNING if os.path.isdir(folder) else logging.INFO
+        logger.log(level, "not using the cache of optimized networks in %s: %s", folder, problem)
     return False
 
 

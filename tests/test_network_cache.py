@@ -331,3 +331,19 @@ def test_flowrt_inspect_says_when_the_network_came_from_the_cache(cache, model_f
     assert main(["inspect", str(model_file), "--backends", "CpuRef"]) == 0
     (entry,) = _entries(cache)
     assert f"read from the cache of optimized networks: {entry}" in capsys.readouterr().out
+
+
+def test_a_cache_directory_that_cannot_be_made_costs_time_only(tmp_path, model_file, monkeypatch, caplog):
+    blocker = tmp_path / "a file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("FLOWRT_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.setenv(network_cache.ENV, "1")
+    monkeypatch.setattr(network_cache, "MIN_SECONDS", 0.0)
+    monkeypatch.setattr(network_cache, "RACY_NS", 0)
+    with caplog.at_level(logging.INFO, logger="flowrt.network_cache"):
+        optimized = flowrt.optimize(flowrt.onnx.load(model_file), backends=["CpuRef"])
+    np.testing.assert_array_equal(
+        _run(optimized, X),
+        _run(flowrt.optimize(flowrt.onnx.load(model_file.read_bytes()), backends=["CpuRef"]), X),
+    )
+    assert [r.levelname for r in caplog.records if "not using the cache" in r.message] == ["INFO"]
