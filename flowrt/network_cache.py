@@ -116,11 +116,13 @@ class _Source:
         self.prefix = hashlib.sha1(self.file.encode()).hexdigest()[:16]
         self.graph: Graph | None = None
         self.state: list[tuple[Any, ...]] = []
+        self._held: list[Any] = []  # what the state names by identity, kept alive
         self.parse_seconds = 0.0
         self._initializers: dict[str, list[Any]] | None = None
 
     def take(self, graph: Graph) -> None:
         self.graph, self.state = graph, _state(graph)
+        self._held = _objects(graph)
 
     def unchanged(self, graph: Graph) -> bool:
         return graph is self.graph and _state(graph) == self.state
@@ -185,9 +187,24 @@ def _stamp(stat: os.stat_result) -> str:
     return f"{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ctime_ns}:{stat.st_ino}"
 
 
+def _objects(graph: Graph) -> list[Any]:
+    """The objects whose identities :func:`_state` records: the source holds them, so that
+    none of those identities can pass to a new object while they are compared (a descriptor
+    replaced, then freed, and another made at its address)."""
+    return [
+        (
+            layer,
+            layer.descriptor,
+            layer.activation,
+            [s.source for s in layer.inputs],
+            [o.info for o in layer.outputs],
+        )
+        for layer in graph.layers.values()
+    ]
+
+
 def _state(graph: Graph) -> list[tuple[Any, ...]]:
-    """Each layer and what makes it: the objects' identities (held by the graph, and so by
-    the source that keeps the graph, they cannot be reused while compared)."""
+    """Each layer and what makes it, by the objects' identities (see :func:`_objects`)."""
     return [
         (
             id(layer),

@@ -347,3 +347,16 @@ def test_a_cache_directory_that_cannot_be_made_costs_time_only(tmp_path, model_f
         _run(flowrt.optimize(flowrt.onnx.load(model_file.read_bytes()), backends=["CpuRef"]), X),
     )
     assert [r.levelname for r in caplog.records if "not using the cache" in r.message] == ["INFO"]
+
+
+def test_a_descriptor_replaced_after_the_load_counts_as_a_change(cache, model_file):
+    import attrs
+
+    flowrt.optimize(flowrt.onnx.load(model_file), backends=["CpuRef"])
+    network = flowrt.onnx.load(model_file)
+    conv = network.graph.layers["conv"]
+    for _ in range(3):  # equal values, other objects (the first ones freed meanwhile)
+        conv.descriptor = attrs.evolve(conv.descriptor)
+    again = flowrt.optimize(network, backends=["CpuRef"])
+    assert again.cached_from is None
+    assert len(_entries(cache)) == 1
