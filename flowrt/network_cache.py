@@ -310,6 +310,8 @@ def _source_for(source: Any, check: bool) -> _Source | None:
         return _Source(os.fspath(source), check)
     except (OSError, ValueError, TypeError):
         return None  # the parse reports what is wrong with the path
+    except RuntimeError:  # no home directory to keep a cache in (Path.home)
+        return None
 
 
 def optimize(
