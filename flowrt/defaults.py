@@ -28,6 +28,14 @@ GPU_BACKEND = "GpuAcc"
 CPU_BACKENDS = ("CpuAcc", "CpuRef")
 
 
+def default_cpu_workers() -> int:
+    """The number of cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not every platform has affinity
+        return os.cpu_count() or 1
+
+
 def cache_root() -> Path:
     """Where flowrt keeps what it made once for later processes (GpuAcc's program binaries,
     the performance hints' measurements): ``FLOWRT_CACHE_DIR``, else ``~/.cache/flowrt``."""

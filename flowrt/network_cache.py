@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flowrt import serialize, trusted_paths
-from flowrt.defaults import cache_root
+from flowrt.defaults import cache_root, default_cpu_workers
 from flowrt.engine.graph import optimizer
 from flowrt.engine.graph.graph import Graph
 from flowrt.engine.graph.network import Network
@@ -451,11 +451,7 @@ def _canonical(value: Any) -> Any:
 
 
 def _machine() -> list[Any]:
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return [platform.machine(), cores]
+    return [platform.machine(), default_cpu_workers()]
 
 
 def _touch(entry: Path) -> None:

@@ -81,6 +81,9 @@ import attrs
 import outcome
 import trio
 
+from flowrt.defaults import (
+    default_cpu_workers as default_cpu_workers,  # where the runtime and kernels look it up
+)
 from flowrt.engine.memory.lending import PriorityLender
 from flowrt.engine.scheduler.job import JobContext
 from flowrt.errors import FlowrtError, ResourceError
@@ -95,14 +98,6 @@ JOIN_GRACE = 10.0
 
 # CFS gives a thread of nice +10 about a tenth of the share of one at 0.
 LOW_PRIORITY_NICE = 10
-
-
-def default_cpu_workers() -> int:
-    """The number of cores this process may use."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not every platform has affinity
-        return os.cpu_count() or 1
 
 
 @functools.cache

@@ -29,6 +29,7 @@ import sys
 import threading
 from typing import Any
 
+from flowrt.defaults import default_cpu_workers
 from flowrt.workers.cpu.acc import cache_claims
 
 logger = logging.getLogger(__name__)
@@ -39,16 +40,9 @@ NICE = 5  # the helper's priority below the load's
 MAX_CONSTANT_BYTES = 1 << 30  # larger networks compile alone: no second copy of their weights
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def wanted(network: Any) -> bool:
     """Whether a load of ``network`` may start a helper (see the module doc)."""
-    if os.environ.get(ENV, "1") == "0" or not cache_claims.AVAILABLE or _cores() < 2:
+    if os.environ.get(ENV, "1") == "0" or not cache_claims.AVAILABLE or default_cpu_workers() < 2:
         return False
     if sum(layer.backend == "CpuAcc" for layer in network.graph) < MIN_LAYERS:
         return False

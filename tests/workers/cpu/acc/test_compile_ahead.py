@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 
+from flowrt.defaults import default_cpu_workers
 from flowrt.workers.cpu.acc import cache_claims, compile_ahead
 
 # A chain of Add / Relu / Mul layers (one CpuAcc layer each) loaded on CpuAcc, its output
@@ -58,7 +59,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-@pytest.mark.skipif(not cache_claims.AVAILABLE or compile_ahead._cores() < 2, reason="no helper here")
+@pytest.mark.skipif(not cache_claims.AVAILABLE or default_cpu_workers() < 2, reason="no helper here")
 def test_a_cold_load_compiles_ahead_in_a_helper_that_then_leaves(tmp_path):
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
     env.pop(compile_ahead.ENV, None)
@@ -91,7 +92,7 @@ def _network(cpu_acc_layers: int, constant_bytes: int = 1000):
 
 
 def test_a_helper_is_wanted_for_enough_layers_unless_turned_off(monkeypatch):
-    monkeypatch.setattr(compile_ahead, "_cores", lambda: 2)
+    monkeypatch.setattr(compile_ahead, "default_cpu_workers", lambda: 2)
     monkeypatch.setattr(cache_claims, "AVAILABLE", True)
     monkeypatch.delenv(compile_ahead.ENV, raising=False)
     assert compile_ahead.wanted(_network(compile_ahead.MIN_LAYERS))
@@ -99,9 +100,9 @@ def test_a_helper_is_wanted_for_enough_layers_unless_turned_off(monkeypatch):
     monkeypatch.setenv(compile_ahead.ENV, "0")
     assert not compile_ahead.wanted(_network(compile_ahead.MIN_LAYERS))
     monkeypatch.delenv(compile_ahead.ENV)
-    monkeypatch.setattr(compile_ahead, "_cores", lambda: 1)
+    monkeypatch.setattr(compile_ahead, "default_cpu_workers", lambda: 1)
     assert not compile_ahead.wanted(_network(compile_ahead.MIN_LAYERS))
-    monkeypatch.setattr(compile_ahead, "_cores", lambda: 2)
+    monkeypatch.setattr(compile_ahead, "default_cpu_workers", lambda: 2)
     monkeypatch.setattr(compile_ahead, "MAX_CONSTANT_BYTES", 3000)
     assert compile_ahead.wanted(_network(compile_ahead.MIN_LAYERS, constant_bytes=3000))
     assert not compile_ahead.wanted(_network(compile_ahead.MIN_LAYERS, constant_bytes=3003))
