@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flowrt import serialize, trusted_paths
+from flowrt import serialize, source_stamps, trusted_paths
 from flowrt.defaults import cache_root, default_cpu_workers
 from flowrt.engine.graph import optimizer
 from flowrt.engine.graph.graph import Graph
@@ -88,18 +88,8 @@ def _max_bytes() -> int:
 
 @functools.cache
 def _flowrt_stamp() -> str:
-    """The path, size and modification time of every source file of flowrt: an optimized
-    network is what these sources made of it."""
-    root = os.path.dirname(os.path.realpath(__file__))
-    files = []
-    for folder, subfolders, names in os.walk(root):
-        subfolders[:] = [d for d in subfolders if d != "__pycache__"]
-        for name in names:
-            if name.endswith(".py"):
-                path = os.path.join(folder, name)
-                stat = os.stat(path)
-                files.append(f"{os.path.relpath(path, root)}:{stat.st_size}:{stat.st_mtime_ns};")
-    return hashlib.sha1("".join(sorted(files)).encode()).hexdigest()
+    """flowrt's sources: an optimized network is what these sources made of it."""
+    return source_stamps.sources_digest(os.path.dirname(os.path.realpath(__file__)))
 
 
 class _Source:

@@ -17,7 +17,6 @@ makes numba compile each kernel again, once, and overwrite its entry. It also in
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from numba.core import caching
 from numba.core.runtime import rtsys
 
+from flowrt import source_stamps
 from flowrt.workers.cpu.acc import cache_claims
 
 if TYPE_CHECKING:  # the names of the numba this is checked against
@@ -42,11 +42,7 @@ ROOT = Path(__file__).resolve().parent  # flowrt/workers/cpu/acc: every jitted f
 
 def sources_digest() -> str:
     """A digest of the path, size and modification time of every source file under ROOT."""
-    digest = hashlib.sha1()
-    for path in sorted(ROOT.rglob("*.py")):
-        stat = path.stat()
-        digest.update(f"{path.relative_to(ROOT)}:{stat.st_size}:{stat.st_mtime_ns};".encode())
-    return digest.hexdigest()
+    return source_stamps.sources_digest(ROOT)
 
 
 def stamp() -> str:
