@@ -20,11 +20,8 @@ def _registered() -> dict[str, str]:
 
 def test_each_kind_is_looked_up_in_the_module_that_registers_it():
     registered = _registered()
-    if registered != layers.KIND_MODULES:
-        table = "\n".join(
-            f'    "{k}": "{m}",' for k, m in sorted(registered.items(), key=lambda i: (i[1], i[0]))
-        )
-        raise AssertionError(f"layers.KIND_MODULES is out of date; it should read:\n{table}")
+    table = "\n".join(f'    "{k}": "{m}",' for k, m in sorted(registered.items(), key=lambda i: (i[1], i[0])))
+    assert registered == layers.KIND_MODULES, f"layers.KIND_MODULES is out of date; it should read:\n{table}"
 
 
 def test_every_activation_is_registered_by_a_module_of_the_activation_table():
