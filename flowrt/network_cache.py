@@ -29,9 +29,11 @@ answers may hang on more than its class, version and capabilities), and only wha
 :func:`flowrt.save` can hold (no If, Loop or Scan). As with GpuAcc's program binaries, a
 cache folder that others could write is neither read nor written. An entry that cannot be
 read back (corrupt, made by another version) is removed and the network optimized again.
-Each source path keeps the entries of its current file only; past :data:`MAX_BYTES` in all
-(``FLOWRT_NETWORK_CACHE_BYTES``) the least recently used entries go.
-``FLOWRT_NETWORK_CACHE=0`` turns the cache off.
+Each source path keeps the entries of its current file only; past 4 GiB in all
+(``FLOWRT_NETWORK_CACHE_BYTES``) the least recently used entries go. Beside each entry, the
+transformed weights backends make of its constants in later loads (Winograd transforms,
+GEMM panels) are kept for the next process, which maps them instead of making them
+(``network_cache_files``). ``FLOWRT_NETWORK_CACHE=0`` turns the cache off.
 """
 
 from __future__ import annotations
@@ -48,11 +50,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flowrt import network_cache_files as files
 from flowrt import serialize, source_stamps, trusted_paths
 from flowrt.defaults import cache_root, default_cpu_workers
 from flowrt.engine.graph import optimizer
 from flowrt.engine.graph.graph import Graph
 from flowrt.engine.graph.network import Network
+from flowrt.engine.memory.weights import MANAGER as WEIGHTS
 from flowrt.errors import FlowrtError
 from flowrt.registry import BackendRegistry, backend_registry
 from flowrt.types import DataType, TensorInfo
@@ -63,11 +67,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ENV = "FLOWRT_NETWORK_CACHE"
-BYTES_ENV = "FLOWRT_NETWORK_CACHE_BYTES"
 FORMAT = 1
 MIN_SECONDS = 0.05
 RACY_NS = 2_000_000_000
-MAX_BYTES = 4 << 30
 OWN_BACKENDS = "flowrt.workers."  # the modules of the backends whose networks are cached
 
 
@@ -77,13 +79,6 @@ def enabled() -> bool:
 
 def directory() -> Path:
     return cache_root() / "networks"
-
-
-def _max_bytes() -> int:
-    try:
-        return int(os.environ.get(BYTES_ENV, MAX_BYTES))
-    except ValueError:
-        return MAX_BYTES
 
 
 @functools.cache
@@ -350,14 +345,16 @@ def through(
         return build()
     if entry.exists() and _trusted(entry.parent):
         try:
-            cached = serialize.load(entry, registry=registry)
+            cached, buffer = serialize.load_buffered(entry, registry=registry)
         except FlowrtError as e:
             logger.warning("the cached optimized network %s is unusable, optimizing again: %s", entry, e)
-            entry.unlink(missing_ok=True)
+            files.remove(entry)
         else:
-            _touch(entry)
+            files.touch(entry)
             logger.info("optimized network read from the cache: %s", entry)
             cached.cached_from = str(entry)
+            # the backends' transformed weights of its constants are kept beside it
+            WEIGHTS.keep_on_disk(buffer, files.forms_folder(entry))
             return cached
     start = time.perf_counter()
     optimized = build()
@@ -444,41 +441,7 @@ def _machine() -> list[Any]:
     return [platform.machine(), default_cpu_workers()]
 
 
-def _touch(entry: Path) -> None:
-    try:
-        os.utime(entry)  # the least recently used go first
-    except OSError:
-        pass
-
-
 def _store(optimized: OptimizedNetwork, entry: Path, source: _Source) -> None:
-    if not _trusted(entry.parent, make=True):
-        return
-    try:
-        for stale in entry.parent.iterdir():  # the entries of the path's former files
-            if not stale.name.startswith(source.prefix):
-                stale.unlink(missing_ok=True)
-        serialize.save(optimized, entry)
+    if _trusted(entry.parent, make=True) and files.store(optimized, entry, source.prefix):
         source.write_initializers()
-    except (FlowrtError, OSError) as e:
-        logger.info("the optimized network is not cached (%s): %s", entry, e)
-        return
-    logger.info("optimized network cached: %s", entry)
-    _evict(_max_bytes())
-
-
-def _evict(limit: int) -> None:
-    """Remove the least recently used entries while the cache holds more than ``limit`` bytes."""
-    files = []
-    for path in directory().glob("*/*.flowrt"):
-        try:
-            stat = path.stat()
-        except OSError:
-            continue
-        files.append((stat.st_mtime, stat.st_size, path))
-    total = sum(size for _, size, _ in files)
-    for _, size, path in sorted(files, key=lambda f: f[0]):
-        if total <= limit:
-            break
-        path.unlink(missing_ok=True)
-        total -= size
+        files.evict(directory(), files.max_bytes())

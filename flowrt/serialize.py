@@ -35,11 +35,12 @@ the network as ``flowrt.engine.graph.encoding`` writes it ("backends", "options"
                 only for a backend registered with that same version
 
 Loading maps the file into memory (or reads it once into one 64-byte-aligned buffer,
-``mmap=False``): every array is a read-only view of it, never a copy. The checks run in this order: magic ("not a flowrt file"), format
-version ("newer format"), declared length ("truncated"), checksum and header fields
-("corrupt"), the Backend API version ("incompatible"), then the metadata, unpacked by msgpack
-under limits no larger than the file (str map keys, no ext types, no hooks) and decoded field
-by field ("corrupt", naming the field), and last every layer is checked against its backend
+``mmap=False``; ``flowrt.file_buffers``): every array is a read-only view of it, never a
+copy. The checks run in this order: magic ("not a flowrt file"), format version ("newer
+format"), declared length ("truncated"), checksum and header fields ("corrupt"), the Backend
+API version ("incompatible"), then the metadata, unpacked by msgpack under limits no larger
+than the file (str map keys, no ext types, no hooks) and decoded field by field ("corrupt",
+naming the field), and last every layer is checked against its backend
 (``flowrt.engine.graph.recheck``). Each failure is a ModelLoadError naming the file.
 Nothing in a file is ever run as code.
 """
@@ -47,7 +48,6 @@ Nothing in a file is ever run as code.
 from __future__ import annotations
 
 import logging
-import mmap as mmap_module
 import os
 import stat
 import struct
@@ -71,6 +71,7 @@ from flowrt.engine.graph.layers.subgraph_body import subgraphs_of
 from flowrt.engine.graph.optimizer import OptimizedNetwork
 from flowrt.engine.graph.recheck import recheck
 from flowrt.errors import FlowrtError, ModelLoadError
+from flowrt.file_buffers import ALIGNMENT, read_whole
 from flowrt.registry import BACKEND_API_VERSION, BackendRegistry, backend_registry
 from flowrt.types import DataType
 
@@ -78,7 +79,6 @@ logger = logging.getLogger(__name__)
 
 MAGIC = b"\x89FLOWRT\n"
 FORMAT_VERSION = 1
-ALIGNMENT = 64
 MAX_RANK = 64  # numpy's own limit
 HEADER = struct.Struct("<8sHHHHQQI28s")  # the 64-byte header above
 CHECKSUM_FIELD = slice(32, 36)
@@ -224,15 +224,22 @@ def load(
     when first touched and shared with other processes that map the same file, as ONNX Runtime
     and OpenVINO do with their weight files. The file must then not be changed in place while
     the network is in use (``save`` replaces files whole, which is safe). With ``mmap=False``
-    the file is read once into one buffer instead, and may then change freely. Prepared data is kept for backends registered in ``registry``
-    (default: the process registry) with the version that made it, and dropped (logged at INFO)
-    for the others. Raises ModelLoadError for a missing, foreign, truncated, corrupt, newer or
+    the file is read once into one buffer instead, and may then change freely. Prepared data
+    is kept for backends registered in ``registry`` (default: the process registry) with the
+    version that made it, and dropped (logged at INFO) for the others. Raises ModelLoadError for a missing, foreign, truncated, corrupt, newer or
     incompatible file, and for one with a layer its backend does not take as it stands (kind,
     tensors, fused activation: each backend in ``registry`` is asked, as ``optimize`` asks it).
     """
+    return load_buffered(path, mmap=mmap, registry=registry)[0]
+
+
+def load_buffered(
+    path: str | os.PathLike, *, mmap: bool = True, registry: BackendRegistry | None = None
+) -> tuple[OptimizedNetwork, np.ndarray]:
+    """:func:`load`, and the buffer holding the whole file that the network's arrays view."""
     where = os.fspath(path)
     registry = registry or backend_registry()
-    buffer = _read(where, mapped=mmap)
+    buffer = read_whole(where, mapped=mmap)
     try:
         network = _decode(buffer, where, registry)
     except ModelLoadError:
@@ -243,47 +250,7 @@ def load(
         recheck(network, registry)
     except FlowrtError as e:
         raise ModelLoadError(f"{where}: {e}") from e
-    return network
-
-
-def _read(where: str, mapped: bool) -> np.ndarray:
-    """The whole file in one read-only uint8 buffer whose first byte is 64-byte aligned."""
-    try:
-        info = os.stat(where)
-        if not stat.S_ISREG(info.st_mode):
-            raise ModelLoadError(f"model path {where} is not a regular file")
-        with open(where, "rb", buffering=0) as f:
-            if mapped and info.st_size:
-                return np.frombuffer(
-                    mmap_module.mmap(f.fileno(), 0, access=mmap_module.ACCESS_READ), np.uint8
-                )
-            buffer = _host_buffer(info.st_size)
-            filled = 0
-            with buffer.data as view:
-                while filled < len(buffer):
-                    count = f.readinto(view[filled:])
-                    if not count:
-                        break
-                    filled += count
-    except FileNotFoundError:
-        raise ModelLoadError(f"model file {where} does not exist") from None
-    except (OSError, ValueError, MemoryError) as e:
-        raise ModelLoadError(f"model file {where}: cannot read it: {type(e).__name__}: {e}") from e
-    buffer = buffer[:filled]
-    buffer.flags.writeable = False
-    return buffer
-
-
-def _host_buffer(size: int) -> np.ndarray:
-    """``size`` writable bytes, 64-byte aligned, their pages mapped up front where the OS can
-    (one MAP_POPULATE call costs a fraction of faulting a large buffer in page by page)."""
-    populate = getattr(mmap_module, "MAP_POPULATE", 0)
-    if size and populate and hasattr(mmap_module, "MAP_ANONYMOUS"):
-        flags = mmap_module.MAP_PRIVATE | mmap_module.MAP_ANONYMOUS | populate
-        return np.frombuffer(mmap_module.mmap(-1, size, flags=flags), np.uint8)
-    root = np.empty(size + ALIGNMENT, np.uint8)
-    start = -root.ctypes.data % ALIGNMENT
-    return root[start : start + size]
+    return network, buffer
 
 
 class _Header(NamedTuple):

@@ -17,7 +17,7 @@ import trio
 from onnx import TensorProto, helper
 
 import flowrt
-from flowrt import network_cache
+from flowrt import network_cache, network_cache_files
 
 
 def _conv_model(seed: int) -> onnx.ModelProto:
@@ -209,7 +209,7 @@ def test_past_its_size_the_least_recently_used_entries_go(cache, tmp_path, monke
         paths.append(path)
     flowrt.optimize(flowrt.onnx.load(paths[0]), backends=["CpuRef"])
     size = _entries(cache)[0].stat().st_size
-    monkeypatch.setenv(network_cache.BYTES_ENV, str(2 * size))
+    monkeypatch.setenv(network_cache_files.BYTES_ENV, str(2 * size))
     flowrt.optimize(flowrt.onnx.load(paths[1]), backends=["CpuRef"])
     (first,) = [e for e in _entries(cache) if e.stat().st_size == size][:1]
     os.utime(first, (0, 0))  # the least recently used
@@ -360,3 +360,64 @@ def test_a_descriptor_replaced_after_the_load_counts_as_a_change(cache, model_fi
     again = flowrt.optimize(network, backends=["CpuRef"])
     assert again.cached_from is None
     assert len(_entries(cache)) == 1
+
+
+def _wide_conv_model(seed: int) -> onnx.ModelProto:
+    """x[1, 32, 28, 28] -> Conv 3x3 to 64 channels -> Conv 1x1 to 128 -> y: weights CpuAcc
+    runs in forms of their own (Winograd transforms, panels), each worth a file."""
+    rng = np.random.default_rng(seed)
+    init = [
+        onnx.numpy_helper.from_array(rng.standard_normal((64, 32, 3, 3)).astype(np.float32), "w1"),
+        onnx.numpy_helper.from_array(rng.standard_normal((128, 64, 1, 1)).astype(np.float32), "w2"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c"], name="conv3", pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["c", "w2"], ["y"], name="conv1"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "wide",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 28, 28])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 128, 28, 28])],
+        init,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_the_transformed_weights_of_a_cached_network_are_kept_beside_it_for_later_loads(
+    cache, tmp_path, monkeypatch
+):
+    from flowrt.engine.memory import weights
+
+    path = tmp_path / "wide.onnx"
+    onnx.save(_wide_conv_model(0), path)
+    x = np.random.default_rng(2).standard_normal((1, 32, 28, 28)).astype(np.float32)
+    written = []
+    write = weights._write_lasting
+    monkeypatch.setattr(weights, "_write_lasting", lambda *a: (written.append(a[0]), write(*a)))
+    backends = ["CpuAcc", "CpuRef"]
+    expected = _run(flowrt.optimize(flowrt.onnx.load(path.read_bytes()), backends=backends), x)
+    first = _run(flowrt.optimize(flowrt.onnx.load(path), backends=backends), x)  # stores the entry
+    assert written == []  # its constants are not the entry's
+    (entry,) = _entries(cache)
+    forms = network_cache_files.forms_folder(entry)
+    second = _run(flowrt.optimize(flowrt.onnx.load(path), backends=backends), x)  # maps it
+    kept = sorted(forms.iterdir())
+    assert kept and sorted(written) == kept
+    third = _run(flowrt.optimize(flowrt.onnx.load(path), backends=backends), x)  # reads them back
+    assert sorted(written) == kept  # nothing made again
+    for result in (first, second, third):
+        np.testing.assert_array_equal(result, expected)
+    # an entry found unusable goes with its transformed weights
+    entry.write_bytes(b"not a flowrt file at all")
+    again = _run(flowrt.optimize(flowrt.onnx.load(path), backends=backends), x)
+    np.testing.assert_array_equal(again, expected)
+    assert not forms.exists()
+    # a file written again: the former file's entries and their folders go
+    _run(flowrt.optimize(flowrt.onnx.load(path), backends=backends), x)
+    assert forms.exists()
+    onnx.save(_wide_conv_model(1), path)
+    _run(flowrt.optimize(flowrt.onnx.load(path), backends=backends), x)
+    assert [p.suffix for p in entry.parent.iterdir()] == [".flowrt"]

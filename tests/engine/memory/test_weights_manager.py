@@ -71,3 +71,74 @@ def test_tuples_and_attrs_values_and_what_a_load_counts():
         assert manager.shared(source, "packed", None, lambda: Packed(np.zeros(7, np.int8), 7)) is packed
         assert manager.shared(source, "view", None, lambda: source.reshape(-1)) is view
     assert again.own == {} and again.shared == {"CpuAcc": 3 * 8 + 5 * 8 + 7}
+
+
+def _mapped(path, data: np.ndarray) -> np.ndarray:
+    """``data`` written to ``path`` and mapped back whole, as the cache of optimized networks
+    maps its entries: a uint8 buffer whose views are the constants."""
+    import mmap
+
+    path.write_bytes(b"\0" * 64 + data.tobytes())
+    with open(path, "rb") as f:
+        return np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
+
+
+def test_lasting_transforms_of_a_kept_file_are_read_back_mapped_by_a_later_manager(tmp_path):
+    weights = np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)
+    calls = []
+
+    def transform(source):
+        def make():
+            calls.append(1)
+            return np.ascontiguousarray(source.reshape(64, 128).T * 2)
+
+        return make
+
+    made = []
+    for _ in range(2):  # two processes: each its own manager and mapping of the file
+        manager, buffer = WeightsManager(), _mapped(tmp_path / "entry", weights)
+        manager.keep_on_disk(buffer, tmp_path / "forms")
+        constant = buffer[64:].view(np.float32)
+        made.append(manager.shared(constant, "t", ("layout", 8), transform(constant), lasting=True))
+    assert len(calls) == 1  # the second read it back
+    (kept,) = (tmp_path / "forms").iterdir()
+    np.testing.assert_array_equal(made[1], weights.T * 2)
+    assert not made[0].flags.writeable and not made[1].flags.writeable  # the same types either way
+    assert isinstance(made[1].base, np.memmap)
+    # other parameters or another place in the file: another transform
+    manager.shared(constant, "t", ("layout", 16), transform(constant), lasting=True)
+    manager.shared(buffer[128:].view(np.float32), "t", ("layout", 8), transform(constant), lasting=True)
+    assert len(calls) == 3 and len(list((tmp_path / "forms").iterdir())) == 3
+    assert kept.exists()
+
+
+def test_only_lasting_transforms_of_kept_files_worth_a_file_are_written(tmp_path):
+    buffer = _mapped(tmp_path / "entry", np.ones(8192, np.float32))
+    manager = WeightsManager()
+    constant = buffer[64:].view(np.float32)
+    manager.shared(constant, "not-lasting", None, lambda: constant * 2)
+    elsewhere = np.ones(8192, np.float32)  # not in a kept file
+    manager.keep_on_disk(buffer, tmp_path / "forms")
+    manager.shared(elsewhere, "t", None, lambda: elsewhere * 2, lasting=True)
+    manager.shared(constant, "view", None, lambda: constant.reshape(64, 128), lasting=True)
+    manager.shared(constant, "small", None, lambda: constant[:16] * 2, lasting=True)
+    manager.shared(constant, "tuple", None, lambda: (constant * 2, constant * 3), lasting=True)
+    assert not (tmp_path / "forms").exists()
+    manager.shared(constant, "t", None, lambda: constant * 2, lasting=True)
+    assert len(list((tmp_path / "forms").iterdir())) == 1
+
+
+def test_an_unreadable_kept_transform_is_made_and_written_again(tmp_path):
+    data = np.arange(8192, dtype=np.float32)
+
+    def load(manager):
+        buffer = _mapped(tmp_path / "entry", data)
+        manager.keep_on_disk(buffer, tmp_path / "forms")
+        constant = buffer[64:].view(np.float32)
+        return manager.shared(constant, "t", None, lambda: constant + 1, lasting=True)
+
+    load(WeightsManager())
+    (kept,) = (tmp_path / "forms").iterdir()
+    kept.write_bytes(kept.read_bytes()[:100])  # truncated
+    np.testing.assert_array_equal(load(WeightsManager()), data + 1)
+    np.testing.assert_array_equal(np.load(kept), data + 1)  # written whole again

@@ -63,6 +63,9 @@ def _tile_shape(choice: str | None) -> tuple[int, int, bool]:
 _LANES, TILE_ROWS, AVAILABLE = _tile_shape(os.environ.get("FLOWRT_TILES"))
 _VECTORS = 2  # vectors of _LANES floats per tile row
 TILE_COLUMNS = _LANES * _VECTORS
+# The shape of the weights' panels, which follows the host's features: a part of the name of
+# every kept form of the weights laid out in tiles (``engine/memory/weights.py``).
+PANEL_LAYOUT = (TILE_ROWS, TILE_COLUMNS)
 # What a tile applies as it stores (its ``mode``): nothing, Relu, or a clip to its bounds.
 RELU_MODE, CLIP_MODE = 1, 2
 # The block of ``c`` (floats, 512 KB) that :func:`gemm_panels` finishes before applying a curve

@@ -9,7 +9,7 @@ from flowrt.workers.cpu.acc.blas import read_only
 from flowrt.workers.cpu.acc.conv.winograd import winograd_weights
 from flowrt.workers.cpu.acc.conv.winograd4 import winograd4_weights
 from flowrt.workers.cpu.acc.packed_gemm import column_bias, column_panels
-from flowrt.workers.cpu.acc.tiles import pack_panels, pad_rows
+from flowrt.workers.cpu.acc.tiles import PANEL_LAYOUT, pack_panels, pad_rows
 
 
 class ConvWeights:
@@ -75,9 +75,9 @@ class ConvWeights:
         groups, mg = w.shape[0], w.shape[1]
 
         def make() -> np.ndarray:
-            return np.stack([pack_panels(w[g]) for g in range(groups)])
+            return read_only(np.stack([pack_panels(w[g]) for g in range(groups)]))
 
-        panels = self._shared("conv.panels", w.shape, make) if w is self.packed else make()
+        panels = self._shared("conv.panels", (w.shape, PANEL_LAYOUT), make) if w is self.packed else make()
         padded = np.stack([pad_rows(bias[g * mg : (g + 1) * mg]) for g in range(groups)])
         if constant:
             self._panels = (panels, padded)
@@ -93,7 +93,9 @@ class ConvWeights:
         def make() -> np.ndarray:
             return column_panels(w[0].T)  # panel by panel from the rows of w: one copy
 
-        panels = self._shared("conv.column_panels", w.shape, make) if w is self.packed else make()
+        panels = (
+            self._shared("conv.column_panels", (w.shape, PANEL_LAYOUT), make) if w is self.packed else make()
+        )
         columns = (panels, column_bias(panels, bias))
         if constant:
             self._columns = columns
@@ -101,6 +103,7 @@ class ConvWeights:
 
     def _shared(self, transform: str, params: object, make) -> np.ndarray:
         """``make()``, the ``transform`` of the layer's constant weights, shared with every
-        other load of the same constant."""
+        other load of the same constant, and kept on disk where the constant's file is
+        (``params`` name all it hangs on: the panels' layout too)."""
         assert self._constant is not None  # only the constant weights' forms are shared
-        return MANAGER.shared(self._constant, transform, (self.groups, params), make)
+        return MANAGER.shared(self._constant, transform, (self.groups, params), make, lasting=True)

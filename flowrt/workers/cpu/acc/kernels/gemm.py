@@ -24,6 +24,7 @@ from flowrt.workers.cpu.acc.blas import pin_scipy_blas, read_only, sgemm
 from flowrt.workers.cpu.acc.calls import SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, NONE, activate_row, activation_args
+from flowrt.workers.cpu.acc.tiles import PANEL_LAYOUT
 
 pin_scipy_blas()
 
@@ -127,7 +128,11 @@ class _Packed:
         """The weights packed into panels (on the first product of many rows)."""
         if self._panels is None:
             panels = MANAGER.shared(
-                self._source, "gemm.panels", self._form, lambda: packed_gemm.column_panels(self._w)
+                self._source,
+                "gemm.panels",
+                (self._form, PANEL_LAYOUT),
+                lambda: packed_gemm.column_panels(self._w),
+                lasting=True,
             )
             self._panels = packed_gemm.PackedWeights(
                 panels, packed_gemm.column_bias(panels, self._bias), self.n
@@ -144,6 +149,7 @@ class _Packed:
                 "gemm.rows",
                 self._form,
                 lambda: read_only(np.ascontiguousarray(self._w.T, np.float32)),
+                lasting=True,
             )
             bias = np.zeros(n, np.float32) if self._bias is None else np.broadcast_to(self._bias, (n,))
             self._rows = (
