@@ -1,4 +1,4 @@
-"""CpuAcc's 1x1 convs of few output pixels (``conv/few_pixels.py``) against CpuRef: tiles of
+"""CpuAcc's convs of few output pixels (``conv/few_pixels.py``) against CpuRef: tiles of
 pixels by output channels."""
 
 import attrs
@@ -11,6 +11,7 @@ from kernelcases import ACTIVATIONS, close, conv_case
 from flowrt.registry import FusedActivation
 from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
 from flowrt.workers.cpu.acc.tiles import AVAILABLE as TILES_AVAILABLE
+from flowrt.workers.cpu.acc.tiles import TILE_ROWS
 
 
 @pytest.mark.skipif(not TILES_AVAILABLE, reason="no register tiles on this CPU")
@@ -50,6 +51,61 @@ def test_1x1_convs_of_few_pixels_tile_across_output_channels(
     )
     close(got, expected)
     assert kernel.plan(x.shape, w.shape).name == "few_pixels" and got.shape[2:] == hw
+
+
+@pytest.mark.skipif(not TILES_AVAILABLE, reason="no register tiles on this CPU")
+@settings(max_examples=25, deadline=None)
+@given(
+    m=st.integers(33, 200),
+    c=st.sampled_from([1, 5, 32, 64, 130]),
+    kernel_shape=st.sampled_from([(3, 3), (3, 3), (5, 5), (2, 3), (1, 1), (7, 1)]),
+    out_hw=st.sampled_from([(2, 3), (7, 7), (8, 8), (4, 13)]),
+    strides=st.sampled_from([(1, 1), (1, 1), (2, 2), (2, 1)]),
+    dilations=st.sampled_from([(1, 1), (1, 1), (2, 1)]),
+    pads=st.sampled_from([(1, 1, 1, 1), (2, 2, 2, 2), (0, 1, 2, 0), (0, 0, 0, 0)]),
+    batch=st.integers(1, 2),
+    workers=st.integers(1, 3),
+    activation=st.sampled_from(list(ACTIVATIONS)),
+    constant=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_wider_or_padded_kernels_of_few_pixels_pack_each_pixels_taps(
+    m, c, kernel_shape, out_hw, strides, dilations, pads, batch, workers, activation, constant, seed
+):
+    """Past 32 output channels, a conv of up to 64 output pixels with a wider kernel or pads
+    packs each pixel's taps (zeros on pad cells) into its tile's column: any kernel, stride,
+    dilation and pads, a tap row or column wholly in the pads, the 7x7 stage of a CNN."""
+    rng = np.random.default_rng(seed)
+    kh, kw = kernel_shape
+    if kernel_shape == (1, 1) and not any(pads):
+        pads = (1, 0, 0, 1)  # a 1x1 conv is padded here: unpadded ones pack no taps
+    reach = [(k - 1) * d + 1 for k, d in zip(kernel_shape, dilations)]
+    shape = tuple(
+        max(1, (o - 1) * s + r - pads[i] - pads[i + 2])
+        for i, (o, s, r) in enumerate(zip(out_hw, strides, reach))
+    )
+    x = rng.standard_normal((batch, c, *shape), dtype=np.float32)
+    w = rng.standard_normal((m, c, kh, kw), dtype=np.float32)
+    b = rng.standard_normal(m, dtype=np.float32)
+    kernel, got, expected = conv_case(
+        x, w, b, workers=workers, activation=activation, constant=constant, tuning=ConvTuning(),
+        strides=strides, dilations=dilations, pads=pads,
+    )  # fmt: skip
+    close(got, expected)
+    name, pixels = kernel.plan(x.shape, w.shape).name, got.shape[2] * got.shape[3]
+    if name != "winograd":  # tried first: it takes 3x3 convs of enough tiles
+        assert (name == "few_pixels") == (TILE_ROWS <= pixels <= 64)
+
+
+@pytest.mark.skipif(not TILES_AVAILABLE, reason="no register tiles on this CPU")
+@pytest.mark.parametrize("m", [32, 33])
+def test_few_output_channels_of_a_wider_kernel_run_tap_by_tap_instead(m):
+    rng = np.random.default_rng(m)
+    x = rng.standard_normal((1, 64, 7, 7), dtype=np.float32)
+    w = rng.standard_normal((m, 64, 3, 3), dtype=np.float32)
+    kernel, got, expected = conv_case(x, w, tuning=ConvTuning(), pads=(1, 1, 1, 1))
+    close(got, expected)
+    assert kernel.plan(x.shape, w.shape).name == ("taps" if m == 32 else "few_pixels")
 
 
 @pytest.mark.skipif(not TILES_AVAILABLE, reason="no register tiles on this CPU")
