@@ -154,3 +154,56 @@ def test_axis_rules_follow_the_batch_through_unsqueeze_squeeze_and_matmul():
     batched = set_batch(net, 5)
     batched.graph.infer_shapes()
     assert batched.graph.output_layers[0].input_infos[0].shape == (5, 3)
+
+
+def _attention_projection(after: str = "unfold") -> flowrt.Network:
+    """The output projection of torch's multi-head attention as exported: (1, 5, 8) ->
+    Transpose -> (5, 1, 8) -> Reshape [5, 8] -> Gemm -> then ``after``: "unfold" (Reshape [5,
+    1, 8] -> Transpose -> (1, 5, 8), as exported), "softmax" (over the rows), "flatten"
+    (Reshape [40]) or "output" (the Gemm's rows are the output)."""
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, 5, 8)))
+    seq_first = net.add_layer("Transpose", d.Transpose(perm=(1, 0, 2)), inputs=[x], name="seq_first")
+    rows = net.add_layer("Reshape", inputs=[seq_first, np.array([5, 8], np.int64)], name="rows")
+    proj = net.add_layer("Gemm", d.Gemm(transB=1), inputs=[rows, _random(8, 8), _random(8)], name="proj")
+    if after == "unfold":
+        back = net.add_layer("Reshape", inputs=[proj, np.array([5, 1, 8], np.int64)], name="back")
+        proj = net.add_layer("Transpose", d.Transpose(perm=(1, 0, 2)), inputs=[back], name="batch_first")
+    elif after == "softmax":
+        proj = net.add_layer("Softmax", d.Softmax(axis=0), inputs=[proj], name="suspect")
+    elif after == "flatten":
+        proj = net.add_layer("Reshape", inputs=[proj, np.array([40], np.int64)], name="suspect")
+    net.add_output("y", proj)
+    return net
+
+
+async def test_rows_of_every_sample_interleaved_for_a_gemm_are_unfolded_after_it():
+    """(5, N, 8) reshaped to rows: [5, 8] becomes [5N, 8], row s * N + n being sample n's row
+    s; folding each sample's 8 features into the columns instead ([5, 8N]) would make the
+    Gemm's dot products run across samples. The Reshape back gives the samples an axis."""
+    net = _attention_projection()
+    opt = set_batch(flowrt.optimize(net, backends=["CpuRef"]), 3)
+    assert [line for line in opt.passes if "re-batched" in line] == [
+        "re-batched Reshape 'rows': target [5, 8] -> [15, 8]",
+        "re-batched Reshape 'back': target [5, 1, 8] -> [5, 3, 8]",
+    ]
+    await _per_sample_matches(net, 3)
+
+
+@pytest.mark.parametrize(
+    "after, reason",
+    [
+        (
+            "softmax",
+            r"layer 'suspect' \(Softmax\): an input carries the batch interleaved with other rows on axis 0",
+        ),
+        (
+            "flatten",
+            r"layer 'suspect' \(Reshape\): its input carries the batch interleaved on axis 0 of \(5, 8\)",
+        ),
+        ("output", r"cannot batch output 'y': it carries the batch interleaved with other rows on axis 0"),
+    ],
+)
+def test_interleaved_rows_reaching_what_could_mix_them_are_refused(after, reason):
+    with pytest.raises(ShapeError, match=reason):
+        set_batch(_attention_projection(after), 2)

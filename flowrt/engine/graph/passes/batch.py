@@ -14,7 +14,7 @@ given (at batch 1) on sample ``i`` of each input; outputs carry the batch on axi
 from __future__ import annotations
 
 import copy
-from typing import overload
+from typing import cast, overload
 
 import attrs
 
@@ -26,16 +26,25 @@ from flowrt.engine.graph.passes import (  # noqa: F401 (register their rules)
     batch_rules_more,
     batch_rules_reshape,
 )
-from flowrt.engine.graph.passes.batch_rules import RULES, Axis, Refused, Rewrite, check_output
+from flowrt.engine.graph.passes.batch_rules import (
+    RULES,
+    TAKES_INTERLEAVED,
+    Axis,
+    Carried,
+    Interleaved,
+    Refused,
+    Rewrite,
+    check_output,
+)
 from flowrt.errors import ShapeError, UnsupportedLayerError
 from flowrt.registry import BackendRegistry, backend_registry
 
 
-def prove_batch_axes(graph: Graph) -> tuple[dict[OutputSlot, Axis], list[Rewrite]]:
+def prove_batch_axes(graph: Graph) -> tuple[dict[OutputSlot, Carried], list[Rewrite]]:
     """Per output slot, the axis that carries the batch (None: independent of the inputs), and
     the rewrites re-batching needs. Shapes must be inferred at batch 1; every input is batched
     on axis 0. Raises ShapeError naming the first layer that could mix samples."""
-    axes: dict[OutputSlot, Axis] = {}
+    axes: dict[OutputSlot, Carried] = {}
     rewrites: list[Rewrite] = []
     for layer in graph.topological_order():
         inputs = [axes.get(s.source) if s.source is not None else None for s in layer.inputs]
@@ -44,7 +53,7 @@ def prove_batch_axes(graph: Graph) -> tuple[dict[OutputSlot, Axis], list[Rewrite
             check_output(layer.descriptor.name, inputs[0], None if info is None else info.shape)
             continue
         if layer.kind == "Input":
-            out: Axis | tuple[Axis, ...] = 0
+            out: Carried | tuple[Axis, ...] = 0
         elif all(a is None for a in inputs):
             out = None
         else:
@@ -52,7 +61,14 @@ def prove_batch_axes(graph: Graph) -> tuple[dict[OutputSlot, Axis], list[Rewrite
                 rule = RULES.get(layer.kind)
                 if rule is None:
                     raise Refused(f"flowrt has no batching rule for {layer.kind} layers")
-                result = rule(layer, inputs)
+                woven = [a for a in inputs if isinstance(a, Interleaved)]
+                if woven and layer.kind not in TAKES_INTERLEAVED:
+                    raise Refused(
+                        f"an input carries the batch interleaved with other rows on axis "
+                        f"{woven[0].axis}, which only row-wise layers and Reshape take"
+                    )
+                # only the rules of TAKES_INTERLEAVED see an Interleaved (refused above)
+                result = rule(layer, cast(list[Axis], inputs))
             except Refused as e:
                 raise ShapeError(f"cannot batch layer {layer.name!r} ({layer.kind}): {e}") from None
             if isinstance(result, Rewrite):

@@ -25,8 +25,24 @@ from flowrt.engine.graph.shapes import normalize_axis
 from flowrt.errors import ShapeError
 from flowrt.types import Dim
 
+
+@attrs.frozen
+class Interleaved:
+    """The batch folded into ``axis`` inside each of its blocks: at batch 1 the axis holds
+    ``size // inner`` blocks of ``inner`` elements, at batch N each block holds the N
+    samples' ``inner`` elements in turn (a multi-head attention's heads put back as rows of
+    (sequence x samples): its output projection sees rows ``s * N + n``). Only the rules
+    that say so take it (:data:`TAKES_INTERLEAVED`): a row-wise product keeps it, a Reshape
+    that gives each sample an axis of its own unfolds it."""
+
+    axis: int
+    inner: int
+
+
 Axis = int | None
 Axes = tuple[Axis, ...]  # one batch axis per output of a layer
+# What a tensor may carry: the rules of TAKES_INTERLEAVED also see (and give) Interleaved.
+Carried = int | Interleaved | None
 
 
 class Refused(Exception):
@@ -38,11 +54,11 @@ class Rewrite:
     """A layer that keeps samples apart once ``apply(graph, batch)`` has changed it; ``apply``
     returns one line for the optimizer's report."""
 
-    axis: int | Axes
+    axis: Carried | Axes
     apply: Callable[[Graph, int], str]
 
 
-Rule = Callable[[Layer, list[Axis]], "Axis | Axes | Rewrite"]
+Rule = Callable[[Layer, list[Axis]], "Carried | Axes | Rewrite"]
 RULES: dict[str, Rule] = {}
 
 
@@ -77,6 +93,8 @@ def batched_first(axes: list[Axis], at: int | None = None) -> int:
     axis = axes[0]
     if axis is None:
         raise Refused("input 0 does not carry the batch but another input does")
+    if isinstance(axis, Interleaved):
+        raise Refused(f"input 0 carries the batch interleaved with other rows on axis {axis.axis}")
     if at is not None and axis != at:
         raise Refused(f"the batch must be on axis {at} of input 0, found it on axis {axis}")
     only_batched(axes, 0)
@@ -115,7 +133,10 @@ PER_SAMPLE_NCHW = (
 
 
 @batch_rule(*PER_ELEMENT)
-def per_element(layer: Layer, axes: list[Axis]) -> Axis:
+def per_element(layer: Layer, axes: list[Axis]) -> Carried:
+    if isinstance(axes[0], Interleaved):  # element by element: any layout of the samples
+        only_batched(axes, 0)
+        return axes[0]
     return batched_first(axes)
 
 
@@ -220,13 +241,19 @@ def arg_reduce(layer: Layer, axes: list[Axis]) -> Axis:
 
 # -- matrix products ----------------------------------------------------------------------
 @batch_rule("Gemm")
-def gemm(layer: Layer, axes: list[Axis]) -> Axis:
-    batched_first(axes, at=1 if layer.descriptor.transA else 0)
+def gemm(layer: Layer, axes: list[Axis]) -> Carried:
+    """The batch on A's rows, folded there or not: each output row is its A row's."""
+    rows = 1 if layer.descriptor.transA else 0
+    given = axes[0]
+    if isinstance(given, Interleaved) and given.axis == rows:
+        only_batched(axes, 0)
+    else:
+        batched_first(axes, at=rows)
     if len(layer.inputs) > 2 and layer.inputs[2].source is not None:
         c = input_shape(layer, 2)
         if len(c) == 2 and c[0] != 1:
             raise Refused(f"its C input {c} has {c[0]} rows; 1 is expected, so that it broadcasts")
-    return 0
+    return Interleaved(0, given.inner) if isinstance(given, Interleaved) else 0
 
 
 @batch_rule("MatMul", "MatMulBias")
@@ -334,9 +361,18 @@ def shape_of_batch(layer: Layer, axes: list[Axis]) -> Axis:
     raise Refused("its value is the batch-1 shape; fold constants first so it becomes a constant")
 
 
-def check_output(name: str, axis: Axis, shape: tuple[Dim, ...] | None) -> None:
+# The kinds whose rules take an input whose batch is interleaved (any other refuses it).
+TAKES_INTERLEAVED = frozenset(("Gemm", "Reshape", *PER_ELEMENT))
+
+
+def check_output(name: str, axis: Carried, shape: tuple[Dim, ...] | None) -> None:
     """Outputs carry the batch on axis 0, one row per sample (not folded with other rows: see
     ``batch_rules_reshape``), where a batched run's results are split."""
+    if isinstance(axis, Interleaved):
+        raise ShapeError(
+            f"cannot batch output {name!r}: it carries the batch interleaved with other rows on "
+            f"axis {axis.axis}; axis 0 is expected"
+        )
     if axis != 0:
         where = "does not depend on the inputs" if axis is None else f"carries the batch on axis {axis}"
         raise ShapeError(f"cannot batch output {name!r}: it {where}; axis 0 is expected")

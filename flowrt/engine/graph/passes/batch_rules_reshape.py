@@ -12,6 +12,7 @@ beside ``batch_rules`` (same contract); ``check_output`` wants outputs unfolded.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import attrs
@@ -21,11 +22,14 @@ from flowrt.engine.graph.graph import Graph, Layer, constant_value
 from flowrt.engine.graph.layers.reshape import const_ints
 from flowrt.engine.graph.passes.batch_rules import (
     Axis,
+    Carried,
+    Interleaved,
     Refused,
     Rewrite,
     batch_rule,
     batched_first,
     input_shape,
+    only_batched,
     replace_constant_input,
 )
 from flowrt.types import static_dims
@@ -56,14 +60,49 @@ def _output_axis(source: tuple[int, ...], batch: int, out: tuple[int, ...]) -> i
     return next((b for b in found if out[b] == 1), found[0])
 
 
+def _interleaving_axis(source: tuple[int, ...], batch: int, out: tuple[int, ...]) -> tuple[int, int] | None:
+    """Where the batch of ``source`` (on axis ``batch``, its samples' parts one after the
+    other) lands in ``out`` interleaved (:class:`Interleaved`): an axis whose blocks hold
+    each sample's part in turn, the dims before it taking the outer blocks of ``source``
+    and those after it a whole part. (The axis, the elements of a part along it), or None."""
+    outer, part = math.prod(source[:batch]), math.prod(source[batch:])
+    for a in range(len(out) - 1):
+        trailing = math.prod(out[a + 1 :])
+        inner, rest = divmod(part, trailing)
+        if not rest and inner and out[a] % inner == 0 and math.prod(out[:a]) * (out[a] // inner) == outer:
+            return a, inner
+    return None
+
+
+def _unfold(
+    layer: Layer, given: Interleaved, target: list[int], from_input: bool, out: tuple[int, ...]
+) -> Axis | Rewrite:
+    """A Reshape of an input whose batch is interleaved into ``out``: provable where an output
+    axis of 1 takes the batch between the outer blocks (the dims before it) and the samples'
+    parts (the dims after it); it becomes that axis, one sample per row, rewritten to N."""
+    source = static_dims(input_shape(layer, 0))
+    outer = math.prod(source[: given.axis]) * (source[given.axis] // given.inner)
+    part = given.inner * math.prod(source[given.axis + 1 :])
+    for b, size in enumerate(out):
+        if size == 1 and math.prod(out[:b]) == outer and math.prod(out[b + 1 :]) == part:
+            if target[b] == -1:
+                return b
+            if target[b] != 1:
+                break
+            return Rewrite(b, functools.partial(_retarget_to, layer, target, from_input, b))
+    raise Refused(
+        f"its input carries the batch interleaved on axis {given.axis} of {source}, and its target "
+        f"{list(target)} gives the samples no axis of their own"
+    )
+
+
 @batch_rule("Reshape")
-def reshape(layer: Layer, axes: list[Axis]) -> Axis | Rewrite:
+def reshape(layer: Layer, axes: list[Axis]) -> Carried | Rewrite:
     """Provable when the dims before the batch's axis hold the same number of elements before
     and after (a Reshape regroups elements in order, so each outer block keeps the samples'
     parts in turn): the batch is then on the output axis :func:`_output_axis` finds, holding
     the size it has at batch 1 for each sample. Its target entry is rewritten to N times
     that, unless it is -1 (inferred) or 0 copying the input's batch axis of the same size."""
-    batch = batched_first(axes)
     target, from_input = _target(layer)
     info = layer.outputs[0].info
     if info is None or info.shape is None:
@@ -71,8 +110,23 @@ def reshape(layer: Layer, axes: list[Axis]) -> Axis | Rewrite:
     given, produced = input_shape(layer, 0), tuple(info.shape)
     if not all(isinstance(d, int) and d > 0 for d in (*given, *produced)):
         raise Refused(f"its shapes {given} -> {produced} are not all known and non-empty")
+    if isinstance(axes[0], Interleaved):
+        only_batched(axes, 0)
+        return _unfold(layer, axes[0], target, from_input, static_dims(produced))
+    batch = batched_first(axes)
     source, out = static_dims(given), static_dims(produced)
     at = _output_axis(source, batch, out)
+    woven = _interleaving_axis(source, batch, out)
+    if at == len(out) - 1 and len(out) > 1 and woven is not None and target[woven[0]] != 0:
+        # folded into the last axis, the samples would meet in whatever works along it (a
+        # Gemm's dot products); interleaved into the rows before it, they stay apart
+        a, inner = woven
+        if target[a] == -1:
+            return Interleaved(a, inner)
+        return Rewrite(
+            Interleaved(a, inner),
+            lambda graph, n: _retarget(graph, layer, target, from_input, a, n * out[a]),
+        )
     if at is None or len(target) != len(out):
         raise Refused(
             f"its target {list(target)} regroups the dims before the batch axis {batch}: {source} becomes {out}"
@@ -89,6 +143,13 @@ def reshape(layer: Layer, axes: list[Axis]) -> Axis | Rewrite:
             f"its target {list(target)} copies axis {at} of {source}, which is not the batch's {out[at]}"
         )
     return Rewrite(at, lambda graph, n: _retarget(graph, layer, target, from_input, at, n * out[at]))
+
+
+def _retarget_to(
+    layer: Layer, target: list[int], from_input: bool, axis: int, graph: Graph, batch: int
+) -> str:
+    """:func:`_retarget` of ``axis`` to the batch (an axis of one sample per row)."""
+    return _retarget(graph, layer, target, from_input, axis, batch)
 
 
 def _retarget(graph: Graph, layer: Layer, target: list[int], from_input: bool, axis: int, size: int) -> str:
