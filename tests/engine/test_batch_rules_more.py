@@ -248,10 +248,6 @@ REFUSED = {
         _moved("Reshape", (1, 0, 2), "moved", np.array([9], np.int64)),
         r"\(Reshape\): its target \[9\] regroups the dims before the batch axis 1: \(3, 1, 3\) becomes \(9,\)",
     ),
-    "flatten": (
-        _single("Flatten", d.Flatten(axis=2), (1, 2, 3)),
-        r"\(Flatten\): it folds dims \[2\] into the batch axis 0; only dims of 1 may join it",
-    ),
 }
 
 

@@ -128,6 +128,11 @@ def _single(kind, descriptor, in_shape, *constants, out_name="y"):
             r"cannot batch output 't': it carries the batch on axis 1; axis 0 is expected",
         ),
         (
+            _single("Flatten", d.Flatten(axis=2), (1, 2, 3)),
+            # each sample's 2 rows folded into the batch axis, and left so at the output
+            r"cannot batch output 'y': its axis 0 holds 2 rows of each sample; one is expected",
+        ),
+        (
             _single("Squeeze", None, (1, 4)),
             r"without axes it squeezes every dim of 1, the batch of 1 included",
         ),
@@ -207,3 +212,20 @@ async def test_rows_of_every_sample_interleaved_for_a_gemm_are_unfolded_after_it
 def test_interleaved_rows_reaching_what_could_mix_them_are_refused(after, reason):
     with pytest.raises(ShapeError, match=reason):
         set_batch(_attention_projection(after), 2)
+
+
+async def test_a_flatten_folding_each_samples_rows_into_the_batch_axis_is_unfolded_later():
+    """A Flatten whose leading dims join the batch (TorchScript's attention masks, (1, 1, 128)
+    -> (128, 1)) folds each sample's rows into axis 0, as a Reshape may; a Gemm over the rows
+    keeps them, and a Reshape with the batch of 1 in its target unfolds them."""
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, 2, 3)))
+    rows = net.add_layer("Flatten", d.Flatten(axis=2), inputs=[x], name="rows")
+    gemm = net.add_layer("Gemm", d.Gemm(transB=1), inputs=[rows, _random(4, 3), _random(4)], name="fc")
+    back = net.add_layer("Reshape", inputs=[gemm, np.array([1, 2, 4], np.int64)], name="back")
+    net.add_output("y", back)
+    opt = set_batch(flowrt.optimize(net, backends=["CpuRef"]), 3)
+    assert [line for line in opt.passes if "re-batched" in line] == [
+        "re-batched Reshape 'back': target [1, 2, 4] -> [3, 2, 4]"
+    ]
+    await _per_sample_matches(net, 3)

@@ -295,15 +295,14 @@ def transpose(layer: Layer, axes: list[Axis]) -> Axis:
 
 @batch_rule("Flatten")
 def flatten(layer: Layer, axes: list[Axis]) -> Axis:
+    """Rows of (dims before ``axis``) x (the rest): the batch stays on axis 0, each sample's
+    rows one after the other where dims other than 1 join it (folded, as a Reshape folds
+    them: ``batch_rules_reshape``; an output must not stay so)."""
     batched_first(axes, at=0)
     shape = input_shape(layer, 0)
     axis = layer.descriptor.axis
     if axis == 0 or axis == -len(shape):
         raise Refused("with axis 0 it folds the batch into the columns")
-    # Rows are samples only while the dims joining the batch are 1s: outputs are split by rows.
-    folded = shape[1 : axis + len(shape) if axis < 0 else axis]
-    if any(d != 1 for d in folded):
-        raise Refused(f"it folds dims {list(folded)} into the batch axis 0; only dims of 1 may join it")
     return 0
 
 
