@@ -165,7 +165,7 @@ def _attention_projection(after: str = "unfold") -> flowrt.Network:
     """The output projection of torch's multi-head attention as exported: (1, 5, 8) ->
     Transpose -> (5, 1, 8) -> Reshape [5, 8] -> Gemm -> then ``after``: "unfold" (Reshape [5,
     1, 8] -> Transpose -> (1, 5, 8), as exported), "softmax" (over the rows), "flatten"
-    (Reshape [40]) or "output" (the Gemm's rows are the output)."""
+    (Reshape [40]), "copy" (Reshape [0, 1, 8]) or "output" (the Gemm's rows are the output)."""
     net = flowrt.Network()
     x = net.add_input("x", TensorInfo((1, 5, 8)))
     seq_first = net.add_layer("Transpose", d.Transpose(perm=(1, 0, 2)), inputs=[x], name="seq_first")
@@ -178,6 +178,8 @@ def _attention_projection(after: str = "unfold") -> flowrt.Network:
         proj = net.add_layer("Softmax", d.Softmax(axis=0), inputs=[proj], name="suspect")
     elif after == "flatten":
         proj = net.add_layer("Reshape", inputs=[proj, np.array([40], np.int64)], name="suspect")
+    elif after == "copy":  # a 0 copies the rows' axis, N times longer at batch N
+        proj = net.add_layer("Reshape", inputs=[proj, np.array([0, 1, 8], np.int64)], name="suspect")
     net.add_output("y", proj)
     return net
 
@@ -207,6 +209,10 @@ async def test_rows_of_every_sample_interleaved_for_a_gemm_are_unfolded_after_it
             r"layer 'suspect' \(Reshape\): its input carries the batch interleaved on axis 0 of \(5, 8\)",
         ),
         ("output", r"cannot batch output 'y': it carries the batch interleaved with other rows on axis 0"),
+        (
+            "copy",
+            r"layer 'suspect' \(Reshape\): its target \[0, 1, 8\] copies the axis the batch is interleaved on",
+        ),
     ],
 )
 def test_interleaved_rows_reaching_what_could_mix_them_are_refused(after, reason):

@@ -81,6 +81,8 @@ def _unfold(
     axis of 1 takes the batch between the outer blocks (the dims before it) and the samples'
     parts (the dims after it); it becomes that axis, one sample per row, rewritten to N."""
     source = static_dims(input_shape(layer, 0))
+    if len(target) != len(out) or (given.axis < len(target) and target[given.axis] == 0):
+        raise Refused(f"its target {list(target)} copies the axis the batch is interleaved on")
     outer = math.prod(source[: given.axis]) * (source[given.axis] // given.inner)
     part = given.inner * math.prod(source[given.axis + 1 :])
     for b, size in enumerate(out):
@@ -117,7 +119,8 @@ def reshape(layer: Layer, axes: list[Axis]) -> Carried | Rewrite:
     source, out = static_dims(given), static_dims(produced)
     at = _output_axis(source, batch, out)
     woven = _interleaving_axis(source, batch, out)
-    if at == len(out) - 1 and len(out) > 1 and woven is not None and target[woven[0]] != 0:
+    keeps = len(target) == len(out) and not (batch < len(target) and target[batch] == 0)
+    if at == len(out) - 1 and len(out) > 1 and woven is not None and keeps and target[woven[0]] != 0:
         # folded into the last axis, the samples would meet in whatever works along it (a
         # Gemm's dot products); interleaved into the rows before it, they stay apart
         a, inner = woven
