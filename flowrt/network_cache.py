@@ -354,7 +354,10 @@ def through(
             logger.info("optimized network read from the cache: %s", entry)
             cached.cached_from = str(entry)
             # the backends' transformed weights of its constants are kept beside it
-            WEIGHTS.keep_on_disk(buffer, files.forms_folder(entry))
+            forms = files.forms_folder(entry)
+            if not forms.exists():  # this load writes them: room for as much again as the entry
+                files.evict(directory(), files.max_bytes() - len(buffer))
+            WEIGHTS.keep_on_disk(buffer, forms)
             return cached
     start = time.perf_counter()
     optimized = build()

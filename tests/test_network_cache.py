@@ -421,3 +421,25 @@ def test_the_transformed_weights_of_a_cached_network_are_kept_beside_it_for_late
     onnx.save(_wide_conv_model(1), path)
     _run(flowrt.optimize(flowrt.onnx.load(path), backends=backends), x)
     assert [p.suffix for p in entry.parent.iterdir()] == [".flowrt"]
+
+
+def test_the_load_that_writes_an_entrys_transformed_weights_makes_room_for_them_first(
+    cache, tmp_path, monkeypatch
+):
+    backends = ["CpuAcc", "CpuRef"]
+    paths, entries = [], []
+    for seed in range(2):
+        path = tmp_path / f"wide{seed}.onnx"
+        onnx.save(_wide_conv_model(seed), path)
+        flowrt.optimize(flowrt.onnx.load(path), backends=backends)  # stores its entry
+        (entry,) = set(_entries(cache)) - set(entries)
+        paths.append(path)
+        entries.append(entry)
+    first, second = entries
+    os.utime(second, (0, 0))  # the least recently used
+    both = first.stat().st_size + second.stat().st_size
+    monkeypatch.setenv(network_cache_files.BYTES_ENV, str(both))  # both fit, without forms
+    x = np.random.default_rng(2).standard_normal((1, 32, 28, 28)).astype(np.float32)
+    _run(flowrt.optimize(flowrt.onnx.load(paths[0]), backends=backends), x)  # writes the forms
+    assert first.exists() and not second.exists()  # room made for them first
+    assert any(network_cache_files.forms_folder(first).iterdir())
