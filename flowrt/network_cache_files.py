@@ -77,8 +77,8 @@ def evict(root: Path, limit: int) -> None:
     files = []
     for path in root.glob("*/*.flowrt"):
         try:
-            size = path.stat().st_size
-            mtime = path.stat().st_mtime
+            info = path.stat()
+            size, mtime = info.st_size, info.st_mtime
             forms = forms_folder(path)
             if forms.is_dir():
                 size += sum(f.stat().st_size for f in forms.iterdir())

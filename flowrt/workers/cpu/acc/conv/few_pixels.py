@@ -193,8 +193,7 @@ class FewPixels:
         7x7). (On one core of an AMD EPYC without AVX-512, 3x3 convs of 7x7 planes of 48 to
         512 channels ran 5-25% faster than by the column tiles or BLAS, a 5x5 one 10-15%;
         14x14 ones strided from 28x28 no faster.)"""
-        pixels, g = geometry.pixels, geometry.window
-        pointwise = geometry.kernel == (1, 1) and not any(g.pads_begin + g.pads_end)
+        pixels, pointwise = geometry.pixels, geometry.pointwise
         return (
             AVAILABLE
             and geometry.groups == 1
@@ -226,7 +225,7 @@ class FewPixels:
             [
                 geometry.out_hw[1], *g.strides, geometry.x_shape[3], geometry.x_shape[2],
                 *geometry.kernel, *g.dilations, *g.pads_begin,
-                geometry.kernel != (1, 1) or any(g.pads_begin + g.pads_end),
+                not geometry.pointwise,
             ],
             np.int64,
         )  # fmt: skip

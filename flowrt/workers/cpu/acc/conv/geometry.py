@@ -82,10 +82,15 @@ class ConvGeometry:
         return self.window.strides == (1, 1)
 
     @property
+    def pointwise(self) -> bool:
+        """1x1, no padding (any stride): each output pixel reads one input pixel."""
+        g = self.window
+        return self.kernel == (1, 1) and not any(g.pads_begin + g.pads_end)
+
+    @property
     def direct(self) -> bool:
         """1x1, stride 1, no padding: the input is the column matrix itself."""
-        g = self.window
-        return self.kernel == (1, 1) and g.strides == (1, 1) and not any(g.pads_begin + g.pads_end)
+        return self.pointwise and self.unit_strides
 
     def geo(self) -> np.ndarray:
         """The int64 array the numba kernels read the window from: kh, kw, sh, sw, dh, dw, ph,
