@@ -53,3 +53,12 @@ def host_buffer(size: int) -> np.ndarray:
     root = np.empty(size + ALIGNMENT, np.uint8)
     start = -root.ctypes.data % ALIGNMENT
     return root[start : start + size]
+
+
+def release_pages(buffer: np.ndarray) -> None:
+    """Unmap the pages of a file mapped by :func:`read_whole` from this process (the page
+    cache keeps them, and a later read maps them again): they stop counting in its memory."""
+    base = buffer.base
+    mapping = base.obj if isinstance(base, memoryview) else base
+    if isinstance(mapping, mmap_module.mmap) and hasattr(mmap_module, "MADV_DONTNEED"):
+        mapping.madvise(mmap_module.MADV_DONTNEED)

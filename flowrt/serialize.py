@@ -71,7 +71,7 @@ from flowrt.engine.graph.layers.subgraph_body import subgraphs_of
 from flowrt.engine.graph.optimizer import OptimizedNetwork
 from flowrt.engine.graph.recheck import recheck
 from flowrt.errors import FlowrtError, ModelLoadError
-from flowrt.file_buffers import ALIGNMENT, read_whole
+from flowrt.file_buffers import ALIGNMENT, read_whole, release_pages
 from flowrt.registry import BACKEND_API_VERSION, BackendRegistry, backend_registry
 from flowrt.types import DataType
 
@@ -241,7 +241,7 @@ def load_buffered(
     registry = registry or backend_registry()
     buffer = read_whole(where, mapped=mmap)
     try:
-        network = _decode(buffer, where, registry)
+        network = _decode(buffer, where, registry, mmap)
     except ModelLoadError:
         raise
     except Exception as e:  # every malformation is a ModelLoadError, whatever it set off
@@ -259,7 +259,7 @@ class _Header(NamedTuple):
     checksum: _Checksum
 
 
-def _check_header(buffer: np.ndarray, where: str) -> _Header:
+def _check_header(buffer: np.ndarray, where: str, mapped: bool) -> _Header:
     """The header's fields, checked; the contents' checksum is being computed (see
     :class:`_Checksum`), and a field found wrong past the lengths is reported as a checksum
     mismatch where the contents give another checksum."""
@@ -294,7 +294,7 @@ def _check_header(buffer: np.ndarray, where: str) -> _Header:
         raise ModelLoadError(
             f"{corrupt}: {size - length} bytes follow the end its header declares (byte {length})"
         )
-    computing = _Checksum(buffer, checksum, where)
+    computing = _Checksum(buffer, checksum, where, mapped)
 
     def refuse(message: str) -> NoReturn:
         computing.check()
@@ -319,8 +319,8 @@ class _Checksum:
     """The file's checksum, computed on a thread of its own while the metadata is decoded
     (zlib lets go of the GIL: a 100 MB file's 30 ms overlap the decoding)."""
 
-    def __init__(self, buffer: np.ndarray, expected: int, where: str) -> None:
-        self._buffer, self._expected, self._where = buffer, expected, where
+    def __init__(self, buffer: np.ndarray, expected: int, where: str, mapped: bool) -> None:
+        self._buffer, self._expected, self._where, self._mapped = buffer, expected, where, mapped
         self._computed: int | None = None
         self._thread = threading.Thread(target=self._compute, name="flowrt-checksum", daemon=True)
         self._thread.start()
@@ -328,6 +328,11 @@ class _Checksum:
     def _compute(self) -> None:
         with self._buffer.data as view:
             self._computed = zlib.crc32(view[CHECKSUM_FIELD.stop :], zlib.crc32(view[: CHECKSUM_FIELD.start]))
+        if self._mapped:
+            # Reading it mapped every page of the file into this process: let them go, so that
+            # only what is used stays in its memory (a backend's transformed weights stand for
+            # most weights, which are then never read).
+            release_pages(self._buffer)
 
     def check(self) -> None:
         """ModelLoadError where the contents do not give the header's checksum."""
@@ -340,8 +345,8 @@ class _Checksum:
             )
 
 
-def _decode(buffer: np.ndarray, where: str, registry: BackendRegistry) -> OptimizedNetwork:
-    header = _check_header(buffer, where)
+def _decode(buffer: np.ndarray, where: str, registry: BackendRegistry, mapped: bool) -> OptimizedNetwork:
+    header = _check_header(buffer, where, mapped)
     try:
         network = _decode_checked(buffer, header, where, registry)
     except Exception:
