@@ -22,9 +22,11 @@ def _print_opencl_devices() -> None:
     print(f"OpenCL devices (GpuAcc takes the one marked *; pick with {device.DEVICE_ENV}=platform:device):")
     for d in found:
         hints = "yes" if d.priority_hints else "no"
+        broken = f"  cannot build kernels: {d.build_failure}" if d.build_failure else ""
         print(
             f" {'*' if d.chosen else ' '} {d.index}  {d.name}  [{d.type}]  {d.platform}, driver "
             f"{d.driver_version}  memory {d.global_memory_bytes / 2**30:.1f} GiB  queue priority hints: {hints}"
+            f"{broken}"
         )
 
 

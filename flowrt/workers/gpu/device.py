@@ -81,12 +81,45 @@ def _devices() -> list[tuple[int, int, Any]]:
     return found
 
 
+# A kernel every OpenCL C compiler builds: what build_failure asks a device's compiler to do.
+_PROBE_SOURCE = "__kernel void probe(__global float *x) { x[get_global_id(0)] *= 2.0f; }"
+_build_failures: dict[int, str] = {}
+
+
+def build_failure(device: Any) -> str:
+    """Why ``device``'s OpenCL C compiler cannot build a trivial kernel, or "" when it can.
+
+    A device can be listed and still compile nothing: PoCL 3.0's LLVM 14 does not know CPUs
+    newer than it (AMD Zen 5 reads as 'generic', which its clang refuses), so every build
+    fails. Such a device cannot run GpuAcc. Asked once per device and process."""
+    key = device.int_ptr
+    if key not in _build_failures:
+        try:
+            cl.Program(cl.Context([device]), _PROBE_SOURCE).build()
+        except (cl.Error, RuntimeError) as e:
+            text = str(e)
+            errors = [line.strip() for line in text.splitlines() if "error" in line.lower()]
+            detail = next((line for line in errors if line.startswith("error")), None)
+            _build_failures[key] = detail or text.splitlines()[0]
+        else:
+            _build_failures[key] = ""
+    return _build_failures[key]
+
+
 def unavailable_reason() -> str:
-    """Why GpuAcc cannot run here, or "" when it can."""
+    """Why GpuAcc cannot run here, or "" when it can: no pyopencl, no device, or no device
+    whose compiler builds kernels."""
     if cl is None:
         return _IMPORT_ERROR
-    if not _devices():
+    devices = _devices()
+    if not devices:
         return "no OpenCL platform or device found"
+    failures = [(p, d, device, build_failure(device)) for p, d, device in devices]
+    if all(failure for *_, failure in failures):
+        listed = "; ".join(
+            f"{p}:{d} {device.name.strip()!r}: {failure}" for p, d, device, failure in failures
+        )
+        return f"no OpenCL device here can build kernels ({listed})"
     return ""
 
 
@@ -120,7 +153,20 @@ def gpu_needed_message(asked: str, option: str | None = "Runtime(opencl_device='
 
 def choose_device(spec: str | None = None) -> Any:
     """The ``cl.Device`` named by ``spec`` (see the module docstring); BackendError when none
-    matches, and when none is named and OpenCL shows no GPU (saying what it shows)."""
+    matches, when none is named and OpenCL shows no GPU (saying what it shows), and when the
+    device's compiler builds no kernel (:func:`build_failure`)."""
+    device = _named_device(spec)
+    failure = build_failure(device)
+    if failure:
+        raise BackendError(
+            f"OpenCL device {device.name.strip()!r} ({device.platform.name.strip()}) cannot build "
+            f"kernels: {failure}; GpuAcc cannot run on it"
+        )
+    return device
+
+
+def _named_device(spec: str | None) -> Any:
+    """The device ``spec`` names (choose_device's choice, before its compiler is asked)."""
     spec = spec if spec is not None else os.environ.get(DEVICE_ENV) or None
     devices = _devices()
     if not devices or spec is None:
@@ -175,6 +221,7 @@ class DeviceDescription:
     driver_version: str
     global_memory_bytes: int
     priority_hints: bool
+    build_failure: str = ""  # why its compiler builds no kernel; "" when it does
     chosen: bool = False  # the one GpuAcc takes with no opencl_device given (if any)
 
 
@@ -198,6 +245,7 @@ def _descriptions(chosen: int | None) -> list[DeviceDescription]:
             driver_version=device.driver_version,
             global_memory_bytes=int(device.global_mem_size),
             priority_hints=takes_priority_hints(device),
+            build_failure=build_failure(device),
             chosen=device.int_ptr == chosen,
         )
         for p, d, device in _devices()

@@ -88,6 +88,38 @@ def test_without_an_opencl_platform_gpuacc_declines_and_naming_it_is_an_error(mo
         device.choose_device()
 
 
+class _CompilesNothing:
+    """A listed device whose compiler builds no kernel (PoCL 3.0 on a CPU its LLVM does not
+    know: AMD Zen 5 reads as 'generic')."""
+
+    int_ptr = -17
+    name = "pthread-AMD EPYC "
+    platform = type("Platform", (), {"name": "Portable Computing Language"})
+
+
+def test_a_device_that_builds_no_kernel_leaves_gpuacc_unavailable_saying_why(monkeypatch):
+    if device.cl is None:
+        pytest.skip(device.unavailable_reason())
+    failure = "error: unknown target CPU 'generic'"
+    monkeypatch.setattr(device, "_devices", lambda: [(0, 0, _CompilesNothing())])
+    monkeypatch.setitem(device._build_failures, _CompilesNothing.int_ptr, failure)
+    reason = f"no OpenCL device here can build kernels (0:0 'pthread-AMD EPYC': {failure})"
+    assert device.unavailable_reason() == reason
+    answer = GpuAccBackend().layer_support().is_layer_supported("Relu", None, [], [])
+    assert (answer.supported, answer.reason) == (False, f"GpuAcc is unavailable: {reason}")
+    with pytest.raises(
+        BackendError,
+        match=r"'pthread-AMD EPYC' \(Portable Computing Language\) cannot build kernels: error: unknown target CPU 'generic'; GpuAcc cannot run on it",
+    ):
+        device.choose_device("0:0")
+
+
+def test_the_build_probe_of_a_listed_device_says_whether_it_compiles(gpu):
+    # gpu: a device whose compiler builds kernels (the tests skip where there is none)
+    assert device.build_failure(gpu.device) == ""
+    assert any(d.build_failure == "" for d in device.describe_devices())
+
+
 def test_flowrt_imports_and_gpuacc_declines_when_pyopencl_cannot_load():
     script = (
         "import sys; sys.modules['pyopencl'] = None\n"

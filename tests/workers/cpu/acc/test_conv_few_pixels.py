@@ -11,7 +11,7 @@ from kernelcases import ACTIVATIONS, close, conv_case
 from flowrt.registry import FusedActivation
 from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
 from flowrt.workers.cpu.acc.tiles import AVAILABLE as TILES_AVAILABLE
-from flowrt.workers.cpu.acc.tiles import TILE_ROWS
+from flowrt.workers.cpu.acc.tiles import TILE_COLUMNS, TILE_ROWS
 
 
 @pytest.mark.skipif(not TILES_AVAILABLE, reason="no register tiles on this CPU")
@@ -31,9 +31,10 @@ from flowrt.workers.cpu.acc.tiles import TILE_ROWS
 def test_1x1_convs_of_few_pixels_tile_across_output_channels(
     m, c, hw, strides, batch, workers, activation, constant, bias, seed
 ):
-    """Up to 64 output pixels an image: tiles of pixels by output channels, the pixels packed
-    by tiles (picked out of the input at a stride) or read in place (few panels per task), the
-    last tile short, any depth (summed in blocks), the last panel of output channels partial."""
+    """From a tile's rows (6 with AVX2, 8 with AVX-512) up to 64 output pixels an image: tiles
+    of pixels by output channels, the pixels packed by tiles (picked out of the input at a
+    stride) or read in place (few panels per task), the last tile short, any depth (summed in
+    blocks), the last panel of output channels partial."""
     rng = np.random.default_rng(seed)
     shape = tuple((d - 1) * s + 1 + rng.integers(0, s) for d, s in zip(hw, strides))  # hw out
     x = rng.standard_normal((batch, c, *shape), dtype=np.float32)
@@ -50,7 +51,9 @@ def test_1x1_convs_of_few_pixels_tile_across_output_channels(
         strides=strides,
     )
     close(got, expected)
-    assert kernel.plan(x.shape, w.shape).name == "few_pixels" and got.shape[2:] == hw
+    assert got.shape[2:] == hw
+    few = kernel.plan(x.shape, w.shape).name == "few_pixels"
+    assert few == (hw[0] * hw[1] >= TILE_ROWS)
 
 
 @pytest.mark.skipif(not TILES_AVAILABLE, reason="no register tiles on this CPU")
@@ -125,19 +128,21 @@ def test_deep_1x1_convs_of_14x14_pixels_tile_across_output_channels_instead_of_b
 
 @pytest.mark.skipif(not TILES_AVAILABLE, reason="no register tiles on this CPU")
 @pytest.mark.parametrize(
-    "m, hw, workers, by_panels, by_tiles",
+    "panels, hw, workers, by_panels, by_tiles",
     [
-        (40, (7, 7), 2, 1, 2),
-        (48, (7, 7), 3, 3, 1),
-        (80, (7, 7), 2, 1, 2),
-        (96, (7, 7), 2, 2, 1),
-        (16, (4, 5), 2, 1, 2),
+        (2.5, (7, 7), 2, 1, 2),
+        (3, (7, 7), 3, 3, 1),
+        (5, (7, 7), 2, 1, 2),
+        (6, (7, 7), 2, 2, 1),
+        (1, (4, 5), 2, 1, 2),
     ],
 )
-def test_few_panels_are_shared_by_slices_of_the_pixels(m, hw, workers, by_panels, by_tiles):
-    """Three panels of output channels do not split evenly over two threads: each takes every
-    panel over part of the pixels instead (the pixels' tiles split), reading them in place or
-    packed, the short last tile in one of the slices."""
+def test_few_panels_are_shared_by_slices_of_the_pixels(panels, hw, workers, by_panels, by_tiles):
+    """Three panels of output channels (``panels`` of the host's tile columns, the last one
+    half full at 2.5) do not split evenly over two threads: each takes every panel over part
+    of the pixels instead (the pixels' tiles split), reading them in place or packed, the
+    short last tile in one of the slices."""
+    m = round(panels * TILE_COLUMNS)
     rng = np.random.default_rng(m)
     for c, strides in ((200, (1, 1)), (64, (2, 2))):
         shape = tuple((d - 1) * s + 1 for d, s in zip(hw, strides))
