@@ -88,7 +88,7 @@ from flowrt.engine.memory.lending import PriorityLender
 from flowrt.engine.scheduler.job import JobContext
 from flowrt.errors import FlowrtError, ResourceError
 from flowrt.types import Priority
-from flowrt.workers.cpu import blas_threads, threading_layer
+from flowrt.workers.cpu import blas_threads, malloc_tuning, threading_layer
 
 logger = logging.getLogger(__name__)
 
@@ -300,6 +300,7 @@ class CpuWorkerPool:
         return self._idle.waiting_count
 
     async def __aenter__(self) -> CpuWorkerPool:
+        malloc_tuning.tune()  # before the workers' first runs take their scratch
         self._renice = LOW_PRIORITY_NICE > 0 and nice_is_reversible()
         started = self._start_threads()
         try:
