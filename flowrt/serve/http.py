@@ -9,6 +9,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+import trio
+
 from flowrt.errors import DataTypeError, FlowrtError, InputError, ResourceError, ShapeError
 from flowrt.serve import models as served
 from flowrt.serve import protocol
@@ -20,6 +22,25 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 << 20
+# Before answering 413, the rest of the body is read and dropped, up to this many bytes and
+# seconds (as nginx's lingering close does): answered at once, the connection closes while
+# the client still sends, and it gets a reset (EPIPE), not the answer.
+DISCARD_BYTES = 1 << 30
+DISCARD_S = 10.0
+
+
+async def _discard_body(receive: Any) -> None:
+    """Read the rest of a refused body and drop it, within ``DISCARD_BYTES`` and
+    ``DISCARD_S``: the client then reads the answer once it has sent all it had."""
+    left = DISCARD_BYTES
+    with trio.move_on_after(DISCARD_S):
+        while left > 0:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            left -= len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
 
 
 def _status(error: Exception) -> int:
@@ -75,6 +96,7 @@ class App:
     async def _body(self, receive: Any, headers: dict[str, str]) -> bytes:
         announced = headers.get("content-length")
         if announced is not None and announced.isdigit() and int(announced) > self.max_body_bytes:
+            await _discard_body(receive)
             raise _TooLarge(
                 f"the body's {announced} bytes are over the server's limit, {self.max_body_bytes}"
             )
@@ -86,6 +108,8 @@ class App:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
+                if message.get("more_body", False):
+                    await _discard_body(receive)
                 raise _TooLarge(f"the body is over the server's limit, {self.max_body_bytes} bytes")
             chunks.append(chunk)
             if not message.get("more_body", False):

@@ -150,7 +150,7 @@ async def test_bad_requests_answer_4xx_naming_the_problem_and_the_server_goes_on
             ),
             ("/v2/models/m/infer", request([good], outputs=[{"name": "nope"}]), 400, "unknown output 'nope'"),
             ("/v2/models/absent/infer", request([good]), 404, "unknown model 'absent'"),
-            ("/v2/models/m/infer", b"x" * (2 << 20), 413, "limit"),
+            ("/v2/models/m/infer", b"x" * (48 << 20), 413, "limit"),
             ("/v2/nowhere", b"", 404, "no route"),
         ]
         for path, body, status, words in cases:
