@@ -126,3 +126,23 @@ async def test_inference_session_io_binding_writes_bound_output_memory(tmp_path)
         session.run_with_iobinding(binding)
     np.testing.assert_allclose(out, np.maximum(x @ w, 0), rtol=1e-4, atol=1e-5)
     assert np.shares_memory(binding.get_outputs()[0].numpy(), out)
+
+
+@pytest.mark.parametrize("large", [True, False])
+async def test_a_large_unbound_output_is_written_into_an_array_of_its_own_each_run(large, monkeypatch):
+    from flowrt.engine.scheduler import executor
+
+    # y is 2,304 bytes: "large" past a bound lowered below it, small under the default
+    monkeypatch.setattr(executor, "OWN_OUTPUT_BYTES", 1000 if large else executor.OWN_OUTPUT_BYTES)
+    async with flowrt.Runtime() as rt:
+        model = await rt.load(flowrt.optimize(_net(), backends=["CpuAcc", "CpuRef"]), max_in_flight=1)
+        await model.run({"x": _input(0)})
+        slot = _planned_slot(model, "y")
+        slot.fill(np.nan)
+        results = [(await model.run({"x": _input(seed)}))["y"] for seed in (1, 2, 3)]
+        # Large: the producer wrote each run's own array, the pool's slot never (no copy out).
+        assert np.isnan(slot).all() == large
+        for seed, y in zip((1, 2, 3), results):
+            assert not np.shares_memory(y, slot)
+            np.testing.assert_allclose(y, (await _reference(_net(), _input(seed)))["y"], rtol=1e-4, atol=1e-5)
+        assert not np.shares_memory(results[0], results[1]) and not np.shares_memory(results[1], results[2])

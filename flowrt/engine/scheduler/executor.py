@@ -12,7 +12,9 @@ wakes when the device has finished them — no thread waits per kernel. Workload
 in place get their planned pool memory as outputs (device tensors for a device arena); the
 others' results are copied into it. A network output the caller binds to an array of its own
 (``outputs=``) is written there by its producing workload instead, or downloaded there from
-the device: no copy (see :func:`direct_outputs` for when). Which tensors cross between host and device is the
+the device: no copy (see :func:`direct_outputs` for when). So is a large output the caller
+does not bind, into a new array of its own each run (:func:`own_outputs`), where it would
+otherwise be written into the pool and copied out. Which tensors cross between host and device is the
 dataflow's decision (``Segment.uploads`` / ``downloads``): a run keeps a tensor's host value
 and its device value apart, and reads the one its placement needs.
 
@@ -58,6 +60,10 @@ STAY_INLINE = 2
 INLINE_BACKENDS = frozenset({"CpuAcc", "CpuRef"})
 # The job context of a segment run on the executor's thread: one thread, no parallel region.
 _ONE_THREAD = JobContext(1)
+# Unbound network outputs at least this large get a new array each run that their producer
+# writes (:func:`own_outputs`): copied out of the pool instead, a 3 MiB output cost 60 us a
+# run. A smaller one is copied: its producer then keeps its recorded launches.
+OWN_OUTPUT_BYTES = 1 << 20
 
 
 @attrs.frozen
@@ -330,8 +336,9 @@ async def execute(
     ``(node, worker name, start_ns, end_ns)``.
     """
     bound = outputs or {}
-    direct = direct_outputs(dataflow, bindings or {}, feeds, bound) if bound else None
-    state = _RunState(dataflow, feeds, pool, bindings or {}, direct)
+    direct = direct_outputs(dataflow, bindings or {}, feeds, bound) if bound else {}
+    own = own_outputs(dataflow, bindings or {}, bound, direct) if pool is not None else {}
+    state = _RunState(dataflow, feeds, pool, bindings or {}, {**direct, **own})
     state.record = record
     state.between = host.between_workloads
     done = [trio.Event() for _ in dataflow.segments]
@@ -401,7 +408,8 @@ async def execute(
     for name, tid in dataflow.outputs.items():
         value, target = state.values[tid], bound.get(name)
         if target is None:
-            results[name] = value if tid in fresh else np.array(value, copy=True)
+            written = tid in fresh or (tid in own and value is own[tid])
+            results[name] = value if written else np.array(value, copy=True)
             continue
         if value is not target:
             np.copyto(target, value)
@@ -431,6 +439,37 @@ def _quick(
         return inline < INLINE_S * STAY_INLINE
     cost = costs.get(segment.index)
     return cost is not None and cost < INLINE_S
+
+
+def own_outputs(
+    dataflow: Dataflow,
+    bindings: Mapping[int, Binding],
+    bound: Mapping[str, np.ndarray],
+    direct: Mapping[int, np.ndarray],
+) -> dict[int, np.ndarray]:
+    """New arrays, by tensor id, for the network outputs the caller does not bind that a host
+    workload makes, no workload reads, one output name only, planned in the pool and at least
+    ``OWN_OUTPUT_BYTES``: their producers write them there (as into a caller's array, see
+    :func:`direct_outputs`) and the run returns them with no copy."""
+    names: dict[int, int] = {}
+    for tid in dataflow.outputs.values():
+        names[tid] = names.get(tid, 0) + 1
+    own: dict[int, np.ndarray] = {}
+    for name, tid in dataflow.outputs.items():
+        binding = bindings.get(tid)
+        if (
+            name in bound
+            or tid in direct
+            or names[tid] > 1
+            or binding is None
+            or tid in dataflow.downloads
+            or dataflow.readers.get(tid, 0)
+        ):
+            continue
+        dtype = np.dtype(binding.dtype)
+        if int(np.prod(binding.shape, dtype=np.int64)) * dtype.itemsize >= OWN_OUTPUT_BYTES:
+            own[tid] = np.empty(binding.shape, dtype)
+    return own
 
 
 def direct_outputs(
