@@ -29,7 +29,7 @@ def test_common_cl_defines_each_code_of_the_table():
 
 
 def test_activate_switch_has_a_case_for_each_activation():
-    switch = _common_cl().split("inline float activate(", 1)[1].split("\n}\n", 1)[0]
+    switch = _common_cl().split("\nfloat activate(", 1)[1].split("\n}\n", 1)[0]
     cases = set(re.findall(r"case (ACT_\w+):", switch))
     assert cases == {_macro(kind) for kind in {*activation_kinds("everywhere"), *GPU_CURVES}}
 

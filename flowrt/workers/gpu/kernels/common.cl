@@ -18,7 +18,7 @@
 #define ACT_HARD_SIGMOID 6
 #define ACT_HARD_SWISH 7
 
-inline float activate(float v, int code, float alpha, float beta) {
+float activate(float v, int code, float alpha, float beta) {
     switch (code) {
     case ACT_RELU: return fmax(v, 0.0f);
     case ACT_LEAKY_RELU: return v > 0.0f ? v : v * alpha;
@@ -37,7 +37,7 @@ inline float activate(float v, int code, float alpha, float beta) {
 
 // Rank-6 index arithmetic for broadcasting and transposing: a table of 6 output dims followed
 // by one or more sets of 6 strides (0 on a broadcast dim), leading dims padded with 1.
-inline int strided_offset(int linear, __constant const int* table, int set) {
+int strided_offset(int linear, __constant const int* table, int set) {
     int offset = 0;
     for (int d = 5; d >= 0; --d) {
         int size = table[d];

@@ -35,7 +35,7 @@ __kernel void binary(__global const float* a, int a_off, __global const float* b
 
 // Unary functions; codes match UNARY_CODES in kernels/unary.py. alpha and beta are the
 // layer's attributes where it has them (Elu's alpha, HardSigmoid's alpha and beta).
-inline float unary_op(float v, int op, float alpha, float beta) {
+float unary_op(float v, int op, float alpha, float beta) {
     switch (op) {
     case 0: return exp(v);
     case 1: return log(v);

@@ -9,7 +9,7 @@
 #define PAD_EDGE 2
 #define PAD_WRAP 3
 
-inline int pad_source(int j, int len, int mode) {
+int pad_source(int j, int len, int mode) {
     if (j >= 0 && j < len) return j;
     if (mode == PAD_CONSTANT || len == 0) return -1;
     if (mode == PAD_EDGE) return j < 0 ? 0 : len - 1;

@@ -24,7 +24,7 @@ __kernel void max_pool(__global const float* x, int x_off, __global float* y, in
 }
 
 // How many of the window's cells along one axis lie in [low, high).
-inline int cells_in(int start, int k, int d, int low, int high) {
+int cells_in(int start, int k, int d, int low, int high) {
     int count = 0;
     for (int j = 0; j < k; ++j) count += (start + j * d >= low && start + j * d < high);
     return count;

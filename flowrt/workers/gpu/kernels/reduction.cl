@@ -16,7 +16,7 @@
 #define R_LOG_SUM 8
 #define R_LOG_SUM_EXP 9
 
-inline float reduce_start(int op) {
+float reduce_start(int op) {
     switch (op) {
     case R_MAX: return -INFINITY;
     case R_MIN: return INFINITY;
@@ -25,7 +25,7 @@ inline float reduce_start(int op) {
     }
 }
 
-inline float reduce_step(float acc, float v, int op, float shift) {
+float reduce_step(float acc, float v, int op, float shift) {
     switch (op) {
     case R_MAX: return (v > acc || isnan(v)) ? v : acc;
     case R_MIN: return (v < acc || isnan(v)) ? v : acc;
@@ -38,7 +38,7 @@ inline float reduce_step(float acc, float v, int op, float shift) {
     }
 }
 
-inline float reduce_finish(float acc, int op, int count, float shift) {
+float reduce_finish(float acc, int op, int count, float shift) {
     switch (op) {
     case R_MEAN: return acc / (float)count;
     case R_L2: return sqrt(acc);
