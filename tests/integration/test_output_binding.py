@@ -130,10 +130,10 @@ async def test_inference_session_io_binding_writes_bound_output_memory(tmp_path)
 
 @pytest.mark.parametrize("large", [True, False])
 async def test_a_large_unbound_output_is_written_into_an_array_of_its_own_each_run(large, monkeypatch):
-    from flowrt.engine.scheduler import executor
+    from flowrt.engine.scheduler import outputs
 
     # y is 2,304 bytes: "large" past a bound lowered below it, small under the default
-    monkeypatch.setattr(executor, "OWN_OUTPUT_BYTES", 1000 if large else executor.OWN_OUTPUT_BYTES)
+    monkeypatch.setattr(outputs, "OWN_OUTPUT_BYTES", 1000 if large else outputs.OWN_OUTPUT_BYTES)
     async with flowrt.Runtime() as rt:
         model = await rt.load(flowrt.optimize(_net(), backends=["CpuAcc", "CpuRef"]), max_in_flight=1)
         await model.run({"x": _input(0)})

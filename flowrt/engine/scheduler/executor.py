@@ -49,6 +49,7 @@ from flowrt.engine.scheduler.binding import BoundStep, bind_segment
 from flowrt.engine.scheduler.dataflow import Dataflow, Segment, WorkloadNode
 from flowrt.engine.scheduler.device_segments import DeviceSegments
 from flowrt.engine.scheduler.job import JobContext
+from flowrt.engine.scheduler.outputs import direct_outputs, own_outputs
 from flowrt.errors import FlowrtError, RunError
 
 # A host segment that ran in less than this (seconds) runs on the executor's thread.
@@ -60,10 +61,6 @@ STAY_INLINE = 2
 INLINE_BACKENDS = frozenset({"CpuAcc", "CpuRef"})
 # The job context of a segment run on the executor's thread: one thread, no parallel region.
 _ONE_THREAD = JobContext(1)
-# Unbound network outputs at least this large get a new array each run that their producer
-# writes (:func:`own_outputs`): copied out of the pool instead, a 3 MiB output cost 60 us a
-# run. A smaller one is copied: its producer then keeps its recorded launches.
-OWN_OUTPUT_BYTES = 1 << 20
 
 
 @attrs.frozen
@@ -439,66 +436,3 @@ def _quick(
         return inline < INLINE_S * STAY_INLINE
     cost = costs.get(segment.index)
     return cost is not None and cost < INLINE_S
-
-
-def own_outputs(
-    dataflow: Dataflow,
-    bindings: Mapping[int, Binding],
-    bound: Mapping[str, np.ndarray],
-    direct: Mapping[int, np.ndarray],
-) -> dict[int, np.ndarray]:
-    """New arrays, by tensor id, for the network outputs the caller does not bind that a host
-    workload makes, no workload reads, one output name only, planned in the pool and at least
-    ``OWN_OUTPUT_BYTES``: their producers write them there (as into a caller's array, see
-    :func:`direct_outputs`) and the run returns them with no copy."""
-    names: dict[int, int] = {}
-    for tid in dataflow.outputs.values():
-        names[tid] = names.get(tid, 0) + 1
-    own: dict[int, np.ndarray] = {}
-    for name, tid in dataflow.outputs.items():
-        binding = bindings.get(tid)
-        if (
-            name in bound
-            or tid in direct
-            or names[tid] > 1
-            or binding is None
-            or tid in dataflow.downloads
-            or dataflow.readers.get(tid, 0)
-        ):
-            continue
-        dtype = np.dtype(binding.dtype)
-        if int(np.prod(binding.shape, dtype=np.int64)) * dtype.itemsize >= OWN_OUTPUT_BYTES:
-            own[tid] = np.empty(binding.shape, dtype)
-    return own
-
-
-def direct_outputs(
-    dataflow: Dataflow,
-    bindings: Mapping[int, Binding],
-    feeds: Mapping[str, np.ndarray],
-    outputs: Mapping[str, np.ndarray],
-) -> dict[int, np.ndarray]:
-    """The caller's output arrays that the run writes directly, by tensor id: those of
-    outputs a workload produces and no workload reads, in a C-contiguous array of the planned
-    (or, downloaded from a device, the inferred) shape that shares no memory with a feed.
-    The others are copied into their arrays at the end of the run."""
-    feed_ids = set(dataflow.inputs.values())
-    downloads = dataflow.downloads
-    direct: dict[int, np.ndarray] = {}
-    for name, array in outputs.items():
-        tid = dataflow.outputs[name]
-        made = tid not in feed_ids and tid not in dataflow.constants  # by a workload
-        if tid in direct or not made or dataflow.readers.get(tid, 0):
-            continue
-        if not array.flags.c_contiguous or any(np.may_share_memory(array, f) for f in feeds.values()):
-            continue
-        binding = bindings.get(tid)
-        if tid in downloads:
-            info = dataflow.tensor_infos.get(tid)
-            shape = info.shape if info is not None else None
-        else:
-            shape = binding.shape if binding is not None else array.shape
-        if shape is None or tuple(shape) != array.shape:
-            continue
-        direct[tid] = array
-    return direct
