@@ -79,14 +79,18 @@ async def _beside_a_large_stream(
         small = await rt.load(small_opt)
         large = await rt.load(large_opt, max_in_flight=large_pools)
         small_feeds, large_feeds = _feeds(small), _feeds(large)
-        # A pool's first two runs are not what is measured here (its second binds the pool's
-        # program: launches recorded and checked, tens of ms): both models are warmed up
-        # first, every pool of the large one.
+        # What a first use costs is not measured here: a pool's second run binds its program
+        # (launches recorded and checked, tens of ms), and the first small run that gets one
+        # thread beside the stream runs its layers' one-thread plans for the first time (0.35 s
+        # in a full-suite run on a Zen 5 VM). So both models are warmed up first, every pool of
+        # the large one, the small one alone and beside large runs.
         for _ in range(2):
             await small.run(small_feeds)
             async with trio.open_nursery() as nursery:
                 for _ in range(large_pools):
                     nursery.start_soon(large.run, large_feeds)
+                await trio.sleep(0.005)  # the large runs hold the workers first
+                await small.run(small_feeds)
         start = time.perf_counter()
         await small.run(small_feeds)
         await large.run(large_feeds)
