@@ -80,10 +80,10 @@ async def _beside_a_large_stream(
         large = await rt.load(large_opt, max_in_flight=large_pools)
         small_feeds, large_feeds = _feeds(small), _feeds(large)
         # What a first use costs is not measured here: a pool's second run binds its program
-        # (launches recorded and checked, tens of ms), and the first small run that gets one
-        # thread beside the stream runs its layers' one-thread plans for the first time (0.35 s
-        # in a full-suite run on a Zen 5 VM). So both models are warmed up first, every pool of
-        # the large one, the small one alone and beside large runs.
+        # (launches recorded and checked, tens of ms), and in full-suite runs on a Zen 5 VM
+        # the first small request beside the stream ran 0.35 s (the later ones 7 ms) unless
+        # the small model had run beside large runs before. So both models are warmed up
+        # first, every pool of the large one, the small one alone and beside large runs.
         for _ in range(2):
             await small.run(small_feeds)
             async with trio.open_nursery() as nursery:
