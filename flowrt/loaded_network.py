@@ -21,6 +21,7 @@ from flowrt.engine.memory.weights import WeightsRecord
 from flowrt.engine.scheduler.dataflow import Dataflow
 from flowrt.engine.scheduler.executor import Binding, DeviceRunner, HostRunner, execute
 from flowrt.engine.scheduler.feeds import check_feeds, check_output_buffers
+from flowrt.engine.scheduler.outputs import large_outputs
 from flowrt.errors import FlowrtError, ShapeError
 from flowrt.hints import Costs, check_hint
 from flowrt.profiling import ProfileRecord
@@ -73,6 +74,7 @@ class LoadedNetwork:
         self._host = host
         self._devices = dict(devices or {})
         self._bindings = _bindings(dataflow, layout)
+        self._large_outputs = large_outputs(dataflow, self._bindings)
         self.profiling = profiling
         self._records: list[ProfileRecord] = []
         self._runs = itertools.count()
@@ -148,6 +150,7 @@ class LoadedNetwork:
                     devices=self._devices,
                     priority=int(priority),
                     outputs=bound,
+                    large=self._large_outputs,
                 )
         finally:
             self._in_flight -= 1

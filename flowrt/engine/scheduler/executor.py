@@ -49,7 +49,7 @@ from flowrt.engine.scheduler.binding import BoundStep, bind_segment
 from flowrt.engine.scheduler.dataflow import Dataflow, Segment, WorkloadNode
 from flowrt.engine.scheduler.device_segments import DeviceSegments
 from flowrt.engine.scheduler.job import JobContext
-from flowrt.engine.scheduler.outputs import direct_outputs, own_outputs
+from flowrt.engine.scheduler.outputs import LargeOutput, direct_outputs, own_outputs
 from flowrt.errors import FlowrtError, RunError
 
 # A host segment that ran in less than this (seconds) runs on the executor's thread.
@@ -318,6 +318,7 @@ async def execute(
     devices: Mapping[str, DeviceRunner] | None = None,
     priority: int = 1,
     outputs: Mapping[str, np.ndarray] | None = None,
+    large: Sequence[LargeOutput] = (),
 ) -> dict[str, np.ndarray]:
     """Run the dataflow once on checked feeds; return fresh output arrays by name, or for the
     names in ``outputs`` (checked caller arrays of their dtype and shape) those arrays, which
@@ -328,13 +329,15 @@ async def execute(
     both (``run_sync``, ``submit``).
 
     With a ``pool``, planned intermediate tensors live at their ``bindings`` in it; the pool
-    must stay lent until this returns (it does not touch the pool afterwards). ``record``,
+    must stay lent until this returns (it does not touch the pool afterwards); the ``large``
+    outputs (``outputs.large_outputs``) the caller does not bind get arrays of their own.
+    ``record``,
     when given, is called from the worker after each workload with
     ``(node, worker name, start_ns, end_ns)``.
     """
     bound = outputs or {}
     direct = direct_outputs(dataflow, bindings or {}, feeds, bound) if bound else {}
-    own = own_outputs(dataflow, bindings or {}, bound, direct) if pool is not None else {}
+    own = own_outputs(large, bound) if pool is not None else {}
     state = _RunState(dataflow, feeds, pool, bindings or {}, {**direct, **own})
     state.record = record
     state.between = host.between_workloads

@@ -4,7 +4,7 @@ caller binds (``run(feeds, outputs=...)``, :func:`direct_outputs`) and large unb
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,35 +19,33 @@ if TYPE_CHECKING:
 OWN_OUTPUT_BYTES = 1 << 20
 
 
-def own_outputs(
-    dataflow: Dataflow,
-    bindings: Mapping[int, Binding],
-    bound: Mapping[str, np.ndarray],
-    direct: Mapping[int, np.ndarray],
-) -> dict[int, np.ndarray]:
-    """New arrays, by tensor id, for the network outputs the caller does not bind that a host
-    workload makes, no workload reads, one output name only, planned in the pool and at least
-    ``OWN_OUTPUT_BYTES``: their producers write them there (as into a caller's array, see
-    :func:`direct_outputs`) and the run returns them with no copy."""
+# (output name, tensor id, shape, dtype) of an output :func:`own_outputs` gives an array
+LargeOutput = tuple[str, int, tuple[int, ...], np.dtype]
+
+
+def large_outputs(dataflow: Dataflow, bindings: Mapping[int, Binding]) -> tuple[LargeOutput, ...]:
+    """The network outputs that a host workload makes, no workload reads, one output name
+    only, planned in the pool and at least ``OWN_OUTPUT_BYTES``: found once per loaded
+    network, given their own arrays by :func:`own_outputs` in each run."""
     names: dict[int, int] = {}
     for tid in dataflow.outputs.values():
         names[tid] = names.get(tid, 0) + 1
-    own: dict[int, np.ndarray] = {}
+    large: list[LargeOutput] = []
     for name, tid in dataflow.outputs.items():
         binding = bindings.get(tid)
-        if (
-            name in bound
-            or tid in direct
-            or names[tid] > 1
-            or binding is None
-            or tid in dataflow.downloads
-            or dataflow.readers.get(tid, 0)
-        ):
+        if names[tid] > 1 or binding is None or tid in dataflow.downloads or dataflow.readers.get(tid, 0):
             continue
         dtype = np.dtype(binding.dtype)
         if int(np.prod(binding.shape, dtype=np.int64)) * dtype.itemsize >= OWN_OUTPUT_BYTES:
-            own[tid] = np.empty(binding.shape, dtype)
-    return own
+            large.append((name, tid, tuple(binding.shape), dtype))
+    return tuple(large)
+
+
+def own_outputs(large: Sequence[LargeOutput], bound: Mapping[str, np.ndarray]) -> dict[int, np.ndarray]:
+    """New arrays, by tensor id, for the ``large`` outputs (:func:`large_outputs`) the caller
+    does not bind: their producers write them there (as into a caller's array, see
+    :func:`direct_outputs`) and the run returns them with no copy."""
+    return {tid: np.empty(shape, dtype) for name, tid, shape, dtype in large if name not in bound}
 
 
 def direct_outputs(
