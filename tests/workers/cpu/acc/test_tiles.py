@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,9 +106,8 @@ def test_an_unknown_tile_choice_is_refused_with_the_choices():
         tiles._tile_shape("avx3")
 
 
-def test_the_avx2_tile_shape_computes_the_same(tmp_path):
-    script = textwrap.dedent(
-        """
+_GEMM_SCRIPT = textwrap.dedent(
+    """
         import numpy as np
         from flowrt.workers.cpu.acc import tiles
         rng = np.random.default_rng(1)
@@ -118,10 +118,26 @@ def test_the_avx2_tile_shape_computes_the_same(tmp_path):
             np.testing.assert_allclose(c, np.maximum(w.astype(np.float64) @ b + bias[:, None], 0), rtol=1e-4, atol=1e-4)
         print(tiles.TILE_ROWS, tiles.TILE_COLUMNS)
         """
-    )
-    env = dict(os.environ, FLOWRT_TILES="avx2", NUMBA_CACHE_DIR=str(tmp_path))
+)
+
+
+def _gemm_with_tiles(choice: str, cache: Path) -> list[str]:
+    """The tile shape a process with ``FLOWRT_TILES=choice`` and numba's cache in ``cache``
+    reports, after checking its tiled GEMMs against numpy (an assertion error otherwise)."""
+    env = dict(os.environ, FLOWRT_TILES=choice, NUMBA_CACHE_DIR=str(cache))
     done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _GEMM_SCRIPT], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["6", "16"]
+    return done.stdout.split()
+
+
+def test_the_avx2_tile_shape_computes_the_same(tmp_path):
+    assert _gemm_with_tiles("avx2", tmp_path) == ["6", "16"]
+
+
+def test_kernels_cached_for_one_tile_shape_are_not_taken_for_another(tmp_path):
+    # The tile shape is compiled into the kernels: a cache filled under one FLOWRT_TILES
+    # must not serve another (it did, and AVX2's panels went through AVX-512's code: NaNs).
+    assert _gemm_with_tiles("avx512", tmp_path) == ["8", "32"]
+    assert _gemm_with_tiles("avx2", tmp_path) == ["6", "16"]
