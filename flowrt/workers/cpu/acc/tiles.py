@@ -77,6 +77,10 @@ CURVE_BLOCK_FLOATS = 128 * 1024
 # A tile reads one short run of each of K rows; the hardware prefetchers follow few such
 # streams, and without this the 1x1 convs of DenseNet-121 ran at 89 GFLOP/s instead of 111.
 PREFETCH_AHEAD = 2 * TILE_COLUMNS
+# Steps of k a tile takes at a time (about) where k is longer than DEPTH_MAX: a block of b's
+# columns (DEPTH x TILE_COLUMNS floats) then stays in L1 while each panel reads it.
+DEPTH = 128
+DEPTH_MAX = 192
 
 
 def _intrinsic_function(builder, name, return_type, argument_types):
@@ -93,15 +97,15 @@ def _emit_tile(
     place, row i from ``a_at + i * lda``, ``b`` is a packed panel, and the bias is per column
     (and ``mode`` is Relu or none: no bounds); ``by_columns`` (:func:`_column_tile`): ``a``'s
     row i is read down a column instead, step p from ``a_at + i + p * lda``."""
-    accumulate = low = high = None
+    low = high = None
     if rows_in_place:  # lda and accumulate come out; the rest reads as _tile's arguments
         lda, accumulate = args[2], args[13]
         args = (*args[:2], *args[3:13], *args[14:])
         signature_args = (*signature.args[:2], *signature.args[3:13], *signature.args[14:])
-    else:  # the clip bounds come out
-        low, high = args[12], args[13]
-        args = (*args[:12], *args[14:])
-        signature_args = (*signature.args[:12], *signature.args[14:])
+    else:  # the clip bounds and accumulate come out
+        low, high, accumulate = args[12], args[13], args[14]
+        args = (*args[:12], *args[15:])
+        signature_args = (*signature.args[:12], *signature.args[15:])
     a_arr, a_at, b_arr, b_at, ldb, c_arr, c_at, ldc, k, bias_arr, bias_at, mode = args[:12]
     a_ptr, b_ptr, c_ptr, bias_ptr = (
         builder.gep(context.make_array(signature_args[i])(context, builder, args[i]).data, [args[i + 1]])
@@ -151,15 +155,20 @@ def _emit_tile(
         else:
             builder.store(value, at(ptr, v * _LANES), align=4)
 
+    # From the bias; or (accumulate) from zero, the sum then added to what c holds: a product
+    # summed in blocks of k, each block's sum rounded on its own.
+    onto_c = builder.icmp_signed("!=", accumulate, ir.Constant(i64, 0))
     if rows_in_place:
-        # From the bias; or (accumulate) from zero, the sum then added to what c holds: a
-        # product summed in blocks of k, each block's sum rounded on its own.
         column_bias = [builder.load(at(bias_ptr, v * _LANES), align=4) for v in range(_VECTORS)]
-        onto_c = builder.icmp_signed("!=", accumulate, ir.Constant(i64, 0))
         starts = [[builder.select(onto_c, zero, column_bias[v]) for v in range(_VECTORS)]] * TILE_ROWS
     else:
         starts = [
-            [broadcast(builder.load(builder.gep(bias_ptr, [ir.Constant(i64, i)])))] * _VECTORS
+            [
+                builder.select(
+                    onto_c, zero, broadcast(builder.load(builder.gep(bias_ptr, [ir.Constant(i64, i)])))
+                )
+            ]
+            * _VECTORS
             for i in range(TILE_ROWS)
         ]
     entry = builder.block
@@ -212,8 +221,7 @@ def _emit_tile(
             total = totals[i][v]
             total.add_incoming(starts[i][v], entry)
             total.add_incoming(updated[i][v], tail)
-            if rows_in_place:
-                total = builder.select(onto_c, builder.fadd(total, load(c_row, v)), total)
+            total = builder.select(onto_c, builder.fadd(total, load(c_row, v)), total)
             rows.append((c_row, v, total))
 
     def rectified(total):  # ReLU as activate(): NaN stays NaN (unordered compare), -0.0 -> +0.0
@@ -247,19 +255,24 @@ def _emit_tile(
 
 
 @intrinsic
-def _tile(typingctx, a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, mode, low, high):
-    """``c[c_at + i*ldc + j] = act(bias[bias_at + i] + sum_p a[a_at + p*TILE_ROWS + i] *
-    b[b_at + p*ldb + j])`` for ``i < TILE_ROWS``, ``j < TILE_COLUMNS``; ``act`` is ReLU when
-    ``mode`` is RELU_MODE, a clip to [``low``, ``high``] when CLIP_MODE, else none. Offsets
-    and strides count float32 elements."""
-    sig = types.void(a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, mode, low, high)
+def _tile(typingctx, a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, mode, low, high, accumulate):
+    """``c[c_at + i*ldc + j] = act(start + sum_p a[a_at + p*TILE_ROWS + i] * b[b_at + p*ldb +
+    j])`` for ``i < TILE_ROWS``, ``j < TILE_COLUMNS``, ``start`` being ``bias[bias_at + i]``,
+    or what ``c`` holds there when ``accumulate`` is non-zero; ``act`` is ReLU when ``mode``
+    is RELU_MODE, a clip to [``low``, ``high``] when CLIP_MODE, else none. Offsets and strides
+    count float32 elements."""
+    sig = types.void(a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, mode, low, high, accumulate)
     return sig, lambda context, builder, signature, args: _emit_tile(context, builder, signature, args, False)
 
 
 @intrinsic
-def _tile_part(typingctx, a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, mode, low, high, columns):
+def _tile_part(
+    typingctx, a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, mode, low, high, accumulate, columns
+):
     """:func:`_tile` on the first ``columns`` (< TILE_COLUMNS) columns only."""
-    sig = types.void(a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, mode, low, high, columns)
+    sig = types.void(
+        a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, mode, low, high, accumulate, columns
+    )
     return sig, lambda context, builder, signature, args: _emit_tile(context, builder, signature, args, True)
 
 
@@ -313,14 +326,37 @@ def pad_rows(bias: np.ndarray) -> np.ndarray:
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _block(panels, p, b, q, ldb, c, c_at, ldc, k, bias, mode, low, high, columns):
-    """Panel ``p`` times columns ``q .. q + columns`` of ``b`` into ``c`` from ``c_at`` on:
-    a whole tile, or a masked one for the last columns."""
-    at = p * k * TILE_ROWS
+def _block(panels, p, b, q, ldb, c, c_at, ldc, k, k0, k1, bias, mode, low, high, columns):
+    """Panel ``p`` times columns ``q .. q + columns`` of ``b`` into ``c`` from ``c_at`` on,
+    over steps ``k0 .. k1`` of the ``k``: a whole tile, or a masked one for the last columns.
+    The first block of steps starts from the bias, the others from what ``c`` holds; the
+    activation is applied by the last."""
+    at = (p * k + k0) * TILE_ROWS
+    onto = np.int64(k0 > 0)
+    act = mode if k1 == k else 0
     if columns == TILE_COLUMNS:
-        _tile(panels, at, b, q, ldb, c, c_at, ldc, k, bias, p * TILE_ROWS, mode, low, high)
+        _tile(
+            panels, at, b, q + k0 * ldb, ldb, c, c_at, ldc, k1 - k0, bias, p * TILE_ROWS, act, low, high, onto
+        )
     else:
-        _tile_part(panels, at, b, q, ldb, c, c_at, ldc, k, bias, p * TILE_ROWS, mode, low, high, columns)
+        _tile_part(
+            panels,
+            at,
+            b,
+            q + k0 * ldb,
+            ldb,
+            c,
+            c_at,
+            ldc,
+            k1 - k0,
+            bias,
+            p * TILE_ROWS,
+            act,
+            low,
+            high,
+            onto,
+            columns,
+        )
 
 
 @njit(nogil=True, cache=True, no_cfunc_wrapper=True)  # type: ignore[call-overload]  # numba's stubs lack no_cfunc_wrapper
@@ -339,6 +375,8 @@ def gemm_panels(panels, bias, b, c, code, alpha, beta):
     ldb, ldc = leading_dimension(b), leading_dimension(c)
     full_rows = m // TILE_ROWS
     scratch = np.empty((TILE_ROWS, TILE_COLUMNS), np.float32)
+    # Steps of k in blocks that keep a block of b's columns in L1 while every panel reads it.
+    depth = max(k, 1) if k <= DEPTH_MAX else -(-k // -(-k // DEPTH))
     # Another curve is applied a block of columns at a time, each block as soon as it is
     # stored, while it is in L2: over the whole of a large c, each row would come back from
     # memory (a 96 x 12544 Conv+Swish spent twice as long on the curve as on the GEMM).
@@ -347,13 +385,45 @@ def gemm_panels(panels, bias, b, c, code, alpha, beta):
         q1 = min(q0 + block, n)
         for q in range(q0, q1, TILE_COLUMNS):
             columns = min(TILE_COLUMNS, q1 - q)
-            for p in range(full_rows):
-                _block(
-                    panels, p, b, q, ldb, c, p * TILE_ROWS * ldc + q, ldc, k, bias, mode, low, high, columns
-                )
+            for k0 in range(0, max(k, 1), depth):  # an empty product: one block, the bias
+                k1 = min(k, k0 + depth)
+                for p in range(full_rows):
+                    _block(
+                        panels,
+                        p,
+                        b,
+                        q,
+                        ldb,
+                        c,
+                        p * TILE_ROWS * ldc + q,
+                        ldc,
+                        k,
+                        k0,
+                        k1,
+                        bias,
+                        mode,
+                        low,
+                        high,
+                        columns,
+                    )
             if full_rows * TILE_ROWS < m:  # the last panel's padding rows go to scratch
                 _block(
-                    panels, full_rows, b, q, ldb, scratch, 0, TILE_COLUMNS, k, bias, mode, low, high, columns
+                    panels,
+                    full_rows,
+                    b,
+                    q,
+                    ldb,
+                    scratch,
+                    0,
+                    TILE_COLUMNS,
+                    k,
+                    0,
+                    k,
+                    bias,
+                    mode,
+                    low,
+                    high,
+                    columns,
                 )
                 # A loop, not a slice assignment: that compiles numba's formatted messages for
                 # shapes that do not broadcast (seconds on a cold cache).

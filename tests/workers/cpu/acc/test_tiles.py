@@ -64,6 +64,23 @@ def test_gemm_panels_matches_numpy_on_strided_views(m, k, n, code, b_pad, c_pad,
     assert (canvas[:, :c_pad] == 7).all() and (canvas[:, c_pad + n :] == 7).all()
 
 
+@pytest.mark.parametrize("code", list(EXPECTED))
+@pytest.mark.parametrize("k", [tiles.DEPTH_MAX + 1, 3 * tiles.DEPTH + 5])
+def test_a_long_product_is_summed_in_blocks_of_k_then_activated_once(k, code):
+    # past DEPTH_MAX steps each tile runs over blocks of about DEPTH steps, the first from the
+    # bias, the next onto what c holds; the activation only on the total; a padded last
+    # panel and a masked last block of columns, in strided views
+    m, n = 2 * tiles.TILE_ROWS + 3, tiles.TILE_COLUMNS + 5
+    rng = np.random.default_rng(k + code)
+    w, bias = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal(m, dtype=np.float32)
+    b = rng.standard_normal((k, n + 2), dtype=np.float32)[:, 1 : 1 + n]
+    canvas = np.full((m, n + 4), 7.0, np.float32)
+    run_tiles(w, bias, b, canvas[:, 2 : 2 + n], code)
+    expected = EXPECTED[code](w.astype(np.float64) @ b + bias[:, None])
+    np.testing.assert_allclose(canvas[:, 2 : 2 + n], expected, rtol=1e-4, atol=1e-3)
+    assert (canvas[:, :2] == 7).all() and (canvas[:, 2 + n :] == 7).all()
+
+
 @pytest.mark.parametrize("code", [SIGMOID, LEAKY_RELU, NONE])
 def test_a_curve_is_applied_block_by_block_over_every_column(code):
     # 200 rows: blocks of CURVE_BLOCK_FLOATS // 200 columns, rounded down to whole tiles; 2.5
