@@ -9,6 +9,9 @@ from kernelcases import conv_case
 from flowrt.registry import FusedActivation
 from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
 from flowrt.workers.cpu.acc.conv.winograd import WinogradRule, winograd_blocks
+from flowrt.workers.cpu.acc.conv.winograd_conv import winograd_conv
+from flowrt.workers.cpu.acc.kernels.epilogue import NONE
+from flowrt.workers.cpu.acc.tiles import AVAILABLE as TILES_AVAILABLE
 
 
 def _force_winograd(tile, small_blocks=False, **more):
@@ -141,3 +144,27 @@ def test_winograd_is_chosen_for_large_3x3_stride_1_convs(x_shape, w_shape, attrs
     plan = kernel.plan(x.shape, w.shape)
     assert (plan.tile if plan.name == "winograd" else 0) == winograd
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=2e-5 * np.abs(expected).max())
+
+
+@pytest.mark.skipif(not TILES_AVAILABLE, reason="no register tiles on this CPU: BLAS runs every GEMM")
+@pytest.mark.parametrize("tile", [2, 4])
+def test_the_gemms_by_register_tiles_match_those_by_blas(tile):
+    # where the host has register tiles the transforms are kept as their panels; the
+    # matrices for BLAS (other hosts) give the same output. 19 output channels: a padded
+    # last panel.
+    rng = np.random.default_rng(tile)
+    x = rng.standard_normal((2, 12, 10, 9), dtype=np.float32)
+    w = rng.standard_normal((19, 12, 3, 3), dtype=np.float32)
+    b = rng.standard_normal(19, dtype=np.float32)
+    kernel, got, expected = conv_case(x, w, b, workers=1, tuning=_force_winograd(tile), pads=(1, 1, 1, 1))
+    plan = kernel.plan(x.shape, w.shape)
+    weights = kernel.weights
+    assert weights.winograd_panels(weights.packed, w.shape, tile).ndim == 4  # what the plan ran
+    u = weights.winograd(weights.packed, w.shape, tile)
+    by_blas = np.full_like(got, np.nan)
+    winograd_conv(
+        x, u, b, by_blas, 1, 1, plan.bounds, plan.parts, plan.block, plan.group, NONE, np.float32(0),
+        np.float32(0), tile,
+    )  # fmt: skip
+    np.testing.assert_allclose(by_blas, got, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+    np.testing.assert_allclose(by_blas, expected, rtol=1e-4, atol=2e-5 * np.abs(expected).max())

@@ -8,6 +8,7 @@ from flowrt.engine.memory.weights import MANAGER
 from flowrt.workers.cpu.acc.blas import read_only
 from flowrt.workers.cpu.acc.conv.winograd import winograd_weights
 from flowrt.workers.cpu.acc.conv.winograd4 import winograd4_weights
+from flowrt.workers.cpu.acc.conv.winograd_conv import winograd_panels
 from flowrt.workers.cpu.acc.packed_gemm import column_bias, column_panels
 from flowrt.workers.cpu.acc.tiles import PANEL_LAYOUT, pack_panels, pad_rows
 
@@ -66,6 +67,24 @@ class ConvWeights:
             return make()
         u = self._winograd[tile] = self._shared("conv.winograd", (w_shape, tile), make)
         return u
+
+    def winograd_panels(self, w: np.ndarray, w_shape: tuple[int, ...], tile: int) -> np.ndarray:
+        """The filters' Winograd transforms for ``tile`` x ``tile`` outputs as register-tile
+        panels, one set per tile element ((tile + 2)^2, M / TILE_ROWS, C, TILE_ROWS)."""
+        key = -tile  # beside the plain transforms, in the same table
+        if w is self.packed and key in self._winograd:
+            return self._winograd[key]
+
+        def make() -> np.ndarray:
+            u = (winograd_weights if tile == 2 else winograd4_weights)(w.reshape(w_shape))
+            return read_only(winograd_panels(u))
+
+        if w is not self.packed:
+            return make()
+        panels = self._winograd[key] = self._shared(
+            "conv.winograd_panels", (w_shape, tile, PANEL_LAYOUT), make
+        )
+        return panels
 
     def panels(self, w: np.ndarray, bias: np.ndarray, constant: bool) -> tuple[np.ndarray, np.ndarray]:
         """Packed weights ``w`` as register-tile panels per group, and the bias padded to match
