@@ -90,13 +90,21 @@ def _intrinsic_function(builder, name, return_type, argument_types):
 
 
 def _emit_tile(
-    context, builder, signature, args, masked: bool, rows_in_place: bool = False, by_columns: bool = False
+    context,
+    builder,
+    signature,
+    args,
+    masked: bool,
+    rows_in_place: bool = False,
+    by_columns: bool = False,
+    vectors: int = _VECTORS,
 ):
     """The micro-kernel's IR (see :func:`_tile`); ``masked``: only the first ``columns``
     columns are read and written. ``rows_in_place`` (:func:`_row_tile`): ``a`` is read in
     place, row i from ``a_at + i * lda``, ``b`` is a packed panel, and the bias is per column
     (and ``mode`` is Relu or none: no bounds); ``by_columns`` (:func:`_column_tile`): ``a``'s
-    row i is read down a column instead, step p from ``a_at + i + p * lda``."""
+    row i is read down a column instead, step p from ``a_at + i + p * lda``. ``vectors``:
+    vectors of ``_LANES`` columns per row (1: a narrow tile, for a last block of few columns)."""
     low = high = None
     if rows_in_place:  # lda and accumulate come out; the rest reads as _tile's arguments
         lda, accumulate = args[2], args[13]
@@ -140,7 +148,7 @@ def _emit_tile(
     masks = []
     if masked:
         columns = broadcast(args[12], ir.Constant(ir.VectorType(i64, _LANES), ir.Undefined))
-        for v in range(_VECTORS):
+        for v in range(vectors):
             lanes = ir.Constant(ir.VectorType(i64, _LANES), [v * _LANES + j for j in range(_LANES)])
             masks.append(builder.icmp_signed("<", lanes, columns))
 
@@ -159,8 +167,8 @@ def _emit_tile(
     # summed in blocks of k, each block's sum rounded on its own.
     onto_c = builder.icmp_signed("!=", accumulate, ir.Constant(i64, 0))
     if rows_in_place:
-        column_bias = [builder.load(at(bias_ptr, v * _LANES), align=4) for v in range(_VECTORS)]
-        starts = [[builder.select(onto_c, zero, column_bias[v]) for v in range(_VECTORS)]] * TILE_ROWS
+        column_bias = [builder.load(at(bias_ptr, v * _LANES), align=4) for v in range(vectors)]
+        starts = [[builder.select(onto_c, zero, column_bias[v]) for v in range(vectors)]] * TILE_ROWS
     else:
         starts = [
             [
@@ -168,7 +176,7 @@ def _emit_tile(
                     onto_c, zero, broadcast(builder.load(builder.gep(bias_ptr, [ir.Constant(i64, i)])))
                 )
             ]
-            * _VECTORS
+            * vectors
             for i in range(TILE_ROWS)
         ]
     entry = builder.block
@@ -178,7 +186,7 @@ def _emit_tile(
 
     builder.position_at_end(loop)
     step = builder.phi(i64)
-    sums = [[builder.phi(vec) for _ in range(_VECTORS)] for _ in range(TILE_ROWS)]
+    sums = [[builder.phi(vec) for _ in range(vectors)] for _ in range(TILE_ROWS)]
     if by_columns:
         a_column = builder.gep(a_ptr, [builder.mul(step, lda)])
         a_values = [builder.gep(a_column, [ir.Constant(i64, i)]) for i in range(TILE_ROWS)]
@@ -191,7 +199,7 @@ def _emit_tile(
         a_row = builder.gep(a_ptr, [builder.mul(step, ir.Constant(i64, TILE_ROWS))])
         a_values = [builder.gep(a_row, [ir.Constant(i64, i)]) for i in range(TILE_ROWS)]
     b_row = builder.gep(b_ptr, [builder.mul(step, ldb)])
-    b_vecs = [load(b_row, v) for v in range(_VECTORS)]
+    b_vecs = [load(b_row, v) for v in range(vectors)]
     if not masked and not rows_in_place:  # a packed panel is read in order: no need
         for line in range(0, TILE_COLUMNS * 4, 64):
             ahead = builder.bitcast(
@@ -201,23 +209,23 @@ def _emit_tile(
     updated = []
     for i in range(TILE_ROWS):
         a_vec = broadcast(builder.load(a_values[i]))
-        updated.append([builder.call(fmuladd, [a_vec, b_vecs[v], sums[i][v]]) for v in range(_VECTORS)])
+        updated.append([builder.call(fmuladd, [a_vec, b_vecs[v], sums[i][v]]) for v in range(vectors)])
     following = builder.add(step, ir.Constant(i64, 1))
     tail = builder.block
     step.add_incoming(ir.Constant(i64, 0), entry)
     step.add_incoming(following, tail)
     for i in range(TILE_ROWS):
-        for v in range(_VECTORS):
+        for v in range(vectors):
             sums[i][v].add_incoming(starts[i][v], entry)
             sums[i][v].add_incoming(updated[i][v], tail)
     builder.cbranch(builder.icmp_signed("<", following, k), loop, done)
 
     builder.position_at_end(done)
-    totals = [[builder.phi(vec) for _ in range(_VECTORS)] for _ in range(TILE_ROWS)]
+    totals = [[builder.phi(vec) for _ in range(vectors)] for _ in range(TILE_ROWS)]
     rows = []
     for i in range(TILE_ROWS):
         c_row = builder.gep(c_ptr, [builder.mul(ir.Constant(i64, i), ldc)])
-        for v in range(_VECTORS):
+        for v in range(vectors):
             total = totals[i][v]
             total.add_incoming(starts[i][v], entry)
             total.add_incoming(updated[i][v], tail)
@@ -277,6 +285,20 @@ def _tile_part(
 
 
 @intrinsic
+def _narrow_tile_part(
+    typingctx, a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, mode, low, high, accumulate, columns
+):
+    """:func:`_tile` on the first ``columns`` (at most ``_LANES``) columns only, one vector
+    per row: half the steps of a masked :func:`_tile_part`."""
+    sig = types.void(
+        a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, mode, low, high, accumulate, columns
+    )
+    return sig, lambda context, builder, signature, args: _emit_tile(
+        context, builder, signature, args, True, vectors=1
+    )
+
+
+@intrinsic
 def _row_tile(typingctx, a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu, accumulate):
     """``c[c_at + i*ldc + j] = act(start + sum_p a[a_at + i*lda + p] * b[b_at + p*ldb + j])``
     for ``i < TILE_ROWS``, ``j < TILE_COLUMNS``, ``start`` being ``bias[bias_at + j]``, or
@@ -328,34 +350,22 @@ def pad_rows(bias: np.ndarray) -> np.ndarray:
 @njit(inline="always", nogil=True, cache=True)
 def _block(panels, p, b, q, ldb, c, c_at, ldc, k, k0, k1, bias, mode, low, high, columns):
     """Panel ``p`` times columns ``q .. q + columns`` of ``b`` into ``c`` from ``c_at`` on,
-    over steps ``k0 .. k1`` of the ``k``: a whole tile, or a masked one for the last columns.
-    The first block of steps starts from the bias, the others from what ``c`` holds; the
-    activation is applied by the last."""
+    over steps ``k0 .. k1`` of the ``k``: a whole tile, or a masked one for the last columns
+    (a narrow one for at most ``_LANES``). The first block of steps starts from the bias, the
+    others from what ``c`` holds; the activation is applied by the last."""
     at = (p * k + k0) * TILE_ROWS
     onto = np.int64(k0 > 0)
     act = mode if k1 == k else 0
+    b_at, steps, bias_at = q + k0 * ldb, k1 - k0, p * TILE_ROWS
     if columns == TILE_COLUMNS:
-        _tile(
-            panels, at, b, q + k0 * ldb, ldb, c, c_at, ldc, k1 - k0, bias, p * TILE_ROWS, act, low, high, onto
+        _tile(panels, at, b, b_at, ldb, c, c_at, ldc, steps, bias, bias_at, act, low, high, onto)
+    elif columns <= _LANES:
+        _narrow_tile_part(
+            panels, at, b, b_at, ldb, c, c_at, ldc, steps, bias, bias_at, act, low, high, onto, columns
         )
     else:
         _tile_part(
-            panels,
-            at,
-            b,
-            q + k0 * ldb,
-            ldb,
-            c,
-            c_at,
-            ldc,
-            k1 - k0,
-            bias,
-            p * TILE_ROWS,
-            act,
-            low,
-            high,
-            onto,
-            columns,
+            panels, at, b, b_at, ldb, c, c_at, ldc, steps, bias, bias_at, act, low, high, onto, columns
         )
 
 
