@@ -82,6 +82,7 @@ PREFETCH_AHEAD = 2 * TILE_COLUMNS
 # panel and block of k, that the hardware prefetchers start on too late. ResNet-50's 3x3
 # convs at 14x14 by Winograd (4 MB of transformed weights each), one Zen 5 core: 1.19 ms in
 # the model (0.74 with the weights in L3) -> 0.81.
+
 # Steps of k a tile takes at a time (about) where k is longer than DEPTH_MAX: a block of b's
 # columns (DEPTH x TILE_COLUMNS floats) then stays in L1 while each panel reads it.
 DEPTH = 128

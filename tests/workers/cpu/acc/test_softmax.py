@@ -8,7 +8,7 @@ import flowrt
 from flowrt.registry import WorkloadInfo
 from flowrt.types import TensorInfo
 from flowrt.workers.cpu.acc.kernels import load_all as acc_kernels
-from flowrt.workers.cpu.acc.kernels.softmax import BLOCK
+from flowrt.workers.cpu.acc.kernels.softmax import BLOCK, ROWS_BLOCK_FLOATS
 from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
 
 
@@ -83,3 +83,19 @@ def test_an_attention_mask_of_lowest_floats_and_infinities_gives_zeros_where_mas
         np.testing.assert_allclose(got, expected, rtol=2e-6, atol=1e-7)
         if kind == "Softmax":
             assert (got[:, :, causal] == 0).all()
+
+
+def test_many_long_rows_run_in_blocks_and_a_nan_spoils_only_its_own_row():
+    # rows of 301 run ROWS_BLOCK_FLOATS // 301 at a time: several blocks per slice, the last
+    # one short; a NaN makes its row NaN (as numpy's max, exp and sum would), a row of -inf
+    # too, and no other row
+    x = np.random.default_rng(5).standard_normal((3, 7, 97, 301), dtype=np.float32) * 8
+    x[1, 2, 40, 17] = np.nan
+    x[2, 6, 96, :] = -np.inf
+    assert 97 * 7 * 3 > 3 * (ROWS_BLOCK_FLOATS // 301)
+    for kind in ("Softmax", "LogSoftmax"):
+        with np.errstate(invalid="ignore"):  # CpuRef's -inf - -inf
+            got, expected = _run_both(kind, x, 2)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+        assert np.isnan(got[1, 2, 40]).all() and np.isnan(got[2, 6, 96]).all()
+        assert np.isnan(got).sum() == 2 * 301

@@ -177,13 +177,27 @@ def float32_function(build: Callable[..., Value]):
     fn: Callable[..., object]
     if arity == 1:
         fn = lambda typingctx, x: typer(typingctx, (x,))  # noqa: E731
+    elif arity == 2:
+        fn = lambda typingctx, x, y: typer(typingctx, (x, y))  # noqa: E731
     elif arity == 3:
         fn = lambda typingctx, x, a, b: typer(typingctx, (x, a, b))  # noqa: E731
     else:
-        raise TypeError(f"float32_function takes 1 or 3 arguments, {build.__name__} has {arity}")
+        raise TypeError(f"float32_function takes 1 to 3 arguments, {build.__name__} has {arity}")
     fn.__name__ = fn.__qualname__ = build.__name__.removesuffix("_of")
     fn.__doc__ = build.__doc__
     return intrinsic(fn)
+
+
+def maxnum_of(x: Value, y: Value) -> Value:
+    """The larger of ``x`` and ``y``, the other one where one is NaN (LLVM's ``maxnum``, C's
+    fmaxf): a loop keeping the largest element by it vectorizes, where one by a compare and a
+    select stays scalar (LLVM takes such a select for a max only in a function free of NaNs)."""
+    b = x.builder
+    module = b.module
+    function = module.globals.get("llvm.maxnum.f32") or ir.Function(
+        module, ir.FunctionType(_F32, [_F32, _F32]), "llvm.maxnum.f32"
+    )
+    return Value(b, b.call(function, [x.ir, y.ir]))
 
 
 # exp: x = n ln2 + r, |r| <= ln2 / 2, with ln2 in two parts (Cody and Waite) so that n ln2 is
@@ -326,6 +340,8 @@ def erf_of(x: Value) -> Value:
 
 
 exp = float32_function(exp_of)
+exp_nonpositive = float32_function(exp_nonpositive_of)
+maxnum = float32_function(maxnum_of)
 expm1 = float32_function(expm1_of)
 log = float32_function(log_of)
 softplus = float32_function(softplus_of)

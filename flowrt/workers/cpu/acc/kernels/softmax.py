@@ -19,21 +19,40 @@ from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels.activation import MIN_SLICE
 from flowrt.workers.cpu.acc.kernels.fastmath import exp as fast_exp
+from flowrt.workers.cpu.acc.kernels.fastmath import exp_nonpositive, maxnum
 
 # Inner columns one unit of work handles together: its running max and sum stay in L1.
 BLOCK = 256
+# Floats of contiguous rows transformed together (see _rows): 64 KB.
+ROWS_BLOCK_FLOATS = 16 * 1024
 
 
-@njit(**NATIVE, fastmath={"reassoc", "nsz"})
+@njit(**NATIVE)
 def _row_max(x):
-    """The largest value of ``x``, NaN if it holds one (as np.max)."""
+    """The largest value of ``x`` other than NaN (NaN if all are): a NaN of the row then
+    makes its exp, the sum and so every output NaN, as numpy's max would."""
     top = x[0]
-    nan = False
     for k in range(x.shape[0]):
-        v = x[np.uint64(k)]
-        top = v if v > top else top
-        nan |= v != v
-    return np.float32(np.nan) if nan else top
+        top = maxnum(top, x[np.uint64(k)])
+    return top
+
+
+@njit(**NATIVE)
+def _shifted(x, top, out):
+    """``out = x - top``."""
+    for k in range(x.shape[0]):
+        j = np.uint64(k)
+        out[j] = x[j] - top
+
+
+@njit(**NATIVE)
+def _exp_in_place(values):
+    """``values = exp(values)`` for values <= 0 (or NaN): one loop over many rows, so that
+    the exp runs in whole vectors but for the block's last few elements (a row's own loop
+    ran the last ``length % lanes`` of every row one at a time: 5 of attention's 197)."""
+    for k in range(values.shape[0]):
+        j = np.uint64(k)
+        values[j] = exp_nonpositive(values[j])
 
 
 @njit(**NATIVE, fastmath={"reassoc"})
@@ -46,24 +65,30 @@ def _row_sum(x):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _row(x, out, log):
-    """One distribution laid out contiguously (``inner`` is 1): a loop per step, so that
-    each vectorizes (exp is ``fastmath``'s; the sum may reassociate, the exp may not)."""
-    top = _row_max(x)
-    for k in range(x.shape[0]):
-        j = np.uint64(k)
-        out[j] = fast_exp(x[j] - top)
-    total = _row_sum(out)
-    if log:
-        shift = np.float32(math.log(total))
-        for k in range(x.shape[0]):
-            j = np.uint64(k)
-            out[j] = (x[j] - top) - shift
-    else:
-        scale = np.float32(1) / total
-        for k in range(x.shape[0]):
-            j = np.uint64(k)
-            out[j] = out[j] * scale
+def _rows(x, out, first, last, log):
+    """Rows ``first .. last`` of ``x`` (rows, length), each one distribution laid out
+    contiguously, into ``out``: shifted by their max row by row, one exp over all of them,
+    then summed and scaled row by row; a loop per step, so that each vectorizes (the exp is
+    ``fastmath``'s; the sum may reassociate, the exp may not). One Zen 5 core, attention's
+    6 x 197 rows of 197: 185 -> 75 us."""
+    length = x.shape[1]
+    for o in range(first, last):
+        _shifted(x[o], _row_max(x[o]), out[o])
+    _exp_in_place(out.reshape(-1)[first * length : last * length])
+    for o in range(first, last):
+        row, dst = x[o], out[o]
+        total = _row_sum(dst)
+        if log:
+            shift = np.float32(math.log(total))
+            top = _row_max(row)
+            for k in range(length):
+                j = np.uint64(k)
+                dst[j] = (row[j] - top) - shift
+        else:
+            scale = np.float32(1) / total
+            for k in range(length):
+                j = np.uint64(k)
+                dst[j] = dst[j] * scale
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -105,8 +130,10 @@ def _softmax_rows(task, step, x, out, bounds, blocks, log):
     """The rows of slice ``task`` (a :class:`SliceFunction`), ``x`` and ``out`` (outer,
     length) when ``inner`` is 1: each row is then typed contiguous, and its loops vectorize.
     ``blocks`` is 1."""
-    for o in range(bounds[task], bounds[task + 1]):
-        _row(x[o], out[o], log)
+    # rows a block at a time, the block staying in L1/L2 through its three passes
+    per_block = max(1, ROWS_BLOCK_FLOATS // max(1, x.shape[1]))
+    for first in range(bounds[task], bounds[task + 1], per_block):
+        _rows(x, out, first, min(first + per_block, bounds[task + 1]), log)
 
 
 @njit(nogil=True, cache=True, no_cfunc_wrapper=True)  # type: ignore[call-overload]  # numba's stubs lack no_cfunc_wrapper
