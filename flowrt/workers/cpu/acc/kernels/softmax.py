@@ -70,7 +70,7 @@ def _rows(x, out, first, last, log):
     contiguously, into ``out``: shifted by their max row by row, one exp over all of them,
     then summed and scaled row by row; a loop per step, so that each vectorizes (the exp is
     ``fastmath``'s; the sum may reassociate, the exp may not). One Zen 5 core, attention's
-    6 x 197 rows of 197: 185 -> 75 us."""
+    6 x 197 rows of 197: 185 -> 106 us (ORT: 57)."""
     length = x.shape[1]
     for o in range(first, last):
         _shifted(x[o], _row_max(x[o]), out[o])
