@@ -1,6 +1,7 @@
 """CpuAcc Transpose against CpuRef: any permutation and data type, shufflenet's channel shuffle."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -43,4 +44,23 @@ def test_channel_shuffle_and_a_strided_input():
     got, expected = _run_both(x, (0, 2, 1, 3, 4), 3, given_outputs=True)
     np.testing.assert_array_equal(got, expected)
     got, expected = _run_both(x[:, :, ::2], (0, 3, 4, 2, 1), 2)
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("dtype", [np.float32, np.int8, np.int64])
+@pytest.mark.parametrize(
+    "shape, perm",
+    [
+        ((1, 6, 197, 64), (0, 1, 3, 2)),  # attention's K transposed
+        ((1, 197, 6, 64), (0, 2, 3, 1)),
+        ((3, 45, 37), (0, 2, 1)),  # runs of 45 rows: blocks of BLOCK and a short one
+        ((2, 19, 3, 40), (0, 3, 2, 1)),
+    ],
+)
+def test_a_2d_transpose_inside_the_permutation_runs_in_blocks(shape, perm, dtype, workers):
+    # neighbouring output rows start at neighbouring input elements: up to BLOCK of them are
+    # gathered together, a run of the input per column; slices may cut a run anywhere
+    x = np.arange(np.prod(shape)).reshape(shape).astype(dtype)
+    got, expected = _run_both(x, perm, workers)
     np.testing.assert_array_equal(got, expected)

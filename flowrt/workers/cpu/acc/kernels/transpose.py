@@ -3,7 +3,9 @@
 Dimensions that stay neighbours in the same order are merged first (``strided.collapse``):
 shufflenet's channel shuffle, ``(1, 4, 60, 28, 28)`` by ``(0, 2, 1, 3, 4)``, becomes
 ``60 x 4`` rows of ``784`` contiguous elements, each one straight copy. When the last
-dimension moves, each output row gathers with the input's stride instead.
+dimension moves, each output row gathers with the input's stride instead, in blocks of rows
+where the rows start at neighbouring input elements (attention's K transposed, (1, 6, 197,
+64) by (0, 1, 3, 2), one Zen 5 core: 37.9 -> 21.3 us).
 """
 
 from __future__ import annotations
@@ -26,12 +28,33 @@ from flowrt.workers.cpu.acc.kernels.strided import (
     row_offset,
 )
 
+# Output rows gathered together where neighbouring rows start at neighbouring input
+# elements (a 2-D transpose inside the permutation), and columns per pass over them: each
+# input cache line read is then used whole, a block of BLOCK x BLOCK elements at a time.
+BLOCK = 16
+
 
 @njit(nogil=True, cache=True)
 def _gather_rows(x, out, outer, in_strides, step, inner, first, last):
-    """Output rows ``first`` to ``last``, each ``inner`` input elements ``step`` apart."""
-    for r in range(first, last):
+    """Output rows ``first`` to ``last``, each ``inner`` input elements ``step`` apart. Where
+    the last outer dimension steps one element in the input (``in_strides[-1] == 1``) and
+    the rows gather (``step`` > 1), up to ``BLOCK`` rows run together: for each of their
+    columns one contiguous run of the input fills that column of every row."""
+    run = outer[outer.shape[0] - 1]
+    blocked = step != 1 and in_strides[in_strides.shape[0] - 1] == 1 and run > 1
+    r = first
+    while r < last:
         src = row_offset(r, outer, in_strides)
+        if blocked:
+            rows = min(BLOCK, run - r % run, last - r)
+            for j0 in range(0, inner, BLOCK):
+                for j in range(j0, min(j0 + BLOCK, inner)):
+                    s = np.uint64(src + j * step)
+                    d = np.uint64(r * inner + j)
+                    for i in range(rows):
+                        out[d + np.uint64(i * inner)] = x[s + np.uint64(i)]
+            r += rows
+            continue
         d = out[r * inner : (r + 1) * inner]
         if step == 1:
             s = x[src : src + inner]
@@ -40,6 +63,7 @@ def _gather_rows(x, out, outer, in_strides, step, inner, first, last):
         else:
             for j in range(inner):
                 d[j] = x[src + j * step]
+        r += 1
 
 
 @njit(**NATIVE)
