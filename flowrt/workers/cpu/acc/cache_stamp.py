@@ -48,7 +48,7 @@ def sources_digest() -> str:
 def stamp() -> str:
     """The digest this process stamps its cache entries with: :func:`sources_digest` as it
     was when first asked (walking the package's files costs ~10 ms), and ``FLOWRT_TILES``,
-    whose tile shape the kernels are compiled with (``tiles.py``): a cache filled under one
+    whose tile shape the kernels are compiled with (``tile_ir.py``): a cache filled under one
     value served another's panels to code of another shape (NaNs)."""
     if _PackageStamp._digest is None:
         _PackageStamp._digest = f"{sources_digest()}-tiles={os.environ.get('FLOWRT_TILES', '')}"

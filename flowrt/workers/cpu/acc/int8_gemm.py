@@ -14,7 +14,7 @@ are written: workers split the columns between them. The caller folds the input'
 point into ``bias`` (``bias - x_zp * row_sums(w)``).
 
 The micro-kernels are the u8 x s8 kernels of x86 without VNNI (onnxruntime's MLAS, oneDNN),
-written in LLVM IR (``int8_tiles.py``) as ``tiles.py``'s are. A block of
+written in LLVM IR (``int8_tiles.py``) as ``tile_ir.py``'s are. A block of
 ``TILE_COLUMNS`` columns of ``x`` is packed, its k interleaved by 4, into a scratch buffer;
 the weights are packed into panels of ``TILE_ROWS`` rows, the 4 bytes of consecutive k of a
 row side by side. Per step, a row's 4 bytes broadcast, ``vpmaddubsw`` (x unsigned, w signed)
@@ -26,10 +26,10 @@ straight into int32. K is zero-padded to the interleave. The tile is 4 x 16 (8 y
 accumulators; 6 x 16 and 4 x 24 ran no faster); edge tiles go through a scratch tile.
 
 On one Zen 4 core with AVX2 only, for convs of M=64-512, K=64-2304, N=196-3136, the maddubs
-kernel runs at 130-165 GOPS and the int16 one at 110-140, where ``tiles.py``'s float32 6 x 16
+kernel runs at 130-165 GOPS and the int16 one at 110-140, where ``tile_ir.py``'s float32 6 x 16
 tiles run at 50-80 GFLOP/s on the same shapes; the portable loops at about 30.
 
-Without AVX2, or with ``FLOWRT_TILES=off`` (``tiles.AVAILABLE``), the weights are kept as
+Without AVX2, or with ``FLOWRT_TILES=off`` (``tile_ir.AVAILABLE``), the weights are kept as
 they are and plain loops multiply them (:data:`PORTABLE`). The kernel is chosen at pack time
 and passed as a value, so numba's cache holds one code for every choice.
 """
@@ -41,7 +41,7 @@ import numpy as np
 from numba import njit
 
 from flowrt.errors import BackendError
-from flowrt.workers.cpu.acc import tiles
+from flowrt.workers.cpu.acc import tile_ir
 from flowrt.workers.cpu.acc.int8_tiles import (
     GROUP_BYTES,
     HOST_AVX2,
@@ -74,7 +74,7 @@ __all__ = [
 # plain loops without AVX2.
 MADDUBS, INT16, PORTABLE = 0, 1, 2
 KERNEL_NAMES = {MADDUBS: "maddubs", INT16: "int16", PORTABLE: "portable"}
-AVAILABLE = tiles.AVAILABLE and HOST_AVX2
+AVAILABLE = tile_ir.AVAILABLE and HOST_AVX2
 SEVEN_BITS = 64  # the largest |w| of which vpmaddubsw's pair sums stay in int16 (2 * 255 * 64)
 CHUNK_BYTES = 256 * 1024  # packed columns multiplied by each panel in turn: half an L2
 PORTABLE_COLUMNS = 512  # columns summed at once by the portable loops (their int32 row in L1)

@@ -10,7 +10,7 @@ from llvmlite import ir
 from numba import types
 from numba.core.extending import intrinsic
 
-from flowrt.workers.cpu.acc.tiles import _intrinsic_function
+from flowrt.workers.cpu.acc.tile_ir import _intrinsic_function
 
 # Without AVX2 the x86 intrinsics would not compile: the tiles then emit nothing, and are never
 # called (pack_weights chooses PORTABLE).

@@ -3,7 +3,7 @@ fully connected layer or a MatMul by a constant matrix, where ``a`` is the run's
 
 The weights (K, N) are packed into panels of ``TILE_COLUMNS`` columns, each stored k-major
 ((K, TILE_COLUMNS), the last zero-padded): one step of the micro-kernel
-(:func:`~flowrt.workers.cpu.acc.tiles._row_tile`) reads a panel's row of ``TILE_COLUMNS``
+(:func:`~flowrt.workers.cpu.acc.tile_ir._row_tile`) reads a panel's row of ``TILE_COLUMNS``
 values and ``TILE_ROWS`` values of ``a``, one from each of its rows, in place. BLAS would copy
 the weights into its own panels on every call: for a batch of 16 rows by a (2048, 2048)
 weight matrix, that copy is as long as the multiply.
@@ -25,7 +25,7 @@ from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.workers.cpu.acc.blas import leading_dimension, read_only
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels.epilogue import NONE, RELU, activate_late
-from flowrt.workers.cpu.acc.tiles import AVAILABLE, TILE_COLUMNS, TILE_ROWS, _row_tile, _row_tile_part
+from flowrt.workers.cpu.acc.tile_ir import AVAILABLE, TILE_COLUMNS, TILE_ROWS, _row_tile, _row_tile_part
 
 __all__ = ["AVAILABLE", "PackedWeights", "Plan", "multiply", "pack", "plan"]
 

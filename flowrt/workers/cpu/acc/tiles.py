@@ -1,392 +1,48 @@
-"""A float32 GEMM for weights packed once at load: ``c = activation(w @ b + bias)``, in tiles
-whose accumulators stay in vector registers (the micro-kernel of BLIS and the Compute Library's
-GEMM, written here in LLVM IR through numba's ``intrinsic``).
+"""A float32 GEMM for weights packed once at load: ``c = activation(w @ b + bias)``, by CpuAcc's
+register tiles (``tile_ir.py``).
 
 The weights (M, K) are packed into panels of ``TILE_ROWS`` rows, each stored k-major ((K,
 TILE_ROWS), the last panel zero-padded), so that one step of the micro-kernel reads a panel's
 ``TILE_ROWS`` values side by side. The right operand ``b`` (K, N) is read in place, a block of
 ``TILE_COLUMNS`` columns at a time, from its rows at any stride: a conv's input or column
 matrix needs no packing. Each block of columns is multiplied by every panel in turn while it
-stays in L1/L2; bias and ReLU are applied as the accumulators are stored, other activations
-on the stored tile.
+stays in L1/L2, in blocks of k past ``DEPTH_MAX`` steps; bias and ReLU are applied as the
+accumulators are stored, other activations on the stored tile.
 
 On one Zen 4 core, for the 1x1 convs of DenseNet-121 (M=128, K=64-1024, N=196-3136 pixels),
 this runs at 100-117 GFLOP/s where OpenBLAS's packed SGEMM on the same operands runs at 66-100.
-
-:func:`_row_tile` is the same micro-kernel the other way round, for weights that are the
-right operand (``packed_gemm.py``): it reads the rows of ``a`` in place and the weights from
-panels of ``TILE_COLUMNS`` columns, with a bias per column.
-
-The tile is 8 x 32 on machines with AVX-512 (16 zmm accumulators), 6 x 16 with AVX2 and FMA
-(12 ymm); elsewhere :data:`AVAILABLE` is False and callers use BLAS. ``FLOWRT_TILES=off`` in
-the environment (read once at import) makes CpuAcc use BLAS everywhere. ``avx512`` and ``avx2``
-force a tile shape, for tests only and with a ``NUMBA_CACHE_DIR`` of their own: numba's cache
-knows the host's features, not this choice.
 """
 
 from __future__ import annotations
 
-import os
-
-import llvmlite.binding as llvm
 import numba
 import numpy as np
-from llvmlite import ir
 from numba import njit, types
 from numba._dispatcher import compute_fingerprint
-from numba.core.extending import intrinsic
 
-from flowrt.errors import BackendError
 from flowrt.workers.cpu.acc.blas import leading_dimension, native_address
 from flowrt.workers.cpu.acc.kernels.epilogue import CLIP, NONE, RELU, activate_in_place
+from flowrt.workers.cpu.acc.tile_ir import (
+    _LANES,
+    CLIP_MODE,
+    RELU_MODE,
+    TILE_COLUMNS,
+    TILE_ROWS,
+    _narrow_tile_part,
+    _tile,
+    _tile_part,
+)
 
-
-def _tile_shape(choice: str | None) -> tuple[int, int, bool]:
-    """(lanes per vector, tile rows, available) for ``FLOWRT_TILES``, or by the host's
-    features when unset. Unavailable tiles keep a shape that compiles (callers skip them)."""
-    features = llvm.get_host_cpu_features()
-    host = (
-        "avx512"
-        if features.get("avx512f")
-        else "avx2"
-        if features.get("avx2") and features.get("fma")
-        else "off"
-    )
-    shapes = {"avx512": (16, 8, True), "avx2": (8, 6, True), "off": (8, 6, False)}
-    if choice == "off" and host != "off":
-        return (*shapes[host][:2], False)
-    if choice and choice not in shapes:
-        raise BackendError(f"FLOWRT_TILES must be one of {sorted(shapes)}, got {choice!r}")
-    return shapes[choice or host]
-
-
-_LANES, TILE_ROWS, AVAILABLE = _tile_shape(os.environ.get("FLOWRT_TILES"))
-_VECTORS = 2  # vectors of _LANES floats per tile row
-TILE_COLUMNS = _LANES * _VECTORS
-# The shape of the weights' panels, which follows the host's features: a part of the name of
-# every kept form of the weights laid out in tiles (``engine/memory/weights.py``).
-PANEL_LAYOUT = (TILE_ROWS, TILE_COLUMNS)
-# What a tile applies as it stores (its ``mode``): nothing, Relu, or a clip to its bounds.
-RELU_MODE, CLIP_MODE = 1, 2
 # The block of ``c`` (floats, 512 KB) that :func:`gemm_panels` finishes before applying a curve
 # other than Relu and Clip to it, a call per row of the block: it is still in L2 (or L3) then,
 # and each call has hundreds of columns (blocks of 32K floats, 336 columns at 96 rows, made
 # the calls cost about what the cache saved).
 CURVE_BLOCK_FLOATS = 128 * 1024
-# How far ahead of the row it reads (in floats: two tiles) the micro-kernel asks for ``b``.
-# A tile reads one short run of each of K rows; the hardware prefetchers follow few such
-# streams, and without this the 1x1 convs of DenseNet-121 ran at 89 GFLOP/s instead of 111.
-PREFETCH_AHEAD = 2 * TILE_COLUMNS
-# Each step of a tile also asks for the same step of the panel read next (``ahead``): the
-# panels of weights too large for the caches come from memory, in runs of a few KB, one per
-# panel and block of k, that the hardware prefetchers start on too late. ResNet-50's 3x3
-# convs at 14x14 by Winograd (4 MB of transformed weights each), one Zen 5 core: 1.19 ms in
-# the model (0.74 with the weights in L3) -> 0.81.
-
-# How far ahead (in floats: 64 steps) a tile that reads its packed operand on the right
-# (``_row_tile``, ``_column_tile``) asks for it: each panel is one long run (k x 32 floats),
-# which the hardware prefetchers follow too slowly from memory. One Zen 5 core: ResNet-50's
-# 7x7 convs 5-10% faster, ViT-S's MatMuls 5.24 -> 4.91 ms a run, ResNet-50 42.6 -> 38.6 ms.
-PANEL_AHEAD = 2048
 
 # Steps of k a tile takes at a time (about) where k is longer than DEPTH_MAX: a block of b's
 # columns (DEPTH x TILE_COLUMNS floats) then stays in L1 while each panel reads it.
 DEPTH = 128
 DEPTH_MAX = 192
-
-
-def _intrinsic_function(builder, name, return_type, argument_types):
-    return builder.module.globals.get(name) or ir.Function(
-        builder.module, ir.FunctionType(return_type, argument_types), name
-    )
-
-
-def _emit_tile(
-    context,
-    builder,
-    signature,
-    args,
-    masked: bool,
-    rows_in_place: bool = False,
-    by_columns: bool = False,
-    vectors: int = _VECTORS,
-):
-    """The micro-kernel's IR (see :func:`_tile`); ``masked``: only the first ``columns``
-    columns are read and written. ``rows_in_place`` (:func:`_row_tile`): ``a`` is read in
-    place, row i from ``a_at + i * lda``, ``b`` is a packed panel, and the bias is per column
-    (and ``mode`` is Relu or none: no bounds); ``by_columns`` (:func:`_column_tile`): ``a``'s
-    row i is read down a column instead, step p from ``a_at + i + p * lda``. ``vectors``:
-    vectors of ``_LANES`` columns per row (1: a narrow tile, for a last block of few columns)."""
-    low = high = ahead = None
-    if rows_in_place:  # lda and accumulate come out; the rest reads as _tile's arguments
-        lda, accumulate = args[2], args[13]
-        args = (*args[:2], *args[3:13], *args[14:])
-        signature_args = (*signature.args[:2], *signature.args[3:13], *signature.args[14:])
-    else:  # the clip bounds and accumulate come out
-        low, high, accumulate, ahead = args[12], args[13], args[14], args[15]
-        args = (*args[:12], *args[16:])
-        signature_args = (*signature.args[:12], *signature.args[16:])
-    a_arr, a_at, b_arr, b_at, ldb, c_arr, c_at, ldc, k, bias_arr, bias_at, mode = args[:12]
-    a_ptr, b_ptr, c_ptr, bias_ptr = (
-        builder.gep(context.make_array(signature_args[i])(context, builder, args[i]).data, [args[i + 1]])
-        for i in (0, 2, 5, 9)
-    )
-    f32, i1, i32, i64 = ir.FloatType(), ir.IntType(1), ir.IntType(32), ir.IntType(64)
-    vec, i8_ptr = ir.VectorType(f32, _LANES), ir.IntType(8).as_pointer()
-    vec_ptr = vec.as_pointer()
-    fmuladd = _intrinsic_function(builder, f"llvm.fmuladd.v{_LANES}f32", vec, [vec, vec, vec])
-    prefetch = _intrinsic_function(builder, "llvm.prefetch.p0i8", ir.VoidType(), [i8_ptr, i32, i32, i32])
-    mask_type = ir.VectorType(i1, _LANES)
-    load_masked = _intrinsic_function(
-        builder, f"llvm.masked.load.v{_LANES}f32.p0v{_LANES}f32", vec, [vec_ptr, i32, mask_type, vec]
-    )
-    store_masked = _intrinsic_function(
-        builder,
-        f"llvm.masked.store.v{_LANES}f32.p0v{_LANES}f32",
-        ir.VoidType(),
-        [vec, vec_ptr, i32, mask_type],
-    )
-    undef = ir.Constant(vec, ir.Undefined)
-    zero = ir.Constant(vec, [0.0] * _LANES)
-    spread = ir.Constant(ir.VectorType(i32, _LANES), [0] * _LANES)
-
-    def broadcast(value, into=undef):
-        one = builder.insert_element(ir.Constant(into.type, ir.Undefined), value, ir.Constant(i32, 0))
-        return builder.shuffle_vector(one, ir.Constant(into.type, ir.Undefined), spread)
-
-    def at(ptr, offset):
-        return builder.bitcast(builder.gep(ptr, [ir.Constant(i64, offset)]), vec_ptr)
-
-    masks = []
-    if masked:
-        columns = broadcast(args[12], ir.Constant(ir.VectorType(i64, _LANES), ir.Undefined))
-        for v in range(vectors):
-            lanes = ir.Constant(ir.VectorType(i64, _LANES), [v * _LANES + j for j in range(_LANES)])
-            masks.append(builder.icmp_signed("<", lanes, columns))
-
-    def load(ptr, v):
-        if masked:
-            return builder.call(load_masked, [at(ptr, v * _LANES), ir.Constant(i32, 4), masks[v], zero])
-        return builder.load(at(ptr, v * _LANES), align=4)
-
-    def store(value, ptr, v):
-        if masked:
-            builder.call(store_masked, [value, at(ptr, v * _LANES), ir.Constant(i32, 4), masks[v]])
-        else:
-            builder.store(value, at(ptr, v * _LANES), align=4)
-
-    # From the bias; or (accumulate) from zero, the sum then added to what c holds: a product
-    # summed in blocks of k, each block's sum rounded on its own.
-    onto_c = builder.icmp_signed("!=", accumulate, ir.Constant(i64, 0))
-    if rows_in_place:
-        column_bias = [builder.load(at(bias_ptr, v * _LANES), align=4) for v in range(vectors)]
-        starts = [[builder.select(onto_c, zero, column_bias[v]) for v in range(vectors)]] * TILE_ROWS
-    else:
-        starts = [
-            [
-                builder.select(
-                    onto_c, zero, broadcast(builder.load(builder.gep(bias_ptr, [ir.Constant(i64, i)])))
-                )
-            ]
-            * vectors
-            for i in range(TILE_ROWS)
-        ]
-    entry = builder.block
-    loop = builder.append_basic_block("tile.loop")
-    done = builder.append_basic_block("tile.done")
-    builder.cbranch(builder.icmp_signed(">", k, ir.Constant(i64, 0)), loop, done)
-
-    builder.position_at_end(loop)
-    step = builder.phi(i64)
-    sums = [[builder.phi(vec) for _ in range(vectors)] for _ in range(TILE_ROWS)]
-    if by_columns:
-        a_column = builder.gep(a_ptr, [builder.mul(step, lda)])
-        a_values = [builder.gep(a_column, [ir.Constant(i64, i)]) for i in range(TILE_ROWS)]
-    elif rows_in_place:
-        a_values = [
-            builder.gep(a_ptr, [builder.add(builder.mul(ir.Constant(i64, i), lda), step)])
-            for i in range(TILE_ROWS)
-        ]
-    else:
-        a_row = builder.gep(a_ptr, [builder.mul(step, ir.Constant(i64, TILE_ROWS))])
-        a_values = [builder.gep(a_row, [ir.Constant(i64, i)]) for i in range(TILE_ROWS)]
-    b_row = builder.gep(b_ptr, [builder.mul(step, ldb)])
-    b_vecs = [load(b_row, v) for v in range(vectors)]
-    if ahead is not None:  # the same step of the panel read next, into L2
-        the_next = builder.bitcast(builder.gep(a_values[0], [ahead]), i8_ptr)
-        builder.call(prefetch, [the_next, ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
-    if rows_in_place:  # the packed panel further on, into L2
-        for line in range(0, TILE_COLUMNS * 4, 64):
-            further = builder.bitcast(builder.gep(b_row, [ir.Constant(i64, PANEL_AHEAD + line // 4)]), i8_ptr)
-            builder.call(prefetch, [further, ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
-    if not masked and not rows_in_place:  # a packed panel is read in order: no need
-        for line in range(0, TILE_COLUMNS * 4, 64):
-            ahead = builder.bitcast(
-                builder.gep(b_row, [ir.Constant(i64, PREFETCH_AHEAD + line // 4)]), i8_ptr
-            )
-            builder.call(prefetch, [ahead, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-    updated = []
-    for i in range(TILE_ROWS):
-        a_vec = broadcast(builder.load(a_values[i]))
-        updated.append([builder.call(fmuladd, [a_vec, b_vecs[v], sums[i][v]]) for v in range(vectors)])
-    following = builder.add(step, ir.Constant(i64, 1))
-    tail = builder.block
-    step.add_incoming(ir.Constant(i64, 0), entry)
-    step.add_incoming(following, tail)
-    for i in range(TILE_ROWS):
-        for v in range(vectors):
-            sums[i][v].add_incoming(starts[i][v], entry)
-            sums[i][v].add_incoming(updated[i][v], tail)
-    builder.cbranch(builder.icmp_signed("<", following, k), loop, done)
-
-    builder.position_at_end(done)
-    totals = [[builder.phi(vec) for _ in range(vectors)] for _ in range(TILE_ROWS)]
-    rows = []
-    for i in range(TILE_ROWS):
-        c_row = builder.gep(c_ptr, [builder.mul(ir.Constant(i64, i), ldc)])
-        for v in range(vectors):
-            total = totals[i][v]
-            total.add_incoming(starts[i][v], entry)
-            total.add_incoming(updated[i][v], tail)
-            total = builder.select(onto_c, builder.fadd(total, load(c_row, v)), total)
-            rows.append((c_row, v, total))
-
-    def rectified(total):  # ReLU as activate(): NaN stays NaN (unordered compare), -0.0 -> +0.0
-        return builder.select(builder.fcmp_unordered(">", total, zero), total, zero)
-
-    if low is None:
-        with_relu = builder.icmp_signed("==", mode, ir.Constant(i64, RELU_MODE))
-        for c_row, v, total in rows:
-            store(builder.select(with_relu, rectified(total), total), c_row, v)
-        return context.get_dummy_value()
-    # One store path per mode, so that a tile pays only for its own activation: selects on the
-    # mode cost a small-K tile (a 1x1 conv of 16 channels) about a fifth of its time.
-    lows, highs = broadcast(low), broadcast(high)
-    end = builder.append_basic_block("tile.stored")
-    paths = {mode_: builder.append_basic_block(f"tile.store{mode_}") for mode_ in (0, RELU_MODE, CLIP_MODE)}
-    switch = builder.switch(mode, paths[0])
-    for mode_ in (RELU_MODE, CLIP_MODE):
-        switch.add_case(ir.Constant(i64, mode_), paths[mode_])
-    for mode_, block in paths.items():
-        builder.position_at_end(block)
-        for c_row, v, total in rows:
-            if mode_ == RELU_MODE:
-                total = rectified(total)
-            elif mode_ == CLIP_MODE:  # as fastmath.clamp: NaN stays NaN (ordered compares)
-                above = builder.select(builder.fcmp_ordered("<", total, lows), lows, total)
-                total = builder.select(builder.fcmp_ordered(">", above, highs), highs, above)
-            store(total, c_row, v)
-        builder.branch(end)
-    builder.position_at_end(end)
-    return context.get_dummy_value()
-
-
-@intrinsic
-def _tile(
-    typingctx, a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, mode, low, high, accumulate, ahead
-):
-    """``c[c_at + i*ldc + j] = act(start + sum_p a[a_at + p*TILE_ROWS + i] * b[b_at + p*ldb +
-    j])`` for ``i < TILE_ROWS``, ``j < TILE_COLUMNS``, ``start`` being ``bias[bias_at + i]``,
-    or what ``c`` holds there when ``accumulate`` is non-zero; ``act`` is ReLU when ``mode``
-    is RELU_MODE, a clip to [``low``, ``high``] when CLIP_MODE, else none; each step asks for
-    ``a[a_at + p*TILE_ROWS + ahead]`` too (the panel read next). Offsets and strides count
-    float32 elements."""
-    sig = types.void(
-        a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, mode, low, high, accumulate, ahead
-    )
-    return sig, lambda context, builder, signature, args: _emit_tile(context, builder, signature, args, False)
-
-
-@intrinsic
-def _tile_part(
-    typingctx,
-    a,
-    a_at,
-    b,
-    b_at,
-    ldb,
-    c,
-    c_at,
-    ldc,
-    k,
-    bias,
-    bias_at,
-    mode,
-    low,
-    high,
-    accumulate,
-    ahead,
-    columns,
-):
-    """:func:`_tile` on the first ``columns`` (< TILE_COLUMNS) columns only."""
-    sig = types.void(
-        a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, mode, low, high, accumulate, ahead, columns
-    )
-    return sig, lambda context, builder, signature, args: _emit_tile(context, builder, signature, args, True)
-
-
-@intrinsic
-def _narrow_tile_part(
-    typingctx,
-    a,
-    a_at,
-    b,
-    b_at,
-    ldb,
-    c,
-    c_at,
-    ldc,
-    k,
-    bias,
-    bias_at,
-    mode,
-    low,
-    high,
-    accumulate,
-    ahead,
-    columns,
-):
-    """:func:`_tile` on the first ``columns`` (at most ``_LANES``) columns only, one vector
-    per row: half the steps of a masked :func:`_tile_part`."""
-    sig = types.void(
-        a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, mode, low, high, accumulate, ahead, columns
-    )
-    return sig, lambda context, builder, signature, args: _emit_tile(
-        context, builder, signature, args, True, vectors=1
-    )
-
-
-@intrinsic
-def _row_tile(typingctx, a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu, accumulate):
-    """``c[c_at + i*ldc + j] = act(start + sum_p a[a_at + i*lda + p] * b[b_at + p*ldb + j])``
-    for ``i < TILE_ROWS``, ``j < TILE_COLUMNS``, ``start`` being ``bias[bias_at + j]``, or
-    what ``c`` holds there when ``accumulate`` is non-zero: :func:`_tile` with the rows of
-    ``a`` read in place and the packed operand on the right."""
-    sig = types.void(a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu, accumulate)
-    return sig, lambda context, builder, signature, args: _emit_tile(
-        context, builder, signature, args, False, True
-    )
-
-
-@intrinsic
-def _row_tile_part(
-    typingctx, a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu, accumulate, columns
-):
-    """:func:`_row_tile` on the first ``columns`` (< TILE_COLUMNS) columns only."""
-    sig = types.void(a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu, accumulate, columns)
-    return sig, lambda context, builder, signature, args: _emit_tile(
-        context, builder, signature, args, True, True
-    )
-
-
-@intrinsic
-def _column_tile(typingctx, a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu, accumulate):
-    """:func:`_row_tile` with ``a`` read by columns: ``a[a_at + i + p*lda]`` is row i's step
-    p (``a`` is the transpose of the rows multiplied: a conv's input, channels by pixels)."""
-    sig = types.void(a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, relu, accumulate)
-    return sig, lambda context, builder, signature, args: _emit_tile(
-        context, builder, signature, args, False, True, True
-    )
 
 
 def pack_panels(w: np.ndarray) -> np.ndarray:

@@ -20,8 +20,8 @@ from flowrt.workers.cpu.acc.conv.batched import Batched
 from flowrt.workers.cpu.acc.conv.columns import Columns
 from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
 from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
-from flowrt.workers.cpu.acc.tiles import AVAILABLE as TILES_AVAILABLE
-from flowrt.workers.cpu.acc.tiles import TILE_ROWS
+from flowrt.workers.cpu.acc.tile_ir import AVAILABLE as TILES_AVAILABLE
+from flowrt.workers.cpu.acc.tile_ir import TILE_ROWS
 
 
 @st.composite

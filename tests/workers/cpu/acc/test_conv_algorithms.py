@@ -16,7 +16,7 @@ from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
 from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
 from flowrt.workers.cpu.acc.conv.winograd import WinogradRule
 from flowrt.workers.cpu.acc.kernels import load_all
-from flowrt.workers.cpu.acc.tiles import AVAILABLE as TILES_AVAILABLE
+from flowrt.workers.cpu.acc.tile_ir import AVAILABLE as TILES_AVAILABLE
 
 pytestmark = pytest.mark.skipif(not TILES_AVAILABLE, reason="recorded where the register tiles are available")
 

@@ -10,8 +10,8 @@ from kernelcases import ACTIVATIONS, close, conv_case
 
 from flowrt.registry import FusedActivation
 from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
-from flowrt.workers.cpu.acc.tiles import AVAILABLE as TILES_AVAILABLE
-from flowrt.workers.cpu.acc.tiles import TILE_COLUMNS, TILE_ROWS
+from flowrt.workers.cpu.acc.tile_ir import AVAILABLE as TILES_AVAILABLE
+from flowrt.workers.cpu.acc.tile_ir import TILE_COLUMNS, TILE_ROWS
 
 
 @pytest.mark.skipif(not TILES_AVAILABLE, reason="no register tiles on this CPU")

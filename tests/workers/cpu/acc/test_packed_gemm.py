@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from flowrt.workers.cpu.acc import packed_gemm
 from flowrt.workers.cpu.acc.kernels.epilogue import CLIP, LEAKY_RELU, NONE, RELU, SIGMOID
-from flowrt.workers.cpu.acc.tiles import TILE_COLUMNS, TILE_ROWS
+from flowrt.workers.cpu.acc.tile_ir import TILE_COLUMNS, TILE_ROWS
 
 pytestmark = pytest.mark.skipif(not packed_gemm.AVAILABLE, reason="no register tiles on this CPU")
 

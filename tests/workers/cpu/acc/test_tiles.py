@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flowrt.errors import BackendError
-from flowrt.workers.cpu.acc import tiles
+from flowrt.workers.cpu.acc import tile_ir, tiles
 from flowrt.workers.cpu.acc.kernels.epilogue import CLIP, LEAKY_RELU, NONE, RELU, SIGMOID
 
-pytestmark = pytest.mark.skipif(not tiles.AVAILABLE, reason="no register tiles on this CPU (BLAS is used)")
+pytestmark = pytest.mark.skipif(not tile_ir.AVAILABLE, reason="no register tiles on this CPU (BLAS is used)")
 
 EXPECTED = {
     NONE: lambda y: y,
@@ -43,9 +43,9 @@ def run_tiles(w, bias, b, c, code):
 
 @settings(max_examples=40, deadline=None)
 @given(
-    m=st.integers(1, 3 * tiles.TILE_ROWS + 1),
+    m=st.integers(1, 3 * tile_ir.TILE_ROWS + 1),
     k=st.integers(1, 70),
-    n=st.integers(1, 3 * tiles.TILE_COLUMNS + 3),
+    n=st.integers(1, 3 * tile_ir.TILE_COLUMNS + 3),
     code=st.sampled_from(list(EXPECTED)),
     b_pad=st.integers(0, 5),
     c_pad=st.integers(0, 5),
@@ -70,7 +70,7 @@ def test_a_long_product_is_summed_in_blocks_of_k_then_activated_once(k, code):
     # past DEPTH_MAX steps each tile runs over blocks of about DEPTH steps, the first from the
     # bias, the next onto what c holds; the activation only on the total; a padded last
     # panel and a masked last block of columns, in strided views
-    m, n = 2 * tiles.TILE_ROWS + 3, tiles.TILE_COLUMNS + 5
+    m, n = 2 * tile_ir.TILE_ROWS + 3, tile_ir.TILE_COLUMNS + 5
     rng = np.random.default_rng(k + code)
     w, bias = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal(m, dtype=np.float32)
     b = rng.standard_normal((k, n + 2), dtype=np.float32)[:, 1 : 1 + n]
@@ -86,7 +86,9 @@ def test_a_curve_is_applied_block_by_block_over_every_column(code):
     # 200 rows: blocks of CURVE_BLOCK_FLOATS // 200 columns, rounded down to whole tiles; 2.5
     # blocks of them, c a view inside a wider canvas
     m, k = 200, 8
-    block = max(tiles.TILE_COLUMNS, tiles.CURVE_BLOCK_FLOATS // m // tiles.TILE_COLUMNS * tiles.TILE_COLUMNS)
+    block = max(
+        tile_ir.TILE_COLUMNS, tiles.CURVE_BLOCK_FLOATS // m // tile_ir.TILE_COLUMNS * tile_ir.TILE_COLUMNS
+    )
     n = 2 * block + block // 2 + 3
     rng = np.random.default_rng(3)
     w, bias = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal(m, dtype=np.float32)
@@ -99,12 +101,12 @@ def test_a_curve_is_applied_block_by_block_over_every_column(code):
 
 
 def test_relu_keeps_nan_and_clears_negative_zero_as_activate_does():
-    w = np.ones((tiles.TILE_ROWS, 1), np.float32)
-    b = np.full((1, tiles.TILE_COLUMNS + 3), -0.0, np.float32)
+    w = np.ones((tile_ir.TILE_ROWS, 1), np.float32)
+    b = np.full((1, tile_ir.TILE_COLUMNS + 3), -0.0, np.float32)
     b[0, 1] = np.nan
     b[0, -1] = np.nan  # in the masked tail
-    c = np.empty((tiles.TILE_ROWS, b.shape[1]), np.float32)
-    run_tiles(w, np.full(tiles.TILE_ROWS, -0.0, np.float32), b, c, RELU)
+    c = np.empty((tile_ir.TILE_ROWS, b.shape[1]), np.float32)
+    run_tiles(w, np.full(tile_ir.TILE_ROWS, -0.0, np.float32), b, c, RELU)
     assert np.isnan(c[:, 1]).all() and np.isnan(c[:, -1]).all()
     rest = np.delete(c, [1, b.shape[1] - 1], axis=1)
     assert (rest == 0).all() and not np.signbit(rest).any()
@@ -120,20 +122,20 @@ def test_an_empty_product_writes_only_the_bias():
 
 def test_an_unknown_tile_choice_is_refused_with_the_choices():
     with pytest.raises(BackendError, match=r"FLOWRT_TILES must be one of .*'avx2'.*got 'avx3'"):
-        tiles._tile_shape("avx3")
+        tile_ir._tile_shape("avx3")
 
 
 _GEMM_SCRIPT = textwrap.dedent(
     """
         import numpy as np
-        from flowrt.workers.cpu.acc import tiles
+        from flowrt.workers.cpu.acc import tile_ir, tiles
         rng = np.random.default_rng(1)
         for m, k, n in [(1, 1, 1), (7, 13, 17), (13, 64, 100)]:
             w, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
             bias, c = rng.standard_normal(m, dtype=np.float32), np.empty((m, n), np.float32)
             tiles.gemm_panels(tiles.pack_panels(w), tiles.pad_rows(bias), b, c, 1, np.float32(0), np.float32(0))
             np.testing.assert_allclose(c, np.maximum(w.astype(np.float64) @ b + bias[:, None], 0), rtol=1e-4, atol=1e-4)
-        print(tiles.TILE_ROWS, tiles.TILE_COLUMNS)
+        print(tile_ir.TILE_ROWS, tile_ir.TILE_COLUMNS)
         """
 )
 

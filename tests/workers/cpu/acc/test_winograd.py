@@ -11,7 +11,7 @@ from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
 from flowrt.workers.cpu.acc.conv.winograd import WinogradRule, winograd_blocks
 from flowrt.workers.cpu.acc.conv.winograd_conv import winograd_conv
 from flowrt.workers.cpu.acc.kernels.epilogue import NONE
-from flowrt.workers.cpu.acc.tiles import AVAILABLE as TILES_AVAILABLE
+from flowrt.workers.cpu.acc.tile_ir import AVAILABLE as TILES_AVAILABLE
 
 
 def _force_winograd(tile, small_blocks=False, **more):

@@ -24,7 +24,8 @@ from flowrt.workers.cpu.acc.conv.finish import finish_row_late
 from flowrt.workers.cpu.acc.conv.im2col import fill_address, fill_kind
 from flowrt.workers.cpu.acc.conv.tuning import MIN_COLUMNS
 from flowrt.workers.cpu.acc.phases import fill_phase_planes_late
-from flowrt.workers.cpu.acc.tiles import TILE_COLUMNS, panels_address
+from flowrt.workers.cpu.acc.tile_ir import TILE_COLUMNS
+from flowrt.workers.cpu.acc.tiles import panels_address
 
 if TYPE_CHECKING:
     from flowrt.workers.cpu.acc.conv.algorithms import ActArgs

@@ -1,12 +1,12 @@
 """A conv of few output pixels per image (the 7x7 and 14x14 stages of a CNN, and the strided
 convs that downsample into them) by register tiles across its output channels.
 
-The column tiles (``tiles.py``, :class:`~flowrt.workers.cpu.acc.conv.packed.Packed`) put the
+The column tiles (``tile_ir.py``, :class:`~flowrt.workers.cpu.acc.conv.packed.Packed`) put the
 pixels along the vectors: a 7x7 plane of 49 pixels fills three 16-column tiles and a fourth
 that holds one, and each tile reads every panel of weights again. Here the product is
 computed transposed, out^T = x^T w^T, as ONNX Runtime's NCHWc convs do: a tile is
 ``TILE_ROWS`` pixels by ``TILE_COLUMNS`` output channels
-(:func:`~flowrt.workers.cpu.acc.tiles._column_tile`), the weights read from panels of
+(:func:`~flowrt.workers.cpu.acc.tile_ir._column_tile`), the weights read from panels of
 ``TILE_COLUMNS`` output channels packed at load (``packed_gemm.column_panels``), the pixels
 either packed a tile at a time first (``PACK_PANELS`` panels or more to pass over them) or
 read in place down the input's columns, a few adjacent pixels of each channel per step (a
@@ -32,7 +32,7 @@ from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.workers.cpu.acc.blas import NATIVE, SliceFunction, run_tasks
 from flowrt.workers.cpu.acc.kernels.epilogue import activate_in_place
 from flowrt.workers.cpu.acc.packed_gemm import DEPTH
-from flowrt.workers.cpu.acc.tiles import AVAILABLE, TILE_COLUMNS, TILE_ROWS, _column_tile
+from flowrt.workers.cpu.acc.tile_ir import AVAILABLE, TILE_COLUMNS, TILE_ROWS, _column_tile
 
 # Fewest panels (of TILE_COLUMNS output channels) a task multiplies for which it packs the
 # pixels first. On one core of an AMD EPYC without AVX-512, 7x7 and 14x14 convs of 64 and 96

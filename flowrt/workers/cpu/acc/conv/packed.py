@@ -20,7 +20,8 @@ import numpy as np
 from numba import njit
 
 from flowrt.workers.cpu.acc.blas import NATIVE, SliceFunction, call_native, run_tasks
-from flowrt.workers.cpu.acc.tiles import TILE_COLUMNS, panels_address
+from flowrt.workers.cpu.acc.tile_ir import TILE_COLUMNS
+from flowrt.workers.cpu.acc.tiles import panels_address
 
 if TYPE_CHECKING:
     from flowrt.workers.cpu.acc.conv.algorithms import ActArgs

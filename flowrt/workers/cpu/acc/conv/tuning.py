@@ -11,8 +11,8 @@ import attrs
 
 from flowrt.engine.scheduler.window import SplitHint
 from flowrt.workers.cpu.acc.conv.winograd import BLOCK_TILES, GROUP_TILES, WinogradRule
-from flowrt.workers.cpu.acc.tiles import AVAILABLE as TILES_AVAILABLE
-from flowrt.workers.cpu.acc.tiles import TILE_COLUMNS
+from flowrt.workers.cpu.acc.tile_ir import AVAILABLE as TILES_AVAILABLE
+from flowrt.workers.cpu.acc.tile_ir import TILE_COLUMNS
 
 # Fewest output pixels a slice should have: below it BLAS runs narrow and the channels are split.
 MIN_COLUMNS = 96

@@ -10,7 +10,8 @@ from flowrt.workers.cpu.acc.conv.winograd import winograd_weights
 from flowrt.workers.cpu.acc.conv.winograd4 import winograd4_weights
 from flowrt.workers.cpu.acc.conv.winograd_conv import winograd_panels
 from flowrt.workers.cpu.acc.packed_gemm import column_bias, column_panels
-from flowrt.workers.cpu.acc.tiles import PANEL_LAYOUT, pack_panels, pad_rows
+from flowrt.workers.cpu.acc.tile_ir import PANEL_LAYOUT
+from flowrt.workers.cpu.acc.tiles import pack_panels, pad_rows
 
 
 class ConvWeights:

@@ -43,8 +43,9 @@ from flowrt.workers.cpu.acc.conv.winograd import (
 )
 from flowrt.workers.cpu.acc.conv.winograd4 import input_transform4, interleave4, output_transform4
 from flowrt.workers.cpu.acc.phases import fill_phase_planes_late
-from flowrt.workers.cpu.acc.tiles import AVAILABLE as TILES_AVAILABLE
-from flowrt.workers.cpu.acc.tiles import PANEL_LAYOUT, gemm_panels, pack_panels
+from flowrt.workers.cpu.acc.tile_ir import AVAILABLE as TILES_AVAILABLE
+from flowrt.workers.cpu.acc.tile_ir import PANEL_LAYOUT
+from flowrt.workers.cpu.acc.tiles import gemm_panels, pack_panels
 
 if TYPE_CHECKING:
     from flowrt.workers.cpu.acc.conv.algorithms import ActArgs

@@ -41,8 +41,9 @@ from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.conv.tuning import TILES_MAX_WEIGHTS
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 from flowrt.workers.cpu.acc.kernels.epilogue import NONE
-from flowrt.workers.cpu.acc.tiles import AVAILABLE as TILES_AVAILABLE
-from flowrt.workers.cpu.acc.tiles import TILE_ROWS, gemm_panels, pack_panels, pad_rows
+from flowrt.workers.cpu.acc.tile_ir import AVAILABLE as TILES_AVAILABLE
+from flowrt.workers.cpu.acc.tile_ir import TILE_ROWS
+from flowrt.workers.cpu.acc.tiles import gemm_panels, pack_panels, pad_rows
 
 pin_scipy_blas()
 

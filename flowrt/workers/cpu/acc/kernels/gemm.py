@@ -24,7 +24,7 @@ from flowrt.workers.cpu.acc.blas import pin_scipy_blas, read_only, sgemm
 from flowrt.workers.cpu.acc.calls import SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, NONE, activate_row, activation_args
-from flowrt.workers.cpu.acc.tiles import PANEL_LAYOUT
+from flowrt.workers.cpu.acc.tile_ir import PANEL_LAYOUT
 
 pin_scipy_blas()
 
