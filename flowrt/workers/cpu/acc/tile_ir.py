@@ -275,63 +275,32 @@ def _tile(
     return sig, lambda context, builder, signature, args: _emit_tile(context, builder, signature, args, False)
 
 
-@intrinsic
-def _tile_part(
-    typingctx,
-    a,
-    a_at,
-    b,
-    b_at,
-    ldb,
-    c,
-    c_at,
-    ldc,
-    k,
-    bias,
-    bias_at,
-    mode,
-    low,
-    high,
-    accumulate,
-    ahead,
-    columns,
-):
-    """:func:`_tile` on the first ``columns`` (< TILE_COLUMNS) columns only."""
-    sig = types.void(
-        a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, mode, low, high, accumulate, ahead, columns
-    )
-    return sig, lambda context, builder, signature, args: _emit_tile(context, builder, signature, args, True)
+def _masked_tile(vectors: int, name: str, doc: str):
+    """A tile intrinsic (:func:`_tile`'s arguments, then ``columns``) storing only its first
+    ``columns`` columns, ``vectors`` vectors wide."""
+
+    def typer(typingctx, a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, mode, low, high, accumulate, ahead, columns):  # fmt: skip
+        sig = types.void(
+            a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, mode, low, high, accumulate, ahead, columns
+        )
+        return sig, lambda context, builder, signature, args: _emit_tile(
+            context, builder, signature, args, True, vectors=vectors
+        )
+
+    typer.__name__ = typer.__qualname__ = name
+    typer.__doc__ = doc
+    return intrinsic(typer)
 
 
-@intrinsic
-def _narrow_tile_part(
-    typingctx,
-    a,
-    a_at,
-    b,
-    b_at,
-    ldb,
-    c,
-    c_at,
-    ldc,
-    k,
-    bias,
-    bias_at,
-    mode,
-    low,
-    high,
-    accumulate,
-    ahead,
-    columns,
-):
-    """:func:`_tile` on the first ``columns`` (at most ``_LANES``) columns only, one vector
-    per row: half the steps of a masked :func:`_tile_part`."""
-    sig = types.void(
-        a, a_at, b, b_at, ldb, c, c_at, ldc, k, bias, bias_at, mode, low, high, accumulate, ahead, columns
-    )
-    return sig, lambda context, builder, signature, args: _emit_tile(
-        context, builder, signature, args, True, vectors=1
-    )
+_tile_part = _masked_tile(
+    _VECTORS, "_tile_part", ":func:`_tile` on the first ``columns`` (< TILE_COLUMNS) columns only."
+)
+_narrow_tile_part = _masked_tile(
+    1,
+    "_narrow_tile_part",
+    ":func:`_tile` on the first ``columns`` (at most ``_LANES``) columns only, one vector per row: half "
+    "the steps of a masked :func:`_tile_part`.",
+)
 
 
 @intrinsic
