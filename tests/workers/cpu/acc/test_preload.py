@@ -68,6 +68,7 @@ async def _load_and_run(
 
 async def test_a_second_load_takes_its_kernels_from_the_manifest_and_runs_no_layer(tmp_path, monkeypatch):
     monkeypatch.setattr(preload, "_manifest_dir", lambda: tmp_path)
+    monkeypatch.setattr(preload, "_fresh", lambda: True)  # as the first load of a fresh process
     counted = _Counted(monkeypatch)
     net = _net()
     weights: list[int] = []
@@ -83,12 +84,33 @@ async def test_a_second_load_takes_its_kernels_from_the_manifest_and_runs_no_lay
 
 async def test_a_manifest_whose_kernel_would_compile_leaves_the_load_to_run_its_layers(tmp_path, monkeypatch):
     monkeypatch.setattr(preload, "_manifest_dir", lambda: tmp_path)
+    monkeypatch.setattr(preload, "_fresh", lambda: True)
     counted = _Counted(monkeypatch)
     net = _net()
     await _load_and_run(net, counted)
     monkeypatch.setattr(preload, "_load", lambda dispatcher, signature: False)  # as if it compiled
     ran, got, want = await _load_and_run(net, counted)
     assert ran > 0
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+async def test_a_manifest_written_beside_other_kernels_serves_no_fresh_process(tmp_path, monkeypatch):
+    # what such a process holds includes the other networks' functions: written down as
+    # this network's, a fresh process would load them all. It writes an unclean manifest,
+    # which a process already holding functions replays and a fresh one does not.
+    counted = _Counted(monkeypatch)
+    monkeypatch.setattr(preload, "_manifest_dir", lambda: tmp_path / "other")
+    await _load_and_run(_net(), counted)  # the process now holds the net's functions
+    assert not preload._fresh()
+    monkeypatch.setattr(preload, "_manifest_dir", lambda: tmp_path / "this")
+    ran, got, want = await _load_and_run(_net(), counted)
+    assert ran > 0  # no manifest yet: warmed up by running its layers
+    (written,) = (tmp_path / "this").glob("*.pickle")
+    key = written.stem
+    assert preload.replay(key, fresh=False)
+    assert not preload.replay(key, fresh=True)
+    ran, got, want = await _load_and_run(_net(), counted)
+    assert ran == 0  # this process holds functions: the unclean manifest serves it
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
