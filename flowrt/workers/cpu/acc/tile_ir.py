@@ -100,7 +100,7 @@ def _emit_tile(
         lda, accumulate = args[2], args[13]
         args = (*args[:2], *args[3:13], *args[14:])
         signature_args = (*signature.args[:2], *signature.args[3:13], *signature.args[14:])
-    else:  # the clip bounds and accumulate come out
+    else:  # the clip bounds, accumulate and ahead come out
         low, high, accumulate, ahead = args[12], args[13], args[14], args[15]
         args = (*args[:12], *args[16:])
         signature_args = (*signature.args[:12], *signature.args[16:])
@@ -199,10 +199,8 @@ def _emit_tile(
             builder.call(prefetch, [further, ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
     if not masked and not rows_in_place:  # a packed panel is read in order: no need
         for line in range(0, TILE_COLUMNS * 4, 64):
-            ahead = builder.bitcast(
-                builder.gep(b_row, [ir.Constant(i64, PREFETCH_AHEAD + line // 4)]), i8_ptr
-            )
-            builder.call(prefetch, [ahead, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+            soon = builder.bitcast(builder.gep(b_row, [ir.Constant(i64, PREFETCH_AHEAD + line // 4)]), i8_ptr)
+            builder.call(prefetch, [soon, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
     updated = []
     for i in range(TILE_ROWS):
         a_vec = broadcast(builder.load(a_values[i]))

@@ -33,6 +33,7 @@ class ConvWeights:
         self.shape = None if constant is None else tuple(constant.shape)
         self._taps: np.ndarray | None = None
         self._winograd: dict[int, np.ndarray] = {}
+        self._winograd_panels: dict[int, np.ndarray] = {}
         self._panels: tuple[np.ndarray, np.ndarray] | None = None
         self._columns: tuple[np.ndarray, np.ndarray] | None = None
 
@@ -72,9 +73,8 @@ class ConvWeights:
     def winograd_panels(self, w: np.ndarray, w_shape: tuple[int, ...], tile: int) -> np.ndarray:
         """The filters' Winograd transforms for ``tile`` x ``tile`` outputs as register-tile
         panels, one set per tile element ((tile + 2)^2, M / TILE_ROWS, C, TILE_ROWS)."""
-        key = -tile  # beside the plain transforms, in the same table
-        if w is self.packed and key in self._winograd:
-            return self._winograd[key]
+        if w is self.packed and tile in self._winograd_panels:
+            return self._winograd_panels[tile]
 
         def make() -> np.ndarray:
             u = (winograd_weights if tile == 2 else winograd4_weights)(w.reshape(w_shape))
@@ -82,7 +82,7 @@ class ConvWeights:
 
         if w is not self.packed:
             return make()
-        panels = self._winograd[key] = self._shared(
+        panels = self._winograd_panels[tile] = self._shared(
             "conv.winograd_panels", (w_shape, tile, PANEL_LAYOUT), make
         )
         return panels
