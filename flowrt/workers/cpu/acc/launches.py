@@ -16,9 +16,10 @@ launches (numpy in Python, a numba call of its own) fails that and stays a Pytho
 one recorded whose launches would keep more than ``MAX_KEPT_BYTES`` of buffers besides the
 layer's inputs and outputs (a big conv's column buffer would stay allocated for the pool's
 life), or whose work is long enough that its Python does not count (``MAX_WORK_S``, and
-``MAX_TENSOR_BYTES`` of tensors, which are not even tried). The
-split is the one a lone run takes (every worker); a run sharing the cores replays it on the
-threads it has.
+``MAX_TENSOR_BYTES`` of tensors, which are not even tried). A
+kernel that splits its work is recorded twice: as a lone run splits it (every worker) and as
+a run with one thread does (a run sharing the cores replays that one); where either cannot be
+recorded, the layer is not.
 """
 
 from __future__ import annotations

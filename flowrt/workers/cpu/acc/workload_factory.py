@@ -98,10 +98,13 @@ class AccWorkload:
         every = self._record("every", self.kernel.execute, inputs, constant, outputs)
         if every is None or not self.takes_job or getattr(self.kernel, "workers", 1) == 1:
             return every
-        # a run sharing the cores has one thread: the kernel plans its split for that then
+        # A run sharing the cores has one thread: the kernel plans its split for that then.
+        # Where that split cannot be recorded the layer is not: the lone run's split replayed
+        # on one thread can cost twice the layer's work (a conv split by pixels reads all its
+        # weights once per slice).
         alone = JobContext(1)
         one = self._record("one", lambda i, o: self.kernel.execute(i, o, alone), inputs, constant, outputs)
-        return every if one is None else attrs.evolve(every, one_thread=one)
+        return None if one is None else attrs.evolve(every, one_thread=one)
 
     def _record(self, split: str, execute: Any, inputs: Any, constant: Any, outputs: Any) -> Any:
         """``launches.record``, its proof made on the first pool's arrays and kept for the

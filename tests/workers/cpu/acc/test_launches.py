@@ -78,6 +78,30 @@ async def test_recorded_layers_replay_what_running_them_gives():
         np.testing.assert_array_equal(replayed, profiled)
 
 
+async def test_a_layer_whose_one_thread_split_cannot_be_recorded_is_not_recorded(monkeypatch):
+    # Replaying the lone run's split on one thread (a run sharing the cores) may cost twice the
+    # layer's work: where the one-thread split is refused, the layer runs itself, planning
+    # for the threads its run has.
+    from flowrt.workers.cpu.acc.workload_factory import AccWorkload
+
+    record_split = AccWorkload._record
+
+    def refuse_one(self, split, *args):
+        return None if split == "one" else record_split(self, split, *args)
+
+    monkeypatch.setattr(AccWorkload, "_record", refuse_one)
+    net = _net()
+    async with flowrt.Runtime(cpu_workers=2) as rt:
+        reference = await rt.load(flowrt.optimize(net, backends=["CpuRef"]))
+        model = await rt.load(flowrt.optimize(net, backends=["CpuAcc", "CpuRef"]), max_in_flight=1)
+        for seed in range(4):
+            got = (await model.run({"x": _input(seed)}))["y"]
+            want = (await reference.run({"x": _input(seed)}))["y"]
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        assert model.pools.pools[0].programs  # the program was made
+        assert not {"three", "strided", "last"} & set(_recorded_layers(model))
+
+
 async def test_two_pools_replay_at_once_each_in_its_own_memory():
     net = _net()
     async with flowrt.Runtime(cpu_workers=2) as rt:
