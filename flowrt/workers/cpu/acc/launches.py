@@ -20,6 +20,12 @@ life), or whose work is long enough that its Python does not count (``MAX_WORK_S
 kernel that splits its work is recorded twice: as a lone run splits it (every worker) and as
 a run with one thread does (a run sharing the cores replays that one); where either cannot be
 recorded, the layer is not.
+
+Consecutive recorded layers of a segment replay as one step, up to ``CHAIN_S`` seconds of
+their work (as their proofs timed them): one numba call for the chain, where each layer was
+a step with its own Python around it (a run's checks between steps: whether it was cancelled,
+whether a HIGH run asks it to pause, how many threads it has now). Bounding the chain bounds
+how late those checks come.
 """
 
 from __future__ import annotations
@@ -43,12 +49,14 @@ logger = logging.getLogger(__name__)
 RECORD_WORDS = 1024  # a launch's record: entry, length, then up to 8 KiB of data
 MAX_KEPT_BYTES = 128 << 10
 MAX_WORK_S = 2e-3
+CHAIN_S = 0.5e-3  # the work of the consecutive recorded layers replayed as one step
 # Layers moving more than this (non-constant inputs and outputs) are not tried: their work
 # dwarfs their Python, and checking them would copy their tensors (a peak of its own).
 MAX_TENSOR_BYTES = 4 << 20
 # The types of the inputs that are proven on random values (quantized layers take 8-bit
 # integers); layers with others (integer indices, whose random values fail) are not tried.
 PROVEN_TYPES = (np.dtype(np.float32), np.dtype(np.uint8), np.dtype(np.int8))
+PROVE: Any = object()  # record's default: prove the layer there
 
 
 @njit(nogil=True, cache=True)
@@ -113,35 +121,49 @@ def recording() -> Iterator[Recorder]:
 
 
 class Launches:
-    """Compiles a recorded layer's bound call: one :func:`replay` of its rows (of those
-    recorded for one thread when the run has one thread now)."""
+    """Compiles consecutive recorded layers' bound call: one :func:`replay` of their rows (of
+    those recorded for one thread when the run has one thread now), up to ``CHAIN_S`` of work."""
+
+    @staticmethod
+    def joins(chain: Sequence[LaunchCall], call: LaunchCall) -> bool:
+        """Whether ``call`` may join the step of ``chain`` (see the module doc)."""
+        return sum(c.work_s for c in chain) + call.work_s <= CHAIN_S
 
     @staticmethod
     def compile(bound: Sequence[LaunchCall]) -> Callable[[], None]:
-        (call,) = bound  # one layer per step: the executor's between-layer checks stay
-        every, one = call.rows, (call.one_thread or call).rows
+        every = np.concatenate([call.rows for call in bound])
+        one = np.concatenate([(call.one_thread or call).rows for call in bound])
 
         def run() -> None:
             job = job_context()
             replay(one if job is not None and job.threads == 1 else every)
 
-        run.keep = (call, call.one_thread)  # type: ignore[attr-defined]  # alive with the call
+        run.keep = tuple(bound)  # type: ignore[attr-defined]  # alive with the call
         return run
+
+
+LAUNCHES = Launches()  # the program of every recorded layer: consecutive ones share a step
 
 
 @attrs.frozen(eq=False)
 class LaunchCall:
-    """A recorded layer, as ``AccWorkload.bind`` returns it; ``program`` is its own object, so
-    that the executor makes each such layer a step of its own (see ``Launches.compile``)."""
+    """A recorded layer, as ``AccWorkload.bind`` returns it; ``seconds``: its work, as its
+    proof timed it."""
 
     outputs: tuple[np.ndarray, ...]
     rows: np.ndarray
     records: list[np.ndarray]
     keep: list[Any]
-    program: Any = attrs.field(factory=Launches)
+    seconds: float
+    program: Any = LAUNCHES
     # The layer's launches as a run with one thread makes them (its split planned for one),
     # where that differs: a run sharing the cores replays those.
     one_thread: LaunchCall | None = None
+
+    @property
+    def work_s(self) -> float:
+        """Its work on as few threads as a run of it may have."""
+        return max(self.seconds, self.one_thread.seconds if self.one_thread is not None else 0.0)
 
 
 def _arrays(value: Any) -> Iterator[np.ndarray]:
@@ -187,10 +209,10 @@ def _random_values(size: int, second: bool, dtype: np.dtype = _FLOAT32) -> np.nd
     return (first ^ np.uint8(0x55) if second else first).view(dtype)
 
 
-def _replays_exactly(execute, inputs: Sequence[Any], constant: Sequence[bool], outputs) -> bool:
-    """Whether replaying ``execute``'s recorded launches gives what running it does, on arrays
-    of its own: recorded on one set of random inputs, replayed on another, within
-    ``MAX_WORK_S`` per run."""
+def _replays_exactly(execute, inputs: Sequence[Any], constant: Sequence[bool], outputs) -> float | None:
+    """The seconds a run of ``execute`` took, where replaying its recorded launches gives what
+    running it does, on arrays of its own: recorded on one set of random inputs, replayed on
+    another, within ``MAX_WORK_S`` per run; None where it does not."""
     mine_in = [x if x is None or fixed else np.empty(x.shape, x.dtype) for x, fixed in zip(inputs, constant)]
     mine_out = [np.empty(o.shape, o.dtype) for o in outputs]
     free = [x for x, fixed in zip(mine_in, constant) if x is not None and not fixed]
@@ -203,14 +225,15 @@ def _replays_exactly(execute, inputs: Sequence[Any], constant: Sequence[bool], o
     for _ in range(2):  # again when the first took long: it may have compiled or planned
         start = time.perf_counter()
         execute(mine_in, mine_out)
-        if time.perf_counter() - start <= MAX_WORK_S:
+        seconds = time.perf_counter() - start
+        if seconds <= MAX_WORK_S:
             break
     else:
-        return False
+        return None
     with recording() as recorder:
         execute(mine_in, mine_out)
     if recorder.failed or not recorder.launches:
-        return False
+        return None
     rows, records = recorder.table()
     fill(True)  # new values: a replay that kept anything of the first set differs
     execute(mine_in, mine_out)
@@ -221,7 +244,8 @@ def _replays_exactly(execute, inputs: Sequence[Any], constant: Sequence[bool], o
         else:
             np.invert(w, out=o)
     replay(rows)
-    return all(np.array_equal(o, w, equal_nan=True) for o, w in zip(mine_out, expected))
+    exact = all(np.array_equal(o, w, equal_nan=True) for o, w in zip(mine_out, expected))
+    return seconds if exact else None
 
 
 def replays_exactly(
@@ -229,23 +253,24 @@ def replays_exactly(
     inputs: Sequence[np.ndarray | None],
     constant: Sequence[bool],
     outputs: Sequence[np.ndarray | None],
-) -> bool:
-    """Whether ``execute(inputs, outputs)``'s launches may be recorded: its tensors are of a
-    kind and size that are tried, and a replay was proven to do what running does (see the
-    module doc). It depends on the layer and its arrays' shapes, not on where they are: the
-    verdict on one pool's arrays holds for another's."""
+) -> float | None:
+    """Whether ``execute(inputs, outputs)``'s launches may be recorded: the seconds a run of it
+    took where its tensors are of a kind and size that are tried and a replay was proven to do
+    what running does (see the module doc); None otherwise. It depends on the layer and its
+    arrays' shapes, not on where they are: the verdict on one pool's arrays holds for
+    another's."""
     if not outputs or any(o is None or not o.flags.c_contiguous for o in outputs):
-        return False
+        return None
     free = [x for x, fixed in zip(inputs, constant) if x is not None and not fixed]
     if any(x.dtype not in PROVEN_TYPES for x in free):
-        return False
+        return None
     if sum(x.nbytes for x in free) + sum(o.nbytes for o in outputs if o is not None) > MAX_TENSOR_BYTES:
-        return False
+        return None
     try:
         return _replays_exactly(execute, inputs, constant, outputs)
     except Exception as e:  # the layer stays a step of its own, which raises as it will
         logger.debug("launches not recorded: %s: %s", type(e).__name__, e)
-        return False
+        return None
 
 
 def record(
@@ -253,14 +278,15 @@ def record(
     inputs: Sequence[np.ndarray | None],
     constant: Sequence[bool],
     outputs: Sequence[np.ndarray | None],
-    proven: bool | None = None,
+    proven: Any = PROVE,
 ) -> LaunchCall | None:
     """``execute(inputs, outputs)``'s launches on these fixed arrays (a pool's), or None when
     replaying them is not proven to do what running does, or would keep too much (see the
-    module doc). ``proven``: :func:`replays_exactly`'s verdict when it is known already."""
-    if proven is None:
+    module doc). ``proven``: :func:`replays_exactly`'s verdict when it is known already (the
+    seconds of the layer's work, or None), else it is proven here."""
+    if proven is PROVE:
         proven = replays_exactly(execute, inputs, constant, outputs)
-    if not proven:
+    if proven is None:
         return None
     try:
         with recording() as recorder:
@@ -274,7 +300,7 @@ def record(
     if _kept_bytes(recorder.keep, mine) > MAX_KEPT_BYTES:
         return None
     rows, records = recorder.table()
-    return LaunchCall(tuple(o for o in outputs if o is not None), rows, records, recorder.keep)
+    return LaunchCall(tuple(o for o in outputs if o is not None), rows, records, recorder.keep, proven)
 
 
 def prepare() -> None:

@@ -27,10 +27,10 @@ from flowrt.workers.cpu.acc import cache_stamp, preload
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2  # a verdict: the seconds of the layer's work, or None where it is not recorded
 
 _lock = threading.Lock()
-_known: dict[str, bool] = {}
+_known: dict[str, float | None] = {}
 _loaded_from: Path | None = None
 
 
@@ -59,7 +59,7 @@ def _path() -> Path | None:
     return where / f"verdicts-{cache_stamp.stamp()[:16]}-py{version}.pickle"
 
 
-def _read(path: Path) -> dict[str, bool]:
+def _read(path: Path) -> dict[str, float | None]:
     try:
         version, entries = pickle.loads(path.read_bytes())
     except Exception:  # none yet, unreadable or torn: prove again
@@ -67,7 +67,7 @@ def _read(path: Path) -> dict[str, bool]:
     return entries if version == FORMAT and isinstance(entries, dict) else {}
 
 
-def proven(name: str, prove: Callable[[], bool]) -> bool:
+def proven(name: str, prove: Callable[[], float | None]) -> float | None:
     """The verdict kept under ``name``, else ``prove()``'s, then kept."""
     global _loaded_from
     path = _path()
@@ -76,9 +76,8 @@ def proven(name: str, prove: Callable[[], bool]) -> bool:
             _known.clear()
             _known.update(_read(path))
             _loaded_from = path
-        found = _known.get(name)
-    if found is not None:
-        return found
+        if name in _known:
+            return _known[name]
     verdict = prove()
     with _lock:
         _known[name] = verdict
@@ -87,7 +86,7 @@ def proven(name: str, prove: Callable[[], bool]) -> bool:
     return verdict
 
 
-def _write(path: Path, name: str, verdict: bool) -> None:
+def _write(path: Path, name: str, verdict: float | None) -> None:
     """Add one verdict to the file, keeping those other processes wrote meanwhile."""
     entries = _read(path)
     entries[name] = verdict

@@ -35,7 +35,7 @@ class AccWorkload:
         self.kernel = kernel
         self.info = info
         self.takes_job = bool(getattr(kernel, "takes_job", False))
-        self._proven: dict[str, bool] = {}  # launches.replays_exactly's verdicts, per split
+        self._proven: dict[str, float | None] = {}  # launches.replays_exactly's verdicts, per split
         self._proving = threading.Lock()
 
     def prepare(self, job: JobContext | None = None) -> None:

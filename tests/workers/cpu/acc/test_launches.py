@@ -45,6 +45,20 @@ def _recorded_layers(model) -> list[str]:
     return _recorded_layers_of(model.pools.pools[0])
 
 
+def _recorded_steps(pool) -> list[BoundStep]:
+    return [
+        step
+        for steps in pool.programs.values()
+        for step in steps
+        if type(step) is BoundStep
+        and isinstance(getattr(step.call, "keep", None), tuple)  # Launches.compile's
+    ]
+
+
+def _recorded_calls(pool) -> list[LaunchCall]:
+    return [call for step in _recorded_steps(pool) for call in step.call.keep]
+
+
 def _recorded_layers_of(pool) -> list[str]:
     return [
         node.layer
@@ -69,9 +83,9 @@ async def test_recorded_layers_replay_what_running_them_gives():
         # the first layer reads the feed, which moves from run to run: it is never recorded
         assert "pointwise" not in recorded and {"three", "strided", "last"} <= set(recorded)
         # convs also keep their launches as a run with one thread (sharing the cores) plans them
-        calls = [step.call.keep for steps in model.pools.pools[0].programs.values() for step in steps
-                 if type(step) is BoundStep and isinstance(step.call.keep, tuple)]  # fmt: skip
-        assert any(one is not None and one.rows.shape[0] >= 1 for _, one in calls)
+        calls = _recorded_calls(model.pools.pools[0])
+        assert any(c.one_thread is not None and c.one_thread.rows.shape[0] >= 1 for c in calls)
+        assert all(c.seconds > 0 for c in calls)  # their work, as their proofs timed it
         # profiled runs run the layers themselves: the same bits
         replayed = (await model.run({"x": _input(9)}))["y"]
         profiled = (await model.run({"x": _input(9)}, profile=True))["y"]
@@ -100,6 +114,36 @@ async def test_a_layer_whose_one_thread_split_cannot_be_recorded_is_not_recorded
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
         assert model.pools.pools[0].programs  # the program was made
         assert not {"three", "strided", "last"} & set(_recorded_layers(model))
+
+
+@pytest.mark.parametrize("chain_s", [0.0, 1.0])
+async def test_consecutive_recorded_layers_replay_as_one_step_up_to_the_chains_work(monkeypatch, chain_s):
+    monkeypatch.setattr(launches, "CHAIN_S", chain_s)
+    net = _net()
+    async with flowrt.Runtime(cpu_workers=2) as rt:
+        reference = await rt.load(flowrt.optimize(net, backends=["CpuRef"]))
+        model = await rt.load(flowrt.optimize(net, backends=["CpuAcc", "CpuRef"]), max_in_flight=2)
+        results: dict[int, np.ndarray] = {}
+
+        async def run(seed: int) -> None:
+            results[seed] = (await model.run({"x": _input(seed)}))["y"]
+
+        # two runs at once share the cores (one thread each): they replay one-thread launches
+        for round_ in range(4):
+            async with trio.open_nursery() as nursery:
+                for seed in (2 * round_, 2 * round_ + 1):
+                    nursery.start_soon(run, seed)
+        await run(100)  # and a lone run, every thread
+        for seed, got in results.items():
+            want = (await reference.run({"x": _input(seed)}))["y"]
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        for pool in model.pools.pools:
+            chains = [[node.layer for node in step.nodes] for step in _recorded_steps(pool)]
+            assert {"three", "strided"} <= {layer for chain in chains for layer in chain}
+            if chain_s == 0.0:  # no work fits a step but its first layer's: a step per layer
+                assert all(len(chain) == 1 for chain in chains)
+            else:  # "three" and "strided" follow each other: one step, one replay of both
+                assert any(chain[:2] == ["three", "strided"] for chain in chains)
 
 
 async def test_two_pools_replay_at_once_each_in_its_own_memory():
