@@ -4,6 +4,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import trio
 from fakes import PartialBackend
 
 import flowrt
@@ -95,8 +96,27 @@ async def test_cpuacc_takes_its_arenas_from_a_user_allocator():
     opt = flowrt.optimize(deeper_network(), backends=["CpuAcc"])
     async with flowrt.Runtime(cpu_workers=1, allocators={"CpuAcc": allocator}) as rt:
         got = await (await rt.load(opt, max_in_flight=2)).run({"x": X})
-    assert len(allocator.sizes) == 2 and allocator.sizes[0] >= 2 * 3 * 4
+    # one pool made at load: a second one only when two runs are in flight at once
+    assert len(allocator.sizes) == 1 and allocator.sizes[0] >= 2 * 3 * 4
     np.testing.assert_allclose(got["y"], np.tanh(np.maximum(X - 1, 0)), rtol=1e-6)
+
+
+async def test_a_pool_made_when_runs_first_need_it_comes_from_the_user_allocator_too():
+    allocator = CountingAllocator()
+    opt = flowrt.optimize(deeper_network(), backends=["CpuAcc"])
+    results = []
+    async with flowrt.Runtime(cpu_workers=1, allocators={"CpuAcc": allocator}) as rt:
+        model = await rt.load(opt, max_in_flight=2)
+
+        async def run() -> None:
+            results.append(await model.run({"x": X}))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            nursery.start_soon(run)
+    assert len(allocator.sizes) == 2 and allocator.sizes[1] == allocator.sizes[0]
+    for result in results:
+        np.testing.assert_allclose(result["y"], np.tanh(np.maximum(X - 1, 0)), rtol=1e-6)
 
 
 @pytest.mark.parametrize(

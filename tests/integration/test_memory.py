@@ -91,6 +91,13 @@ async def test_outputs_of_an_earlier_run_are_not_touched_by_the_next():
 async def test_pools_of_in_flight_runs_never_overlap():
     async with flowrt.Runtime() as rt:
         model = await rt.load(flowrt.optimize(_cnn(), backends=["CpuRef"]), max_in_flight=3)
+        # one pool is made at load; the others when runs first need them
+        assert len(model.pools.pools) == 1
+        await model.run({"x": _input(0)})
+        assert len(model.pools.pools) == 1  # runs one after another share it
+        async with trio.open_nursery() as nursery:
+            for seed in range(3):
+                nursery.start_soon(model.run, {"x": _input(seed)})
         arenas = [pool.arenas["CpuRef"] for pool in model.pools.pools]
     assert len(arenas) == 3
     for i in range(3):
