@@ -31,6 +31,7 @@ how late those checks come.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -125,24 +126,36 @@ class Launches:
     those recorded for one thread when the run has one thread now), up to ``CHAIN_S`` of work."""
 
     @staticmethod
-    def joins(chain: Sequence[LaunchCall], call: LaunchCall) -> bool:
+    def joins(chain: Sequence[Any], call: Any) -> bool:
         """Whether ``call`` may join the step of ``chain`` (see the module doc)."""
         return sum(c.work_s for c in chain) + call.work_s <= CHAIN_S
 
     @staticmethod
-    def compile(bound: Sequence[LaunchCall]) -> Callable[[], None]:
-        every = np.concatenate([call.rows for call in bound])
-        one = np.concatenate([(call.one_thread or call).rows for call in bound])
+    def compile(bound: Sequence[Any]) -> Callable[[], None]:
+        """One call for ``bound``: recorded layers (:class:`LaunchCall`) and runs of the tape's
+        bound calls (``tape.BoundCall``), each kind giving its rows (``replay_rows``)."""
+        every, one, keep = [], [], []
+        for _, group in itertools.groupby(bound, key=type):
+            calls = list(group)
+            rows, one_rows, kept = calls[0].replay_rows(calls)
+            every.append(rows)
+            one.append(one_rows)
+            keep.append(kept)
+        all_rows, one_thread = np.concatenate(every), np.concatenate(one)
+        if all_rows.shape[0] == 0:  # views only
+            return lambda: None
 
         def run() -> None:
             job = job_context()
-            replay(one if job is not None and job.threads == 1 else every)
+            replay(one_thread if job is not None and job.threads == 1 else all_rows)
 
-        run.keep = tuple(bound)  # type: ignore[attr-defined]  # alive with the call
+        run.keep = (tuple(bound), keep)  # type: ignore[attr-defined]  # alive with the call
         return run
 
 
-LAUNCHES = Launches()  # the program of every recorded layer: consecutive ones share a step
+# The program of every recorded layer and of the tape's bound calls: consecutive ones share a
+# step.
+LAUNCHES = Launches()
 
 
 @attrs.frozen(eq=False)
@@ -164,6 +177,14 @@ class LaunchCall:
     def work_s(self) -> float:
         """Its work on as few threads as a run of it may have."""
         return max(self.seconds, self.one_thread.seconds if self.one_thread is not None else 0.0)
+
+    @staticmethod
+    def replay_rows(calls: Sequence[LaunchCall]) -> tuple[np.ndarray, np.ndarray, list[Any]]:
+        """``Launches.compile``'s rows for consecutive recorded layers: as a lone run makes
+        them, as a run of one thread does."""
+        every = np.concatenate([call.rows for call in calls])
+        one = np.concatenate([(call.one_thread or call).rows for call in calls])
+        return every, one, list(calls)
 
 
 def _arrays(value: Any) -> Iterator[np.ndarray]:

@@ -11,7 +11,9 @@ call of :func:`run_tape`, which dispatches on each row inside numba.
 A workload is bound by :func:`bind` when its kernel has a binder here and its work fits one
 slice (bigger work keeps its parallel region: the tape runs on the calling thread). The
 executor asks each workload of a host segment (``AccWorkload.bind``), and merges consecutive
-bound calls of one program (``BoundCall.program``) into one step (``Tape.compile``).
+bound calls of one program (``BoundCall.program``) into one step: a tape is recorded as one
+launch (``Tape.launch_rows``) which ``launches.replay`` runs in order with the recorded
+layers around it, all in one call.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from flowrt.workers.cpu.acc.calls import call_late
+from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction, call_late, call_native, native_address
 from flowrt.workers.cpu.acc.kernels.activation import ActivationKernel
 from flowrt.workers.cpu.acc.kernels.elementwise import ElementwiseKernel, _binary_rows
 from flowrt.workers.cpu.acc.kernels.epilogue import ACTIVATE_SLICE, ACTIVATE_SLICE_NAME
 from flowrt.workers.cpu.acc.kernels.reshape import ViewKernel
+from flowrt.workers.cpu.acc.launches import LAUNCHES, recording
 
 # Instruction kinds, and the columns of an instruction row: each operand is an address and a
 # length in float32 elements.
@@ -86,11 +89,54 @@ class Instruction:
     operands: tuple[np.ndarray, ...]
 
 
+@njit(**NATIVE)
+def _tape_slice(task, step, tape, rows, walks, params):
+    """A tape as the one task of a launch (a :class:`SliceFunction`): :func:`run_tape`, called
+    by its address ``tape``, so that this holds a call, not a second copy of the tape's code."""
+    call_native(tape, (rows, walks, params))
+
+
+TAPE_SLICE = SliceFunction(_tape_slice)
+_tape_address: list[int] = []
+
+
 class Tape:
-    """Compiles consecutive bound calls into one call of :func:`run_tape`."""
+    """Compiles consecutive bound calls into one call of :func:`run_tape`, or records that call
+    as a launch (:meth:`launch_rows`), which ``launches.replay`` runs with recorded layers."""
 
     @staticmethod
     def compile(calls: Sequence[BoundCall]) -> Callable[[], None]:
+        tables = Tape._tables(calls)
+        if tables is None:
+            return lambda: None
+        table, flat_walks, table_params, keep = tables
+
+        def run() -> None:
+            run_tape(table, flat_walks, table_params)
+
+        run.keep = keep  # type: ignore[attr-defined]  # held by the call, as long as it lives
+        return run
+
+    @staticmethod
+    def launch_rows(calls: Sequence[BoundCall]) -> tuple[np.ndarray, list[Any]]:
+        """The rows of ``launches.replay`` that run ``calls`` (one launch of the whole tape; none
+        where no call has an instruction), and what must live as long as they are used."""
+        tables = Tape._tables(calls)
+        if tables is None:
+            return np.zeros((0, 4), np.int64), []
+        if not _tape_address:
+            _tape_address.append(native_address(run_tape, _TAPE_SIGNATURE))
+        args = (np.int64(_tape_address[0]), *tables[:3])
+        with recording() as recorder:
+            TAPE_SLICE.run(1, args)
+        assert not recorder.failed  # three arrays fit a record many times over
+        rows, records = recorder.table()
+        return rows, [records, recorder.keep, tables[3]]
+
+    @staticmethod
+    def _tables(calls: Sequence[BoundCall]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Any]] | None:
+        """``run_tape``'s arguments for ``calls``, and the operands whose addresses they hold;
+        None where no call has an instruction."""
         rows: list[list[int]] = []
         walks: list[tuple[int, ...]] = []
         params: list[tuple[float, float]] = []
@@ -108,27 +154,29 @@ class Tape:
             walks.append(instruction.walk)
             params.append(instruction.params)
         if not rows:
-            return lambda: None
+            return None
         table = np.array(rows, np.int64)
         flat_walks = np.array([v for w in walks for v in w] or [0], np.int64)
-        table_params = np.array(params, np.float32)
-
-        def run() -> None:
-            run_tape(table, flat_walks, table_params)
-
-        run.keep = keep  # type: ignore[attr-defined]  # held by the call, as long as it lives
-        return run
+        return table, flat_walks, np.array(params, np.float32), keep
 
 
 @attrs.frozen(eq=False)
 class BoundCall:
     """What ``AccWorkload.bind`` returns: the layer's output arrays (fixed for the pool) and
     its instruction (None: nothing to run, a view of its input). ``program`` merges
-    consecutive bound calls into one step."""
+    consecutive bound calls, and recorded layers around them, into one step."""
 
     outputs: tuple[np.ndarray, ...]
     instruction: Instruction | None
-    program: ClassVar[type] = Tape
+    program: ClassVar[Any] = LAUNCHES
+    work_s: ClassVar[float] = 0.0  # a tape's work fits one slice: small beside a step's bound
+
+    @staticmethod
+    def replay_rows(calls: Sequence[BoundCall]) -> tuple[np.ndarray, np.ndarray, list[Any]]:
+        """``launches.Launches.compile``'s rows for consecutive bound calls (the same for
+        every thread count: a tape runs on the calling thread)."""
+        rows, keep = Tape.launch_rows(calls)
+        return rows, rows, keep
 
 
 def _call(outputs: Sequence[np.ndarray], instruction: Instruction | None) -> BoundCall:
@@ -213,6 +261,11 @@ def warm_up(kernel: Any) -> None:
     (on an empty cache, 20 s). Its one signature serves every tape; once per process."""
     if type(kernel) in BINDERS and _TAPE_SIGNATURE not in run_tape.overloads:
         run_tape.compile(_TAPE_SIGNATURE)
+        # and its launch, which a pool's program replays with recorded layers
+        empty = np.zeros((0, ROWS + 1), np.int64)
+        args = (np.int64(0), empty, np.zeros(1, np.int64), np.zeros((0, 2), np.float32))
+        with recording():
+            TAPE_SLICE.run(1, args)
 
 
 def bind(

@@ -56,17 +56,17 @@ def _recorded_steps(pool) -> list[BoundStep]:
 
 
 def _recorded_calls(pool) -> list[LaunchCall]:
-    return [call for step in _recorded_steps(pool) for call in step.call.keep]
+    return [
+        call for step in _recorded_steps(pool) for call in step.call.keep[0] if isinstance(call, LaunchCall)
+    ]
 
 
 def _recorded_layers_of(pool) -> list[str]:
     return [
         node.layer
-        for steps in pool.programs.values()
-        for step in steps
-        if type(step) is BoundStep
-        and isinstance(getattr(step.call, "keep", None), tuple)  # Launches.compile's
-        for node in step.nodes
+        for step in _recorded_steps(pool)
+        for node, call in zip(step.nodes, step.call.keep[0])
+        if isinstance(call, LaunchCall)
     ]
 
 
@@ -144,6 +144,32 @@ async def test_consecutive_recorded_layers_replay_as_one_step_up_to_the_chains_w
                 assert all(len(chain) == 1 for chain in chains)
             else:  # "three" and "strided" follow each other: one step, one replay of both
                 assert any(chain[:2] == ["three", "strided"] for chain in chains)
+
+
+async def test_a_tapes_run_joins_the_recorded_layers_around_it_in_one_step():
+    rng = np.random.default_rng(1)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, 8, 20, 20)))
+    a = net.add_layer("Conv", None, [x, w(8, 8, 1, 1)], name="a")
+    b = net.add_layer("Conv", flowrt.descriptors.Conv(pads=(1, 1, 1, 1)), [a, w(8, 8, 3, 3)], name="b")
+    c = net.add_layer("Add", inputs=[a, b], name="residual")  # on the tape: two pool tensors
+    d = net.add_layer("Conv", None, [c, w(8, 8, 1, 1)], name="c")
+    net.add_output("y", net.add_layer("Conv", flowrt.descriptors.Conv(pads=(1, 1, 1, 1)), [d, w(4, 8, 3, 3)]))
+    async with flowrt.Runtime(cpu_workers=2) as rt:
+        reference = await rt.load(flowrt.optimize(net, backends=["CpuRef"]))
+        model = await rt.load(flowrt.optimize(net, backends=["CpuAcc", "CpuRef"]), max_in_flight=1)
+        for seed in range(4):
+            got = (await model.run({"x": _input(seed)}))["y"]
+            want = (await reference.run({"x": _input(seed)}))["y"]
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        chains = [[node.layer for node in step.nodes] for step in _recorded_steps(model.pools.pools[0])]
+        (with_add,) = [chain for chain in chains if "residual" in chain]
+        assert {"b", "residual", "c"} <= set(with_add)
+        assert "residual" not in _recorded_layers(model)  # a tape's call, not a recorded layer
 
 
 async def test_two_pools_replay_at_once_each_in_its_own_memory():
