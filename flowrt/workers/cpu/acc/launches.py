@@ -15,7 +15,8 @@ inputs its recording replayed must give the bits running it gives. A kernel doin
 launches (numpy in Python, a numba call of its own) fails that and stays a Python step. Nor is
 one recorded whose launches would keep more than ``MAX_KEPT_BYTES`` of buffers besides the
 layer's inputs and outputs (a big conv's column buffer would stay allocated for the pool's
-life), or whose work is long enough that its Python does not count (``MAX_WORK_S``, and
+life; read-only forms of its constants, its packed weights, do not count: the load holds
+them anyway), or whose work is long enough that its Python does not count (``MAX_WORK_S``, and
 ``MAX_TENSOR_BYTES`` of tensors, which are not even tried). A
 kernel that splits its work is recorded twice: as a lone run splits it (every worker) and as
 a run with one thread does (a run sharing the cores replays that one); where either cannot be
@@ -196,11 +197,14 @@ def _arrays(value: Any) -> Iterator[np.ndarray]:
 
 
 def _kept_bytes(keep: list[Any], mine: Sequence[np.ndarray]) -> int:
-    """Bytes of the arrays the records point into besides ``mine`` (inputs, outputs)."""
+    """Bytes of the arrays the records point into besides ``mine`` (inputs, outputs) and
+    read-only ones: forms of the layer's constants (packed weights), which the load holds
+    anyway, shared through the weights manager; a buffer a kernel allocates to write into
+    (columns, packed pixels) is writable."""
     seen: set[int] = set()
     total = 0
     for array in _arrays(tuple(keep)):
-        if any(np.may_share_memory(array, m) for m in mine):
+        if not array.flags.writeable or any(np.may_share_memory(array, m) for m in mine):
             continue
         owner = array
         while isinstance(owner.base, np.ndarray):

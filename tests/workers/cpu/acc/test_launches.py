@@ -298,6 +298,32 @@ def test_launches_that_would_keep_big_buffers_alive_are_not_recorded(monkeypatch
     assert (call is not None) == recorded
 
 
+def _packed_task(task, step, x, out, packed):  # out = x + packed (a form of a constant)
+    for i in range(x.size):
+        out[i] = x[i] + packed[i]
+
+
+_PACKED = SliceFunction(njit(nogil=True)(_packed_task))
+
+
+def test_read_only_forms_of_constants_do_not_count_as_kept_buffers(monkeypatch):
+    # a layer's packed weights are held by the load whether or not its launches are recorded
+    x, out = np.zeros(16, np.float32), np.zeros(16, np.float32)
+    packed = np.arange(4096, dtype=np.float32)
+    packed.flags.writeable = False
+
+    def with_packed(inputs, outputs):
+        args = (inputs[0], outputs[0], packed)
+        run_tasks(_PACKED.address(args), 1, args)
+
+    monkeypatch.setattr(launches, "MAX_KEPT_BYTES", 0)
+    call = record(with_packed, [x], [False], [out])
+    assert call is not None
+    x[:] = 2
+    launches.replay(call.rows)
+    np.testing.assert_array_equal(out, 2 + packed[:16])
+
+
 def test_a_verdict_is_kept_per_layer_shapes_split_and_workers():
     from flowrt.registry import WorkloadInfo
 
