@@ -29,6 +29,7 @@ from numba.extending import intrinsic
 
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction, call_late, call_native, native_address
 from flowrt.workers.cpu.acc.kernels.activation import ActivationKernel
+from flowrt.workers.cpu.acc.kernels.concat import ConcatKernel
 from flowrt.workers.cpu.acc.kernels.elementwise import ElementwiseKernel, _binary_rows
 from flowrt.workers.cpu.acc.kernels.epilogue import ACTIVATE_SLICE, ACTIVATE_SLICE_NAME
 from flowrt.workers.cpu.acc.kernels.reshape import ViewKernel
@@ -245,10 +246,21 @@ def _bind_view(kernel: ViewKernel, inputs, outputs) -> BoundCall | None:
     return _call([x.reshape(kernel.out_shape)], None)
 
 
+def _bind_concat(kernel: ConcatKernel, inputs, outputs) -> BoundCall | None:
+    """Nothing to run where every input is written in place by its producer (a sub-tensor of
+    the output, as the memory planner places Concat parts); else None: its copies are
+    recorded as launches."""
+    out = outputs[0]
+    if out is None or any(x is None for x in inputs) or not kernel.in_place(inputs, out):
+        return None
+    return _call([out], None)
+
+
 BINDERS: dict[type, Callable[..., BoundCall | None]] = {
     ElementwiseKernel: _bind_binary,
     ActivationKernel: _bind_activation,
     ViewKernel: _bind_view,
+    ConcatKernel: _bind_concat,
 }
 
 
@@ -259,7 +271,11 @@ def warm_up(kernel: Any) -> None:
     """Compile :func:`run_tape` (or load it from numba's cache) when ``kernel`` may join a
     tape, so that it happens at load, under the load's progress bar, not in the first run
     (on an empty cache, 20 s). Its one signature serves every tape; once per process."""
-    if type(kernel) in BINDERS and _TAPE_SIGNATURE not in run_tape.overloads:
+    if (
+        type(kernel) in BINDERS
+        and type(kernel) is not ConcatKernel
+        and _TAPE_SIGNATURE not in run_tape.overloads
+    ):
         run_tape.compile(_TAPE_SIGNATURE)
         # and its launch, which a pool's program replays with recorded layers
         empty = np.zeros((0, ROWS + 1), np.int64)

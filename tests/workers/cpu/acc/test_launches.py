@@ -172,6 +172,34 @@ async def test_a_tapes_run_joins_the_recorded_layers_around_it_in_one_step():
         assert "residual" not in _recorded_layers(model)  # a tape's call, not a recorded layer
 
 
+async def test_a_concat_whose_inputs_are_written_in_place_is_bound_to_nothing():
+    rng = np.random.default_rng(2)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, 8, 20, 20)))
+    a = net.add_layer("Conv", None, [x, w(8, 8, 1, 1)], name="a")
+    b = net.add_layer("Conv", flowrt.descriptors.Conv(pads=(1, 1, 1, 1)), [a, w(8, 8, 3, 3)], name="b")
+    c = net.add_layer("Conv", None, [a, w(8, 8, 1, 1)], name="c")
+    both = net.add_layer("Concat", flowrt.descriptors.Concat(axis=1), [b, c], name="both")
+    net.add_output("y", net.add_layer("Conv", None, [both, w(4, 16, 1, 1)], name="last"))
+    async with flowrt.Runtime(cpu_workers=2) as rt:
+        reference = await rt.load(flowrt.optimize(net, backends=["CpuRef"]))
+        model = await rt.load(flowrt.optimize(net, backends=["CpuAcc", "CpuRef"]), max_in_flight=1)
+        for seed in range(4):
+            got = (await model.run({"x": _input(seed)}))["y"]
+            want = (await reference.run({"x": _input(seed)}))["y"]
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        steps = [step for steps in model.pools.pools[0].programs.values() for step in steps]
+        # b and c write their bands of the Concat's output: the Concat has nothing to copy and
+        # is no step of its own, nor a recorded layer
+        assert all(type(step) is BoundStep for step in steps if getattr(step, "layer", None) == "both")
+        assert any("both" in [n.layer for n in step.nodes] for step in steps if type(step) is BoundStep)
+        assert "both" not in _recorded_layers(model)
+
+
 async def test_two_pools_replay_at_once_each_in_its_own_memory():
     net = _net()
     async with flowrt.Runtime(cpu_workers=2) as rt:

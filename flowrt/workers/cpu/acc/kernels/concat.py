@@ -86,6 +86,24 @@ class ConcatKernel:
             cached = self._layouts[shapes] = (tuple(shape), outer, widths)
         return cached
 
+    def in_place(self, inputs, out: np.ndarray) -> bool:
+        """Whether every one of ``inputs`` lies in its band of ``out`` already (written there by
+        its producer): then there is nothing to copy."""
+        shapes = tuple(x.shape for x in inputs)
+        _, outer, widths = self.layout(shapes)
+        if outer != 1 or not out.flags.c_contiguous:
+            return False
+        start, column = out.ctypes.data, 0
+        for x, width in zip(inputs, widths):
+            if (
+                not x.flags.c_contiguous
+                or x.dtype != out.dtype
+                or x.ctypes.data != start + column * out.itemsize
+            ):
+                return False
+            column += width
+        return True
+
     def execute(self, inputs, outputs=None):
         arrays = [np.asarray(x, order="C") for x in inputs]
         first = arrays[0]
