@@ -70,6 +70,26 @@ def _recorded_layers_of(pool) -> list[str]:
     ]
 
 
+async def _checked_runs(rt, net: flowrt.Network, max_in_flight: int, rounds: int, at_once: int = 1):
+    """``net`` loaded on CpuAcc in ``rt``, run ``rounds`` times ``at_once`` runs in flight, each
+    result checked against CpuRef's; the loaded model."""
+    reference = await rt.load(flowrt.optimize(net, backends=["CpuRef"]))
+    model = await rt.load(flowrt.optimize(net, backends=["CpuAcc", "CpuRef"]), max_in_flight=max_in_flight)
+    results: dict[int, np.ndarray] = {}
+
+    async def run(seed: int) -> None:
+        results[seed] = (await model.run({"x": _input(seed)}))["y"]
+
+    for round_ in range(rounds):
+        async with trio.open_nursery() as nursery:
+            for seed in range(round_ * at_once, (round_ + 1) * at_once):
+                nursery.start_soon(run, seed)
+    for seed, got in results.items():
+        want = (await reference.run({"x": _input(seed)}))["y"]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    return model
+
+
 async def test_recorded_layers_replay_what_running_them_gives():
     net = _net()
     async with flowrt.Runtime(cpu_workers=2) as rt:
@@ -106,12 +126,7 @@ async def test_a_layer_whose_one_thread_split_cannot_be_recorded_is_not_recorded
     monkeypatch.setattr(AccWorkload, "_record", refuse_one)
     net = _net()
     async with flowrt.Runtime(cpu_workers=2) as rt:
-        reference = await rt.load(flowrt.optimize(net, backends=["CpuRef"]))
-        model = await rt.load(flowrt.optimize(net, backends=["CpuAcc", "CpuRef"]), max_in_flight=1)
-        for seed in range(4):
-            got = (await model.run({"x": _input(seed)}))["y"]
-            want = (await reference.run({"x": _input(seed)}))["y"]
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        model = await _checked_runs(rt, net, max_in_flight=1, rounds=4)
         assert model.pools.pools[0].programs  # the program was made
         assert not {"three", "strided", "last"} & set(_recorded_layers(model))
 
@@ -121,22 +136,12 @@ async def test_consecutive_recorded_layers_replay_as_one_step_up_to_the_chains_w
     monkeypatch.setattr(launches, "CHAIN_S", chain_s)
     net = _net()
     async with flowrt.Runtime(cpu_workers=2) as rt:
-        reference = await rt.load(flowrt.optimize(net, backends=["CpuRef"]))
-        model = await rt.load(flowrt.optimize(net, backends=["CpuAcc", "CpuRef"]), max_in_flight=2)
-        results: dict[int, np.ndarray] = {}
-
-        async def run(seed: int) -> None:
-            results[seed] = (await model.run({"x": _input(seed)}))["y"]
-
         # two runs at once share the cores (one thread each): they replay one-thread launches
-        for round_ in range(4):
-            async with trio.open_nursery() as nursery:
-                for seed in (2 * round_, 2 * round_ + 1):
-                    nursery.start_soon(run, seed)
-        await run(100)  # and a lone run, every thread
-        for seed, got in results.items():
-            want = (await reference.run({"x": _input(seed)}))["y"]
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        model = await _checked_runs(rt, net, max_in_flight=2, rounds=4, at_once=2)
+        # a lone run (every thread) gives the bits of a profiled one, which runs the layers
+        replayed = (await model.run({"x": _input(100)}))["y"]
+        profiled = (await model.run({"x": _input(100)}, profile=True))["y"]
+        np.testing.assert_array_equal(replayed, profiled)
         for pool in model.pools.pools:
             chains = [[node.layer for node in step.nodes] for step in _recorded_steps(pool)]
             assert {"three", "strided"} <= {layer for chain in chains for layer in chain}
@@ -146,8 +151,10 @@ async def test_consecutive_recorded_layers_replay_as_one_step_up_to_the_chains_w
                 assert any(chain[:2] == ["three", "strided"] for chain in chains)
 
 
-async def test_a_tapes_run_joins_the_recorded_layers_around_it_in_one_step():
-    rng = np.random.default_rng(1)
+def _fork(seed: int, join) -> flowrt.Network:
+    """x -> a (1x1 conv) -> b (3x3 conv), then ``join(net, a, b, w)``'s layers (``w(*shape)``:
+    random weights), whose last is the output y."""
+    rng = np.random.default_rng(seed)
 
     def w(*shape):
         return (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
@@ -156,16 +163,26 @@ async def test_a_tapes_run_joins_the_recorded_layers_around_it_in_one_step():
     x = net.add_input("x", TensorInfo((1, 8, 20, 20)))
     a = net.add_layer("Conv", None, [x, w(8, 8, 1, 1)], name="a")
     b = net.add_layer("Conv", flowrt.descriptors.Conv(pads=(1, 1, 1, 1)), [a, w(8, 8, 3, 3)], name="b")
-    c = net.add_layer("Add", inputs=[a, b], name="residual")  # on the tape: two pool tensors
-    d = net.add_layer("Conv", None, [c, w(8, 8, 1, 1)], name="c")
-    net.add_output("y", net.add_layer("Conv", flowrt.descriptors.Conv(pads=(1, 1, 1, 1)), [d, w(4, 8, 3, 3)]))
+    net.add_output("y", join(net, a, b, w))
+    return net
+
+
+def _residual(net, a, b, w):
+    added = net.add_layer("Add", inputs=[a, b], name="residual")  # on the tape: two pool tensors
+    c = net.add_layer("Conv", None, [added, w(8, 8, 1, 1)], name="c")
+    return net.add_layer("Conv", flowrt.descriptors.Conv(pads=(1, 1, 1, 1)), [c, w(4, 8, 3, 3)])
+
+
+def _concat(net, a, b, w):
+    c = net.add_layer("Conv", None, [a, w(8, 8, 1, 1)], name="c")
+    both = net.add_layer("Concat", flowrt.descriptors.Concat(axis=1), [b, c], name="both")
+    return net.add_layer("Conv", None, [both, w(4, 16, 1, 1)], name="last")
+
+
+async def test_a_tapes_run_joins_the_recorded_layers_around_it_in_one_step():
+    net = _fork(1, _residual)
     async with flowrt.Runtime(cpu_workers=2) as rt:
-        reference = await rt.load(flowrt.optimize(net, backends=["CpuRef"]))
-        model = await rt.load(flowrt.optimize(net, backends=["CpuAcc", "CpuRef"]), max_in_flight=1)
-        for seed in range(4):
-            got = (await model.run({"x": _input(seed)}))["y"]
-            want = (await reference.run({"x": _input(seed)}))["y"]
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        model = await _checked_runs(rt, net, max_in_flight=1, rounds=4)
         chains = [[node.layer for node in step.nodes] for step in _recorded_steps(model.pools.pools[0])]
         (with_add,) = [chain for chain in chains if "residual" in chain]
         assert {"b", "residual", "c"} <= set(with_add)
@@ -173,25 +190,9 @@ async def test_a_tapes_run_joins_the_recorded_layers_around_it_in_one_step():
 
 
 async def test_a_concat_whose_inputs_are_written_in_place_is_bound_to_nothing():
-    rng = np.random.default_rng(2)
-
-    def w(*shape):
-        return (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
-
-    net = flowrt.Network()
-    x = net.add_input("x", TensorInfo((1, 8, 20, 20)))
-    a = net.add_layer("Conv", None, [x, w(8, 8, 1, 1)], name="a")
-    b = net.add_layer("Conv", flowrt.descriptors.Conv(pads=(1, 1, 1, 1)), [a, w(8, 8, 3, 3)], name="b")
-    c = net.add_layer("Conv", None, [a, w(8, 8, 1, 1)], name="c")
-    both = net.add_layer("Concat", flowrt.descriptors.Concat(axis=1), [b, c], name="both")
-    net.add_output("y", net.add_layer("Conv", None, [both, w(4, 16, 1, 1)], name="last"))
+    net = _fork(2, _concat)
     async with flowrt.Runtime(cpu_workers=2) as rt:
-        reference = await rt.load(flowrt.optimize(net, backends=["CpuRef"]))
-        model = await rt.load(flowrt.optimize(net, backends=["CpuAcc", "CpuRef"]), max_in_flight=1)
-        for seed in range(4):
-            got = (await model.run({"x": _input(seed)}))["y"]
-            want = (await reference.run({"x": _input(seed)}))["y"]
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        model = await _checked_runs(rt, net, max_in_flight=1, rounds=4)
         steps = [step for steps in model.pools.pools[0].programs.values() for step in steps]
         # b and c write their bands of the Concat's output: the Concat has nothing to copy and
         # is no step of its own, nor a recorded layer
@@ -203,20 +204,7 @@ async def test_a_concat_whose_inputs_are_written_in_place_is_bound_to_nothing():
 async def test_two_pools_replay_at_once_each_in_its_own_memory():
     net = _net()
     async with flowrt.Runtime(cpu_workers=2) as rt:
-        reference = await rt.load(flowrt.optimize(net, backends=["CpuRef"]))
-        model = await rt.load(flowrt.optimize(net, backends=["CpuAcc", "CpuRef"]), max_in_flight=2)
-        results: dict[int, np.ndarray] = {}
-
-        async def run(seed: int) -> None:
-            results[seed] = (await model.run({"x": _input(seed)}))["y"]
-
-        for round_ in range(3):
-            async with trio.open_nursery() as nursery:
-                for seed in (2 * round_, 2 * round_ + 1):
-                    nursery.start_soon(run, seed)
-        for seed, got in results.items():
-            want = (await reference.run({"x": _input(seed)}))["y"]
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        await _checked_runs(rt, net, max_in_flight=2, rounds=3, at_once=2)
 
 
 async def test_a_layer_is_proven_once_however_many_pools_record_it(tmp_path, monkeypatch):
