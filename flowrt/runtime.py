@@ -31,7 +31,7 @@ from flowrt.engine.loader.dataflow_builder import build_dataflow
 from flowrt.engine.memory.budget import MemoryBudget, check_layer_outputs, check_memory_budget, claim_arenas
 from flowrt.engine.memory.manager import MemoryManager
 from flowrt.engine.memory.planner import PlannedNode, plan_memory
-from flowrt.engine.memory.pool import PoolManager
+from flowrt.engine.memory.pool import EAGER_DEVICE_POOLS, EAGER_POOLS, PoolManager
 from flowrt.engine.memory.weights import WeightsRecord, recording
 from flowrt.engine.scheduler.executor import DeviceRunner
 from flowrt.errors import BackendError, FlowrtError
@@ -492,6 +492,7 @@ class Runtime:
             allocators,
             zero_on_release=self.zero_memory_on_release,
             aging_interval=self.priority_aging,
+            eager=EAGER_DEVICE_POOLS if devices else EAGER_POOLS,
         )
         assert self._workers is not None  # load checked the runtime is active
         model = LoadedNetwork(optimized, dataflow, self._workers, layout, pools, self.profiling, devices)

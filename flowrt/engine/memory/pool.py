@@ -1,8 +1,9 @@
 """Memory pools lent to runs: a PoolManager holds N pools; a run awaits one and gives it back.
 
 A pool is one arena per backend, its bytes allocated once: at load for the first
-``EAGER_POOLS`` pools, the others when runs in flight at once first need them (runs one
-after another use one pool, and a process holds the memory of one). Waiting runs are served
+``EAGER_POOLS`` pools (``EAGER_DEVICE_POOLS`` for a network with layers on a device), the
+others when runs in flight at once first need them (runs one after another use one pool,
+and a process holds the host memory of one). Waiting runs are served
 by priority, first-in first-out within a priority. Release is structural: ``async with
 manager.acquire(priority) as pool`` gives the pool back on success, error and cancellation.
 
@@ -26,8 +27,11 @@ from flowrt.errors import ResourceError
 
 # Pools a PoolManager allocates when it is made; it makes any more on demand (see its doc):
 # one, which is all that runs one after another use (a second, made at load, cost resnet50's
-# process 9 MiB of peak RSS and vgg19's 31 that no run touched).
+# process 9 MiB of peak RSS and vgg19's 31 that no run touched). A network with layers on a
+# device has up to EAGER_DEVICE_POOLS made at load: device memory is no RSS, and allocating
+# it (arenas, pinned staging) in the run that first needs it cost that run tens of ms.
 EAGER_POOLS = 1
+EAGER_DEVICE_POOLS = 64
 
 
 class MemoryPool:
@@ -76,7 +80,7 @@ class PoolManager(PriorityLender[MemoryPool]):
     """Holds ``count`` pools of the given per-backend arena sizes and lends them to runs
     (by priority, with aging: see ``flowrt.engine.memory.lending``).
 
-    The first ``EAGER_POOLS`` pools are allocated here (at load); a manager of more makes
+    The first ``eager`` pools are allocated here (at load); a manager of more makes
     each further one when a run first finds every pool made lent, so that a huge ``count``
     costs only the pools that runs in flight at once use. ``pools`` lists those made.
     """
@@ -89,14 +93,13 @@ class PoolManager(PriorityLender[MemoryPool]):
         *,
         zero_on_release: bool = False,
         aging_interval: float = 1.0,
+        eager: int = EAGER_POOLS,
     ) -> None:
         self.count = count
         self._arena_bytes = dict(arena_bytes)
         self._allocators = allocators
         self.pools: list[MemoryPool] = []
-        super().__init__(
-            [self._make_pool() for _ in range(min(count, EAGER_POOLS))], aging_interval=aging_interval
-        )
+        super().__init__([self._make_pool() for _ in range(min(count, eager))], aging_interval=aging_interval)
         self.zero_on_release = zero_on_release
 
     def _make_pool(self) -> MemoryPool:

@@ -108,6 +108,18 @@ async def test_a_host_layer_between_gpuacc_layers_reads_a_downloaded_copy(gpu, t
     assert transfers == {"upload": before["upload"] + 2, "download": before["download"] + 2}
 
 
+async def test_a_network_on_the_device_has_its_pools_allocated_at_load(gpu, conv_network, conv_net_reference):
+    # device memory is slow to allocate, and no RSS: a run that first needs a second pool
+    # does not pay for it (host-only networks make theirs then: tests/integration/test_memory.py)
+    feeds, expected = conv_net_reference
+    opt = flowrt.optimize(conv_network(), backends=["GpuAcc", "CpuRef"])
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        model = await rt.load(opt, max_in_flight=3)
+        assert len(model.pools.pools) == 3
+        out = await model.run(feeds)
+    np.testing.assert_allclose(out["y"], expected["y"], rtol=1e-5, atol=1e-6)
+
+
 async def test_device_pools_are_zeroed_on_release(gpu, conv_network, conv_net_reference):
     feeds, expected = conv_net_reference
     opt = flowrt.optimize(conv_network(), backends=["GpuAcc"])
