@@ -201,6 +201,19 @@ async def test_a_concat_whose_inputs_are_written_in_place_is_bound_to_nothing():
         assert "both" not in _recorded_layers(model)
 
 
+def _softmax(net, a, b, w):
+    pooled = net.add_layer("GlobalAveragePool", inputs=[b], name="pooled")  # (1, 8, 1, 1)
+    return net.add_layer("Softmax", flowrt.descriptors.Softmax(axis=1), [pooled], name="soft")
+
+
+async def test_a_softmax_of_one_slice_is_recorded():
+    # one slice runs straight through its dispatcher, except while launches are recorded
+    net = _fork(3, _softmax)
+    async with flowrt.Runtime(cpu_workers=2) as rt:
+        model = await _checked_runs(rt, net, max_in_flight=1, rounds=4)
+        assert "soft" in _recorded_layers(model)
+
+
 async def test_two_pools_replay_at_once_each_in_its_own_memory():
     net = _net()
     async with flowrt.Runtime(cpu_workers=2) as rt:

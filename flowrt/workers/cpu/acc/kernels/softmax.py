@@ -204,8 +204,7 @@ class SoftmaxKernel:
         view, function, blocks, bounds = self.plan(x.shape)
         if x.size:
             x, out_view = x.reshape(view), out.reshape(view)
-            if bounds.shape[0] == 2:  # one slice, on this thread: the dispatcher straight away
-                function.fn(0, 0, x, out_view, bounds, blocks, self.log)
-            else:
-                function.run(bounds.shape[0] - 1, (x, out_view, bounds, blocks, self.log))
+            # one slice runs on this thread through the dispatcher straight away, unless the
+            # launches are being recorded (``SliceFunction.run``)
+            function.run(bounds.shape[0] - 1, (x, out_view, bounds, blocks, self.log))
         return [out]
