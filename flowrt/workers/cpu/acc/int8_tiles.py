@@ -10,7 +10,7 @@ from llvmlite import ir
 from numba import types
 from numba.core.extending import intrinsic
 
-from flowrt.workers.cpu.acc.tile_ir import _intrinsic_function
+from flowrt.workers.cpu.acc.tile_ir import _intrinsic_function, close_loop
 
 # Without AVX2 the x86 intrinsics would not compile: the tiles then emit nothing, and are never
 # called (pack_weights chooses PORTABLE).
@@ -137,15 +137,9 @@ def _emit_tile(context, builder, signature, args, pairs: bool, across: bool = Fa
                 product = builder.call(maddwd, [builder.call(maddubs, [xs[v], weights]), ones])
             row.append(builder.add(sums[i][v], product))
         updated.append(row)
-    following = builder.add(step, ir.Constant(i64, 1))
-    tail = builder.block
-    step.add_incoming(ir.Constant(i64, 0), entry)
-    step.add_incoming(following, tail)
-    for i in range(TILE_ROWS):
-        for v in range(_VECTORS):
-            sums[i][v].add_incoming(zeros, entry)
-            sums[i][v].add_incoming(updated[i][v], tail)
-    builder.cbranch(builder.icmp_signed("<", following, steps), loop, done)
+    tail = close_loop(
+        builder, entry, step, steps, sums, [[zeros] * _VECTORS] * TILE_ROWS, updated, loop, done
+    )
 
     builder.position_at_end(done)
     totals = []

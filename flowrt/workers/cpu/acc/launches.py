@@ -139,8 +139,8 @@ class Launches:
         for _, group in itertools.groupby(bound, key=type):
             calls = list(group)
             rows, one_rows, kept = calls[0].replay_rows(calls)
-            every.append(rows)
-            one.append(one_rows)
+            every += rows
+            one += one_rows
             keep.append(kept)
         all_rows, one_thread = np.concatenate(every), np.concatenate(one)
         if all_rows.shape[0] == 0:  # views only
@@ -180,12 +180,10 @@ class LaunchCall:
         return max(self.seconds, self.one_thread.seconds if self.one_thread is not None else 0.0)
 
     @staticmethod
-    def replay_rows(calls: Sequence[LaunchCall]) -> tuple[np.ndarray, np.ndarray, list[Any]]:
-        """``Launches.compile``'s rows for consecutive recorded layers: as a lone run makes
-        them, as a run of one thread does."""
-        every = np.concatenate([call.rows for call in calls])
-        one = np.concatenate([(call.one_thread or call).rows for call in calls])
-        return every, one, list(calls)
+    def replay_rows(calls: Sequence[LaunchCall]) -> tuple[list[np.ndarray], list[np.ndarray], list[Any]]:
+        """``Launches.compile``'s rows for consecutive recorded layers (tables to join): as a
+        lone run makes them, as a run of one thread does."""
+        return [call.rows for call in calls], [(call.one_thread or call).rows for call in calls], list(calls)
 
 
 def _arrays(value: Any) -> Iterator[np.ndarray]:

@@ -18,6 +18,7 @@ layers around it, all in one call.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -98,7 +99,12 @@ def _tape_slice(task, step, tape, rows, walks, params):
 
 
 TAPE_SLICE = SliceFunction(_tape_slice)
-_tape_address: list[int] = []
+
+
+@functools.cache
+def _tape_address() -> int:
+    """The address of :func:`run_tape`, which :data:`TAPE_SLICE` calls."""
+    return native_address(run_tape, _TAPE_SIGNATURE)
 
 
 class Tape:
@@ -125,9 +131,7 @@ class Tape:
         tables = Tape._tables(calls)
         if tables is None:
             return np.zeros((0, 4), np.int64), []
-        if not _tape_address:
-            _tape_address.append(native_address(run_tape, _TAPE_SIGNATURE))
-        args = (np.int64(_tape_address[0]), *tables[:3])
+        args = (np.int64(_tape_address()), *tables[:3])
         with recording() as recorder:
             TAPE_SLICE.run(1, args)
         assert not recorder.failed  # three arrays fit a record many times over
@@ -173,11 +177,11 @@ class BoundCall:
     work_s: ClassVar[float] = 0.0  # a tape's work fits one slice: small beside a step's bound
 
     @staticmethod
-    def replay_rows(calls: Sequence[BoundCall]) -> tuple[np.ndarray, np.ndarray, list[Any]]:
+    def replay_rows(calls: Sequence[BoundCall]) -> tuple[list[np.ndarray], list[np.ndarray], list[Any]]:
         """``launches.Launches.compile``'s rows for consecutive bound calls (the same for
         every thread count: a tape runs on the calling thread)."""
         rows, keep = Tape.launch_rows(calls)
-        return rows, rows, keep
+        return [rows], [rows], keep
 
 
 def _call(outputs: Sequence[np.ndarray], instruction: Instruction | None) -> BoundCall:
@@ -256,6 +260,9 @@ def _bind_concat(kernel: ConcatKernel, inputs, outputs) -> BoundCall | None:
     return _call([out], None)
 
 
+# The kernels whose bound calls a tape runs (or passes over, views): preparing one compiles
+# the tape. A Concat's bound call has nothing to run.
+TAPE_KERNELS = frozenset({ElementwiseKernel, ActivationKernel, ViewKernel})
 BINDERS: dict[type, Callable[..., BoundCall | None]] = {
     ElementwiseKernel: _bind_binary,
     ActivationKernel: _bind_activation,
@@ -271,11 +278,7 @@ def warm_up(kernel: Any) -> None:
     """Compile :func:`run_tape` (or load it from numba's cache) when ``kernel`` may join a
     tape, so that it happens at load, under the load's progress bar, not in the first run
     (on an empty cache, 20 s). Its one signature serves every tape; once per process."""
-    if (
-        type(kernel) in BINDERS
-        and type(kernel) is not ConcatKernel
-        and _TAPE_SIGNATURE not in run_tape.overloads
-    ):
+    if type(kernel) in TAPE_KERNELS and _TAPE_SIGNATURE not in run_tape.overloads:
         run_tape.compile(_TAPE_SIGNATURE)
         # and its launch, which a pool's program replays with recorded layers
         empty = np.zeros((0, ROWS + 1), np.int64)

@@ -79,6 +79,22 @@ def _intrinsic_function(builder, name, return_type, argument_types):
     )
 
 
+def close_loop(builder, entry, step, count, sums, starts, updated, loop, done) -> ir.Block:
+    """End a tile's loop body: ``step`` (a phi) goes 0 .. ``count``, each of ``sums`` (phis, by
+    row and vector) starts at ``starts`` from ``entry`` and takes ``updated`` from the body;
+    branch back to ``loop`` or on to ``done``. Returns the body's last block."""
+    following = builder.add(step, ir.Constant(step.type, 1))
+    tail = builder.block
+    step.add_incoming(ir.Constant(step.type, 0), entry)
+    step.add_incoming(following, tail)
+    for row, row_starts, row_updated in zip(sums, starts, updated):
+        for total, start, new in zip(row, row_starts, row_updated):
+            total.add_incoming(start, entry)
+            total.add_incoming(new, tail)
+    builder.cbranch(builder.icmp_signed("<", following, count), loop, done)
+    return tail
+
+
 def _emit_tile(
     context,
     builder,
@@ -205,15 +221,7 @@ def _emit_tile(
     for i in range(TILE_ROWS):
         a_vec = broadcast(builder.load(a_values[i]))
         updated.append([builder.call(fmuladd, [a_vec, b_vecs[v], sums[i][v]]) for v in range(vectors)])
-    following = builder.add(step, ir.Constant(i64, 1))
-    tail = builder.block
-    step.add_incoming(ir.Constant(i64, 0), entry)
-    step.add_incoming(following, tail)
-    for i in range(TILE_ROWS):
-        for v in range(vectors):
-            sums[i][v].add_incoming(starts[i][v], entry)
-            sums[i][v].add_incoming(updated[i][v], tail)
-    builder.cbranch(builder.icmp_signed("<", following, k), loop, done)
+    tail = close_loop(builder, entry, step, k, sums, starts, updated, loop, done)
 
     builder.position_at_end(done)
     totals = [[builder.phi(vec) for _ in range(vectors)] for _ in range(TILE_ROWS)]
