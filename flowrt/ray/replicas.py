@@ -146,6 +146,7 @@ class RayStageCall:
         store. A stage that fetches asks for the outcome and the outputs as one object, so that
         one wait brings both; another waits for the outcome alone."""
         replica.in_flight += 1
+        incarnation = replica.restarts  # the one this request goes to
         try:
             if self.fetch:
                 result = replica.actor.run.options(num_returns=1).remote(argument, int(priority))
@@ -155,7 +156,7 @@ class RayStageCall:
                 outcome = await resolve(outcome)
                 outputs = RemoteOutputs(outputs_ref)
         except ray.exceptions.RayActorError as e:
-            self._lost(replica)
+            self._lost(replica, incarnation)
             raise _ReplicaLost(replica, e) from e
         except ray.exceptions.RayError as e:  # e.g. the previous stage's outputs were lost
             raise FlowrtError(f"{replica.where()} could not run this request: {e}") from e
@@ -166,8 +167,11 @@ class RayStageCall:
         replica.served += 1
         return outputs
 
-    def _lost(self, replica: Replica) -> None:
-        if replica.state == "live":
+    def _lost(self, replica: Replica, incarnation: int) -> None:
+        """A request to ``replica`` as it was after ``incarnation`` restarts found it dead: watch
+        it come back, unless that death is one already seen (a request sent before a restart
+        can fail after it, once the restarted replica is live again)."""
+        if replica.state == "live" and replica.restarts == incarnation:
             replica.state = "restarting"
             logger.warning("%s died; waiting for Ray to restart it", replica.where())
             self._spawn(self._watch, replica)
