@@ -41,7 +41,7 @@ import numpy as np
 from numba import njit
 
 from flowrt.errors import BackendError
-from flowrt.workers.cpu.acc import tile_ir
+from flowrt.workers.cpu.acc import cache_stamp, tile_ir
 from flowrt.workers.cpu.acc.int8_tiles import (
     GROUP_BYTES,
     HOST_AVX2,
@@ -54,6 +54,8 @@ from flowrt.workers.cpu.acc.int8_tiles import (
     _maddubs_tile,
     _maddubs_tile_across,
 )
+
+cache_stamp.register()  # before this module jits anything: its functions cached as the package's
 
 __all__ = [
     "INT16",
