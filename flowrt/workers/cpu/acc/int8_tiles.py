@@ -1,6 +1,7 @@
 """The int8 GEMM's micro-kernels (``int8_gemm``), in LLVM IR through numba's ``intrinsic``:
 the interleaving of a block of columns of ``x`` into steps of k, and the TILE_ROWS x
-TILE_COLUMNS tiles (vpmaddubsw pairs, or int16 by vpmaddwd), stored as rows or across.
+TILE_COLUMNS tiles (vpdpbusd with VNNI; else vpmaddubsw pairs, or int16 by vpmaddwd),
+stored as rows or across.
 """
 
 from __future__ import annotations
@@ -14,11 +15,19 @@ from flowrt.workers.cpu.acc.tile_ir import _intrinsic_function, close_loop
 
 # Without AVX2 the x86 intrinsics would not compile: the tiles then emit nothing, and are never
 # called (pack_weights chooses PORTABLE).
-HOST_AVX2 = bool(llvm.get_host_cpu_features().get("avx2"))
-TILE_ROWS = 4
-_VECTORS = 2  # vectors of 8 int32 columns per tile row
-TILE_COLUMNS = 8 * _VECTORS
-# Bytes of packed x per step of k (4 k of 16 columns of bytes, or 2 k of 16 columns of int16).
+_FEATURES = llvm.get_host_cpu_features()
+HOST_AVX2 = bool(_FEATURES.get("avx2"))
+# vpdpbusd on ymm: AVX512-VNNI with AVX512VL (Ice Lake, Zen 4 and later) or AVX-VNNI (Alder Lake).
+HOST_VNNI = HOST_AVX2 and bool(
+    (_FEATURES.get("avx512vnni") and _FEATURES.get("avx512vl")) or _FEATURES.get("avxvnni")
+)
+# With AVX512-VNNI the VNNI tile is 8 rows of 2 zmm (16 int32 columns each): 16 accumulators of
+# the 32 registers, each x vector read for 8 rows. Else 4 rows of 2 ymm. The other tiles keep
+# ymm (vectors of 8), as many as the tile's columns take (on such a host they only serve tests).
+HOST_WIDE = HOST_VNNI and bool(_FEATURES.get("avx512vnni") and _FEATURES.get("avx512bw"))
+TILE_ROWS = 8 if HOST_WIDE else 4
+TILE_COLUMNS = 32 if HOST_WIDE else 16
+# Bytes of packed x per step of k (4 k of a column's bytes, or 2 k of its int16, per column).
 GROUP_BYTES = 4 * TILE_COLUMNS
 
 
@@ -82,24 +91,32 @@ def _interleave_words(typingctx, x, x_at, ldx, packed, packed_at):
     )
 
 
-def _emit_tile(context, builder, signature, args, pairs: bool, across: bool = False):
-    """The IR of :func:`_maddubs_tile` (``pairs`` False) or :func:`_int16_tile`; ``across``:
-    of :func:`_maddubs_tile_across` or :func:`_int16_tile_across`."""
-    if not HOST_AVX2:  # never called there (see HOST_AVX2)
+def _emit_tile(context, builder, signature, args, kind: str, across: bool = False):
+    """The IR of :func:`_maddubs_tile` (``kind`` "maddubs"), :func:`_int16_tile` ("int16") or
+    :func:`_vnni_tile` ("vnni"); ``across``: of the ``_across`` tile of the kind."""
+    if not HOST_AVX2 or (kind == "vnni" and not HOST_VNNI):  # never called there
         return context.get_dummy_value()
+    pairs = kind == "int16"
+    lanes = 16 if kind == "vnni" and HOST_WIDE else 8
+    vectors = TILE_COLUMNS // lanes
     packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo = args
     i8, i16, i32, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
-    lanes = 8
     accumulator = ir.VectorType(i32, lanes)
-    operand = ir.VectorType(i16, 16) if pairs else ir.VectorType(i8, 32)
+    operand = ir.VectorType(i16, 2 * lanes) if pairs else ir.VectorType(i8, 4 * lanes)
     words = ir.VectorType(i16, 16)
     x_ptr = _array_pointer(context, builder, signature.args[0], packed, packed_at)
     w_ptr = _array_pointer(context, builder, signature.args[2], w, w_at)
     bias_ptr = _array_pointer(context, builder, signature.args[5], bias, row_at)
     scale_ptr = _array_pointer(context, builder, signature.args[6], scale, row_at)
     out_ptr = _array_pointer(context, builder, signature.args[11], out, out_at)
-    maddubs = _intrinsic_function(builder, "llvm.x86.avx2.pmadd.ub.sw", words, [operand, operand])
-    maddwd = _intrinsic_function(builder, "llvm.x86.avx2.pmadd.wd", accumulator, [words, words])
+    if kind == "vnni":
+        dpbusd = _intrinsic_function(
+            builder, f"llvm.x86.avx512.vpdpbusd.{32 * lanes}", accumulator, [accumulator] * 3
+        )
+    else:
+        dpbusd = None
+        maddubs = _intrinsic_function(builder, "llvm.x86.avx2.pmadd.ub.sw", words, [operand, operand])
+        maddwd = _intrinsic_function(builder, "llvm.x86.avx2.pmadd.wd", accumulator, [words, words])
     ones = ir.Constant(words, [1] * 16)
 
     def broadcast(value, vector_type):
@@ -118,11 +135,11 @@ def _emit_tile(context, builder, signature, args, pairs: bool, across: bool = Fa
 
     builder.position_at_end(loop)
     step = builder.phi(i64)
-    sums = [[builder.phi(accumulator) for _ in range(_VECTORS)] for _ in range(TILE_ROWS)]
+    sums = [[builder.phi(accumulator) for _ in range(vectors)] for _ in range(TILE_ROWS)]
     x_step = builder.mul(step, ir.Constant(i64, GROUP_BYTES))
     xs = [
-        builder.load(at(x_ptr, builder.add(x_step, ir.Constant(i64, 32 * v)), operand), align=1)
-        for v in range(_VECTORS)
+        builder.load(at(x_ptr, builder.add(x_step, ir.Constant(i64, 4 * lanes * v)), operand), align=1)
+        for v in range(vectors)
     ]
     w_step = builder.mul(step, ir.Constant(i64, 4 * TILE_ROWS))
     updated = []
@@ -130,21 +147,23 @@ def _emit_tile(context, builder, signature, args, pairs: bool, across: bool = Fa
         word = builder.load(at(w_ptr, builder.add(w_step, ir.Constant(i64, 4 * i)), i32), align=1)
         weights = builder.bitcast(broadcast(word, accumulator), operand)
         row = []
-        for v in range(_VECTORS):
+        for v in range(vectors):
+            if dpbusd is not None:  # the 4 products of each lane summed into it, exact
+                x_words = builder.bitcast(xs[v], accumulator)
+                row.append(builder.call(dpbusd, [sums[i][v], x_words, builder.bitcast(weights, accumulator)]))
+                continue
             if pairs:
                 product = builder.call(maddwd, [xs[v], weights])
             else:
                 product = builder.call(maddwd, [builder.call(maddubs, [xs[v], weights]), ones])
             row.append(builder.add(sums[i][v], product))
         updated.append(row)
-    tail = close_loop(
-        builder, entry, step, steps, sums, [[zeros] * _VECTORS] * TILE_ROWS, updated, loop, done
-    )
+    tail = close_loop(builder, entry, step, steps, sums, [[zeros] * vectors] * TILE_ROWS, updated, loop, done)
 
     builder.position_at_end(done)
     totals = []
     for i in range(TILE_ROWS):
-        for v in range(_VECTORS):
+        for v in range(vectors):
             total = builder.phi(accumulator)
             total.add_incoming(zeros, entry)
             total.add_incoming(updated[i][v], tail)
@@ -152,34 +171,36 @@ def _emit_tile(context, builder, signature, args, pairs: bool, across: bool = Fa
     requantize = signature.args[11].dtype == types.uint8  # else int32: acc + bias as it is
     # (The tiles across store bytes only: numba also compiles them where they are never called.)
     rows = _finished_rows(
-        builder, totals, bias_ptr, scale_ptr, zero, low, high, broadcast, requantize or across
+        builder, totals, bias_ptr, scale_ptr, zero, low, high, broadcast, requantize or across, lanes
     )
     if across:
-        _store_across(builder, rows, out_ptr, ldo)
+        _store_across(builder, rows, out_ptr, ldo, lanes)
         return context.get_dummy_value()
     for i in range(TILE_ROWS):
         row_ptr = builder.gep(out_ptr, [builder.mul(ir.Constant(i64, i), ldo)])
-        for v in range(_VECTORS):
+        for v in range(vectors):
             place = builder.gep(row_ptr, [ir.Constant(i64, lanes * v)])
             builder.store(rows[i][v], builder.bitcast(place, rows[i][v].type.as_pointer()), align=1)
     return context.get_dummy_value()
 
 
-def _finished_rows(builder, totals, bias_ptr, scale_ptr, zero, low, high, broadcast, requantize: bool):
-    """Each row's vectors as they are stored: ``acc + bias`` in int32, or (``requantize``)
-    ``clip(roundeven(float(acc + bias) * scale) + zero, low, high)`` as bytes."""
+def _finished_rows(
+    builder, totals, bias_ptr, scale_ptr, zero, low, high, broadcast, requantize: bool, lanes: int
+):
+    """Each row's vectors (of ``lanes`` int32) as they are stored: ``acc + bias`` in int32, or
+    (``requantize``) ``clip(roundeven(float(acc + bias) * scale) + zero, low, high)`` as bytes."""
     i8, i32, i64, f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
-    lanes = 8
+    per_row = TILE_COLUMNS // lanes
     accumulator, floats = ir.VectorType(i32, lanes), ir.VectorType(f32, lanes)
-    roundeven = _intrinsic_function(builder, "llvm.roundeven.v8f32", floats, [floats])
+    roundeven = _intrinsic_function(builder, f"llvm.roundeven.v{lanes}f32", floats, [floats])
     zeros_f, lows, highs = (broadcast(value, floats) for value in (zero, low, high))
     rows = []
     for i in range(TILE_ROWS):
         row_bias = broadcast(builder.load(builder.gep(bias_ptr, [ir.Constant(i64, i)])), accumulator)
         row_scale = broadcast(builder.load(builder.gep(scale_ptr, [ir.Constant(i64, i)])), floats)
         vectors = []
-        for v in range(_VECTORS):
-            total = builder.add(totals[i * _VECTORS + v], row_bias)
+        for v in range(per_row):
+            total = builder.add(totals[i * per_row + v], row_bias)
             if not requantize:
                 vectors.append(total)
                 continue
@@ -193,29 +214,31 @@ def _finished_rows(builder, totals, bias_ptr, scale_ptr, zero, low, high, broadc
     return rows
 
 
-def _store_across(builder, rows, out_ptr, ldo) -> None:
+def _store_across(builder, rows, out_ptr, ldo, lanes: int) -> None:
     """A tile's requantized rows stored the other way round: its TILE_ROWS bytes of a column
-    are 4 consecutive bytes of the output's row for that column (one 32-bit store per column,
-    the rows gathered by a shuffle)."""
+    are consecutive bytes of the output's row for that column (one store of TILE_ROWS bytes
+    per column, the rows gathered by shuffles)."""
     i32, i64 = ir.IntType(32), ir.IntType(64)
-    lanes = 8
-    accumulator = ir.VectorType(i32, lanes)
-    assert TILE_ROWS == 4  # a column's rows are one 32-bit word
-    for v in range(_VECTORS):
-        low_pair = builder.shuffle_vector(
-            rows[0][v], rows[1][v], ir.Constant(ir.VectorType(i32, 16), list(range(16)))
-        )
-        high_pair = builder.shuffle_vector(
-            rows[2][v], rows[3][v], ir.Constant(ir.VectorType(i32, 16), list(range(16)))
-        )
-        # element i * 8 + c (row i, column c) -> position c * 4 + i
+    word_type = ir.IntType(8 * TILE_ROWS)
+    for v in range(TILE_COLUMNS // lanes):
+        # the rows joined end to end: element i * lanes + c is row i, column c
+        parts = [rows[i][v] for i in range(TILE_ROWS)]
+        while len(parts) > 1:
+            width = 2 * parts[0].type.count
+            both = ir.Constant(ir.VectorType(i32, width), list(range(width)))
+            parts = [builder.shuffle_vector(parts[j], parts[j + 1], both) for j in range(0, len(parts), 2)]
+        # -> position c * TILE_ROWS + i
         order = [i * lanes + c for c in range(lanes) for i in range(TILE_ROWS)]
-        gathered = builder.shuffle_vector(low_pair, high_pair, ir.Constant(ir.VectorType(i32, 32), order))
-        words = builder.bitcast(gathered, accumulator)
+        gathered = builder.shuffle_vector(
+            parts[0],
+            ir.Constant(parts[0].type, ir.Undefined),
+            ir.Constant(ir.VectorType(i32, len(order)), order),
+        )
+        words = builder.bitcast(gathered, ir.VectorType(word_type, lanes))
         for c in range(lanes):
             column = builder.gep(out_ptr, [builder.mul(ir.Constant(i64, v * lanes + c), ldo)])
             word = builder.extract_element(words, ir.Constant(i32, c))
-            builder.store(word, builder.bitcast(column, i32.as_pointer()), align=1)
+            builder.store(word, builder.bitcast(column, word_type.as_pointer()), align=1)
 
 
 def _tile_signature(
@@ -238,7 +261,9 @@ def _maddubs_tile(
     sig = _tile_signature(
         packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
     )
-    return sig, lambda context, builder, signature, args: _emit_tile(context, builder, signature, args, False)
+    return sig, lambda context, builder, signature, args: _emit_tile(
+        context, builder, signature, args, "maddubs"
+    )
 
 
 @intrinsic
@@ -249,7 +274,9 @@ def _int16_tile(
     sig = _tile_signature(
         packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
     )
-    return sig, lambda context, builder, signature, args: _emit_tile(context, builder, signature, args, True)
+    return sig, lambda context, builder, signature, args: _emit_tile(
+        context, builder, signature, args, "int16"
+    )
 
 
 @intrinsic
@@ -262,7 +289,7 @@ def _maddubs_tile_across(
         packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
     )
     return sig, lambda context, builder, signature, args: _emit_tile(
-        context, builder, signature, args, False, True
+        context, builder, signature, args, "maddubs", True
     )
 
 
@@ -275,5 +302,32 @@ def _int16_tile_across(
         packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
     )
     return sig, lambda context, builder, signature, args: _emit_tile(
-        context, builder, signature, args, True, True
+        context, builder, signature, args, "int16", True
+    )
+
+
+@intrinsic
+def _vnni_tile(
+    typingctx, packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
+):
+    """:func:`_maddubs_tile` by ``vpdpbusd`` (a lane's 4 products summed into its int32 at once):
+    exact for any weights, on a host with VNNI (:data:`HOST_VNNI`)."""
+    sig = _tile_signature(
+        packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
+    )
+    return sig, lambda context, builder, signature, args: _emit_tile(
+        context, builder, signature, args, "vnni"
+    )
+
+
+@intrinsic
+def _vnni_tile_across(
+    typingctx, packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
+):
+    """:func:`_vnni_tile` stored as :func:`_maddubs_tile_across` stores."""
+    sig = _tile_signature(
+        packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
+    )
+    return sig, lambda context, builder, signature, args: _emit_tile(
+        context, builder, signature, args, "vnni", True
     )

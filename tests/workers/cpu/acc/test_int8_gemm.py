@@ -1,5 +1,5 @@
-"""The exact uint8 x int8 GEMM (``int8_gemm.py``) against numpy's int64 products: both AVX2
-micro-kernels and the portable loops, every tail of rows, columns and k, column ranges,
+"""The exact uint8 x int8 GEMM (``int8_gemm.py``) against numpy's int64 products: the VNNI
+micro-kernel (where the host has VNNI), both AVX2 ones and the portable loops, every tail of rows, columns and k, column ranges,
 strided operands, extreme values, rounding half to even, and FLOWRT_TILES=off in a process of
 its own."""
 
@@ -11,13 +11,13 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from numba import njit
 
 from flowrt.errors import BackendError
 from flowrt.workers.cpu.acc import int8_gemm
-from flowrt.workers.cpu.acc.int8_gemm import INT16, MADDUBS, PORTABLE, TILE_COLUMNS, TILE_ROWS
+from flowrt.workers.cpu.acc.int8_gemm import INT16, MADDUBS, PORTABLE, TILE_COLUMNS, TILE_ROWS, VNNI
 
 SENTINEL = 7
 
@@ -35,12 +35,30 @@ def weights(rng, m, k, full_range):
     return rng.integers(low, high, (m, k)).astype(np.int8)
 
 
-def pack(w, portable):
-    """``pack_weights(w)``, or as on a host without AVX2 (the portable loops)."""
-    if not portable:
-        return int8_gemm.pack_weights(w)
-    with mock.patch.object(int8_gemm, "AVAILABLE", False):
-        return int8_gemm.pack_weights(w)
+def pack(w, portable, vnni=True):
+    """``pack_weights(w)``, or as on a host without AVX2 (the portable loops), or (``vnni``
+    False) as on one without VNNI (the maddubs or int16 kernel)."""
+    if portable:
+        with mock.patch.object(int8_gemm, "AVAILABLE", False):
+            return int8_gemm.pack_weights(w)
+    if not vnni:
+        with mock.patch.object(int8_gemm, "VNNI_AVAILABLE", False):
+            return int8_gemm.pack_weights(w)
+    return int8_gemm.pack_weights(w)
+
+
+def kernel_packed(w, kernel):
+    """``w`` packed for ``kernel`` (VNNI only where the host has it: the caller checks)."""
+    return pack(w, portable=kernel == PORTABLE, vnni=kernel == VNNI)
+
+
+def chosen_kernel(w, kernel):
+    """The kernel :func:`kernel_packed` gives ``w`` for ``kernel``."""
+    if kernel == PORTABLE or not int8_gemm.AVAILABLE:
+        return PORTABLE
+    if kernel == VNNI:
+        return VNNI
+    return MADDUBS if np.abs(w.astype(int)).max(initial=0) <= 64 else INT16
 
 
 def canvas(dtype, m, n, pad):
@@ -72,7 +90,7 @@ def assert_columns_match(full, pad, n0, n1, want):
     m=st.integers(1, 3 * TILE_ROWS + 1),
     k=st.sampled_from([1, 2, 3, 4, 5, 7, 8, 17, 64, 65, 130]),
     n=st.integers(1, 3 * TILE_COLUMNS + 3),
-    kernel=st.sampled_from([MADDUBS, INT16, PORTABLE]),
+    kernel=st.sampled_from([MADDUBS, INT16, PORTABLE, VNNI]),
     x_pad=st.integers(0, 5),
     out_pad=st.integers(0, 3),
     per_channel=st.booleans(),
@@ -84,36 +102,37 @@ def assert_columns_match(full, pad, n0, n1, want):
 def test_products_match_numpy_on_column_ranges_of_strided_views(
     m, k, n, kernel, x_pad, out_pad, per_channel, bounds, zero_point, data, seed
 ):
+    assume(kernel != VNNI or int8_gemm.VNNI_AVAILABLE)
     rng = np.random.default_rng(seed)
     n0 = data.draw(st.integers(0, n), label="n0")
     n1 = data.draw(st.integers(n0, n), label="n1")
-    w = weights(rng, m, k, full_range=kernel == INT16)
+    w = weights(rng, m, k, full_range=kernel in (INT16, VNNI))
     x = rng.integers(0, 256, (k, n + x_pad), dtype=np.uint8)[:, :n]  # row stride n + x_pad
     bias = rng.integers(-(2**20), 2**20, m).astype(np.int32)
     scale = rng.uniform(1e-4, 3e-3, m if per_channel else 1).astype(np.float32)
     scale = np.broadcast_to(scale, (m,)).copy()
-    packed = pack(w, portable=kernel == PORTABLE)
-    seven_bits = np.abs(w.astype(int)).max() <= 64
-    chosen = MADDUBS if seven_bits else INT16
-    assert packed.kernel == (PORTABLE if kernel == PORTABLE or not int8_gemm.AVAILABLE else chosen)
+    packed = kernel_packed(w, kernel)
+    assert packed.kernel == chosen_kernel(w, kernel)
     raw, requantized = both_products(packed, x, n0, n1, bias, scale, zero_point, *bounds, pad=out_pad)
     acc, want = expected(w, x, bias, scale, zero_point, *bounds)
     assert_columns_match(raw, out_pad, n0, n1, acc)
     assert_columns_match(requantized, out_pad, n0, n1, want)
 
 
-@pytest.mark.parametrize("portable", [False, True])
 @pytest.mark.parametrize(
     "x_value, w_value, kernel",
     [(255, -128, INT16), (255, 127, INT16), (255, 64, MADDUBS), (255, -64, MADDUBS), (255, 65, INT16),
-     (0, -128, INT16), (1, -1, MADDUBS)],
+     (0, -128, INT16), (1, -1, MADDUBS), (255, -128, VNNI), (255, 127, VNNI), (0, -128, VNNI),
+     (1, -1, VNNI), (255, -1, PORTABLE), (255, -128, PORTABLE)],
 )  # fmt: skip
-def test_extreme_values_are_exact(x_value, w_value, kernel, portable):
+def test_extreme_values_are_exact(x_value, w_value, kernel):
+    if kernel == VNNI and not int8_gemm.VNNI_AVAILABLE:
+        pytest.skip("no VNNI on this CPU")
     m, k, n = 2 * TILE_ROWS + 1, 4099, TILE_COLUMNS + 5  # |acc| up to 255 * 128 * 4099, in int32
     w = np.full((m, k), w_value, np.int8)
     x = np.full((k, n), x_value, np.uint8)
-    packed = pack(w, portable)
-    assert packed.kernel == (PORTABLE if portable or not int8_gemm.AVAILABLE else kernel)
+    packed = kernel_packed(w, kernel)
+    assert packed.kernel == chosen_kernel(w, kernel)
     bias = np.arange(m, dtype=np.int32) - 3
     scale = np.full(m, 1 / 4096, np.float32)
     raw, requantized = both_products(packed, x, 0, n, bias, scale, 100, 0, 255)
@@ -122,14 +141,23 @@ def test_extreme_values_are_exact(x_value, w_value, kernel, portable):
     np.testing.assert_array_equal(requantized, want)
 
 
-def test_pack_weights_takes_maddubs_for_seven_bit_weights_only():
+def test_pack_weights_takes_maddubs_for_seven_bit_weights_only_without_vnni():
     if not int8_gemm.AVAILABLE:
         pytest.skip("no AVX2 on this CPU: the portable loops")
-    assert int8_gemm.pack_weights(np.array([[-64, 64, 0]], np.int8)).kernel == MADDUBS
-    assert int8_gemm.pack_weights(np.array([[-65, 0, 0]], np.int8)).kernel == INT16
-    assert int8_gemm.pack_weights(np.array([[0, 65, 0]], np.int8)).kernel == INT16
-    packed = int8_gemm.pack_weights(np.zeros((5, 9), np.int8))
+    assert pack(np.array([[-64, 64, 0]], np.int8), False, vnni=False).kernel == MADDUBS
+    assert pack(np.array([[-65, 0, 0]], np.int8), False, vnni=False).kernel == INT16
+    assert pack(np.array([[0, 65, 0]], np.int8), False, vnni=False).kernel == INT16
+    packed = pack(np.zeros((5, 9), np.int8), False, vnni=False)
     assert (packed.m, packed.k, packed.padded_k) == (5, 9, 12)
+
+
+def test_pack_weights_takes_vnni_for_any_weights_where_the_host_has_it():
+    if not int8_gemm.VNNI_AVAILABLE:
+        pytest.skip("no VNNI on this CPU")
+    for w in ([[-64, 64, 0]], [[-128, 127, 0]]):
+        packed = int8_gemm.pack_weights(np.array(w, np.int8))
+        assert (packed.kernel, int8_gemm.KERNEL_NAMES[packed.kernel]) == (VNNI, "vnni")
+        assert packed.panels.dtype == np.int8 and packed.padded_k == 4
 
 
 def test_row_sums_are_int32_sums_of_each_row():
