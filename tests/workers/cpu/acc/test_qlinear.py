@@ -206,6 +206,23 @@ def test_large_layers_split_across_workers_exactly(monkeypatch, portable, channe
         np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize(
+    ("kernel", "pad", "dilation", "size"),
+    [(7, 3, 1, 32), (3, 1, 1, 14), (1, 0, 1, 8), (3, 2, 2, 12), (5, 2, 1, 10), (3, 1, 1, 13), (2, 0, 1, 6)],
+)
+def test_stride_two_windows_over_phase_planes_match_cpuref(kernel, pad, dilation, size):
+    # an even plane halved by the window (a stem, a downsampling conv) is laid out from the
+    # input's four phase planes; an odd one (13) or a window that does not halve it, row by row
+    rng = np.random.default_rng(kernel * 100 + size)
+    x = rng.integers(0, 256, (2, 3, size, size)).astype(np.uint8)
+    w = rng.integers(-128, 128, (5, 3, kernel, kernel)).astype(np.int8)
+    x_scale, x_zp, w_scale, w_zp, y_scale, y_zp = _params(rng, 5, True, False, exact=True)
+    inputs = [x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp]
+    desc = flowrt.descriptors.QLinearConv(pads=(pad,) * 4, strides=(2, 2), dilations=(dilation, dilation))
+    got, expected = _run_both("QLinearConv", desc, inputs)
+    np.testing.assert_array_equal(got, expected)
+
+
 @pytest.mark.parametrize("weights", ["7-bit", "full-range", "portable"])
 @pytest.mark.parametrize(("rows", "reduction", "columns"), [(100, 300, 70), (20, 130, 200), (3, 7, 5)])
 def test_large_matmuls_split_across_workers_exactly(monkeypatch, weights, rows, reduction, columns):

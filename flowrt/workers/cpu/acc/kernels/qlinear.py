@@ -101,6 +101,21 @@ def _shifted_rows(flat, row, dy, dx, width, height, fill):
                 row[base + max(0, width - dx) : base + width] = fill
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _split_phases(image, phases):
+    """The four phase planes of ``image`` (H, W), both even: ``phases[py * 2 + px]`` holds its
+    rows ``py::2`` by columns ``px::2``, (H/2, W/2) flat. In them a stride-2 window's kernel
+    cell is a stride-1 shift, one long copy of an im2col row (:func:`_shifted_rows`)."""
+    half_h, half_w = image.shape[0] // 2, image.shape[1] // 2
+    for y in range(half_h):
+        for py in range(2):
+            source = image[2 * y + py]
+            even, odd = phases[py * 2], phases[py * 2 + 1]
+            for k in range(half_w):
+                even[y * half_w + k] = source[2 * k]
+                odd[y * half_w + k] = source[2 * k + 1]
+
+
 @njit(**NATIVE)
 def _im2col_slice(s, _step, bounds, x, geometry, out_w, fill, cols):
     """Slice ``s`` of :data:`IM2COL`: for the (channel, kernel row) pairs ``bounds[s] ..
@@ -110,8 +125,26 @@ def _im2col_slice(s, _step, bounds, x, geometry, out_w, fill, cols):
     kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left = geometry
     height, width = x.shape[1], x.shape[2]
     out_h = cols.shape[1] // out_w
+    halved = (
+        stride_h == 2 and stride_w == 2 and height % 2 == 0 and width % 2 == 0
+        and out_h == height // 2 and out_w == width // 2
+    )  # fmt: skip
+    phases = np.empty((4, out_h * out_w) if halved else (0, 0), np.uint8)
+    phased = -1  # the channel whose phase planes ``phases`` holds
     for pair in range(bounds[s], bounds[s + 1]):
         c, i = pair // kernel_h, pair % kernel_h
+        if halved:
+            if phased != c:
+                _split_phases(x[c], phases)
+                phased = c
+            dy = i * dilation_h - pad_top
+            py = dy % 2
+            for j in range(kernel_w):
+                dx = j * dilation_w - pad_left
+                px = dx % 2
+                row = cols[(c * kernel_h + i) * kernel_w + j]
+                _shifted_rows(phases[py * 2 + px], row, (dy - py) // 2, (dx - px) // 2, out_w, out_h, fill)
+            continue
         for j in range(kernel_w):
             shift = j * dilation_w - pad_left  # input column of output column ox: ox * stride + shift
             first = min(out_w, max(0, -(shift // stride_w)))  # first ox inside the input
