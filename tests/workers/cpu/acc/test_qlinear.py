@@ -291,6 +291,35 @@ def test_depthwise_qlinear_conv_matches_cpuref(
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("size", [2, 3, 7, 14, 20])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_same_size_three_by_three_depthwise_layer_matches_cpuref(size, workers):
+    # the float nine-tap loop over each plane less its zero point, exact in float32
+    rng = np.random.default_rng(size * 10 + workers)
+    channels = 37
+    x = rng.integers(0, 256, (2, channels, size, size)).astype(np.uint8)
+    x[0, :, 0, :] = 255  # the largest sums: 9 * 255 * 128
+    w = rng.integers(-128, 128, (channels, 1, 3, 3)).astype(np.int8)
+    w[:3] = -128
+    x_scale, x_zp, w_scale, w_zp, y_scale, y_zp = _params(rng, channels, True, True, exact=True)
+    inputs = [
+        x,
+        x_scale,
+        x_zp,
+        w,
+        w_scale,
+        w_zp,
+        y_scale,
+        y_zp,
+        rng.integers(-5000, 5000, channels).astype(np.int32),
+    ]
+    desc = flowrt.descriptors.QLinearConv(group=channels, pads=(1,) * 4)
+    with pytest.MonkeyPatch.context() as patch:  # plane-wise at every size
+        patch.setattr(depthwise_int8, "CHANNELS_LAST_PLANE", 0)
+        got, expected = _run_both("QLinearConv", desc, inputs, workers=workers)
+    np.testing.assert_array_equal(got, expected)
+
+
 @pytest.mark.parametrize(
     ("stride", "size", "dilation"),
     [

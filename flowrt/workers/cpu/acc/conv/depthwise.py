@@ -203,7 +203,20 @@ DEPTHWISE = SliceFunction(_depthwise_slice)
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _nine_taps(o, oo, b, wm, middle, first, last, width, pixels, relu):
+def bordered_plane_masks(height, width):
+    """(first, last): which outputs of a plane ``width`` wide may add their left and right
+    taps (those not in the first, and not in the last, column), for :func:`nine_taps`."""
+    pixels = height * width
+    first = np.ones(pixels, np.bool_)
+    last = np.ones(pixels, np.bool_)
+    for r in range(height):
+        first[r * width] = False
+        last[r * width + width - 1] = False
+    return first, last
+
+
+@njit(inline="always", nogil=True, cache=True)
+def nine_taps(o, oo, b, wm, middle, first, last, width, pixels, relu):
     """``o[oo + i]`` for ``i < pixels``: bias ``b`` plus the nine taps of ``wm`` read from the
     bordered plane ``middle`` (the plane at ``width + 1``, zeros around it), through Relu
     when ``relu``. A tap left of column 0 reads the row above's last cell and one right of
@@ -236,9 +249,9 @@ def _same3_plane(x, xo, wm, b, o, oo, width, pixels, middle, first, last, code, 
         middle[to + t] = x[xo + t]
     relu = code == RELU
     if relu:
-        _nine_taps(o, np.uint64(oo), b, wm, middle, first, last, width, pixels, True)
+        nine_taps(o, np.uint64(oo), b, wm, middle, first, last, width, pixels, True)
     else:
-        _nine_taps(o, np.uint64(oo), b, wm, middle, first, last, width, pixels, False)
+        nine_taps(o, np.uint64(oo), b, wm, middle, first, last, width, pixels, False)
         plane = o[oo : oo + pixels]
         activate_in_place(plane, code, alpha, beta)
 
@@ -259,12 +272,7 @@ def _same3_slice(s, _step, bounds, x, w, bias, out, code, alpha, beta):
     out_flat = out.reshape(-1)
     # zero borders of width + 1 cells on both sides, which the planes leave untouched
     middle = np.zeros(pixels + 2 * (width + 1), np.float32)
-    # which outputs may add their left and right taps (not in the first, last column)
-    first = np.ones(pixels, np.bool_)
-    last = np.ones(pixels, np.bool_)
-    for r in range(height):
-        first[r * width] = False
-        last[r * width + width - 1] = False
+    first, last = bordered_plane_masks(height, width)
     for task in range(bounds[s], bounds[s + 1]):
         n, m = divmod(task, m_count)
         xo = (n * channels + m // multiplier) * pixels

@@ -7,7 +7,10 @@ One output row at a time: per kernel cell, a loop over the row's output pixels, 
 input row's values (at the stride) times the cell's weight into an int32 row. The channels
 split across the workers. Output planes of ``CHANNELS_LAST_PLANE`` values or fewer (the
 deep layers' 7x7) take the input channels last instead, and add each kernel
-cell's products over all the channels of a pixel at once; their rows split.
+cell's products over all the channels of a pixel at once; their rows split. The 3x3 windows
+that keep the plane's size (MobileNet's stride-1 layers) run the float depthwise kernel's
+nine-tap loop on the plane less its zero point (:data:`SAME3`), exact in float32: 14x14
+planes of 576 channels 138 -> 40 us on two Zen 5 cores.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import numpy as np
 from numba import njit
 
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
+from flowrt.workers.cpu.acc.conv.depthwise import bordered_plane_masks, nine_taps
 from flowrt.workers.cpu.acc.quantized_parameters import ParameterCache, per_row, requantization_scales
 
 
@@ -147,6 +151,38 @@ DEPTHWISE = SliceFunction(_depthwise_slice)
 
 
 @njit(**NATIVE)
+def _same3_slice(s, _step, bounds, x, weights, bias, scale, x_zero, y_zero, out):
+    """Slice ``s`` of :data:`SAME3`: channels ``bounds[s] .. bounds[s + 1]`` of a 3x3 window of
+    unit strides and dilations and one pad cell on each side, ``out`` (C, H, W) uint8 from
+    ``x`` (C, H, W) uint8; ``weights`` (C, 3, 3) float32 less their zero points. Each plane,
+    less the input's zero point, is copied into the middle of a float32 scratch whose zeros
+    stand for the padding (whose values, ``x_zero``, add nothing), and the nine taps are the
+    float depthwise kernel's one loop over the plane (``depthwise.nine_taps``): every product
+    and partial sum is an integer below 2**24 (9 * 255 * 255), so float32 sums them exactly,
+    then requantized as :func:`_requantize`."""
+    height, width = x.shape[1], x.shape[2]
+    pixels = height * width
+    x_flat, out_flat = x.reshape(-1), out.reshape(-1)
+    middle = np.zeros(pixels + 2 * (width + 1), np.float32)
+    sums = np.empty(pixels, np.float32)
+    first, last = bordered_plane_masks(height, width)
+    zero, low, high = np.float32(x_zero), np.float32(0), np.float32(255)
+    to = np.uint64(width + 1)
+    for c in range(bounds[s], bounds[s + 1]):
+        at = np.uint64(c * pixels)
+        for t in range(np.uint64(pixels)):
+            middle[to + t] = np.float32(x_flat[at + t]) - zero
+        nine_taps(sums, np.uint64(0), np.float32(0), weights[c], middle, first, last, width, pixels, False)
+        channel_bias, channel_scale = bias[c], scale[c]
+        for t in range(np.uint64(pixels)):
+            value = np.rint(np.float32(np.int32(sums[t]) + channel_bias) * channel_scale) + y_zero
+            out_flat[at + t] = np.uint8(min(max(value, low), high))
+
+
+SAME3 = SliceFunction(_same3_slice)
+
+
+@njit(**NATIVE)
 def _to_channels_last_slice(s, _step, bounds, x, x_zero, xt):
     """Slice ``s`` of :data:`TO_CHANNELS_LAST`: rows ``bounds[s] .. bounds[s + 1]`` of ``xt``
     (H, W, C) float32, ``x`` (C, H, W) uint8 less its zero point (an integer, exact)."""
@@ -229,12 +265,13 @@ class DepthwiseInt8:
             np.int32(np.asarray(x_zero).reshape(())),
             np.float32(np.asarray(y_zero).reshape(())),
             np.ascontiguousarray(weights.transpose(1, 2, 0), dtype=np.float32),
+            weights.astype(np.float32),
         )
 
     def run(self, x: np.ndarray, params: tuple, layout: tuple, out: np.ndarray) -> None:
         """``out`` (N, C, OH, OW) from ``x`` (N, C, H, W); ``params`` the layer's scales and zero
         points (inputs 1, 2, 4, 5, 6, 7), ``layout`` as :func:`_depthwise_slice` takes it."""
-        weights, scale, x_zero, y_zero, channels_last = self.parameters(*params)
+        weights, scale, x_zero, y_zero, channels_last, float_weights = self.parameters(*params)
         channels = x.shape[1]
         taps = weights.shape[1] * weights.shape[2]
         if out.shape[2] * out.shape[3] <= CHANNELS_LAST_PLANE and taps <= MAX_TAPS:
@@ -242,8 +279,13 @@ class DepthwiseInt8:
             return
         slices = 1 if out[0].size < PARALLEL_OUTPUTS else min(self.workers, channels)
         bounds = np.array([channels * i // slices for i in range(slices + 1)], np.int64)
+        same3 = layout == (3, 3, 1, 1, 1, 1, 1, 1) and out.shape[2:] == x.shape[2:] and min(x.shape[2:]) >= 2
         for b in range(x.shape[0]):
             image = np.ascontiguousarray(x[b])
+            if same3 and out[b].flags.c_contiguous:
+                args = (bounds, image, float_weights, self.bias, scale, x_zero, y_zero, out[b])
+                SAME3.run(slices, args)
+                continue
             args = (bounds, image, weights, self.bias, scale, layout, x_zero, y_zero, out[b])
             DEPTHWISE.run(slices, args)
 
