@@ -293,9 +293,11 @@ def test_depthwise_qlinear_conv_matches_cpuref(
 
 @pytest.mark.parametrize("size", [2, 3, 7, 14, 20])
 @pytest.mark.parametrize("workers", [1, 2])
-def test_a_same_size_three_by_three_depthwise_layer_matches_cpuref(size, workers):
-    # the float nine-tap loop over each plane less its zero point, exact in float32
-    rng = np.random.default_rng(size * 10 + workers)
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_three_by_three_depthwise_layer_matches_cpuref(size, workers, stride):
+    # the float nine-tap loops over each plane (stride 1) or its phase planes (stride 2 on an
+    # even plane) less the zero point, exact in float32; an odd plane of stride 2 row by row
+    rng = np.random.default_rng(size * 10 + workers + stride * 100)
     channels = 37
     x = rng.integers(0, 256, (2, channels, size, size)).astype(np.uint8)
     x[0, :, 0, :] = 255  # the largest sums: 9 * 255 * 128
@@ -313,7 +315,7 @@ def test_a_same_size_three_by_three_depthwise_layer_matches_cpuref(size, workers
         y_zp,
         rng.integers(-5000, 5000, channels).astype(np.int32),
     ]
-    desc = flowrt.descriptors.QLinearConv(group=channels, pads=(1,) * 4)
+    desc = flowrt.descriptors.QLinearConv(group=channels, pads=(1,) * 4, strides=(stride, stride))
     with pytest.MonkeyPatch.context() as patch:  # plane-wise at every size
         patch.setattr(depthwise_int8, "CHANNELS_LAST_PLANE", 0)
         got, expected = _run_both("QLinearConv", desc, inputs, workers=workers)

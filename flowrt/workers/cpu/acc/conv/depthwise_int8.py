@@ -8,9 +8,12 @@ input row's values (at the stride) times the cell's weight into an int32 row. Th
 split across the workers. Output planes of ``CHANNELS_LAST_PLANE`` values or fewer (the
 deep layers' 7x7) take the input channels last instead, and add each kernel
 cell's products over all the channels of a pixel at once; their rows split. The 3x3 windows
-that keep the plane's size (MobileNet's stride-1 layers) run the float depthwise kernel's
-nine-tap loop on the plane less its zero point (:data:`SAME3`), exact in float32: 14x14
-planes of 576 channels 138 -> 40 us on two Zen 5 cores.
+of one pad cell that keep the plane's size (MobileNet's stride-1 layers) run the float
+depthwise kernel's nine-tap loop on the plane less its zero point (:data:`SAME3`), exact in
+float32, and those of stride 2 that halve an even plane a nine-tap loop over its four
+phase planes (:data:`HALF3`), at any plane size: in mobilenet_v2 on two Zen 5 cores,
+14x14x576 138 -> 27 us, 112x112x96 of stride 2 116 -> 84, 56x56x144 of stride 2 88 -> 36,
+7x7x960 (channels last before) 60 -> 23.
 """
 
 from __future__ import annotations
@@ -182,6 +185,60 @@ def _same3_slice(s, _step, bounds, x, weights, bias, scale, x_zero, y_zero, out)
 SAME3 = SliceFunction(_same3_slice)
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _half3_taps(sums, wm, p00, p01, p10, p11, first, at, hw, pixels):
+    """``sums[i]``: the nine taps of ``wm`` at output ``i`` of a 3x3 window of stride 2 with
+    one pad cell on the top and left, from the input's phase planes ``p{row}{column}`` (row
+    and column parity), each at ``at`` after a zero row (the top padding) and ``hw`` wide:
+    the window's cells of row 0 read the odd rows' planes a row up, those of column 0 the odd
+    columns' planes a column left (``first[i]``: not in the first column)."""
+    w00, w01, w02 = wm[0, 0], wm[0, 1], wm[0, 2]
+    w10, w11, w12 = wm[1, 0], wm[1, 1], wm[1, 2]
+    w20, w21, w22 = wm[2, 0], wm[2, 1], wm[2, 2]
+    zero, one, up = np.float32(0), np.uint64(1), at - np.uint64(hw)
+    for i in range(np.uint64(pixels)):
+        left = (w00 * p11[up + i - one] + w10 * p01[at + i - one]) + w20 * p11[at + i - one]
+        rest = (w01 * p10[up + i] + w02 * p11[up + i]) + (w11 * p00[at + i] + w12 * p01[at + i])
+        sums[i] = ((left if first[i] else zero) + rest) + (w21 * p10[at + i] + w22 * p11[at + i])
+
+
+@njit(**NATIVE)
+def _half3_slice(s, _step, bounds, x, weights, bias, scale, x_zero, y_zero, out):
+    """Slice ``s`` of :data:`HALF3`: :func:`_same3_slice` for a 3x3 window of stride 2 (unit
+    dilations, one pad cell on each side) that halves an even plane: each input plane, less
+    its zero point, split into its four phase planes in float32 scratches (:func:`_half3_taps`
+    reads them), the sums exact as in :func:`_same3_slice`."""
+    height, width = x.shape[1], x.shape[2]
+    hh, hw = height // 2, width // 2
+    pixels = hh * hw
+    at = np.uint64(hw + 1)
+    phases = np.zeros((4, pixels + hw + 1), np.float32)  # the zero row before each stays zero
+    p00, p01, p10, p11 = phases[0], phases[1], phases[2], phases[3]
+    sums = np.empty(pixels, np.float32)
+    first = np.ones(pixels, np.bool_)
+    for r in range(hh):
+        first[r * hw] = False
+    zero, low, high = np.float32(x_zero), np.float32(0), np.float32(255)
+    for c in range(bounds[s], bounds[s + 1]):
+        plane = x[c]
+        for y in range(hh):
+            even, odd = plane[2 * y], plane[2 * y + 1]
+            row = at + np.uint64(y * hw)
+            for k in range(np.uint64(hw)):
+                p00[row + k] = np.float32(even[2 * k]) - zero
+                p01[row + k] = np.float32(even[2 * k + 1]) - zero
+                p10[row + k] = np.float32(odd[2 * k]) - zero
+                p11[row + k] = np.float32(odd[2 * k + 1]) - zero
+        _half3_taps(sums, weights[c], p00, p01, p10, p11, first, at, hw, pixels)
+        channel_bias, channel_scale, target = bias[c], scale[c], out[c].reshape(-1)
+        for t in range(pixels):
+            value = np.rint(np.float32(np.int32(sums[t]) + channel_bias) * channel_scale) + y_zero
+            target[t] = np.uint8(min(max(value, low), high))
+
+
+HALF3 = SliceFunction(_half3_slice)
+
+
 @njit(**NATIVE)
 def _to_channels_last_slice(s, _step, bounds, x, x_zero, xt):
     """Slice ``s`` of :data:`TO_CHANNELS_LAST`: rows ``bounds[s] .. bounds[s + 1]`` of ``xt``
@@ -229,7 +286,8 @@ TO_CHANNELS_LAST = SliceFunction(_to_channels_last_slice)
 CHANNELS_LAST = SliceFunction(_channels_last_slice)
 # Output planes of at most this many values take the channels-last loops (mobilenet_v2's 7x7
 # layers, 960 channels: 0.36 ms plane-wise, where each channel's set-up outweighed its work,
-# 0.14 ms channels last; at 14x14 the two were even, at 28x28 plane-wise won).
+# 0.14 ms channels last; at 14x14 the two were even, at 28x28 plane-wise won), but for the
+# 3x3 windows of SAME3 and HALF3, which run those at a third of the channels-last time.
 CHANNELS_LAST_PLANE = 64
 # Kernel cells a channels-last layer sums in float32 exactly: 258 * 255 * 255 < 2**24.
 MAX_TAPS = 258
@@ -274,17 +332,27 @@ class DepthwiseInt8:
         weights, scale, x_zero, y_zero, channels_last, float_weights = self.parameters(*params)
         channels = x.shape[1]
         taps = weights.shape[1] * weights.shape[2]
-        if out.shape[2] * out.shape[3] <= CHANNELS_LAST_PLANE and taps <= MAX_TAPS:
+        height, width = x.shape[2:]
+        same3 = (
+            layout == (3, 3, 1, 1, 1, 1, 1, 1) and out.shape[2:] == x.shape[2:] and min(height, width) >= 2
+        )
+        half3 = (
+            layout == (3, 3, 2, 2, 1, 1, 1, 1)
+            and height % 2 == 0
+            and width % 2 == 0
+            and out.shape[2:] == (height // 2, width // 2)
+        )
+        small = out.shape[2] * out.shape[3] <= CHANNELS_LAST_PLANE
+        if small and not (same3 or half3) and taps <= MAX_TAPS:
             self._channels_last(x, channels_last, scale, layout, x_zero, y_zero, out)
             return
         slices = 1 if out[0].size < PARALLEL_OUTPUTS else min(self.workers, channels)
         bounds = np.array([channels * i // slices for i in range(slices + 1)], np.int64)
-        same3 = layout == (3, 3, 1, 1, 1, 1, 1, 1) and out.shape[2:] == x.shape[2:] and min(x.shape[2:]) >= 2
         for b in range(x.shape[0]):
             image = np.ascontiguousarray(x[b])
-            if same3 and out[b].flags.c_contiguous:
+            if (same3 or half3) and out[b].flags.c_contiguous:
                 args = (bounds, image, float_weights, self.bias, scale, x_zero, y_zero, out[b])
-                SAME3.run(slices, args)
+                (SAME3 if same3 else HALF3).run(slices, args)
                 continue
             args = (bounds, image, weights, self.bias, scale, layout, x_zero, y_zero, out[b])
             DEPTHWISE.run(slices, args)
