@@ -141,8 +141,8 @@ def pack_weights(w: np.ndarray) -> PackedInt8Weights:
     m, k = w.shape
     sums = row_sums(w)
     if not AVAILABLE:
-        panels = np.ascontiguousarray(w).reshape(-1)
-        return PackedInt8Weights(panels, m, k, k, PORTABLE, sums)
+        panels = np.array(w, order="C").reshape(-1)  # a copy: read-only below, not the caller's
+        return _frozen(PackedInt8Weights(panels, m, k, k, PORTABLE, sums))
     seven_bits = w.size == 0 or (int(w.min()) >= -SEVEN_BITS and int(w.max()) <= SEVEN_BITS)
     kernel = VNNI if VNNI_AVAILABLE else MADDUBS if seven_bits else INT16
     depth = 2 if kernel == INT16 else 4
@@ -153,7 +153,15 @@ def pack_weights(w: np.ndarray) -> PackedInt8Weights:
     # (panel, row, step, k of the step) -> (panel, step, row, k of the step): a step's rows side by side
     steps = padded.reshape(rows // TILE_ROWS, TILE_ROWS, padded_k // depth, depth).transpose(0, 2, 1, 3)
     panels = np.ascontiguousarray(steps).view(np.int8).reshape(-1)  # int16 as its (little-endian) bytes
-    return PackedInt8Weights(panels, m, k, padded_k, kernel, sums)
+    return _frozen(PackedInt8Weights(panels, m, k, padded_k, kernel, sums))
+
+
+def _frozen(packed: PackedInt8Weights) -> PackedInt8Weights:
+    """``packed`` with its arrays read-only: a form of a layer's constants, shared by its loads
+    (and not counted as a buffer its recorded launches keep alive, ``launches._kept_bytes``)."""
+    packed.panels.flags.writeable = False
+    packed.row_sums.flags.writeable = False
+    return packed
 
 
 @njit(inline="always", nogil=True, cache=True)

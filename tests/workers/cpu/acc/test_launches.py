@@ -365,6 +365,24 @@ def test_a_verdict_is_kept_per_layer_shapes_split_and_workers():
     assert one != verdicts.key(info((1, 4)), "every", 4)
 
 
+async def test_a_quantized_layer_with_large_packed_weights_is_recorded():
+    # 384 x 384 int8 weights (147 KB packed, over MAX_KEPT_BYTES): read-only, so they are not
+    # buffers its recording keeps alive
+    from qdqmodels import qdq_conv_model
+
+    model_proto = qdq_conv_model(np.random.default_rng(1), channels=384, filters=384, size=4, kernel=1)
+    opt = flowrt.optimize(flowrt.onnx.load(model_proto.SerializeToString()), backends=["CpuAcc", "CpuRef"])
+    conv = next(layer.name for layer in opt.graph if layer.kind == "QLinearConv")
+    xs = [np.random.default_rng(seed).standard_normal((1, 384, 4, 4)).astype(np.float32) for seed in range(2)]
+    async with flowrt.Runtime(cpu_workers=2) as rt:
+        model = await rt.load(opt, max_in_flight=1)
+        first = [(await model.run({"x": x}))["y"] for x in xs]
+        again = [(await model.run({"x": x}))["y"] for x in xs]
+        assert conv in _recorded_layers_of(model.pools.pools[0])
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize(("group", "filters"), [(1, 16), (8, 8)])  # a QLinearConv by GEMM; a depthwise one
 async def test_quantized_layers_are_recorded_and_replay_what_running_them_gives(group, filters):
     from qdqmodels import qdq_conv_model
