@@ -7,7 +7,7 @@ import numpy as np
 import onnxruntime
 import pytest
 import trio
-from onnx import TensorProto, helper
+from onnx import ModelProto, TensorProto, helper, numpy_helper
 from qdqmodels import qdq_conv_model
 
 import flowrt
@@ -100,3 +100,43 @@ def test_a_mover_between_different_parameters_keeps_its_quantizers():
     assert [_subject(c) for c in fold_qdq(graph, _take_all)] == ["Conv", "MatMul"]
     x = rng.uniform(-2, 2, (1, 8, 10, 10)).astype(np.float32)
     np.testing.assert_array_equal(_run(graph, x), _ort(model, x))
+
+
+def _qdq_max_pool_model(scale: float) -> ModelProto:
+    """x -> Q -> DQ -> MaxPool 3x3/2 (pad 1) -> Q -> DQ -> y, one scale and zero point."""
+    inits = [
+        numpy_helper.from_array(np.array(scale, np.float32), "s"),
+        numpy_helper.from_array(np.array(100, np.uint8), "z"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+        helper.make_node("MaxPool", ["xd"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("QuantizeLinear", ["p", "s", "z"], ["pq"]),
+        helper.make_node("DequantizeLinear", ["pq", "s", "z"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_a_max_pool_between_quantizers_of_a_positive_scale_pools_the_8_bit_values():
+    model = _qdq_max_pool_model(0.05)
+    graph = flowrt.onnx.load(model).graph.copy()
+    assert [_subject(c) for c in fold_qdq(graph, _take_all)] == ["MaxPool"]
+    assert _kinds(graph) == ["DequantizeLinear", "MaxPool", "QuantizeLinear"]
+    x = np.random.default_rng(3).uniform(-5, 5, (1, 4, 12, 12)).astype(np.float32)
+    folded = _run(graph, x, backends=("CpuAcc", "CpuRef"))
+    np.testing.assert_array_equal(folded, _ort(model, x))
+    np.testing.assert_array_equal(folded, _run(flowrt.onnx.load(model).graph.copy(), x))
+
+
+def test_a_max_pool_between_quantizers_of_a_negative_scale_stays_float():
+    # dequantizing by a negative scale reverses the order: the quantized values' max is the min
+    graph = flowrt.onnx.load(_qdq_max_pool_model(-0.05)).graph.copy()
+    assert fold_qdq(graph, _take_all) == []

@@ -10,7 +10,8 @@ pass makes each group one quantized layer:
 
     Q(Conv(DQ(x), DQ(w), DQ(b)))  ->  QLinearConv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, b')
     Q(MatMul(DQ(a), DQ(w)))       ->  QLinearMatMul(a, a_scale, a_zp, w, w_scale, w_zp, y_scale, y_zp)
-    Q(Reshape(DQ(x)))             ->  Reshape(x)      (Transpose, Flatten, Squeeze, Unsqueeze too)
+    Q(Reshape(DQ(x)))             ->  Reshape(x)      (Transpose, Flatten, Squeeze, Unsqueeze too,
+                                                       and MaxPool of a positive scale)
     Q(Add(DQ(a), DQ(b)))          ->  QLinearAdd(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp)
     Q(Add(DQ(a), c))              ->  QLinearAdd(a, a_scale, a_zp, c, 1, 0, y_scale, y_zp)   (Mul too)
 
@@ -283,8 +284,10 @@ def _remove_unread_dequantize(graph: Graph) -> None:
 
 # Layers that only move values: between a DequantizeLinear and a QuantizeLinear of the same
 # scale and zero point, they move the quantized values themselves (ONNX Runtime's
-# DropQDQNodesRules).
-MOVERS = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze"})
+# DropQDQNodesRules). MaxPool picks one of its values: with a positive scale, dequantizing
+# keeps their order, so it picks the same one from the quantized values (``ORDERED``).
+ORDERED = frozenset({"MaxPool"})
+MOVERS = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze"}) | ORDERED
 
 
 def _same_parameters(dq: Layer, q: Layer) -> bool:
@@ -309,6 +312,8 @@ def _drop(graph: Graph, mover: Layer, accepts: Accepts) -> str | None:
         return None
     source = dq.inputs[0].source
     if source is None or source.info is None or not _same_parameters(dq, q):
+        return None
+    if mover.kind in ORDERED and not np.all(constant_value(dq.inputs[1].source) > 0):
         return None
     infos = [source.info, *(slot.source.info if slot.source else None for slot in mover.inputs[1:])]
     if not accepts(mover.kind, mover.descriptor, infos, [q.outputs[0].info]):

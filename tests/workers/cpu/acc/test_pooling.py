@@ -54,6 +54,24 @@ def test_max_pool_matches_cpuref(pool, workers, given_outputs):
 
 
 @settings(max_examples=30, deadline=None)
+@given(pool=windowed_pools(), workers=st.integers(1, 3), signed=st.booleans())
+def test_max_pool_of_8_bit_values_matches_cpuref(pool, workers, signed):
+    # a quantized model's MaxPool (fold_qdq drops its quantizers), on the 8-bit values
+    attributes, dilations, x = pool
+    low, dtype = (-128, np.int8) if signed else (0, np.uint8)
+    values = np.random.default_rng(x.size).integers(low, low + 256, x.shape).astype(dtype)
+    desc = flowrt.descriptors.MaxPool(dilations=dilations, **attributes)
+    expected = np.asarray(ref_kernels()["MaxPool"](desc, values))
+    info = WorkloadInfo(
+        "layer", "MaxPool", desc, (TensorInfo.of(values),), (TensorInfo.of(expected),), (None,)
+    )
+    assert acc_kernels()["MaxPool"].supports(info).supported
+    (got,) = acc_kernels()["MaxPool"](info, workers).execute([values])
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, expected)
+
+
+@settings(max_examples=30, deadline=None)
 @given(
     pool=windowed_pools(),
     include_pad=st.integers(0, 1),

@@ -20,6 +20,7 @@ from numba import njit
 from flowrt.engine.graph.layers.pooling import pool_geometry
 from flowrt.engine.scheduler.window import SplitHint
 from flowrt.registry import Support, WorkloadInfo
+from flowrt.types import DataType
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels.global_pooling import global_average_pool, global_max_pool, plane_bounds
@@ -232,14 +233,68 @@ class _WindowedPool:
         """``(plan, input planes, output, output planes)``: the arrays as (N*C, H, W) views."""
         x = np.ascontiguousarray(inputs[0])
         plan = self.plan(x.shape)
-        out = np.empty(plan.out_shape, np.float32) if outputs is None else outputs[0]
+        out = np.empty(plan.out_shape, x.dtype) if outputs is None else outputs[0]
         n_planes = x.shape[0] * x.shape[1]
         return plan, x.reshape(n_planes, *x.shape[2:]), out, out.reshape(n_planes, *plan.out_shape[2:])
 
 
+@njit(**NATIVE)
+def _max_planes_int(s, _step, bounds, x, out, hs, hlo, hhi, dh, kw_count, sw, dw, pw, lowest):
+    """MaxPool of 8-bit integers (a quantized model's, ``fold_qdq``), slice ``s`` of planes
+    (``x`` (P, H, W), ``out`` (P, OH, OW)), as ``row_max_pool`` does float32: per output row,
+    the max over its kernel rows inside the input into a row buffer with ``pw`` cells of
+    ``lowest`` before it and enough after it for every window, then the max along the row,
+    each window's cells at the stride. Compares and selects on unsigned flat offsets, which
+    vectorize; windows that reach no input cell hold ``lowest``."""
+    height, width = x.shape[1], x.shape[2]
+    oh_count, ow_count = out.shape[1], out.shape[2]
+    xf, of = x.reshape(-1), out.reshape(-1)
+    span = max(pw + width, (ow_count - 1) * sw + (kw_count - 1) * dw + 1)
+    row = np.empty(span, x.dtype)
+    for i in range(span):
+        row[i] = lowest
+    u8, at = np.uint64, np.uint64(pw)
+    for p in range(bounds[s], bounds[s + 1]):
+        for oh in range(oh_count):
+            target = u8((p * oh_count + oh) * ow_count)
+            if hhi[oh] == hlo[oh]:  # no kernel row inside the input
+                for o in range(u8(ow_count)):
+                    of[target + o] = lowest
+                continue
+            first = u8((p * height + hs[oh] + hlo[oh] * dh) * width)
+            for i in range(u8(width)):
+                row[at + i] = xf[first + i]
+            for kh in range(hlo[oh] + 1, hhi[oh]):
+                line = u8((p * height + hs[oh] + kh * dh) * width)
+                for i in range(u8(width)):
+                    v = xf[line + i]
+                    row[at + i] = v if v > row[at + i] else row[at + i]
+            if kw_count == 3:  # the classic window: its three cells in one pass
+                d1, d2 = u8(dw), u8(2 * dw)
+                for o in range(u8(ow_count)):
+                    q = o * u8(sw)
+                    a, b, c = row[q], row[q + d1], row[q + d2]
+                    best = a if a > b else b
+                    of[target + o] = c if c > best else best
+                continue
+            for o in range(u8(ow_count)):
+                q = o * u8(sw)
+                best = row[q]
+                for k in range(1, kw_count):
+                    v = row[q + u8(k * dw)]
+                    best = v if v > best else best
+                of[target + o] = best
+
+
+_MAX_PLANES_INT = SliceFunction(_max_planes_int)
+# The 8-bit types MaxPool takes besides float32, and the lowest value of each (an empty window's).
+_INT8_LOWEST = {DataType.UINT8: 0, DataType.INT8: -128}
+
+
 @acc_kernel("MaxPool")
 class MaxPoolKernel(_WindowedPool):
-    """The largest value of each window (padding never wins), planes split across workers."""
+    """The largest value of each window (padding never wins), planes split across workers;
+    on float32, or on the 8-bit values of a quantized model (``_max_planes_int``)."""
 
     # A strided max runs faster row by row: the max over the kernel rows, then along them.
     strided_flat = False
@@ -248,10 +303,19 @@ class MaxPoolKernel(_WindowedPool):
     def supports(cls, info: WorkloadInfo) -> Support:
         if info.descriptor.num_outputs != 1:
             return Support.no("CpuAcc MaxPool computes Y only, not the Indices output")
+        x = info.inputs[0] if info.inputs else None
+        if x is not None and x.dtype in _INT8_LOWEST and len(info.descriptor.kernel_shape) == 2:
+            return Support.yes()
         return super().supports(info)
 
     def execute(self, inputs, outputs=None):
         plan, x, out, y = self.planes(inputs, outputs)
+        if x.dtype != np.float32:
+            h, w = plan.height, plan.width
+            lowest = x.dtype.type(_INT8_LOWEST[DataType.from_numpy(x.dtype)])
+            args = (plan.bounds, x, y, h.start, h.lo, h.hi, h.dilation, w.first.shape[0], w.stride)
+            _MAX_PLANES_INT.run(plan.bounds.shape[0] - 1, (*args, w.dilation, w.begin, lowest))
+            return [out]
         if plan.whole:
             global_max_pool(x.reshape(x.shape[0], -1), y.reshape(-1), plan.bounds)
         elif plan.halving:
