@@ -36,20 +36,28 @@ def _array_pointer(context, builder, array_type, array, offset):
     return builder.gep(context.make_array(array_type)(context, builder, array).data, [offset])
 
 
-def _emit_interleave(context, builder, signature, args, depth: int):
-    """The IR of :func:`_interleave_bytes` (``depth`` 4) or :func:`_interleave_words` (2)."""
-    x, x_at, ldx, packed, packed_at = args
+def _emit_interleave(context, builder, signature, args, depth: int, at: bool = False):
+    """The IR of :func:`_interleave_bytes` (``depth`` 4) or :func:`_interleave_words` (2);
+    ``at``: of :func:`_interleave_bytes_at` or :func:`_interleave_words_at`, each row at an
+    offset of its own."""
     i8, i16, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(64)
-    source = _array_pointer(context, builder, signature.args[0], x, x_at)
     row_type = ir.VectorType(i8, TILE_COLUMNS)
+    x = args[0]
+    if at:
+        offsets, packed, packed_at = args[1 : 1 + depth], args[1 + depth], args[2 + depth]
+        packed_type = signature.args[1 + depth]
+    else:
+        x_at, ldx, packed, packed_at = args[1:]
+        offsets = [builder.add(x_at, builder.mul(ir.Constant(i64, r), ldx)) for r in range(depth)]
+        packed_type = signature.args[3]
     rows = [
         builder.load(
             builder.bitcast(
-                builder.gep(source, [builder.mul(ir.Constant(i64, r), ldx)]), row_type.as_pointer()
+                _array_pointer(context, builder, signature.args[0], x, offset), row_type.as_pointer()
             ),
             align=1,
         )
-        for r in range(depth)
+        for offset in offsets
     ]
 
     def zip_(a, b, lanes):  # a[0], b[0], a[1], b[1], ...
@@ -65,7 +73,7 @@ def _emit_interleave(context, builder, signature, args, depth: int):
     else:
         wide = [builder.zext(row, ir.VectorType(i16, TILE_COLUMNS)) for row in rows]
         value = zip_(wide[0], wide[1], TILE_COLUMNS)
-    target = _array_pointer(context, builder, signature.args[3], packed, packed_at)
+    target = _array_pointer(context, builder, packed_type, packed, packed_at)
     builder.store(value, builder.bitcast(target, value.type.as_pointer()), align=1)
     return context.get_dummy_value()
 
@@ -88,6 +96,25 @@ def _interleave_words(typingctx, x, x_at, ldx, packed, packed_at):
     sig = types.void(x, x_at, ldx, packed, packed_at)
     return sig, lambda context, builder, signature, args: _emit_interleave(
         context, builder, signature, args, 2
+    )
+
+
+@intrinsic
+def _interleave_bytes_at(typingctx, x, a0, a1, a2, a3, packed, packed_at):
+    """:func:`_interleave_bytes` with row ``r`` read from ``x[a_r]`` on: the rows of an
+    implicit column matrix, windows of a padded input at offsets of their own."""
+    sig = types.void(x, a0, a1, a2, a3, packed, packed_at)
+    return sig, lambda context, builder, signature, args: _emit_interleave(
+        context, builder, signature, args, 4, True
+    )
+
+
+@intrinsic
+def _interleave_words_at(typingctx, x, a0, a1, packed, packed_at):
+    """:func:`_interleave_words` with row ``r`` read from ``x[a_r]`` on."""
+    sig = types.void(x, a0, a1, packed, packed_at)
+    return sig, lambda context, builder, signature, args: _emit_interleave(
+        context, builder, signature, args, 2, True
     )
 
 

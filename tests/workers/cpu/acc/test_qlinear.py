@@ -14,8 +14,10 @@ from qdqmodels import qdq_conv_model
 import flowrt
 from flowrt.registry import WorkloadInfo
 from flowrt.types import TensorInfo
+from flowrt.workers.cpu.acc import int8_gemm
 from flowrt.workers.cpu.acc.conv import depthwise_int8
 from flowrt.workers.cpu.acc.kernels import load_all as acc_kernels
+from flowrt.workers.cpu.acc.kernels import qlinear
 from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
 
 
@@ -204,6 +206,38 @@ def test_large_layers_split_across_workers_exactly(monkeypatch, portable, channe
     for workers in (2, 3):
         got, expected = _run_both("QLinearConv", desc, inputs, workers=workers)
         np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize(
+    ("channels", "filters", "size", "kernel", "pads", "dilation"),
+    [
+        (64, 37, 7, 3, (1, 1, 1, 1), 1),  # resnet50's 7x7 layers, fewer filters than panels
+        (33, 20, 14, 3, (1, 1, 1, 1), 1),  # k a step short (297 = 4 * 74 + 1)
+        (5, 9, 16, 5, (2, 0, 1, 3), 1),  # uneven pads; output rows 16 wide
+        (6, 8, 12, 3, (2, 2, 2, 2), 2),  # dilated
+        (3, 4, 1, 3, (1, 1, 1, 1), 1),  # one pixel
+        (4, 6, 9, 1, (1, 0, 0, 1), 1),  # a padded 1x1
+    ],
+)
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_a_narrow_stride_one_conv_multiplies_the_windows_of_its_padded_input(
+    monkeypatch, channels, filters, size, kernel, pads, dilation, workers
+):
+    calls = []
+    windows = qlinear.QLinearKernel._windows
+    monkeypatch.setattr(
+        qlinear.QLinearKernel, "_windows", lambda self, *a: calls.append(1) or windows(self, *a)
+    )
+    rng = np.random.default_rng(channels * 100 + size + workers)
+    x = rng.integers(0, 256, (2, channels, size, size)).astype(np.uint8)
+    w = rng.integers(-128, 128, (filters, channels, kernel, kernel)).astype(np.int8)
+    x_scale, x_zp, w_scale, w_zp, y_scale, y_zp = _params(rng, filters, True, False, exact=True)
+    bias = rng.integers(-5000, 5000, filters).astype(np.int32)
+    inputs = [x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias]
+    desc = flowrt.descriptors.QLinearConv(pads=pads, dilations=(dilation, dilation))
+    got, expected = _run_both("QLinearConv", desc, inputs, workers=workers)
+    np.testing.assert_array_equal(got, expected)
+    assert calls or not int8_gemm.AVAILABLE  # the portable loops multiply a column matrix
 
 
 @pytest.mark.parametrize(

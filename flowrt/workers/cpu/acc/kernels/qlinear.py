@@ -236,6 +236,49 @@ def _qgemm_rows_slice(s, _step, rows, columns, panels, unit_bytes, kernel, xt, b
 QGEMM_ROWS = SliceFunction(_qgemm_rows_slice)
 
 
+@njit(**NATIVE)
+def _qgemm_windows_slice(
+    s, _step, rows, columns, panels, unit_bytes, kernel, x, offsets, pitch, out_w, bias, scale, zero, out
+):
+    """Slice ``s`` of :data:`QGEMM_WINDOWS`: :func:`_qgemm_slice` of the implicit column matrix
+    of a padded input (``int8_gemm.qgemm_windows``), its virtual columns split."""
+    r, c = s // (columns.shape[0] - 1), s % (columns.shape[0] - 1)
+    first, last = rows[r], rows[r + 1]
+    int8_gemm.qgemm_windows(
+        _panels_of(panels, unit_bytes, kernel, first, last), kernel, last - first, x, offsets, pitch, out_w,
+        columns[c], columns[c + 1], bias[first:last], scale[first:last], zero, 0, 255, out[first:last],
+    )  # fmt: skip
+
+
+QGEMM_WINDOWS = SliceFunction(_qgemm_windows_slice)
+
+
+@njit(**NATIVE)
+def _pad_slice(s, _step, bounds, x, fill, pad_top, pad_left, padded_h, padded_w, padded):
+    """Slice ``s`` of :data:`PAD`: channels ``bounds[s] .. bounds[s + 1]`` of ``x`` (C, H, W)
+    into ``padded`` (flat, (C, padded_h, padded_w) first), ``fill`` around each plane."""
+    height, width = x.shape[1], x.shape[2]
+    plane = padded_h * padded_w
+    for c in range(bounds[s], bounds[s + 1]):
+        base = c * plane
+        for i in range(pad_top * padded_w):
+            padded[base + i] = fill
+        for y in range(height):
+            at = base + (pad_top + y) * padded_w
+            source = x[c, y]
+            for i in range(pad_left):
+                padded[at + i] = fill
+            for i in range(width):
+                padded[at + pad_left + i] = source[i]
+            for i in range(pad_left + width, padded_w):
+                padded[at + i] = fill
+        for i in range((pad_top + height) * padded_w, plane):
+            padded[base + i] = fill
+
+
+PAD = SliceFunction(_pad_slice)
+
+
 def _run_gemm(function: SliceFunction, packed, x, columns: int, params, out, workers: int) -> None:
     """The requantizing product split across ``workers`` (:func:`_gemm_slices`) by
     ``function``: :data:`QGEMM` (``x`` (K, N), ``out`` (M, N)) or :data:`QGEMM_ROWS` (both the
@@ -254,6 +297,12 @@ PARALLEL_WORK = 1 << 18
 # about as much as a hundred multiply-adds (resnet50's 7x7 layers: 225 KB of columns, 162 us
 # on one thread, 85 on two).
 PARALLEL_COLUMNS = 1 << 16
+# Stride-1 convs whose output rows are at most this wide multiply the windows of their padded
+# input (``_windows``) instead of a column matrix. In chains of eight resnet50 int8 layers,
+# us a layer, columns -> windows: 7x7 410-590 -> 245-455, 14x14 275-360 -> 215-225; 28x28
+# even (235-245); 56x56 slower (215-225 -> 250-275): there im2col's long copies cost little
+# and a block of the windows more often spans two output rows (stored through a scratch).
+WINDOWS_WIDTH = 16
 
 
 def _split(size: int, unit: int, parts: int) -> np.ndarray:
@@ -348,6 +397,7 @@ class QLinearKernel:
         # make is made at the first run only (ParameterCache).
         self.constant_parameters = all(constants[i] is not None for i in (1, 2, 4, 5, 6, 7))
         self._geometries: dict[tuple, tuple] = {}
+        self._offsets: dict[tuple, np.ndarray] = {}  # per input shape, see _windows
         self.depthwise = (
             DepthwiseInt8(w, bias, workers, self.constant_parameters)
             if self.conv and is_depthwise(self.desc.group, w.shape[0], w.shape)
@@ -402,6 +452,15 @@ class QLinearKernel:
             and not any(geometry.pads_begin)
             and not any(geometry.pads_end)
         )
+        if (
+            not direct
+            and geometry.strides == (1, 1)
+            and params[3] is None
+            and self.packed.kernel != int8_gemm.PORTABLE
+            and out_w <= WINDOWS_WIDTH
+        ):
+            self._windows(x, zero, params, geometry, out)
+            return out
         cols = None if direct else np.empty((self.reduction, out_h * out_w), np.uint8)
         pairs = x.shape[1] * self.kernel[0]  # (channel, kernel row): im2col's units of work
         slices = 1 if cols is None or cols.size < PARALLEL_COLUMNS else min(self.workers, pairs)
@@ -415,6 +474,45 @@ class QLinearKernel:
                 source = cols
             _gemm(self.packed, params, source, out[b].reshape(self.filters, -1), self.workers)
         return out
+
+    def _windows(self, x, zero, params, geometry, out) -> None:
+        """A stride-1 conv with no column matrix: the input padded (with its zero point), and
+        the GEMM's row ``(c, i, j)`` the window of that padded input at ``c``'s plane, kernel
+        row ``i`` and column ``j``, read as a row ``pitch`` (the padded width) long per output
+        row (``int8_gemm.qgemm_windows``)."""
+        channels, height, width = x.shape[1:]
+        (pad_top, pad_left), (pad_bottom, pad_right) = geometry.pads_begin, geometry.pads_end
+        padded_h, pitch = height + pad_top + pad_bottom, width + pad_left + pad_right
+        (kernel_h, kernel_w), (dilation_h, dilation_w) = self.kernel, geometry.dilations
+        out_h, out_w = out.shape[2], out.shape[3]
+        offsets = self._offsets.get(x.shape)
+        if offsets is None:
+            c, i, j = np.meshgrid(
+                np.arange(channels), np.arange(kernel_h), np.arange(kernel_w), indexing="ij"
+            )
+            plane = padded_h * pitch
+            offsets = (c * plane + i * dilation_h * pitch + j * dilation_w).reshape(-1).astype(np.int64)
+            self._offsets[x.shape] = offsets
+        # the last window's last row runs past the padded planes by the window's span, and the
+        # GEMM reads a block of columns past any row's end
+        slack = (kernel_w - 1) * dilation_w + int8_gemm.TILE_COLUMNS
+        padded = np.empty(channels * padded_h * pitch + slack, np.uint8)
+        slices = 1 if padded.size < PARALLEL_COLUMNS else min(self.workers, channels)
+        bounds = np.array([channels * i // slices for i in range(slices + 1)], np.int64)
+        bias, scale, y_zero, _ = params
+        columns = out_h * pitch
+        rows, column_bounds = _gemm_slices(self.packed, columns, self.workers)
+        unit_bytes = self.packed.panels.shape[0] // max(
+            1, -(-self.packed.m // _panel_rows(self.packed.kernel))
+        )
+        for b in range(x.shape[0]):
+            image = np.ascontiguousarray(x[b])
+            PAD.run(slices, (bounds, image, zero, pad_top, pad_left, padded_h, pitch, padded))
+            args = (
+                rows, column_bounds, self.packed.panels, unit_bytes, self.packed.kernel, padded, offsets, pitch,
+                out_w, bias, scale, y_zero, out[b].reshape(self.filters, -1),
+            )  # fmt: skip
+            QGEMM_WINDOWS.run((rows.shape[0] - 1) * (column_bounds.shape[0] - 1), args)
 
     def _matmul(self, x, params, outputs):
         """``a @ w`` as ``(w^T @ a^T)^T``: the GEMM reads the rows of ``a`` as its columns and
