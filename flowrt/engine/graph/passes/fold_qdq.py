@@ -313,7 +313,8 @@ def _drop(graph: Graph, mover: Layer, accepts: Accepts) -> str | None:
     source = dq.inputs[0].source
     if source is None or source.info is None or not _same_parameters(dq, q):
         return None
-    if mover.kind in ORDERED and not np.all(constant_value(dq.inputs[1].source) > 0):
+    scale = constant_value(dq.inputs[1].source)
+    if mover.kind in ORDERED and (scale is None or not np.all(scale > 0)):
         return None
     infos = [source.info, *(slot.source.info if slot.source else None for slot in mover.inputs[1:])]
     if not accepts(mover.kind, mover.descriptor, infos, [q.outputs[0].info]):

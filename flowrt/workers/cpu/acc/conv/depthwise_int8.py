@@ -351,8 +351,8 @@ class DepthwiseInt8:
         for b in range(x.shape[0]):
             image = np.ascontiguousarray(x[b])
             if (same3 or half3) and out[b].flags.c_contiguous:
-                args = (bounds, image, float_weights, self.bias, scale, x_zero, y_zero, out[b])
-                (SAME3 if same3 else HALF3).run(slices, args)
+                nine = (bounds, image, float_weights, self.bias, scale, x_zero, y_zero, out[b])
+                (SAME3 if same3 else HALF3).run(slices, nine)
                 continue
             args = (bounds, image, weights, self.bias, scale, layout, x_zero, y_zero, out[b])
             DEPTHWISE.run(slices, args)
