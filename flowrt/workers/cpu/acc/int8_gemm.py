@@ -59,9 +59,7 @@ from flowrt.workers.cpu.acc.int8_tiles import (
     _int16_tile,
     _int16_tile_across,
     _interleave_bytes,
-    _interleave_bytes_at,
     _interleave_words,
-    _interleave_words_at,
     _maddubs_tile,
     _maddubs_tile_across,
     _vnni_tile,
@@ -82,7 +80,6 @@ __all__ = [
     "qgemm",
     "qgemm_columns",
     "qgemm_rows",
-    "qgemm_windows",
     "row_sums",
 ]
 
@@ -256,6 +253,24 @@ def _tile(kernel, packed, x_at, panels, r, steps, bias, scale, zero, low, high, 
         _int16_tile(packed, x_at, panels, w_at, steps, bias, scale, r, zero, low, high, out, out_at, ldo)
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _panel_rows(m, bias, scale):
+    """``bias`` (int32) and ``scale`` (float32) of the ``m`` rows, zero-padded to whole panels."""
+    rows = -(-m // TILE_ROWS) * TILE_ROWS
+    row_bias, row_scale = np.zeros(rows, np.int32), np.zeros(rows, np.float32)
+    for i in range(m):
+        row_bias[i], row_scale[i] = bias[i], scale[i]
+    return row_bias, row_scale
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _chunk(n0, n1, block_bytes):
+    """Blocks of columns packed at once, then each panel of weights multiplied by all of them:
+    the weights stream from memory once per chunk (once for a late layer's few pixels), the
+    packed blocks stay in L2 (CHUNK_BYTES)."""
+    return max(1, min(-(-(n1 - n0) // TILE_COLUMNS), CHUNK_BYTES // max(1, block_bytes)))
+
+
 @njit(nogil=True, cache=True)
 def _columns(panels, kernel, m, x, n0, n1, bias, scale, zero, low, high, out, transposed):
     """Columns ``[n0, n1)`` of ``out`` = the product, requantized (uint8 ``out``) or not
@@ -273,16 +288,10 @@ def _columns(panels, kernel, m, x, n0, n1, bias, scale, zero, low, high, out, tr
         return
     depth = 2 if kernel == INT16 else 4
     steps = -(-(x.shape[1] if transposed else x.shape[0]) // depth)
-    rows = -(-m // TILE_ROWS) * TILE_ROWS
-    row_bias, row_scale = np.zeros(rows, np.int32), np.zeros(rows, np.float32)  # padded to the panels
-    for i in range(m):
-        row_bias[i], row_scale[i] = bias[i], scale[i]
+    row_bias, row_scale = _panel_rows(m, bias, scale)
     ldo = out.strides[0] // out.itemsize
     block_bytes = steps * GROUP_BYTES
-    # Blocks packed at once, then each panel of weights by all of them: the weights stream
-    # from memory once per chunk of columns (once for a late layer's few pixels), the
-    # packed blocks stay in L2.
-    chunk = max(1, min(-(-(n1 - n0) // TILE_COLUMNS), CHUNK_BYTES // max(1, block_bytes)))
+    chunk = _chunk(n0, n1, block_bytes)
     packed = np.empty(chunk * block_bytes, np.uint8)
     edge = np.empty((TILE_ROWS, TILE_COLUMNS), out.dtype)
     for q0 in range(n0, n1, chunk * TILE_COLUMNS):
@@ -333,94 +342,6 @@ def _columns(panels, kernel, m, x, n0, n1, bias, scale, zero, low, high, out, tr
                 for i in range(min(TILE_ROWS, m - r)):
                     for j in range(columns):
                         out[r + i, q + j] = edge[i, j]
-
-
-@njit(inline="always", nogil=True, cache=True)
-def _pack_windows(x, offsets, q, columns, depth, packed):
-    """:func:`_pack_columns` of the implicit matrix whose row ``k`` is ``x[offsets[k]:]``:
-    columns ``q .. q + columns`` of each row are ``x[offsets[k] + q + j]``. A block of fewer
-    columns is packed whole too (``x`` reaches a block past every row's end: the columns past
-    ``columns`` are never stored)."""
-    k = offsets.shape[0]
-    steps = -(-k // depth)
-    whole = k // depth
-    for s in range(whole):
-        if depth == 4:
-            first = s * 4
-            _interleave_bytes_at(
-                x, offsets[first] + q, offsets[first + 1] + q, offsets[first + 2] + q, offsets[first + 3] + q,
-                packed, s * GROUP_BYTES,
-            )  # fmt: skip
-        else:
-            _interleave_words_at(x, offsets[s * 2] + q, offsets[s * 2 + 1] + q, packed, s * GROUP_BYTES)
-    for b in range(whole * GROUP_BYTES, steps * GROUP_BYTES):
-        packed[b] = 0
-    width = 4 // depth  # bytes per value
-    for s in range(whole, steps):
-        for r in range(min(depth, k - s * depth)):
-            at = offsets[s * depth + r] + q
-            for j in range(columns):
-                packed[s * GROUP_BYTES + j * 4 + r * width] = x[at + j]
-
-
-@njit(nogil=True, cache=True)
-def qgemm_windows(
-    panels, kernel, m, x, offsets, pitch, out_w, n0, n1, bias, scale, out_zero_point, lo, hi, out
-):
-    """Columns ``[n0, n1)`` of the product of the weights by an implicit column matrix, each row
-    ``k`` the window ``x[offsets[k]:]`` of a padded input (a stride-1 conv: its virtual column
-    ``n`` is output row ``n // pitch``, column ``n % pitch``, a pitch wider than the output by
-    the window's span, and the columns past ``out_w`` are not stored), requantized into
-    ``out`` (M, OH * out_w) uint8. No column matrix: each block is packed straight from ``x``,
-    which must hold TILE_COLUMNS bytes past the end of the last window's last column. For the
-    kernels of packed weights (not PORTABLE); nothing is checked."""
-    if n1 <= n0 or m == 0:
-        return
-    zero, low, high = np.float32(out_zero_point), np.float32(lo), np.float32(hi)
-    depth = 2 if kernel == INT16 else 4
-    steps = -(-offsets.shape[0] // depth)
-    rows = -(-m // TILE_ROWS) * TILE_ROWS
-    row_bias, row_scale = np.zeros(rows, np.int32), np.zeros(rows, np.float32)
-    for i in range(m):
-        row_bias[i], row_scale[i] = bias[i], scale[i]
-    block_bytes = steps * GROUP_BYTES
-    chunk = max(1, min(-(-(n1 - n0) // TILE_COLUMNS), CHUNK_BYTES // max(1, block_bytes)))
-    packed = np.empty(chunk * block_bytes, np.uint8)
-    edge = np.empty((TILE_ROWS, TILE_COLUMNS), np.uint8)
-    for q0 in range(n0, n1, chunk * TILE_COLUMNS):
-        q1 = min(n1, q0 + chunk * TILE_COLUMNS)
-        for q in range(q0, q1, TILE_COLUMNS):
-            at = (q - q0) // TILE_COLUMNS * block_bytes
-            _pack_windows(x, offsets, q, min(TILE_COLUMNS, q1 - q), depth, packed[at : at + block_bytes])
-        ldo = out.strides[0]
-        for r in range(0, m, TILE_ROWS):
-            count = min(TILE_ROWS, m - r)
-            for q in range(q0, q1, TILE_COLUMNS):
-                at = (q - q0) // TILE_COLUMNS * block_bytes
-                columns = min(TILE_COLUMNS, q1 - q)
-                y, x_at = divmod(q, pitch)
-                if count == TILE_ROWS and columns == TILE_COLUMNS and x_at + TILE_COLUMNS <= out_w:
-                    _tile(
-                        kernel, packed, at, panels, r, steps, row_bias, row_scale, zero, low, high, out,
-                        r * ldo + y * out_w + x_at, ldo,
-                    )  # fmt: skip  # the block within one output row: stored in place
-                    continue
-                _tile(
-                    kernel, packed, at, panels, r, steps, row_bias, row_scale, zero, low, high, edge, 0,
-                    TILE_COLUMNS,
-                )  # fmt: skip
-                j = 0
-                while j < columns:  # the block's runs of output columns, row by row
-                    y, x_at = divmod(q + j, pitch)
-                    if x_at >= out_w:  # past the output row: on to the next
-                        j += pitch - x_at
-                        continue
-                    run, column = min(out_w - x_at, columns - j), y * out_w + x_at
-                    for i in range(count):
-                        into, out_of = out[r + i], edge[i]
-                        for t in range(run):
-                            into[column + t] = out_of[j + t]
-                    j += run
 
 
 @njit(nogil=True, cache=True)

@@ -268,93 +268,52 @@ def _store_across(builder, rows, out_ptr, ldo, lanes: int) -> None:
             builder.store(word, builder.bitcast(column, word_type.as_pointer()), align=1)
 
 
-def _tile_signature(
-    packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
-):
-    return types.void(
-        packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
-    )
+def _tile_intrinsic(kind: str, across: bool, doc: str):
+    """The ``intrinsic`` of ``kind``'s tile (stored across where ``across``), documented by
+    ``doc``: every tile takes the same arguments (see :func:`_maddubs_tile`)."""
+
+    def tile(
+        typingctx, packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
+    ):
+        sig = types.void(
+            packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
+        )
+        return sig, lambda context, builder, signature, args: _emit_tile(
+            context, builder, signature, args, kind, across
+        )
+
+    tile.__doc__ = doc
+    tile.__name__ = tile.__qualname__ = f"_{kind}_tile{'_across' * across}"
+    return intrinsic(tile)
 
 
-@intrinsic
-def _maddubs_tile(
-    typingctx, packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
-):
+_maddubs_tile = _tile_intrinsic(
+    "maddubs",
+    False,
     """A TILE_ROWS x TILE_COLUMNS tile: ``steps`` steps of 4 k of the packed columns
     (``packed`` from ``packed_at``, GROUP_BYTES a step) by a weights' panel (``w`` from
     ``w_at``), stored from ``out[out_at]`` at row stride ``ldo`` (elements): requantized with
     ``bias``, ``scale`` from ``row_at`` and float32 ``zero``, ``low``, ``high`` into uint8
-    ``out``, or ``acc + bias`` into int32 ``out``. Weights within [-64, 64] only."""
-    sig = _tile_signature(
-        packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
-    )
-    return sig, lambda context, builder, signature, args: _emit_tile(
-        context, builder, signature, args, "maddubs"
-    )
-
-
-@intrinsic
-def _int16_tile(
-    typingctx, packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
-):
-    """:func:`_maddubs_tile` by steps of 2 k of int16, exact for any weights."""
-    sig = _tile_signature(
-        packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
-    )
-    return sig, lambda context, builder, signature, args: _emit_tile(
-        context, builder, signature, args, "int16"
-    )
-
-
-@intrinsic
-def _maddubs_tile_across(
-    typingctx, packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
-):
-    """:func:`_maddubs_tile` into uint8 ``out`` the other way round: the tile's column j at
-    ``out[out_at + j * ldo]``, its rows the 4 bytes from there."""
-    sig = _tile_signature(
-        packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
-    )
-    return sig, lambda context, builder, signature, args: _emit_tile(
-        context, builder, signature, args, "maddubs", True
-    )
-
-
-@intrinsic
-def _int16_tile_across(
-    typingctx, packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
-):
-    """:func:`_int16_tile` stored as :func:`_maddubs_tile_across` stores."""
-    sig = _tile_signature(
-        packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
-    )
-    return sig, lambda context, builder, signature, args: _emit_tile(
-        context, builder, signature, args, "int16", True
-    )
-
-
-@intrinsic
-def _vnni_tile(
-    typingctx, packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
-):
+    ``out``, or ``acc + bias`` into int32 ``out``. Weights within [-64, 64] only.""",
+)
+_int16_tile = _tile_intrinsic(
+    "int16", False, ":func:`_maddubs_tile` by steps of 2 k of int16, exact for any weights."
+)
+_vnni_tile = _tile_intrinsic(
+    "vnni",
+    False,
     """:func:`_maddubs_tile` by ``vpdpbusd`` (a lane's 4 products summed into its int32 at once):
-    exact for any weights, on a host with VNNI (:data:`HOST_VNNI`)."""
-    sig = _tile_signature(
-        packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
-    )
-    return sig, lambda context, builder, signature, args: _emit_tile(
-        context, builder, signature, args, "vnni"
-    )
-
-
-@intrinsic
-def _vnni_tile_across(
-    typingctx, packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
-):
-    """:func:`_vnni_tile` stored as :func:`_maddubs_tile_across` stores."""
-    sig = _tile_signature(
-        packed, packed_at, w, w_at, steps, bias, scale, row_at, zero, low, high, out, out_at, ldo
-    )
-    return sig, lambda context, builder, signature, args: _emit_tile(
-        context, builder, signature, args, "vnni", True
-    )
+    exact for any weights, on a host with VNNI (:data:`HOST_VNNI`).""",
+)
+_maddubs_tile_across = _tile_intrinsic(
+    "maddubs",
+    True,
+    """:func:`_maddubs_tile` into uint8 ``out`` the other way round: the tile's column j at
+    ``out[out_at + j * ldo]``, its rows the TILE_ROWS bytes from there.""",
+)
+_int16_tile_across = _tile_intrinsic(
+    "int16", True, ":func:`_int16_tile` stored as :func:`_maddubs_tile_across` stores."
+)
+_vnni_tile_across = _tile_intrinsic(
+    "vnni", True, ":func:`_vnni_tile` stored as :func:`_maddubs_tile_across` stores."
+)

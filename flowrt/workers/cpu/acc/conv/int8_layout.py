@@ -1,7 +1,7 @@
 """The layouts a QLinearConv's uint8 input takes for the int8 GEMM (``kernels/qlinear.py``):
 its column matrix (im2col, the padding filled with the input's zero point; a stride-2 window
 over an even plane from the input's four phase planes), or the input padded with its zero
-point, whose windows are the rows of the product (``int8_gemm.qgemm_windows``).
+point, whose windows are the rows of the product (``int8_windows.qgemm_windows``).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from flowrt.engine.memory.weights import MANAGER
 from flowrt.errors import BackendError
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
-from flowrt.workers.cpu.acc import int8_gemm
+from flowrt.workers.cpu.acc import int8_gemm, int8_windows
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.conv.depthwise_int8 import DepthwiseInt8, is_depthwise
 from flowrt.workers.cpu.acc.conv.int8_layout import IM2COL, PAD
@@ -135,10 +135,10 @@ def _qgemm_windows_slice(
     s, _step, rows, columns, panels, unit_bytes, kernel, x, offsets, pitch, out_w, bias, scale, zero, out
 ):
     """Slice ``s`` of :data:`QGEMM_WINDOWS`: :func:`_qgemm_slice` of the implicit column matrix
-    of a padded input (``int8_gemm.qgemm_windows``), its virtual columns split."""
+    of a padded input (``int8_windows.qgemm_windows``), its virtual columns split."""
     r, c = s // (columns.shape[0] - 1), s % (columns.shape[0] - 1)
     first, last = rows[r], rows[r + 1]
-    int8_gemm.qgemm_windows(
+    int8_windows.qgemm_windows(
         _panels_of(panels, unit_bytes, kernel, first, last), kernel, last - first, x, offsets, pitch, out_w,
         columns[c], columns[c + 1], bias[first:last], scale[first:last], zero, 0, 255, out[first:last],
     )  # fmt: skip
@@ -347,7 +347,7 @@ class QLinearKernel:
         """A stride-1 conv with no column matrix: the input padded (with its zero point), and
         the GEMM's row ``(c, i, j)`` the window of that padded input at ``c``'s plane, kernel
         row ``i`` and column ``j``, read as a row ``pitch`` (the padded width) long per output
-        row (``int8_gemm.qgemm_windows``)."""
+        row (``int8_windows.qgemm_windows``)."""
         channels, height, width = x.shape[1:]
         (pad_top, pad_left), (pad_bottom, pad_right) = geometry.pads_begin, geometry.pads_end
         padded_h, pitch = height + pad_top + pad_bottom, width + pad_left + pad_right
