@@ -23,6 +23,7 @@ from numba import njit
 
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.conv.depthwise import bordered_plane_masks, nine_taps
+from flowrt.workers.cpu.acc.conv.int8_layout import split_phases
 from flowrt.workers.cpu.acc.quantized_parameters import ParameterCache, per_row, requantization_scales
 
 
@@ -32,6 +33,16 @@ def _requantize(acc, scale, y_zero, out):
     for t in range(acc.shape[0]):
         value = np.rint(np.float32(acc[t]) * scale) + y_zero
         out[t] = np.uint8(min(max(value, np.float32(0)), np.float32(255)))
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _requantize_sums(sums, bias, scale, y_zero, out):
+    """``out = clip(rint(float32(int32(sums) + bias) * scale) + y_zero, 0, 255)`` as uint8:
+    :func:`_requantize` of a plane summed exactly in float32 (``sums``)."""
+    low, high = np.float32(0), np.float32(255)
+    for t in range(sums.shape[0]):
+        value = np.rint(np.float32(np.int32(sums[t]) + bias) * scale) + y_zero
+        out[t] = np.uint8(min(max(value, low), high))
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -79,14 +90,8 @@ def _half_plane(image, weights, bias, geometry, x_zero, phases, plane):
     input split once into its four phase planes (even or odd rows by even or odd columns),
     in which each kernel cell is a stride-1 shift (:func:`_shifted_add`)."""
     kernel_h, kernel_w, _, _, dilation_h, dilation_w, pad_top, pad_left = geometry
-    half_h, half_w = image.shape[0] // 2, image.shape[1] // 2
-    for py in range(2):
-        for px in range(2):
-            phase = phases[py * 2 + px]
-            for y in range(half_h):
-                row, source = phase[y * half_w : (y + 1) * half_w], image[2 * y + py]
-                for k in range(half_w):
-                    row[k] = source[2 * k + px]
+    half_w = image.shape[1] // 2
+    split_phases(image, phases)
     plane[:] = bias
     for i in range(kernel_h):
         for j in range(kernel_w):
@@ -165,21 +170,18 @@ def _same3_slice(s, _step, bounds, x, weights, bias, scale, x_zero, y_zero, out)
     then requantized as :func:`_requantize`."""
     height, width = x.shape[1], x.shape[2]
     pixels = height * width
-    x_flat, out_flat = x.reshape(-1), out.reshape(-1)
+    x_flat = x.reshape(-1)
     middle = np.zeros(pixels + 2 * (width + 1), np.float32)
     sums = np.empty(pixels, np.float32)
     first, last = bordered_plane_masks(height, width)
-    zero, low, high = np.float32(x_zero), np.float32(0), np.float32(255)
+    zero = np.float32(x_zero)
     to = np.uint64(width + 1)
     for c in range(bounds[s], bounds[s + 1]):
         at = np.uint64(c * pixels)
         for t in range(np.uint64(pixels)):
             middle[to + t] = np.float32(x_flat[at + t]) - zero
         nine_taps(sums, np.uint64(0), np.float32(0), weights[c], middle, first, last, width, pixels, False)
-        channel_bias, channel_scale = bias[c], scale[c]
-        for t in range(np.uint64(pixels)):
-            value = np.rint(np.float32(np.int32(sums[t]) + channel_bias) * channel_scale) + y_zero
-            out_flat[at + t] = np.uint8(min(max(value, low), high))
+        _requantize_sums(sums, bias[c], scale[c], y_zero, out[c].reshape(-1))
 
 
 SAME3 = SliceFunction(_same3_slice)
@@ -218,7 +220,7 @@ def _half3_slice(s, _step, bounds, x, weights, bias, scale, x_zero, y_zero, out)
     first = np.ones(pixels, np.bool_)
     for r in range(hh):
         first[r * hw] = False
-    zero, low, high = np.float32(x_zero), np.float32(0), np.float32(255)
+    zero = np.float32(x_zero)
     for c in range(bounds[s], bounds[s + 1]):
         plane = x[c]
         for y in range(hh):
@@ -230,10 +232,7 @@ def _half3_slice(s, _step, bounds, x, weights, bias, scale, x_zero, y_zero, out)
                 p10[row + k] = np.float32(odd[2 * k]) - zero
                 p11[row + k] = np.float32(odd[2 * k + 1]) - zero
         _half3_taps(sums, weights[c], p00, p01, p10, p11, first, at, hw, pixels)
-        channel_bias, channel_scale, target = bias[c], scale[c], out[c].reshape(-1)
-        for t in range(pixels):
-            value = np.rint(np.float32(np.int32(sums[t]) + channel_bias) * channel_scale) + y_zero
-            target[t] = np.uint8(min(max(value, low), high))
+        _requantize_sums(sums, bias[c], scale[c], y_zero, out[c].reshape(-1))
 
 
 HALF3 = SliceFunction(_half3_slice)

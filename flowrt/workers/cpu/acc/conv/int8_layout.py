@@ -47,7 +47,7 @@ def _shifted_rows(flat, row, dy, dx, width, height, fill):
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _split_phases(image, phases):
+def split_phases(image, phases):
     """The four phase planes of ``image`` (H, W), both even: ``phases[py * 2 + px]`` holds its
     rows ``py::2`` by columns ``px::2``, (H/2, W/2) flat. In them a stride-2 window's kernel
     cell is a stride-1 shift, one long copy of an im2col row (:func:`_shifted_rows`)."""
@@ -80,7 +80,7 @@ def _im2col_slice(s, _step, bounds, x, geometry, out_w, fill, cols):
         c, i = pair // kernel_h, pair % kernel_h
         if halved:
             if phased != c:
-                _split_phases(x[c], phases)
+                split_phases(x[c], phases)
                 phased = c
             dy = i * dilation_h - pad_top
             py = dy % 2

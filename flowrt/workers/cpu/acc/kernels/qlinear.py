@@ -147,14 +147,18 @@ def _qgemm_windows_slice(
 QGEMM_WINDOWS = SliceFunction(_qgemm_windows_slice)
 
 
+def _unit_bytes(packed) -> int:
+    """Bytes of packed weights per panel (per row for the portable loops): ``_panels_of``'s unit."""
+    return packed.panels.shape[0] // max(1, -(-packed.m // _panel_rows(packed.kernel)))
+
+
 def _run_gemm(function: SliceFunction, packed, x, columns: int, params, out, workers: int) -> None:
     """The requantizing product split across ``workers`` (:func:`_gemm_slices`) by
     ``function``: :data:`QGEMM` (``x`` (K, N), ``out`` (M, N)) or :data:`QGEMM_ROWS` (both the
     other way round)."""
     bias, scale, zero, _ = params
     rows, column_bounds = _gemm_slices(packed, columns, workers)
-    unit_bytes = packed.panels.shape[0] // max(1, -(-packed.m // _panel_rows(packed.kernel)))
-    args = (rows, column_bounds, packed.panels, unit_bytes, packed.kernel, x, bias, scale, zero, out)
+    args = (rows, column_bounds, packed.panels, _unit_bytes(packed), packed.kernel, x, bias, scale, zero, out)
     function.run((rows.shape[0] - 1) * (column_bounds.shape[0] - 1), args)
 
 
@@ -265,7 +269,7 @@ class QLinearKernel:
         # make is made at the first run only (ParameterCache).
         self.constant_parameters = all(constants[i] is not None for i in (1, 2, 4, 5, 6, 7))
         self._geometries: dict[tuple, tuple] = {}
-        self._offsets: dict[tuple, np.ndarray] = {}  # per input shape, see _windows
+        self._window_plans: dict[tuple, tuple] = {}  # per input shape, see _windows
         self.depthwise = (
             DepthwiseInt8(w, bias, workers, self.constant_parameters)
             if self.conv and is_depthwise(self.desc.group, w.shape[0], w.shape)
@@ -348,39 +352,41 @@ class QLinearKernel:
         the GEMM's row ``(c, i, j)`` the window of that padded input at ``c``'s plane, kernel
         row ``i`` and column ``j``, read as a row ``pitch`` (the padded width) long per output
         row (``int8_windows.qgemm_windows``)."""
-        channels, height, width = x.shape[1:]
-        (pad_top, pad_left), (pad_bottom, pad_right) = geometry.pads_begin, geometry.pads_end
-        padded_h, pitch = height + pad_top + pad_bottom, width + pad_left + pad_right
-        (kernel_h, kernel_w), (dilation_h, dilation_w) = self.kernel, geometry.dilations
-        out_h, out_w = out.shape[2], out.shape[3]
-        offsets = self._offsets.get(x.shape)
-        if offsets is None:
-            c, i, j = np.meshgrid(
-                np.arange(channels), np.arange(kernel_h), np.arange(kernel_w), indexing="ij"
-            )
-            plane = padded_h * pitch
-            offsets = (c * plane + i * dilation_h * pitch + j * dilation_w).reshape(-1).astype(np.int64)
-            self._offsets[x.shape] = offsets
-        # the last window's last row runs past the padded planes by the window's span, and the
-        # GEMM reads a block of columns past any row's end
-        slack = (kernel_w - 1) * dilation_w + int8_gemm.TILE_COLUMNS
-        padded = np.empty(channels * padded_h * pitch + slack, np.uint8)
-        slices = 1 if padded.size < PARALLEL_COLUMNS else min(self.workers, channels)
-        bounds = np.array([channels * i // slices for i in range(slices + 1)], np.int64)
+        plan = self._window_plans.get(x.shape)
+        if plan is None:
+            plan = self._window_plans[x.shape] = self._window_plan(x.shape, geometry, out.shape[2:])
+        offsets, padded_bytes, pad_bounds, pads, padded_h, pitch, rows, column_bounds = plan
+        padded = np.empty(padded_bytes, np.uint8)
         bias, scale, y_zero, _ = params
-        columns = out_h * pitch
-        rows, column_bounds = _gemm_slices(self.packed, columns, self.workers)
-        unit_bytes = self.packed.panels.shape[0] // max(
-            1, -(-self.packed.m // _panel_rows(self.packed.kernel))
-        )
+        packed, out_w = self.packed, out.shape[3]
         for b in range(x.shape[0]):
             image = np.ascontiguousarray(x[b])
-            PAD.run(slices, (bounds, image, zero, pad_top, pad_left, padded_h, pitch, padded))
+            PAD.run(pad_bounds.shape[0] - 1, (pad_bounds, image, zero, *pads, padded_h, pitch, padded))
             args = (
-                rows, column_bounds, self.packed.panels, unit_bytes, self.packed.kernel, padded, offsets, pitch,
+                rows, column_bounds, packed.panels, _unit_bytes(packed), packed.kernel, padded, offsets, pitch,
                 out_w, bias, scale, y_zero, out[b].reshape(self.filters, -1),
             )  # fmt: skip
             QGEMM_WINDOWS.run((rows.shape[0] - 1) * (column_bounds.shape[0] - 1), args)
+
+    def _window_plan(self, shape, geometry, out_shape) -> tuple:
+        """What :meth:`_windows` needs of an input shape, once: each GEMM row's offset in the
+        padded input, that input's bytes, the splits of the padding and of the product, the
+        leading pads, the padded height and the pitch (padded width)."""
+        channels, height, width = shape[1:]
+        (pad_top, pad_left), (pad_bottom, pad_right) = geometry.pads_begin, geometry.pads_end
+        padded_h, pitch = height + pad_top + pad_bottom, width + pad_left + pad_right
+        (kernel_h, kernel_w), (dilation_h, dilation_w) = self.kernel, geometry.dilations
+        c, i, j = np.meshgrid(np.arange(channels), np.arange(kernel_h), np.arange(kernel_w), indexing="ij")
+        offsets = (
+            (c * padded_h * pitch + i * dilation_h * pitch + j * dilation_w).reshape(-1).astype(np.int64)
+        )
+        # the last window's last row runs past the padded planes by the window's span, and the
+        # GEMM reads a block of columns past any row's end
+        padded_bytes = channels * padded_h * pitch + (kernel_w - 1) * dilation_w + int8_gemm.TILE_COLUMNS
+        slices = 1 if padded_bytes < PARALLEL_COLUMNS else min(self.workers, channels)
+        pad_bounds = np.array([channels * k // slices for k in range(slices + 1)], np.int64)
+        rows, column_bounds = _gemm_slices(self.packed, out_shape[0] * pitch, self.workers)
+        return offsets, padded_bytes, pad_bounds, (pad_top, pad_left), padded_h, pitch, rows, column_bounds
 
     def _matmul(self, x, params, outputs):
         """``a @ w`` as ``(w^T @ a^T)^T``: the GEMM reads the rows of ``a`` as its columns and
