@@ -172,13 +172,19 @@ def _pack_columns(x, q, columns, depth, packed):
     k = x.shape[0]
     steps = -(-k // depth)
     ldx = x.strides[0]
-    whole = k // depth if columns == TILE_COLUMNS else 0
+    whole = k // depth
+    if columns < TILE_COLUMNS:
+        # A block of fewer columns is read whole all the same where the array's bytes go on
+        # that far: the columns past its end land in the tile's columns that are not stored
+        # (each column of a product is its own column's alone).
+        readable = (k - 1) * ldx + x.shape[1] - q - TILE_COLUMNS - (depth - 1) * ldx
+        whole = min(whole, max(0, readable // (depth * ldx) + 1)) if readable >= 0 else 0
     for s in range(whole):
         if depth == 4:
             _interleave_bytes(x, s * 4 * ldx + q, ldx, packed, s * GROUP_BYTES)
         else:
             _interleave_words(x, s * 2 * ldx + q, ldx, packed, s * GROUP_BYTES)
-    # The last rows (fewer than a step) or a block of fewer columns, a byte at a time.
+    # The last rows (fewer than a step, or the last steps of a short block), a byte at a time.
     # Loops, not slice assignments: those compile numba's messages for shapes that do not broadcast.
     for b in range(whole * GROUP_BYTES, steps * GROUP_BYTES):
         packed[b] = 0
