@@ -25,6 +25,12 @@ from flowrt.frontends.onnx.descriptors import attribute_value, make_descriptor, 
 from flowrt.types import Dim, TensorInfo
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
+# ONNX Runtime's contrib operators flowrt runs, as its layer kinds of the same names with ONNX
+# Runtime's inputs and attributes: what ``onnxruntime.quantization`` writes in its QOperator
+# format. Any other op of that domain is refused (some share a name with an ONNX op of another
+# meaning, such as Attention).
+CONTRIB_DOMAIN = "com.microsoft"
+CONTRIB_KINDS = frozenset({"QLinearAdd", "QLinearMul", "QGemm"})
 
 
 def _type_name(elem_type: int) -> str:
@@ -171,7 +177,12 @@ class GraphImporter:
         names of the tensors its input slots read (the node's inputs, then its subgraphs'
         captures). None for a Constant node, which becomes a Constant layer."""
         where = f"{self.path}node {label!r}"
-        if node.domain not in DEFAULT_DOMAINS:
+        if node.domain == CONTRIB_DOMAIN and node.op_type not in CONTRIB_KINDS:
+            raise UnsupportedLayerError(
+                f"op {node.domain}.{node.op_type} ({where}) is not supported by flowrt; of the"
+                f" {CONTRIB_DOMAIN} domain it runs {', '.join(sorted(CONTRIB_KINDS))}"
+            )
+        if node.domain not in DEFAULT_DOMAINS and node.domain != CONTRIB_DOMAIN:
             raise UnsupportedLayerError(
                 f"op {node.domain}.{node.op_type} ({where}) is in a domain flowrt does not support"
             )

@@ -93,6 +93,14 @@ def test_unknown_domain_is_unsupported():
         flowrt.onnx.load(model, check=False)
 
 
+def test_contrib_ops_flowrt_does_not_run_are_refused_by_name():
+    model = _relu_model("Attention")
+    model.graph.node[0].domain = "com.microsoft"
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    with pytest.raises(UnsupportedLayerError, match=r"com\.microsoft\.Attention .* it runs .*QLinearAdd"):
+        flowrt.onnx.load(model, check=False)
+
+
 def test_unknown_attribute_is_refused_not_ignored():
     model = _relu_model()
     model.graph.node[0].attribute.append(helper.make_attribute("frobnicate", 3))
