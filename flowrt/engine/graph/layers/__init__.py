@@ -107,6 +107,7 @@ KIND_MODULES = {
     "MatMulBias": "gemm",
     "MatMulInteger": "gemm",
     "QLinearMatMul": "gemm",
+    "QGemm": "gemm",
     "AffineGrid": "grid",
     "GridSample": "grid",
     "If": "if_else",

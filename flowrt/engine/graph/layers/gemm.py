@@ -1,5 +1,5 @@
 """Matrix products: Gemm (alpha * A' B' + beta * C), MatMul with numpy's broadcasting, and the
-quantized MatMulInteger and QLinearMatMul."""
+quantized MatMulInteger, QLinearMatMul and ONNX Runtime's QGemm."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import attrs
 
 from flowrt.engine.graph.layer_kind import NoDescriptor, layer_kind
 from flowrt.engine.graph.shapes import broadcast_shapes
-from flowrt.errors import DataTypeError, ShapeError
+from flowrt.errors import DataTypeError, GraphError, ShapeError
 from flowrt.types import DataType, Dim, TensorInfo
 
 D = DataType
@@ -162,3 +162,65 @@ def infer_qlinear_matmul(desc, inputs, consts):
                 f"QLinearMatMul expects {name} of int8 or uint8, got {info.dtype.name.lower()}"
             )
     return [TensorInfo(matmul_shape(a, b, "QLinearMatMul"), y_zero_point.dtype)]
+
+
+@attrs.frozen
+class QGemmDescriptor:
+    """ONNX Runtime's com.microsoft QGemm: ``Y = alpha * (A' - a_zp) (B' - b_zp) * a_scale *
+    b_scale + C * a_scale * b_scale`` (C int32, at the product's scale), quantized with
+    ``y_scale`` and ``y_zero_point`` when given, else float32. A' and B' as Gemm's."""
+
+    alpha: float = 1.0
+    transA: int = attrs.field(default=0, validator=attrs.validators.in_((0, 1)))
+    transB: int = attrs.field(default=0, validator=attrs.validators.in_((0, 1)))
+
+
+def _scalar_of(info: TensorInfo, what: str, dtypes: frozenset[DataType]) -> None:
+    if info.dtype not in dtypes:
+        names = ", ".join(sorted(d.name.lower() for d in dtypes))
+        raise DataTypeError(f"QGemm expects {what} of {names}, got {info.dtype.name.lower()}")
+    if info.shape is not None and info.is_static and info.num_elements != 1:
+        raise ShapeError(f"QGemm expects {what} to hold one value, got shape {info.format_shape()}")
+
+
+@layer_kind("QGemm", QGemmDescriptor, min_inputs=6, max_inputs=9)
+def infer_qgemm(desc: QGemmDescriptor, inputs, consts):
+    """Y (M, N): uint8 or int8 with ``y_zero_point``'s type when ``y_scale`` is given, else
+    float32. ``b_scale`` and ``b_zero_point`` per tensor or per column of B' (N)."""
+    a, a_scale, a_zero, b, b_scale, b_zero = inputs[:6]
+    c, y_scale, y_zero = (list(inputs[6:]) + [None] * 3)[:3]
+    for info, name in ((a, "A"), (b, "B")):
+        if info.dtype not in INT8_TYPES:
+            raise DataTypeError(f"QGemm expects {name} of int8 or uint8, got {info.dtype.name.lower()}")
+    _scalar_of(a_scale, "a_scale", frozenset({D.FLOAT32}))
+    _scalar_of(a_zero, "a_zero_point", frozenset({a.dtype}))
+    if b_zero.dtype != b.dtype:
+        raise DataTypeError(
+            f"QGemm expects b_zero_point of B's type {b.dtype.name.lower()}, got {b_zero.dtype.name.lower()}"
+        )
+    if b_scale.dtype is not D.FLOAT32:
+        raise DataTypeError(f"QGemm expects b_scale of float32, got {b_scale.dtype.name.lower()}")
+    m, k = _matrix(a, desc.transA, "A")
+    k_b, n = _matrix(b, desc.transB, "B")
+    if not _same_dim(k, k_b):
+        raise ShapeError(
+            f"QGemm expects A' (M, K) and B' (K, N) to share K, got A' ({m}, {k}) and B' ({k_b}, {n})"
+        )
+    for info, name in ((b_scale, "b_scale"), (b_zero, "b_zero_point")):
+        if info.shape is not None and info.is_static and info.num_elements != 1:
+            if len(info.shape) != 1 or not _same_dim(info.shape[0], n):
+                raise ShapeError(
+                    f"QGemm expects {name} per tensor or per column of B' ({n}), got {info.format_shape()}"
+                )
+    if c is not None:
+        if c.dtype is not D.INT32:
+            raise DataTypeError(f"QGemm expects C of int32, got {c.dtype.name.lower()}")
+        if c.shape is not None:
+            _check_c(GemmDescriptor(), c, (m, n))
+    if (y_scale is None) != (y_zero is None):
+        raise GraphError("QGemm expects y_scale and y_zero_point both or neither (a float32 output)")
+    if y_scale is None:
+        return [TensorInfo((m, n), D.FLOAT32)]
+    _scalar_of(y_scale, "y_scale", frozenset({D.FLOAT32}))
+    _scalar_of(y_zero, "y_zero_point", INT8_TYPES)
+    return [TensorInfo((m, n), y_zero.dtype)]

@@ -70,3 +70,32 @@ def qlinear_matmul(desc, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_s
     y = np.rint(product * scale) + y_zero_point
     limits = np.iinfo(y_zero_point.dtype)
     return np.clip(y, limits.min, limits.max).astype(y_zero_point.dtype)
+
+
+def qgemm_scale(alpha: float, a_scale, b_scale, y_scale) -> np.ndarray:
+    """QGemm's output scale per column, in float32 as ONNX Runtime forms it:
+    ``alpha * a_scale * b_scale``, divided by ``y_scale`` when there is one."""
+    scale = np.float32(alpha) * np.asarray(a_scale, np.float32).reshape(()) * np.asarray(b_scale, np.float32)
+    if y_scale is not None:
+        scale = scale / np.asarray(y_scale, np.float32).reshape(())
+    return scale.astype(np.float32).reshape(-1)
+
+
+@ref_kernel("QGemm")
+def qgemm(desc, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c=None, y_scale=None, y_zero_point=None):
+    """ONNX Runtime's QGemm: the exact integer product plus C, times the output scale in
+    float32; quantized (round half to even, saturated) when ``y_scale`` is given."""
+    a = a.T if desc.transA else a
+    b = b.T if desc.transB else b
+    b_zero = np.asarray(b_zero_point).reshape(-1)
+    product = _integer_product(
+        a, np.asarray(a_zero_point).reshape(()), b, b_zero if b_zero.size > 1 else b_zero[0]
+    )
+    if c is not None:
+        product = product + c
+    y = product.astype(np.int32).astype(np.float32) * qgemm_scale(desc.alpha, a_scale, b_scale, y_scale)
+    if y_scale is None:
+        return y
+    zero = np.asarray(y_zero_point).reshape(())
+    limits = np.iinfo(zero.dtype)
+    return np.clip(np.rint(y) + zero.astype(np.float32), limits.min, limits.max).astype(zero.dtype)

@@ -1,0 +1,114 @@
+"""ONNX Runtime's com.microsoft QGemm, loaded from ONNX through the public API, against
+onnxruntime itself on the same model and inputs."""
+
+import numpy as np
+import onnxruntime
+import pytest
+import trio
+from onnx import TensorProto, helper, numpy_helper
+
+import flowrt
+from flowrt.errors import DataTypeError, GraphError
+
+
+def qgemm_model(rng, m, k, n, *, trans_a=0, trans_b=1, alpha=1.0, per_column=True, bias=True, output="uint8",
+                a_type=np.uint8, b_zero=False):  # fmt: skip
+    """A (M, K) -> QGemm by constant int8 B -> Y: the node ORT's QOperator quantizer writes."""
+    b = rng.integers(-128, 128, (n, k) if trans_b else (k, n)).astype(np.int8)
+    count = n if per_column else 1
+    b_scale = rng.uniform(0.001, 0.01, count).astype(np.float32).reshape(() if count == 1 else (count,))
+    b_zp = (rng.integers(-3, 4, count) if b_zero else np.zeros(count)).astype(np.int8).reshape(b_scale.shape)
+    a_zp = np.array(128 if a_type == np.uint8 else 3, a_type)
+    inits = [
+        numpy_helper.from_array(np.array(0.05, np.float32), "a_scale"),
+        numpy_helper.from_array(a_zp, "a_zp"),
+        numpy_helper.from_array(b, "b"),
+        numpy_helper.from_array(b_scale, "b_scale"),
+        numpy_helper.from_array(b_zp, "b_zp"),
+    ]
+    names = ["a", "a_scale", "a_zp", "b", "b_scale", "b_zp"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.integers(-5000, 5000, n).astype(np.int32), "c"))
+    names.append("c" if bias else "")
+    out_type = TensorProto.FLOAT
+    if output != "float32":
+        y_type = np.uint8 if output == "uint8" else np.int8
+        inits += [
+            numpy_helper.from_array(np.array(0.3, np.float32), "y_scale"),
+            numpy_helper.from_array(np.array(100 if output == "uint8" else -5, y_type), "y_zp"),
+        ]
+        names += ["y_scale", "y_zp"]
+        out_type = TensorProto.UINT8 if output == "uint8" else TensorProto.INT8
+    node = helper.make_node(
+        "QGemm", names, ["y"], domain="com.microsoft", alpha=alpha, transA=trans_a, transB=trans_b
+    )
+    a_proto = TensorProto.UINT8 if a_type == np.uint8 else TensorProto.INT8
+    graph = helper.make_graph(
+        [node], "qgemm",
+        [helper.make_tensor_value_info("a", a_proto, [k, m] if trans_a else [m, k])],
+        [helper.make_tensor_value_info("y", out_type, [m, n])],
+        inits,
+    )  # fmt: skip
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
+    model.ir_version = 8
+    return model
+
+
+def run_flowrt(model, feeds, backends):
+    async def main():
+        async with flowrt.Runtime() as rt:
+            loaded = await rt.load(flowrt.optimize(flowrt.onnx.load(model), backends=backends))
+            return (await loaded.run(feeds))["y"]
+
+    return trio.run(main)
+
+
+def run_ort(model, feeds):
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)[0]
+
+
+CASES = [
+    {"m": 1, "k": 64, "n": 10},
+    {"m": 5, "k": 33, "n": 7, "per_column": False},
+    {"m": 3, "k": 20, "n": 9, "trans_b": 0, "bias": False},
+    {"m": 4, "k": 16, "n": 6, "trans_a": 1, "alpha": 0.5},
+    {"m": 2, "k": 40, "n": 12, "output": "int8", "a_type": np.int8},
+    {"m": 6, "k": 24, "n": 5, "output": "float32"},
+    {"m": 3, "k": 17, "n": 8, "a_type": np.int8, "b_zero": True, "output": "int8"},
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
+@pytest.mark.parametrize("backends", [["CpuRef"], ["CpuAcc", "CpuRef"]])
+def test_qgemm_matches_onnx_runtime(case, backends):
+    rng = np.random.default_rng(len(str(case)))
+    model = qgemm_model(rng, **case)
+    a_type = case.get("a_type", np.uint8)
+    shape = model.graph.input[0].type.tensor_type.shape
+    a = rng.integers(np.iinfo(a_type).min, np.iinfo(a_type).max + 1, [d.dim_value for d in shape.dim]).astype(
+        a_type
+    )
+    got, want = run_flowrt(model, {"a": a}, backends), run_ort(model, {"a": a})
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if want.dtype == np.float32:
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_float_bias_is_refused_with_what_was_expected():
+    model = qgemm_model(np.random.default_rng(1), 2, 8, 3)
+    bias = next(t for t in model.graph.initializer if t.name == "c")
+    bias.CopyFrom(numpy_helper.from_array(np.zeros(3, np.float32), "c"))
+    with pytest.raises(DataTypeError, match="QGemm expects C of int32, got float32"):
+        flowrt.optimize(flowrt.onnx.load(model), backends=["CpuRef"])
+
+
+def test_an_output_scale_without_a_zero_point_is_refused():
+    model = qgemm_model(np.random.default_rng(1), 2, 8, 3)
+    del model.graph.node[0].input[8]
+    with pytest.raises(GraphError, match="y_scale and y_zero_point both or neither"):
+        flowrt.optimize(flowrt.onnx.load(model, check=False), backends=["CpuRef"])
