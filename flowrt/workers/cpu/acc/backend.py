@@ -50,7 +50,7 @@ class AccBackend:
             "custom_allocator": True,
             # Kernels that apply an activation as they store (epilogue.activate).
             "fused_activation": FUSED_ACTIVATION_KINDS,
-            # Integer kernels for QLinearConv and QLinearMatMul (kernels/qlinear.py): the
+            # Integer kernels for QLinearConv, QLinearMatMul and QGemm (kernels/qlinear.py): the
             # optimizer folds a QDQ model's groups into them (passes/fold_qdq.py).
             "quantized_kernels": True,
         }

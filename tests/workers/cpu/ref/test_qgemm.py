@@ -57,12 +57,15 @@ def qgemm_model(rng, m, k, n, *, trans_a=0, trans_b=1, alpha=1.0, per_column=Tru
 
 
 def run_flowrt(model, feeds, backends):
+    """(y, the backend that ran the QGemm)."""
+    opt = flowrt.optimize(flowrt.onnx.load(model), backends=backends)
+    (placed,) = [opt.decisions[layer.name].backend for layer in opt.graph if layer.kind == "QGemm"]
+
     async def main():
         async with flowrt.Runtime() as rt:
-            loaded = await rt.load(flowrt.optimize(flowrt.onnx.load(model), backends=backends))
-            return (await loaded.run(feeds))["y"]
+            return (await (await rt.load(opt)).run(feeds))["y"]
 
-    return trio.run(main)
+    return trio.run(main), placed
 
 
 def run_ort(model, feeds):
@@ -72,6 +75,7 @@ def run_ort(model, feeds):
 
 CASES = [
     {"m": 1, "k": 64, "n": 10},
+    {"m": 2, "k": 1280, "n": 1000},  # a classifier: its rows split across CpuAcc's workers
     {"m": 5, "k": 33, "n": 7, "per_column": False},
     {"m": 3, "k": 20, "n": 9, "trans_b": 0, "bias": False},
     {"m": 4, "k": 16, "n": 6, "trans_a": 1, "alpha": 0.5},
@@ -91,7 +95,10 @@ def test_qgemm_matches_onnx_runtime(case, backends):
     a = rng.integers(np.iinfo(a_type).min, np.iinfo(a_type).max + 1, [d.dim_value for d in shape.dim]).astype(
         a_type
     )
-    got, want = run_flowrt(model, {"a": a}, backends), run_ort(model, {"a": a})
+    (got, placed), want = run_flowrt(model, {"a": a}, backends), run_ort(model, {"a": a})
+    # CpuAcc takes uint8 A and output, A not transposed; the rest runs on CpuRef
+    fast = case.get("output", "uint8") == "uint8" and not case.get("trans_a") and "a_type" not in case
+    assert placed == (backends[0] if fast else "CpuRef")
     assert got.dtype == want.dtype and got.shape == want.shape
     if want.dtype == np.float32:
         np.testing.assert_allclose(got, want, rtol=1e-6)

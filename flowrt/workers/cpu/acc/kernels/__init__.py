@@ -101,7 +101,7 @@ _KINDS_BY_MODULE = {
     "normalization": "BatchNormalization LRN LayerNormalization",
     "pad": "Pad",
     "pooling": "AveragePool MaxPool",
-    "qlinear": "QLinearConv QLinearMatMul",
+    "qlinear": "QLinearConv QLinearMatMul QGemm",
     "qlinear_binary": "QLinearAdd QLinearMul",
     "quantize": "DequantizeLinear QuantizeLinear",
     "recurrent": "GRU LSTM RNN",

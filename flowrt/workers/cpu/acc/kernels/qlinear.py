@@ -13,11 +13,14 @@ is zero after the subtraction) unless it is a 1x1 convolution of stride 1 withou
 whose input is its own column matrix; a depthwise one runs ``conv/depthwise_int8.py``.
 QLinearMatMul multiplies ``w^T @ a^T``: the weights (K, N), constant, are packed once as the
 left operand, with one scale per column; the GEMM reads the rows of ``a`` and stores across,
-so that neither is transposed.
+so that neither is transposed. ONNX Runtime's QGemm is a QLinearMatMul of a matrix with an
+int32 bias C per column (its weights (N, K) as given where ``transB``) and ``alpha`` joining
+the output scale.
 
 Taken: uint8 input and output, int8 weights, per-tensor input and output parameters, weights'
 scale and zero point per tensor or per output channel (per column), a 2-D convolution of one
-group or depthwise, a MatMul by constant 2-D weights. The rest runs on CpuRef.
+group or depthwise, a MatMul by constant 2-D weights, a QGemm of an untransposed A with C
+per column. The rest runs on CpuRef.
 """
 
 from __future__ import annotations
@@ -40,10 +43,40 @@ from flowrt.workers.cpu.acc.quantized_parameters import ParameterCache, per_row,
 D = DataType
 
 
+# Where each kind keeps its parameters among its inputs: (x_scale, x_zero, w_scale, w_zero,
+# y_scale, y_zero), and its bias (None: it has none). QGemm's C sits before its output's.
+PARAMETERS = {
+    "QLinearConv": (1, 2, 4, 5, 6, 7),
+    "QLinearMatMul": (1, 2, 4, 5, 6, 7),
+    "QGemm": (1, 2, 4, 5, 7, 8),
+}
+BIAS = {"QLinearConv": 8, "QLinearMatMul": None, "QGemm": 6}
+
+
+def _operands(kind: str, values: list) -> tuple:
+    """(x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias) of a layer's inputs."""
+    values = list(values) + [None] * 9
+    bias = BIAS[kind]
+    return (values[0], *(values[i] for i in PARAMETERS[kind][:2]), values[3],
+            *(values[i] for i in PARAMETERS[kind][2:]), None if bias is None else values[bias])  # fmt: skip
+
+
+def _why_not_gemm(info: WorkloadInfo) -> str | None:
+    """Why CpuAcc declines a QGemm beyond what it declines of a QLinearMatMul, or None."""
+    desc, a, b = info.descriptor, info.inputs[0], info.inputs[3]
+    if desc.transA:
+        return "A not transposed"
+    bias = _operands(info.kind, list(info.inputs))[8]
+    if bias is not None and (bias.shape is None or len(bias.shape) != 1 or b.shape is None
+                             or bias.shape[0] != b.shape[0 if desc.transB else 1]):  # fmt: skip
+        return "C as one value per column of B'"
+    return None if a.shape is not None and len(a.shape) == 2 else "a 2-D A"
+
+
 def _why_not(info: WorkloadInfo) -> str | None:
     """Why CpuAcc declines the layer (see the module doc), or None."""
     conv = info.kind == "QLinearConv"
-    x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero = (list(info.inputs) + [None] * 8)[:8]
+    x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, _ = _operands(info.kind, list(info.inputs))
     if x is None or x.dtype is not D.UINT8 or w is None or w.dtype is not D.INT8:
         return "uint8 data and int8 weights"
     if y_zero is None or y_zero.dtype is not D.UINT8:
@@ -61,11 +94,12 @@ def _why_not(info: WorkloadInfo) -> str | None:
             return "2-D convolutions of one group or depthwise (one filter per channel)"
     elif len(w.shape) != 2 or len(x.shape) < 2:
         return "a MatMul by 2-D weights"
-    channels = w.shape[0] if conv else w.shape[1]
+    transposed = info.kind == "QGemm" and info.descriptor.transB
+    channels = w.shape[0] if conv or transposed else w.shape[1]
     for param in (w_scale, w_zero):
         if param is None or param.num_elements not in (1, channels):
             return "weights' parameters per tensor or per output channel"
-    return None
+    return _why_not_gemm(info) if info.kind == "QGemm" else None
 
 
 @njit(nogil=True, cache=True)
@@ -197,12 +231,15 @@ def _gemm_slices(packed, columns: int, workers: int) -> tuple[np.ndarray, np.nda
     return _split(packed.m, _panel_rows(packed.kernel), workers), np.array([0, columns], np.int64)
 
 
-def _gemm_parameters(packed, reduction: int, bias):
+def _gemm_parameters(packed, reduction: int, bias, alpha=None):
     """What the GEMM makes of a layer's scales and zero points: per output row, the
-    requantization scale and the int32 bias with the zero-point terms folded in."""
+    requantization scale (QGemm's ``alpha`` first multiplying the input's) and the int32 bias
+    with the zero-point terms folded in."""
     rows = packed.m
 
     def make(x_scale, x_zero, w_scale, w_zero, y_scale, y_zero):
+        if alpha is not None:
+            x_scale = alpha * np.float32(np.asarray(x_scale).reshape(()))
         x_zp = np.int64(np.asarray(x_zero).reshape(()))
         w_zp = per_row(w_zero, rows, np.int64)
         total = np.zeros(rows, np.int64) if bias is None else bias.astype(np.int64)
@@ -233,9 +270,9 @@ def _gemm(packed, params, cols, out, workers: int) -> None:
     _requantize_corrected(acc, sums, w_zero, scale, np.float32(zero), np.float32(0), np.float32(255), out)
 
 
-@acc_kernel("QLinearConv", "QLinearMatMul")
+@acc_kernel("QLinearConv", "QLinearMatMul", "QGemm")
 class QLinearKernel:
-    """QLinearConv or QLinearMatMul (see the module doc)."""
+    """QLinearConv, QLinearMatMul or QGemm (see the module doc)."""
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
@@ -253,21 +290,28 @@ class QLinearKernel:
         w = constants[3]
         if w is None:
             raise BackendError(f"CpuAcc {info.kind} {info.layer_name!r} needs constant weights, got an input")
+        self.parameters = PARAMETERS[info.kind]
         if self.conv:
             self.filters = w.shape[0]
             weights = w.reshape(self.filters, -1)
             kernel = conv_kernel_shape(info.descriptor, w.shape, info.kind)
             self.kernel = (int(kernel[0]), int(kernel[1]))  # type: ignore[arg-type]  # constant weights: ints
             self.desc = info.descriptor
+        elif info.kind == "QGemm" and info.descriptor.transB:  # B (N, K): the packed layout already
+            self.filters, weights = w.shape[0], w
         else:
             self.filters = w.shape[1]
             weights = np.ascontiguousarray(w.T)
-        bias = constants[8] if self.conv else None
-        if self.conv and len(info.inputs) > 8 and info.inputs[8] is not None and bias is None:
-            raise BackendError(f"CpuAcc QLinearConv {info.layer_name!r} needs a constant bias, got an input")
+        at = BIAS[info.kind]
+        bias = None if at is None else constants[at]
+        if at is not None and len(info.inputs) > at and info.inputs[at] is not None and bias is None:
+            raise BackendError(f"CpuAcc {info.kind} {info.layer_name!r} needs a constant bias, got an input")
+        # QGemm's alpha joins the input's scale, as ONNX Runtime forms the output scale
+        # (alpha * a_scale * b_scale / y_scale).
+        self.alpha = np.float32(info.descriptor.alpha) if info.kind == "QGemm" else None
         # Scales and zero points that are constants (as a QDQ model's always are): what they
         # make is made at the first run only (ParameterCache).
-        self.constant_parameters = all(constants[i] is not None for i in (1, 2, 4, 5, 6, 7))
+        self.constant_parameters = all(constants[i] is not None for i in self.parameters)
         self._geometries: dict[tuple, tuple] = {}
         self._window_plans: dict[tuple, tuple] = {}  # per input shape, see _windows
         self.depthwise = (
@@ -282,14 +326,14 @@ class QLinearKernel:
             w, "int8.packed", self.conv, lambda: int8_gemm.pack_weights(np.ascontiguousarray(weights))
         )
         self.params = ParameterCache(
-            _gemm_parameters(self.packed, self.reduction, bias), self.constant_parameters
+            _gemm_parameters(self.packed, self.reduction, bias, self.alpha), self.constant_parameters
         )
 
     def execute(self, inputs, outputs=None):
         x = np.asarray(inputs[0])
         if self.depthwise is not None:
-            return [self._depthwise(x, [inputs[i] for i in (1, 2, 4, 5, 6, 7)], outputs)]
-        params = self.params(*(inputs[i] for i in (1, 2, 4, 5, 6, 7)))
+            return [self._depthwise(x, [inputs[i] for i in self.parameters], outputs)]
+        params = self.params(*(inputs[i] for i in self.parameters))
         if not self.conv:
             return [self._matmul(x, params, outputs)]
         return [self._conv(x, np.uint8(np.asarray(inputs[2]).reshape(())), params, outputs)]
