@@ -66,11 +66,13 @@ def _why_not_gemm(info: WorkloadInfo) -> str | None:
     desc, a, b = info.descriptor, info.inputs[0], info.inputs[3]
     if desc.transA:
         return "A not transposed"
+    if a is None or b is None or a.shape is None or b.shape is None or len(a.shape) != 2:
+        return "a 2-D A"
     bias = _operands(info.kind, list(info.inputs))[8]
-    if bias is not None and (bias.shape is None or len(bias.shape) != 1 or b.shape is None
-                             or bias.shape[0] != b.shape[0 if desc.transB else 1]):  # fmt: skip
+    columns = b.shape[0 if desc.transB else 1]
+    if bias is not None and (bias.shape is None or len(bias.shape) != 1 or bias.shape[0] != columns):
         return "C as one value per column of B'"
-    return None if a.shape is not None and len(a.shape) == 2 else "a 2-D A"
+    return None
 
 
 def _why_not(info: WorkloadInfo) -> str | None:
