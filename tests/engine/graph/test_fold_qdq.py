@@ -1,5 +1,5 @@
-"""The QDQ fold: Conv and MatMul groups of a QDQ model become QLinearConv and QLinearMatMul,
-whose results are ONNX Runtime's (which folds the same groups for its CPU kernels)."""
+"""The QDQ fold: Conv, MatMul and Gemm groups of a QDQ model become QLinearConv,
+QLinearMatMul and QGemm, whose results are ONNX Runtime's (which folds the same groups for its CPU kernels)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import onnxruntime
 import pytest
 import trio
 from onnx import ModelProto, TensorProto, helper, numpy_helper
-from qdqmodels import qdq_conv_model
+from qdqmodels import qdq_conv_model, qdq_gemm_model
 
 import flowrt
 from flowrt.engine.graph.passes.fold_qdq import fold_qdq
@@ -66,6 +66,35 @@ def test_conv_and_matmul_groups_fold_and_match_onnx_runtime(reduce_range):
     if reduce_range:  # 7-bit weights: ONNX Runtime's u8s8 products are exact, and equal ours
         np.testing.assert_array_equal(folded, _ort(model, x))
     # (With full-range weights its AVX2 kernel saturates pairs of products; ours are exact.)
+
+
+@pytest.mark.parametrize("trans_b", [1, 0])
+def test_a_gemm_group_folds_into_qgemm_on_cpuacc_and_matches_onnx_runtime(trans_b):
+    rng = np.random.default_rng(5)
+    model = qdq_gemm_model(rng, rows=3, reduction=200, columns=50, trans_b=trans_b)
+    opt = flowrt.optimize(flowrt.onnx.load(model), backends=["CpuAcc", "CpuRef"])
+    placed = {
+        layer.kind: opt.decisions[layer.name].backend for layer in opt.graph if layer.name in opt.decisions
+    }
+    assert placed == {"QuantizeLinear": "CpuAcc", "QGemm": "CpuAcc", "DequantizeLinear": "CpuAcc"}
+    assert any("folded QDQ group of Gemm" in p for p in opt.passes)
+    x = rng.uniform(-2, 2, (3, 200)).astype(np.float32)
+
+    async def main():
+        async with flowrt.Runtime() as rt:
+            return (await (await rt.load(opt)).run({"x": x}))["y"]
+
+    np.testing.assert_array_equal(trio.run(main), _ort(model, x))
+
+
+def test_a_gemm_with_alpha_stays_float():
+    model = qdq_gemm_model(np.random.default_rng(5))
+    next(n for n in model.graph.node if n.op_type == "Gemm").attribute.append(
+        helper.make_attribute("alpha", 0.5)
+    )
+    graph = flowrt.onnx.load(model).graph.copy()
+    assert fold_qdq(graph, _take_all) == []
+    assert "Gemm" in _kinds(graph)
 
 
 def test_nothing_folds_where_no_backend_takes_the_quantized_layers():

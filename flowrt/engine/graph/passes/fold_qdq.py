@@ -10,6 +10,8 @@ pass makes each group one quantized layer:
 
     Q(Conv(DQ(x), DQ(w), DQ(b)))  ->  QLinearConv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, b')
     Q(MatMul(DQ(a), DQ(w)))       ->  QLinearMatMul(a, a_scale, a_zp, w, w_scale, w_zp, y_scale, y_zp)
+    Q(Gemm(DQ(a), DQ(w), DQ(b)))  ->  QGemm(a, a_scale, a_zp, w, w_scale, w_zp, b', y_scale, y_zp)
+                                      (ONNX Runtime's op: alpha and beta 1, transposes kept)
     Q(Reshape(DQ(x)))             ->  Reshape(x)      (Transpose, Flatten, Squeeze, Unsqueeze too,
                                                        and MaxPool of a positive scale)
     Q(Add(DQ(a), DQ(b)))          ->  QLinearAdd(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp)
@@ -39,6 +41,7 @@ import numpy as np
 
 from flowrt.engine.graph.graph import Graph, Layer, OutputSlot, constant_value
 from flowrt.engine.graph.layer_kind import NoDescriptor
+from flowrt.engine.graph.layers.gemm import QGemmDescriptor
 from flowrt.engine.graph.passes.fold_batch_norm import constant_slot
 from flowrt.types import DataType, TensorInfo
 
@@ -106,7 +109,7 @@ _NO_BIAS = np.zeros(0, np.int32)
 
 
 def _bias(conv: Layer, x: _Dequantized, w: _Dequantized) -> np.ndarray | None:
-    """The Conv's bias as int32 at scale ``x_scale * w_scale`` (empty when it has none); None
+    """The Conv's or Gemm's bias as int32 at scale ``x_scale * w_scale`` (empty when it has none); None
     when its bias is neither a constant nor dequantized from one."""
     slot = conv.inputs[2].source if len(conv.inputs) > 2 else None
     if slot is None:
@@ -128,12 +131,16 @@ def _bias(conv: Layer, x: _Dequantized, w: _Dequantized) -> np.ndarray | None:
 
 
 def _group(layer: Layer) -> tuple[_Dequantized, _Dequantized, Layer] | None:
-    """(input, weights, quantizer) of a Conv or MatMul in a QDQ group, else None."""
+    """(input, weights, quantizer) of a Conv, MatMul or Gemm in a QDQ group, else None."""
     if layer.activation is not None or len(layer.inputs) < 2:
         return None
+    if layer.kind == "Gemm" and (layer.descriptor.alpha != 1 or layer.descriptor.beta != 1):
+        return None
     x = _dequantized(layer.inputs[0].source)
-    # A Conv's weights per output channel (axis 0), a MatMul's per column (axis 1 of (K, N)).
-    w = _dequantized(layer.inputs[1].source, per_axis=0 if layer.kind == "Conv" else 1)
+    # A Conv's weights per output channel (axis 0), a MatMul's per column (axis 1 of (K, N)),
+    # a Gemm's per column of B' (axis 0 of B (N, K) with transB).
+    transposed = layer.kind == "Gemm" and layer.descriptor.transB
+    w = _dequantized(layer.inputs[1].source, per_axis=0 if layer.kind == "Conv" or transposed else 1)
     q = _quantizer(layer)
     if x is None or w is None or q is None or constant_value(w.values) is None:
         return None
@@ -145,7 +152,7 @@ def _group(layer: Layer) -> tuple[_Dequantized, _Dequantized, Layer] | None:
         return None
     if constant_value(w.values).dtype.name not in _INT8:  # type: ignore[union-attr]  # checked above
         return None
-    if layer.kind == "MatMul" and (w.values.info is None or len(w.values.info.shape or ()) != 2):
+    if layer.kind != "Conv" and (w.values.info is None or len(w.values.info.shape or ()) != 2):
         return None
     return x, w, q
 
@@ -182,13 +189,16 @@ def _replace(
     return folded
 
 
+_QUANTIZED = {"Conv": "QLinearConv", "MatMul": "QLinearMatMul", "Gemm": "QGemm"}
+
+
 def _fold(graph: Graph, layer: Layer, accepts: Accepts) -> str | None:
     group = _group(layer)
     if group is None:
         return None
     x, w, q = group
-    bias = _bias(layer, x, w) if layer.kind == "Conv" else None
-    if layer.kind == "Conv" and bias is None:
+    bias = _bias(layer, x, w) if layer.kind != "MatMul" else None
+    if layer.kind != "MatMul" and bias is None:
         return None
     name = f"{layer.name}/quantized"
     inputs = [
@@ -205,14 +215,18 @@ def _fold(graph: Graph, layer: Layer, accepts: Accepts) -> str | None:
         inputs[2] = constant_slot(graph, f"{name}/x_zero_point", x.zero)
     if inputs[5] is None:
         inputs[5] = constant_slot(graph, f"{name}/w_zero_point", w.zero)
-    if bias is not None and bias.size:
+    kind, descriptor = _QUANTIZED[layer.kind], layer.descriptor
+    if kind == "QGemm":  # C before the output's parameters: absent, or an int32 bias
+        inputs[6:6] = [constant_slot(graph, f"{name}/bias", bias) if bias is not None and bias.size else None]
+        descriptor = QGemmDescriptor(transA=layer.descriptor.transA, transB=layer.descriptor.transB)
+    elif bias is not None and bias.size:
         inputs.append(constant_slot(graph, f"{name}/bias", bias))
-    kind = "QLinearConv" if layer.kind == "Conv" else "QLinearMatMul"
-    descriptor = layer.descriptor if kind == "QLinearConv" else NoDescriptor()
+    if kind == "QLinearMatMul":
+        descriptor = NoDescriptor()
     folded = _replace(graph, layer, q, (kind, descriptor, name), inputs, [x, w], accepts)
     if folded is None:
         return None
-    if layer.kind == "Conv" and len(layer.inputs) > 2:
+    if layer.kind != "MatMul" and len(layer.inputs) > 2:
         _remove_unread_dequantize(graph)
     return f"folded QDQ group of {layer.kind} {layer.name!r} into {kind} {folded.name!r}"
 
@@ -340,7 +354,7 @@ def fold_qdq(graph: Graph, accepts: Accepts) -> list[str]:
     for layer in graph.topological_order():
         if layer.name not in graph.layers:
             continue
-        if layer.kind in ("Conv", "MatMul"):
+        if layer.kind in _QUANTIZED:
             change = _fold(graph, layer, accepts)
         elif layer.kind in MOVERS:
             change = _drop(graph, layer, accepts)
