@@ -18,7 +18,9 @@ int32 lane of an accumulator adds the 4 products of its column's 4 bytes of k by
 broadcast bytes, exact for any weights (:data:`VNNI`). With AVX-512 its tile is 8 x 32 (16
 zmm accumulators; ``int8_tiles.HOST_WIDE``, which sets TILE_ROWS and TILE_COLUMNS for every
 kernel), else 4 x 16 of ymm. On one Zen 5 core, 770-840 GOPS on resnet50's 3x3 shapes where
-the maddubs kernel below runs at 220-250.
+the maddubs kernel below runs at 220-250. A product of at most FEW_COLUMNS columns (a
+classifier's at batch 1) takes each column alone, by column tiles of 32 rows: the column's 4
+bytes broadcast against a step of each of 4 panels (1000 x 1280 by one column: 50 -> 15 us).
 
 Without VNNI the micro-kernels are the u8 x s8 kernels of x86 (onnxruntime's MLAS, oneDNN),
 written in LLVM IR (``int8_tiles.py``) as ``tile_ir.py``'s are. A block of
@@ -51,6 +53,7 @@ from numba import njit
 from flowrt.errors import BackendError
 from flowrt.workers.cpu.acc import cache_stamp, tile_ir
 from flowrt.workers.cpu.acc.int8_tiles import (
+    COLUMN_PANELS,
     GROUP_BYTES,
     HOST_AVX2,
     HOST_VNNI,
@@ -62,6 +65,8 @@ from flowrt.workers.cpu.acc.int8_tiles import (
     _interleave_words,
     _maddubs_tile,
     _maddubs_tile_across,
+    _vnni_column_panel,
+    _vnni_column_tile,
     _vnni_tile,
     _vnni_tile_across,
 )
@@ -277,6 +282,46 @@ def _chunk(n0, n1, block_bytes):
     return max(1, min(-(-(n1 - n0) // TILE_COLUMNS), CHUNK_BYTES // max(1, block_bytes)))
 
 
+# Columns at most that the VNNI kernel multiplies one at a time (``_few_columns``) rather than
+# by tiles of TILE_COLUMNS columns, of which a classifier at batch 1 uses one.
+FEW_COLUMNS = 4
+
+
+@njit(nogil=True, cache=True)
+def _few_columns(panels, m, x, n0, n1, bias, scale, zero, low, high, out, transposed):
+    """:func:`_columns` of the VNNI kernel into uint8 ``out``, a column at a time: each column's
+    bytes copied out (zero-padded to whole steps), then COLUMN_PANELS panels of weights at once
+    by it (``int8_tiles._vnni_column_tile``)."""
+    k = x.shape[1] if transposed else x.shape[0]
+    steps = -(-k // 4)
+    row_bias, row_scale = _panel_rows(m, bias, scale)
+    rows = row_bias.shape[0]
+    panel_bytes = steps * 4 * TILE_ROWS
+    column = np.zeros(steps * 4, np.uint8)
+    result = np.empty(rows, np.uint8)
+    for n in range(n0, n1):
+        for p in range(k):
+            column[p] = x[n, p] if transposed else x[p, n]
+        r = 0
+        while r + COLUMN_PANELS * TILE_ROWS <= rows:
+            _vnni_column_tile(
+                column, 0, panels, r * steps * 4, panel_bytes, steps, row_bias, row_scale, r, zero, low, high,
+                result, r,
+            )  # fmt: skip
+            r += COLUMN_PANELS * TILE_ROWS
+        while r < rows:
+            _vnni_column_panel(
+                column, 0, panels, r * steps * 4, panel_bytes, steps, row_bias, row_scale, r, zero, low, high,
+                result, r,
+            )  # fmt: skip
+            r += TILE_ROWS
+        for i in range(m):
+            if transposed:
+                out[n, i] = result[i]
+            else:
+                out[i, n] = result[i]
+
+
 @njit(nogil=True, cache=True)
 def _columns(panels, kernel, m, x, n0, n1, bias, scale, zero, low, high, out, transposed):
     """Columns ``[n0, n1)`` of ``out`` = the product, requantized (uint8 ``out``) or not
@@ -291,6 +336,9 @@ def _columns(panels, kernel, m, x, n0, n1, bias, scale, zero, low, high, out, tr
             out[n0:n1, :m] = product.T
         else:
             _portable_columns(panels, m, x, n0, n1, bias, scale, zero, low, high, out)
+        return
+    if kernel == VNNI and n1 - n0 <= FEW_COLUMNS and out.itemsize == 1:
+        _few_columns(panels, m, x, n0, n1, bias, scale, zero, low, high, out, transposed)
         return
     depth = 2 if kernel == INT16 else 4
     steps = -(-(x.shape[1] if transposed else x.shape[0]) // depth)

@@ -317,3 +317,107 @@ _int16_tile_across = _tile_intrinsic(
 _vnni_tile_across = _tile_intrinsic(
     "vnni", True, ":func:`_vnni_tile` stored as :func:`_maddubs_tile_across` stores."
 )
+
+
+# Panels a column tile multiplies at once (COLUMN_PANELS * TILE_ROWS rows): each its own
+# accumulator, so that consecutive vpdpbusd do not wait for one another.
+COLUMN_PANELS = 4
+
+
+def _emit_column_tile(context, builder, signature, args, panels_at_once: int):
+    """The IR of :func:`_vnni_column_tile` (``panels_at_once`` COLUMN_PANELS) or
+    :func:`_vnni_column_panel` (1)."""
+    if not HOST_VNNI:  # never called there
+        return context.get_dummy_value()
+    x, x_at, w, w_at, panel_bytes, steps, bias, scale, row_at, zero, low, high, out, out_at = args
+    i8, i32, i64, f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+    lanes = TILE_ROWS  # one lane per row: a step of a panel is TILE_ROWS words of 4 bytes
+    accumulator, floats = ir.VectorType(i32, lanes), ir.VectorType(f32, lanes)
+    dpbusd = _intrinsic_function(
+        builder, f"llvm.x86.avx512.vpdpbusd.{32 * lanes}", accumulator, [accumulator] * 3
+    )
+    x_ptr = _array_pointer(context, builder, signature.args[0], x, x_at)
+    w_ptr = _array_pointer(context, builder, signature.args[2], w, w_at)
+
+    def broadcast(value, vector_type):
+        one = builder.insert_element(ir.Constant(vector_type, ir.Undefined), value, ir.Constant(i32, 0))
+        return builder.shuffle_vector(
+            one, ir.Constant(vector_type, ir.Undefined), ir.Constant(accumulator, [0] * lanes)
+        )
+
+    zeros = ir.Constant(accumulator, [0] * lanes)
+    entry = builder.block
+    loop, done = builder.append_basic_block("column.loop"), builder.append_basic_block("column.done")
+    builder.cbranch(builder.icmp_signed(">", steps, ir.Constant(i64, 0)), loop, done)
+    builder.position_at_end(loop)
+    step = builder.phi(i64)
+    sums = [[builder.phi(accumulator)] for _ in range(panels_at_once)]
+    word = builder.load(
+        builder.bitcast(builder.gep(x_ptr, [builder.mul(step, ir.Constant(i64, 4))]), i32.as_pointer()),
+        align=1,
+    )
+    column = broadcast(word, accumulator)  # the step's 4 bytes of x in every lane
+    w_step = builder.mul(step, ir.Constant(i64, 4 * TILE_ROWS))
+    updated = []
+    for p in range(panels_at_once):
+        at = builder.add(w_step, builder.mul(panel_bytes, ir.Constant(i64, p)))
+        weights = builder.load(builder.bitcast(builder.gep(w_ptr, [at]), accumulator.as_pointer()), align=1)
+        updated.append([builder.call(dpbusd, [sums[p][0], column, weights])])
+    tail = close_loop(builder, entry, step, steps, sums, [[zeros]] * panels_at_once, updated, loop, done)
+    builder.position_at_end(done)
+    totals = []
+    for p in range(panels_at_once):
+        total = builder.phi(accumulator)
+        total.add_incoming(zeros, entry)
+        total.add_incoming(updated[p][0], tail)
+        totals.append(total)
+    out_ptr = _array_pointer(context, builder, signature.args[12], out, out_at)
+    bias_ptr = _array_pointer(context, builder, signature.args[6], bias, row_at)
+    scale_ptr = _array_pointer(context, builder, signature.args[7], scale, row_at)
+    roundeven = _intrinsic_function(builder, f"llvm.roundeven.v{lanes}f32", floats, [floats])
+    zeros_f, lows, highs = (broadcast(value, floats) for value in (zero, low, high))
+    for p, total in enumerate(totals):
+        rows = ir.Constant(i64, p * TILE_ROWS)
+        row_bias = builder.load(
+            builder.bitcast(builder.gep(bias_ptr, [rows]), accumulator.as_pointer()), align=4
+        )
+        row_scale = builder.load(
+            builder.bitcast(builder.gep(scale_ptr, [rows]), floats.as_pointer()), align=4
+        )
+        value = builder.sitofp(builder.add(total, row_bias), floats)
+        value = builder.fadd(builder.call(roundeven, [builder.fmul(value, row_scale)]), zeros_f)
+        value = builder.select(builder.fcmp_unordered("<", value, lows), lows, value)  # as the tiles clip
+        value = builder.select(builder.fcmp_ordered(">", value, highs), highs, value)
+        stored = builder.trunc(builder.fptosi(value, accumulator), ir.VectorType(i8, lanes))
+        place = builder.gep(out_ptr, [rows])
+        builder.store(stored, builder.bitcast(place, stored.type.as_pointer()), align=1)
+    return context.get_dummy_value()
+
+
+def _column_tile_intrinsic(panels_at_once: int, doc: str):
+    def tile(
+        typingctx, x, x_at, w, w_at, panel_bytes, steps, bias, scale, row_at, zero, low, high, out, out_at
+    ):
+        sig = types.void(
+            x, x_at, w, w_at, panel_bytes, steps, bias, scale, row_at, zero, low, high, out, out_at
+        )
+        return sig, lambda context, builder, signature, args: _emit_column_tile(
+            context, builder, signature, args, panels_at_once
+        )
+
+    tile.__doc__ = doc
+    tile.__name__ = tile.__qualname__ = "_vnni_column_tile" if panels_at_once > 1 else "_vnni_column_panel"
+    return intrinsic(tile)
+
+
+_vnni_column_tile = _column_tile_intrinsic(
+    COLUMN_PANELS,
+    """COLUMN_PANELS panels of weights (``w`` from ``w_at``, ``panel_bytes`` apart) by one
+    column of x (``x`` from ``x_at``: ``steps`` steps of 4 bytes, zero-padded), by
+    ``vpdpbusd`` with the column's 4 bytes broadcast: COLUMN_PANELS * TILE_ROWS rows of one
+    output column, requantized as the tiles do (``bias`` and ``scale`` from ``row_at``,
+    float32 ``zero``, ``low``, ``high``) into the consecutive bytes of uint8 ``out`` from
+    ``out_at``. A product of a column or two (a classifier's, batch 1) computes no tile of
+    TILE_COLUMNS columns for it. On a host with VNNI only.""",
+)
+_vnni_column_panel = _column_tile_intrinsic(1, ":func:`_vnni_column_tile` of one panel (TILE_ROWS rows).")

@@ -119,6 +119,33 @@ def test_products_match_numpy_on_column_ranges_of_strided_views(
     assert_columns_match(requantized, out_pad, n0, n1, want)
 
 
+@pytest.mark.skipif(not int8_gemm.VNNI_AVAILABLE, reason="the column tiles are VNNI's")
+@pytest.mark.parametrize("m", [1, TILE_ROWS, 4 * TILE_ROWS, 4 * TILE_ROWS * 3 + TILE_ROWS + 3])
+@pytest.mark.parametrize(("k", "n", "n0", "n1"), [(1281, 1, 0, 1), (64, 7, 2, 6), (9, 4, 0, 4)])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_few_columns_are_multiplied_one_at_a_time_exactly(m, k, n, n0, n1, transposed):
+    """At most FEW_COLUMNS columns go through the column tiles: COLUMN_PANELS panels at once,
+    then single panels, then the last rows of a partial panel."""
+    assert n1 - n0 <= int8_gemm.FEW_COLUMNS
+    rng = np.random.default_rng(m + k + n)
+    w = weights(rng, m, k, full_range=True)
+    x = rng.integers(0, 256, (k, n + 3), dtype=np.uint8)[:, :n]
+    bias = rng.integers(-(2**20), 2**20, m).astype(np.int32)
+    scale = rng.uniform(1e-4, 3e-3, m).astype(np.float32)
+    packed = kernel_packed(w, VNNI)
+    _, want = expected(w, x, bias, scale, 9, 0, 255)
+    if transposed:
+        out = np.full((n, m), SENTINEL, np.uint8)
+        xt = np.ascontiguousarray(x.T)
+        int8_gemm.qgemm_rows(packed.panels, packed.kernel, m, xt, n0, n1, bias, scale, 9, 0, 255, out)
+        out = out.T
+    else:
+        out = np.full((m, n), SENTINEL, np.uint8)
+        int8_gemm.qgemm(packed, x, n0, n1, bias, scale, 9, 0, 255, out)
+    np.testing.assert_array_equal(out[:, n0:n1], want[:, n0:n1])
+    assert (np.delete(out, np.s_[n0:n1], axis=1) == SENTINEL).all()
+
+
 @pytest.mark.parametrize(
     "x_value, w_value, kernel",
     [(255, -128, INT16), (255, 127, INT16), (255, 64, MADDUBS), (255, -64, MADDUBS), (255, 65, INT16),
