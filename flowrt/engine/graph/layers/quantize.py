@@ -17,7 +17,7 @@ import attrs
 from flowrt.engine.graph.layer_kind import layer_kind
 from flowrt.engine.graph.layers.elementwise import FLOAT_TYPES, expect_dtype, onnx_dtype_to_datatype
 from flowrt.engine.graph.shapes import broadcast_shapes, normalize_axis
-from flowrt.errors import DataTypeError, ShapeError
+from flowrt.errors import DataTypeError, GraphError, ShapeError
 from flowrt.types import DataType, Dim, TensorInfo
 
 D = DataType
@@ -186,18 +186,34 @@ def _zero_of(zero: TensorInfo, values: TensorInfo, what: str) -> None:
         raise ShapeError(f"{what}: the zero point must hold one value, got shape {zero.shape}")
 
 
-@layer_kind(QLINEAR_BINARY_KINDS, min_inputs=8, max_inputs=8)
+@layer_kind(QLINEAR_BINARY_KINDS, min_inputs=2, max_inputs=8)
 def infer_qlinear_binary(desc, inputs, consts):
     """``C = quantize(dequantize(A) op dequantize(B))``: per-tensor scales and zero points,
-    A and C uint8 or int8, B uint8, int8 or float32, broadcasting as Add and Mul do."""
-    a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero = inputs
+    A and C uint8 or int8, B uint8, int8 or float32, broadcasting as Add and Mul do.
+
+    The zero points are optional, as in ONNX Runtime's schema (an empty input name, or C's
+    left off the end): an absent one is 0 of its tensor's type, and C is then of A's type.
+    The other five inputs must be connected (GraphError naming the one that is not)."""
+    padded = [*inputs, *[None] * (8 - len(inputs))]
+    for index, name in ((0, "A"), (1, "A_scale"), (3, "B"), (4, "B_scale"), (6, "C_scale")):
+        if padded[index] is None:
+            raise GraphError(
+                f"QLinear binary op: input {index} ({name}) must be connected; "
+                "only the zero points are optional"
+            )
+    a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero = padded
     expect_dtype(a, frozenset({D.UINT8, D.INT8}), "input A")
     expect_dtype(b, _B_TYPES, "input B")
-    expect_dtype(c_zero, frozenset({D.UINT8, D.INT8}), "C's zero point")
     for info, what in ((a_scale, "A's scale"), (b_scale, "B's scale"), (c_scale, "C's scale")):
         _one_float32(info, what)
-    _zero_of(a_zero, a, "A")
-    _zero_of(b_zero, b, "B")
-    if c_zero.shape is not None and c_zero.is_static and c_zero.num_elements != 1:
-        raise ShapeError(f"C's zero point must hold one value, got shape {c_zero.shape}")
-    return [TensorInfo(broadcast_shapes(a.shape, b.shape, where="QLinear binary op"), c_zero.dtype)]
+    if a_zero is not None:
+        _zero_of(a_zero, a, "A")
+    if b_zero is not None:
+        _zero_of(b_zero, b, "B")
+    c_type = a.dtype
+    if c_zero is not None:
+        expect_dtype(c_zero, frozenset({D.UINT8, D.INT8}), "C's zero point")
+        if c_zero.shape is not None and c_zero.is_static and c_zero.num_elements != 1:
+            raise ShapeError(f"C's zero point must hold one value, got shape {c_zero.shape}")
+        c_type = c_zero.dtype
+    return [TensorInfo(broadcast_shapes(a.shape, b.shape, where="QLinear binary op"), c_type)]

@@ -93,9 +93,13 @@ def dynamic_quantize_linear(desc, x):
 _PER_TENSOR = QuantizeLinearDescriptor()
 
 
-def _qlinear_binary(op, a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero):
+def _qlinear_binary(op, a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero=None):
     """The DequantizeLinear -> op -> QuantizeLinear group QLinearAdd and QLinearMul stand for,
-    each step as its own kernel computes it (a float32 B: as it is)."""
+    each step as its own kernel computes it (a float32 B: as it is). An absent zero point is
+    0 of its tensor's type (C's: of A's type)."""
+    a_zero = np.zeros((), a.dtype) if a_zero is None else a_zero
+    b_zero = np.zeros((), b.dtype) if b_zero is None else b_zero
+    c_zero = np.zeros((), a.dtype) if c_zero is None else c_zero
     da = dequantize_linear(_PER_TENSOR, a, a_scale, a_zero)
     db = b if b.dtype == np.float32 else dequantize_linear(_PER_TENSOR, b, b_scale, b_zero)
     return quantize_linear(_PER_TENSOR, op(da, db), c_scale, c_zero)
