@@ -30,7 +30,10 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 # format. Any other op of that domain is refused (some share a name with an ONNX op of another
 # meaning, such as Attention).
 CONTRIB_DOMAIN = "com.microsoft"
-CONTRIB_KINDS = frozenset({"QLinearAdd", "QLinearMul", "QGemm"})
+CONTRIB_KINDS = frozenset({
+    "QLinearAdd", "QLinearMul", "QGemm", "QLinearGlobalAveragePool", "QLinearAveragePool",
+    "QLinearSoftmax", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearConcat",
+})  # fmt: skip
 
 
 def _type_name(elem_type: int) -> str:
