@@ -37,9 +37,9 @@ def contrib_model(op, inputs, feeds, params, attributes, out_type, opset=17, out
     return model
 
 
-def run_flowrt(model, feeds):
-    """The model's first output, run on CpuRef."""
-    opt = flowrt.optimize(flowrt.onnx.load(model), backends=["CpuRef"])
+def run_flowrt(model, feeds, backends=("CpuRef",)):
+    """The model's first output, run on ``backends`` (CpuRef alone by default)."""
+    opt = flowrt.optimize(flowrt.onnx.load(model), backends=list(backends))
 
     async def main():
         async with flowrt.Runtime() as rt:
@@ -204,7 +204,7 @@ def test_concat_matches_ort(axis, shapes, dtype):
 @pytest.mark.parametrize("omitted", [("cz",), ("az",), ("bz", "cz"), ("az", "bz", "cz")])
 def test_binary_ops_take_omitted_zero_points_as_zero(op, omitted, dtype):
     rng = np.random.default_rng(len(omitted))
-    a, b = random_x(rng, dtype, (2, 3, 4)), random_x(rng, dtype, (3, 4))
+    a, b = random_x(rng, dtype, (2, 3, 4)), random_x(rng, dtype, (2, 3, 4))  # a B CpuAcc takes
     info = np.iinfo(dtype)
     given = {
         "as": np.array(0.05, np.float32),
@@ -222,6 +222,10 @@ def test_binary_ops_take_omitted_zero_points_as_zero(op, omitted, dtype):
     model = contrib_model(op, kept, feeds, {n: v for n, v in given.items() if n not in omitted}, {}, dtype)
     got = run_flowrt(model, feeds)
     np.testing.assert_array_equal(got, run_flowrt(written_out, feeds))
+    # CpuAcc declines a layer with a zero point left out: it runs on CpuRef, with the same values
+    opt = flowrt.optimize(flowrt.onnx.load(model), backends=["CpuAcc", "CpuRef"])
+    assert [opt.decisions[layer.name].backend for layer in opt.graph if layer.kind == op] == ["CpuRef"]
+    np.testing.assert_array_equal(run_flowrt(model, feeds, ("CpuAcc", "CpuRef")), got)
     # ORT's shape inference refuses an empty name before C's scale: its answer is that of the
     # model with the zero points written out as 0. flowrt's QLinearAdd and QLinearMul are the
     # float DequantizeLinear -> op -> QuantizeLinear group; ORT's kernel rounds by its own path.

@@ -79,6 +79,9 @@ def _why_not(info: WorkloadInfo) -> str | None:
     out = info.outputs[0]
     if a is None or b is None or out is None or not (a.is_static and b.is_static and out.is_static):
         return "static shapes"
+    inputs = list(info.inputs) + [None] * 8
+    if any(inputs[i] is None for i in (2, 5, 7)):  # ONNX Runtime's schema lets them be left out
+        return "zero points given"
     if a.dtype not in (D.UINT8, D.INT8) or out.dtype not in (D.UINT8, D.INT8):
         return "uint8 or int8 A and C"
     if b.dtype not in (D.UINT8, D.INT8, D.FLOAT32):
