@@ -58,18 +58,25 @@ A_SHAPES = st.sampled_from([(1, 8, 5, 7), (2, 3, 40), (1, 64), (130,), (1, 2, 2,
     c_type=st.sampled_from([np.uint8, np.int8]),
     workers=st.sampled_from([1, 2, 3]),
     given_outputs=st.booleans(),
+    smaller_first=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_cpuacc_matches_cpuref(
-    a_shape, broadcast, kind, a_type, b_type, c_type, workers, given_outputs, seed
+    a_shape, broadcast, kind, a_type, b_type, c_type, workers, given_outputs, smaller_first, seed
 ):
+    """``smaller_first``: the broadcast operand is A (as ONNX Runtime's QOperator format writes
+    a bias), which CpuAcc takes the other way round."""
     b_shape = {
         "same": a_shape,
         "row": (a_shape[-1],),
         "scalar": (),
         "rows": (1, *a_shape[-2:]) if len(a_shape) >= 3 else a_shape[-1:],
     }[broadcast]
+    if smaller_first and b_type is np.float32:  # A is 8-bit
+        b_type = np.uint8
     inputs = _inputs(np.random.default_rng(seed), a_shape, b_shape, a_type, b_type, c_type)
+    if smaller_first:
+        inputs = inputs[3:6] + inputs[0:3] + inputs[6:]
     expected = ref_kernels()[kind](NoDescriptor(), *inputs)
     info = WorkloadInfo(
         "layer",

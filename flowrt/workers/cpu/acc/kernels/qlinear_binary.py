@@ -7,7 +7,8 @@ Each element is computed with the float32 operations, in the order, that CpuAcc'
 DequantizeLinear, Add or Mul and QuantizeLinear use, so the results are those of the group
 bit for bit: ``a = (float32(A) - A_zp) * A_scale``, ``b`` alike (a float32 B as it is),
 ``C = clip(rint((a op b) / C_scale) + C_zp)``. B broadcasts when its shape is the trailing
-part of A's (a bias row, a scalar); other broadcasts run on CpuRef.
+part of A's (a bias row, a scalar), or A's when B has the output's shape (the operands are
+then taken the other way round: Add and Mul commute); other broadcasts run on CpuRef.
 """
 
 from __future__ import annotations
@@ -75,7 +76,22 @@ SLICES = {"QLinearAdd": SliceFunction(_add_slice), "QLinearMul": SliceFunction(_
 
 
 def _why_not(info: WorkloadInfo) -> str | None:
-    a, b = info.inputs[0], info.inputs[3]
+    """Why CpuAcc declines the layer, or None. Add and Mul commute: a layer whose B has the
+    output's shape and A is the smaller (ONNX Runtime's QOperator format writes a bias first)
+    is taken with its operands the other way round (:func:`swapped`), exactly: the float
+    ``a op b`` equals ``b op a``."""
+    why = _why_not_as(info, 0, 3)
+    return None if why is None or swapped(info) else why
+
+
+def swapped(info: WorkloadInfo) -> bool:
+    """Whether CpuAcc takes the layer with A and B the other way round (see :func:`_why_not`)."""
+    return _why_not_as(info, 0, 3) is not None and _why_not_as(info, 3, 0) is None
+
+
+def _why_not_as(info: WorkloadInfo, first: int, second: int) -> str | None:
+    """Why CpuAcc declines the layer with input ``first`` as A and ``second`` as B, or None."""
+    a, b = info.inputs[first], info.inputs[second]
     out = info.outputs[0]
     if a is None or b is None or out is None or not (a.is_static and b.is_static and out.is_static):
         return "static shapes"
@@ -123,8 +139,12 @@ class QLinearBinaryKernel:
         self.low, self.high = np.float32(limits.min), np.float32(limits.max)
         self.bounds = FlatSplits(workers)  # slice boundaries over a size, once per size
         # The scales and zero points as the loop reads them, made once where they are constants.
+        # Where A and B are taken the other way round (:func:`swapped`), their inputs and
+        # parameters are read so.
+        self.operands = (3, 0) if swapped(info) else (0, 3)
+        self.parameters = (4, 5, 1, 2, 6, 7) if swapped(info) else (1, 2, 4, 5, 6, 7)
         constants = tuple(info.constants) + (None,) * 8
-        constant = all(constants[i] is not None for i in (1, 2, 4, 5, 6, 7))
+        constant = all(constants[i] is not None for i in self.parameters)
         self.params = ParameterCache(self._params, constant)
 
     def _params(self, a_scale, a_zero, b_scale, b_zero, c_scale, c_zero) -> np.ndarray:
@@ -132,8 +152,8 @@ class QLinearBinaryKernel:
         return np.array([*scalars, self.low, self.high], np.float32)
 
     def execute(self, inputs, outputs=None):
-        a, b = np.asarray(inputs[0], order="C"), np.asarray(inputs[3], order="C")
-        params = self.params(*(inputs[i] for i in (1, 2, 4, 5, 6, 7)))
+        a, b = (np.asarray(inputs[i], order="C") for i in self.operands)
+        params = self.params(*(inputs[i] for i in self.parameters))
         out = np.empty(a.shape, self.dtype) if outputs is None else outputs[0]
         bounds = self.bounds(a.size)
         args = (bounds, a.reshape(-1), b.reshape(-1), params, out.reshape(-1))
