@@ -71,6 +71,23 @@ def test_max_pool_of_8_bit_values_matches_cpuref(pool, workers, signed):
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize(("size", "pads", "ceil"), [(112, 1, 0), (15, 1, 0), (16, 0, 1), (9, 1, 1)])
+def test_a_stem_max_pool_of_8_bit_values_matches_cpuref(dtype, size, pads, ceil):
+    # 3x3 windows of stride 2 (resnet50's stem pool): a loop of constant strides of its own
+    info8 = np.iinfo(dtype)
+    values = (
+        np.random.default_rng(size).integers(info8.min, info8.max + 1, (1, 3, size, size + 1)).astype(dtype)
+    )
+    desc = flowrt.descriptors.MaxPool(kernel_shape=(3, 3), strides=(2, 2), pads=(pads,) * 4, ceil_mode=ceil)
+    expected = np.asarray(ref_kernels()["MaxPool"](desc, values))
+    info = WorkloadInfo(
+        "layer", "MaxPool", desc, (TensorInfo.of(values),), (TensorInfo.of(expected),), (None,)
+    )
+    (got,) = acc_kernels()["MaxPool"](info, 2).execute([values])
+    np.testing.assert_array_equal(got, expected)
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     pool=windowed_pools(),

@@ -269,6 +269,12 @@ def _max_planes_int(s, _step, bounds, x, out, hs, hlo, hhi, dh, kw_count, sw, dw
                 for i in range(u8(width)):
                     v = xf[line + i]
                     row[at + i] = v if v > row[at + i] else row[at + i]
+            if kw_count == 3 and sw == 2 and dw == 1:  # a stem's pool: constant strides vectorize
+                for o in range(u8(ow_count)):
+                    a, b, c = row[2 * o], row[2 * o + 1], row[2 * o + 2]
+                    best = a if a > b else b
+                    of[target + o] = c if c > best else best
+                continue
             if kw_count == 3:  # the classic window: its three cells in one pass
                 d1, d2 = u8(dw), u8(2 * dw)
                 for o in range(u8(ow_count)):
