@@ -36,6 +36,30 @@ def _array_pointer(context, builder, array_type, array, offset):
     return builder.gep(context.make_array(array_type)(context, builder, array).data, [offset])
 
 
+def _broadcaster(builder, lanes: int):
+    """A function of (value, vector type) that puts a scalar in every one of ``lanes`` lanes."""
+    i32 = ir.IntType(32)
+    mask = ir.Constant(ir.VectorType(i32, lanes), [0] * lanes)
+
+    def broadcast(value, vector_type):
+        one = builder.insert_element(ir.Constant(vector_type, ir.Undefined), value, ir.Constant(i32, 0))
+        return builder.shuffle_vector(one, ir.Constant(vector_type, ir.Undefined), mask)
+
+    return broadcast
+
+
+def _open_loop(builder, steps, name: str):
+    """(entry, loop, done, step): a loop over ``steps`` steps begun (skipped where there are
+    none), the builder at the start of its body, ``step`` the body's first phi; a tile adds
+    its sums' phis, then closes the loop with ``tile_ir.close_loop``."""
+    i64 = ir.IntType(64)
+    entry = builder.block
+    loop, done = builder.append_basic_block(f"{name}.loop"), builder.append_basic_block(f"{name}.done")
+    builder.cbranch(builder.icmp_signed(">", steps, ir.Constant(i64, 0)), loop, done)
+    builder.position_at_end(loop)
+    return entry, loop, done, builder.phi(i64)
+
+
 def _emit_interleave(context, builder, signature, args, depth: int, at: bool = False):
     """The IR of :func:`_interleave_bytes` (``depth`` 4) or :func:`_interleave_words` (2);
     ``at``: of :func:`_interleave_bytes_at` or :func:`_interleave_words_at`, each row at an
@@ -145,23 +169,13 @@ def _emit_tile(context, builder, signature, args, kind: str, across: bool = Fals
         maddubs = _intrinsic_function(builder, "llvm.x86.avx2.pmadd.ub.sw", words, [operand, operand])
         maddwd = _intrinsic_function(builder, "llvm.x86.avx2.pmadd.wd", accumulator, [words, words])
     ones = ir.Constant(words, [1] * 16)
-
-    def broadcast(value, vector_type):
-        one = builder.insert_element(ir.Constant(vector_type, ir.Undefined), value, ir.Constant(i32, 0))
-        return builder.shuffle_vector(
-            one, ir.Constant(vector_type, ir.Undefined), ir.Constant(accumulator, [0] * lanes)
-        )
+    broadcast = _broadcaster(builder, lanes)
 
     def at(ptr, offset, pointee):
         return builder.bitcast(builder.gep(ptr, [offset]), pointee.as_pointer())
 
     zeros = ir.Constant(accumulator, [0] * lanes)
-    entry = builder.block
-    loop, done = builder.append_basic_block("int8.loop"), builder.append_basic_block("int8.done")
-    builder.cbranch(builder.icmp_signed(">", steps, ir.Constant(i64, 0)), loop, done)
-
-    builder.position_at_end(loop)
-    step = builder.phi(i64)
+    entry, loop, done, step = _open_loop(builder, steps, "int8")
     sums = [[builder.phi(accumulator) for _ in range(vectors)] for _ in range(TILE_ROWS)]
     x_step = builder.mul(step, ir.Constant(i64, GROUP_BYTES))
     xs = [
@@ -338,19 +352,9 @@ def _emit_column_tile(context, builder, signature, args, panels_at_once: int):
     )
     x_ptr = _array_pointer(context, builder, signature.args[0], x, x_at)
     w_ptr = _array_pointer(context, builder, signature.args[2], w, w_at)
-
-    def broadcast(value, vector_type):
-        one = builder.insert_element(ir.Constant(vector_type, ir.Undefined), value, ir.Constant(i32, 0))
-        return builder.shuffle_vector(
-            one, ir.Constant(vector_type, ir.Undefined), ir.Constant(accumulator, [0] * lanes)
-        )
-
+    broadcast = _broadcaster(builder, lanes)
     zeros = ir.Constant(accumulator, [0] * lanes)
-    entry = builder.block
-    loop, done = builder.append_basic_block("column.loop"), builder.append_basic_block("column.done")
-    builder.cbranch(builder.icmp_signed(">", steps, ir.Constant(i64, 0)), loop, done)
-    builder.position_at_end(loop)
-    step = builder.phi(i64)
+    entry, loop, done, step = _open_loop(builder, steps, "column")
     sums = [[builder.phi(accumulator)] for _ in range(panels_at_once)]
     word = builder.load(
         builder.bitcast(builder.gep(x_ptr, [builder.mul(step, ir.Constant(i64, 4))]), i32.as_pointer()),
