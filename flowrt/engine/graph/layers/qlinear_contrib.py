@@ -113,19 +113,20 @@ def spatial_axes(rank: int, channels_last: int) -> range:
     return range(1, rank - 1) if channels_last else range(2, rank)
 
 
-def _expect_rank(x: TensorInfo, kind: str, channels_last: int) -> tuple[Dim, ...] | None:
+def _pooled(inputs, kind: str, channels_last: int) -> tuple[TensorInfo, tuple[Dim, ...] | None]:
+    """A pool's checked data and its shape (None where unknown; ShapeError below rank 3)."""
+    x = check_quantized(inputs, kind)
     if x.shape is None:
-        return None
+        return x, None
     if len(x.shape) < 3:
         layout = "(N, spatial..., C)" if channels_last else "(N, C, spatial...)"
         raise ShapeError(f"{kind} expects data of rank >= 3 {layout}, got shape {x.format_shape()}")
-    return x.shape
+    return x, x.shape
 
 
 @layer_kind("QLinearGlobalAveragePool", QLinearGlobalAveragePoolDescriptor, min_inputs=5, max_inputs=5)
 def infer_qlinear_global_average_pool(desc: QLinearGlobalAveragePoolDescriptor, inputs, consts):
-    x = check_quantized(inputs, "QLinearGlobalAveragePool")
-    shape = _expect_rank(x, "QLinearGlobalAveragePool", desc.channels_last)
+    x, shape = _pooled(inputs, "QLinearGlobalAveragePool", desc.channels_last)
     if shape is None:
         return [TensorInfo(None, x.dtype)]
     pooled = set(spatial_axes(len(shape), desc.channels_last))
@@ -134,8 +135,7 @@ def infer_qlinear_global_average_pool(desc: QLinearGlobalAveragePoolDescriptor, 
 
 @layer_kind("QLinearAveragePool", QLinearAveragePoolDescriptor, min_inputs=2, max_inputs=5)
 def infer_qlinear_average_pool(desc: QLinearAveragePoolDescriptor, inputs, consts):
-    x = check_quantized(inputs, "QLinearAveragePool")
-    shape = _expect_rank(x, "QLinearAveragePool", desc.channels_last)
+    x, shape = _pooled(inputs, "QLinearAveragePool", desc.channels_last)
     if shape is None:
         return [TensorInfo(None, x.dtype)]
     axes = spatial_axes(len(shape), desc.channels_last)
