@@ -81,7 +81,13 @@ def _why_not(info: WorkloadInfo) -> str | None:
     is taken with its operands the other way round (:func:`swapped`), exactly: the float
     ``a op b`` equals ``b op a``."""
     why = _why_not_as(info, 0, 3)
-    return None if why is None or swapped(info) else why
+    if why is None:
+        return None
+    other = _why_not_as(info, 3, 0)
+    a, out = info.inputs[0], info.outputs[0]
+    if a is not None and out is not None and a.shape != out.shape:  # B is the output's shape, if either
+        return other
+    return why
 
 
 def swapped(info: WorkloadInfo) -> bool:
