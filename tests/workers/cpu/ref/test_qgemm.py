@@ -5,10 +5,12 @@ import numpy as np
 import onnxruntime
 import pytest
 import trio
+from kernelcases import run_on_acc
 from onnx import TensorProto, helper, numpy_helper
 
 import flowrt
 from flowrt.errors import DataTypeError, GraphError
+from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
 
 
 def qgemm_model(rng, m, k, n, *, trans_a=0, trans_b=1, alpha=1.0, per_column=True, bias=True, output="uint8",
@@ -119,3 +121,23 @@ def test_an_output_scale_without_a_zero_point_is_refused():
     del model.graph.node[0].input[8]
     with pytest.raises(GraphError, match="y_scale and y_zero_point both or neither"):
         flowrt.optimize(flowrt.onnx.load(model, check=False), backends=["CpuRef"])
+
+
+def test_one_constant_read_as_matmul_and_as_qgemm_weights_is_packed_for_each():
+    # the same (square) int8 array: a QLinearMatMul's (K, N) weights and a QGemm's (N, K) ones
+    rng = np.random.default_rng(3)
+    w = rng.integers(-128, 128, (40, 40)).astype(np.int8)
+    a = rng.integers(0, 256, (5, 40)).astype(np.uint8)
+    params = [np.float32(0.02), np.uint8(128), w, np.float32(0.01), np.int8(0)]
+    out_params = [np.float32(0.5), np.uint8(100)]
+    matmul = [a, *params, *out_params]
+    qgemm = [a, *params, rng.integers(-999, 999, 40).astype(np.int32), *out_params]
+    for kind, desc, inputs in (
+        ("QLinearMatMul", flowrt.descriptors.QLinearMatMul(), matmul),
+        ("QGemm", flowrt.descriptors.QGemm(transB=1), qgemm),
+        ("QLinearMatMul", flowrt.descriptors.QLinearMatMul(), matmul),
+    ):
+        expected = ref_kernels()[kind](desc, *inputs)
+        constants = (None, *(np.asarray(x) for x in inputs[1:]))
+        _, got = run_on_acc(kind, desc, inputs, expected, constants, dtype=np.uint8)
+        np.testing.assert_array_equal(got, expected)

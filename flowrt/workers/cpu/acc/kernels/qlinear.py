@@ -324,8 +324,11 @@ class QLinearKernel:
         if self.depthwise is not None:
             return
         self.reduction = weights.shape[1]
+        # Keyed by how the constant was read: one array may be a conv's filters, a MatMul's
+        # (K, N) weights (packed transposed) or a QGemm's (N, K) ones (packed as they are).
+        as_given = self.conv or weights is w
         self.packed = MANAGER.shared(
-            w, "int8.packed", self.conv, lambda: int8_gemm.pack_weights(np.ascontiguousarray(weights))
+            w, "int8.packed", as_given, lambda: int8_gemm.pack_weights(np.ascontiguousarray(weights))
         )
         self.params = ParameterCache(
             _gemm_parameters(self.packed, self.reduction, bias, self.alpha), self.constant_parameters
