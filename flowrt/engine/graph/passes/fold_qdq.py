@@ -108,10 +108,10 @@ def _quantizer(layer: Layer) -> Layer | None:
 _NO_BIAS = np.zeros(0, np.int32)
 
 
-def _bias(conv: Layer, x: _Dequantized, w: _Dequantized) -> np.ndarray | None:
+def _bias(layer: Layer, x: _Dequantized, w: _Dequantized) -> np.ndarray | None:
     """The Conv's or Gemm's bias as int32 at scale ``x_scale * w_scale`` (empty when it has none); None
     when its bias is neither a constant nor dequantized from one."""
-    slot = conv.inputs[2].source if len(conv.inputs) > 2 else None
+    slot = layer.inputs[2].source if len(layer.inputs) > 2 else None
     if slot is None:
         return _NO_BIAS
     value = constant_value(slot)

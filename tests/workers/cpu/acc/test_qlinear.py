@@ -191,17 +191,8 @@ def test_large_layers_split_across_workers_exactly(monkeypatch, portable, channe
     x = rng.integers(0, 256, (1, channels, size, size)).astype(np.uint8)
     w = rng.integers(-64, 65, (filters, channels, 3, 3)).astype(np.int8)
     x_scale, x_zp, w_scale, w_zp, y_scale, y_zp = _params(rng, filters, True, False, exact=True)
-    inputs = [
-        x,
-        x_scale,
-        x_zp,
-        w,
-        w_scale,
-        w_zp,
-        y_scale,
-        y_zp,
-        rng.integers(-99, 99, filters).astype(np.int32),
-    ]
+    bias = rng.integers(-99, 99, filters).astype(np.int32)
+    inputs = [x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias]
     desc = flowrt.descriptors.QLinearConv(pads=(1, 1, 1, 1), strides=(stride, stride))
     for workers in (2, 3):
         got, expected = _run_both("QLinearConv", desc, inputs, workers=workers)
@@ -338,17 +329,8 @@ def test_a_three_by_three_depthwise_layer_matches_cpuref(size, workers, stride):
     w = rng.integers(-128, 128, (channels, 1, 3, 3)).astype(np.int8)
     w[:3] = -128
     x_scale, x_zp, w_scale, w_zp, y_scale, y_zp = _params(rng, channels, True, True, exact=True)
-    inputs = [
-        x,
-        x_scale,
-        x_zp,
-        w,
-        w_scale,
-        w_zp,
-        y_scale,
-        y_zp,
-        rng.integers(-5000, 5000, channels).astype(np.int32),
-    ]
+    bias = rng.integers(-5000, 5000, channels).astype(np.int32)
+    inputs = [x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias]
     desc = flowrt.descriptors.QLinearConv(group=channels, pads=(1,) * 4, strides=(stride, stride))
     with pytest.MonkeyPatch.context() as patch:  # plane-wise at every size
         patch.setattr(depthwise_int8, "CHANNELS_LAST_PLANE", 0)

@@ -147,8 +147,9 @@ class QLinearBinaryKernel:
         # The scales and zero points as the loop reads them, made once where they are constants.
         # Where A and B are taken the other way round (:func:`swapped`), their inputs and
         # parameters are read so.
-        self.operands = (3, 0) if swapped(info) else (0, 3)
-        self.parameters = (4, 5, 1, 2, 6, 7) if swapped(info) else (1, 2, 4, 5, 6, 7)
+        swap = swapped(info)
+        self.operands = (3, 0) if swap else (0, 3)
+        self.parameters = (4, 5, 1, 2, 6, 7) if swap else (1, 2, 4, 5, 6, 7)
         constants = tuple(info.constants) + (None,) * 8
         constant = all(constants[i] is not None for i in self.parameters)
         self.params = ParameterCache(self._params, constant)
