@@ -275,11 +275,19 @@ def _panel_rows(m, bias, scale):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _chunk(n0, n1, block_bytes):
-    """Blocks of columns packed at once, then each panel of weights multiplied by all of them:
-    the weights stream from memory once per chunk (once for a late layer's few pixels), the
-    packed blocks stay in L2 (CHUNK_BYTES)."""
-    return max(1, min(-(-(n1 - n0) // TILE_COLUMNS), CHUNK_BYTES // max(1, block_bytes)))
+def _chunk(n0, n1, steps, m, bias, scale, out_dtype):
+    """What a product of columns ``[n0, n1)`` over ``steps`` steps of k works in: (the rows'
+    bias and scale padded to whole panels, bytes of a packed block, blocks per chunk, the
+    chunk's packed scratch, an edge tile of ``out_dtype``). Blocks of columns are packed a
+    chunk at once, then each panel of weights multiplied by all of them: the weights stream
+    from memory once per chunk (once for a late layer's few pixels), the packed blocks stay
+    in L2 (CHUNK_BYTES)."""
+    row_bias, row_scale = _panel_rows(m, bias, scale)
+    block_bytes = steps * GROUP_BYTES
+    chunk = max(1, min(-(-(n1 - n0) // TILE_COLUMNS), CHUNK_BYTES // max(1, block_bytes)))
+    packed = np.empty(chunk * block_bytes, np.uint8)
+    edge = np.empty((TILE_ROWS, TILE_COLUMNS), out_dtype)
+    return row_bias, row_scale, block_bytes, chunk, packed, edge
 
 
 # Columns at most that the VNNI kernel multiplies one at a time (``_few_columns``) rather than
@@ -342,12 +350,8 @@ def _columns(panels, kernel, m, x, n0, n1, bias, scale, zero, low, high, out, tr
         return
     depth = 2 if kernel == INT16 else 4
     steps = -(-(x.shape[1] if transposed else x.shape[0]) // depth)
-    row_bias, row_scale = _panel_rows(m, bias, scale)
     ldo = out.strides[0] // out.itemsize
-    block_bytes = steps * GROUP_BYTES
-    chunk = _chunk(n0, n1, block_bytes)
-    packed = np.empty(chunk * block_bytes, np.uint8)
-    edge = np.empty((TILE_ROWS, TILE_COLUMNS), out.dtype)
+    row_bias, row_scale, block_bytes, chunk, packed, edge = _chunk(n0, n1, steps, m, bias, scale, out.dtype)
     for q0 in range(n0, n1, chunk * TILE_COLUMNS):
         q1 = min(n1, q0 + chunk * TILE_COLUMNS)
         for q in range(q0, q1, TILE_COLUMNS):

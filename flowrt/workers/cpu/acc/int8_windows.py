@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit
 
 from flowrt.workers.cpu.acc import cache_stamp
-from flowrt.workers.cpu.acc.int8_gemm import INT16, _chunk, _panel_rows, _tile
+from flowrt.workers.cpu.acc.int8_gemm import INT16, _chunk, _tile
 from flowrt.workers.cpu.acc.int8_tiles import (
     GROUP_BYTES,
     TILE_COLUMNS,
@@ -67,11 +67,7 @@ def qgemm_windows(
     zero, low, high = np.float32(out_zero_point), np.float32(lo), np.float32(hi)
     depth = 2 if kernel == INT16 else 4
     steps = -(-offsets.shape[0] // depth)
-    row_bias, row_scale = _panel_rows(m, bias, scale)
-    block_bytes = steps * GROUP_BYTES
-    chunk = _chunk(n0, n1, block_bytes)
-    packed = np.empty(chunk * block_bytes, np.uint8)
-    edge = np.empty((TILE_ROWS, TILE_COLUMNS), np.uint8)
+    row_bias, row_scale, block_bytes, chunk, packed, edge = _chunk(n0, n1, steps, m, bias, scale, out.dtype)
     for q0 in range(n0, n1, chunk * TILE_COLUMNS):
         q1 = min(n1, q0 + chunk * TILE_COLUMNS)
         for q in range(q0, q1, TILE_COLUMNS):
