@@ -13,9 +13,10 @@ layers run as one task.
   spinning on the control block's epoch for ``SPIN_NS``, yielding the core every few pauses to
   any thread that wants it (a busy machine's other processes, the caller itself), then sleeps
   on a futex (a timed wait: a lost wake-up costs time, never a hang); the caller wakes sleepers.
-- A yield that comes back late (``LATE_YIELD_NS``) means another thread wanted the core: the
-  machine has more runnable threads than cores. Then for ``CONTENDED_NS`` the helpers do not
-  spin at all: each sleeps as soon as its region's tasks are taken. A spinning thread beside a
+- Two yields that come back late (``LATE_YIELD_NS``) within ``CONFIRM_NS`` mean other threads
+  want the core: the machine has more runnable threads than cores (one alone happens on an
+  idle machine too, a virtual core paused by its host). Then for ``CONTENDED_NS`` the helpers
+  do not spin at all: each sleeps as soon as its region's tasks are taken. A spinning thread beside a
   busy process loses the core to it at every yield (Linux's EEVDF scheduler sends a yielding
   thread to the back for a whole slice), so it was rarely there when a region came, and the
   caller ran every task alone on its one core: resnet50 beside a process busy on one of 2
@@ -65,7 +66,7 @@ cache_stamp.register()  # before this module jits anything: its functions cached
 
 # The control block: int64 words, each counter on a cache line of its own.
 OWNER, EPOCH, ACTIVE, NEXT, DONE, SLEEPERS, FAILED, DISABLED, JOINED = (8 * i for i in range(9))
-ENTRY, TASKS, STEP, DATA, HELPERS, REGIONS, CONTENDED_UNTIL = (72 + i for i in range(7))
+ENTRY, TASKS, STEP, DATA, HELPERS, REGIONS, CONTENDED_UNTIL, LAST_LATE = (72 + i for i in range(8))
 WORDS = 80
 
 # What :func:`run` answers when the team is busy, or not there: run the region elsewhere.
@@ -78,9 +79,10 @@ SPIN_NS = 300_000
 # before it yields the core while it waits for a helper that the OS has not scheduled.
 SLEEP_NS = 50_000_000
 CALLER_SPINS = 4096
-# A yield that takes longer than this gave the core to another thread; after one, helpers do
-# not spin for this long (then they try again).
+# A yield that takes longer than this gave the core to another thread; after a second one
+# within CONFIRM_NS, helpers do not spin for CONTENDED_NS (then they try again).
 LATE_YIELD_NS = 1_000_000
+CONFIRM_NS = 50_000_000
 CONTENDED_NS = 100_000_000
 
 # (futex, sched_yield) syscall numbers
@@ -354,8 +356,11 @@ def _wait_past(epoch, spin_ns, sleep_ns):
                 _yield()
                 now = _now_ns()
                 if now - before > LATE_YIELD_NS:
-                    _store(CONTENDED_UNTIL, now + CONTENDED_NS)
-                    spinning = False
+                    last = _load(LAST_LATE)
+                    _store(LAST_LATE, now)
+                    if now - last < CONFIRM_NS:
+                        _store(CONTENDED_UNTIL, now + CONTENDED_NS)
+                        spinning = False
                 elif looks % 64 == 0 and now - start > spin_ns:
                     spinning = False
             continue
