@@ -319,9 +319,11 @@ def test_depthwise_qlinear_conv_matches_cpuref(
 @pytest.mark.parametrize("size", [2, 3, 7, 14, 20])
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("stride", [1, 2])
-def test_a_three_by_three_depthwise_layer_matches_cpuref(size, workers, stride):
+@pytest.mark.parametrize("bias_limit", [5000, 1 << 28])
+def test_a_three_by_three_depthwise_layer_matches_cpuref(size, workers, stride, bias_limit):
     # the float nine-tap loops over each plane (stride 1) or its phase planes (stride 2 on an
-    # even plane) less the zero point, exact in float32; an odd plane of stride 2 row by row
+    # even plane) less the zero point, exact in float32; an odd plane of stride 2 row by row;
+    # a bias past EXACT_BIAS added in int32, not in float32
     rng = np.random.default_rng(size * 10 + workers + stride * 100)
     channels = 37
     x = rng.integers(0, 256, (2, channels, size, size)).astype(np.uint8)
@@ -329,7 +331,9 @@ def test_a_three_by_three_depthwise_layer_matches_cpuref(size, workers, stride):
     w = rng.integers(-128, 128, (channels, 1, 3, 3)).astype(np.int8)
     w[:3] = -128
     x_scale, x_zp, w_scale, w_zp, y_scale, y_zp = _params(rng, channels, True, True, exact=True)
-    bias = rng.integers(-5000, 5000, channels).astype(np.int32)
+    bias = rng.integers(-bias_limit, bias_limit, channels).astype(np.int32)
+    bias[0] = -bias_limit
+    assert (bias_limit > depthwise_int8.EXACT_BIAS) == (bias_limit == 1 << 28)
     inputs = [x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias]
     desc = flowrt.descriptors.QLinearConv(group=channels, pads=(1,) * 4, strides=(stride, stride))
     with pytest.MonkeyPatch.context() as patch:  # plane-wise at every size
