@@ -16,9 +16,9 @@ layers run as one task.
 - Two yields that come back late (``LATE_YIELD_NS``) within ``CONFIRM_NS`` mean other threads
   want the core: the machine has more runnable threads than cores (one alone happens on an
   idle machine too, a virtual core paused by its host). Then for ``CONTENDED_NS`` the helpers
-  do not spin at all: each sleeps as soon as its region's tasks are taken. A spinning thread beside a
-  busy process loses the core to it at every yield (Linux's EEVDF scheduler sends a yielding
-  thread to the back for a whole slice), so it was rarely there when a region came, and the
+  do not spin at all: each sleeps as soon as its region's tasks are taken. A spinning thread
+  beside a busy process loses the core to it at every yield (Linux's EEVDF scheduler sends a
+  yielding thread to the back for a whole slice), so it was rarely there when a region came, and the
   caller ran every task alone on its one core: resnet50 beside a process busy on one of 2
   cores took 39-51 ms (alone 22), its helper getting 0.1 of a core. A helper that sleeps
   between regions is woken onto the other core and shares it with the busy process, as ONNX
@@ -343,7 +343,7 @@ def run(entry, tasks, step, data, threads):
 def _wait_past(epoch, spin_ns, sleep_ns):
     """Until the epoch is no longer ``epoch``: spinning for ``spin_ns`` (yielding the core
     now and then to a thread that wants it), then asleep, waking each ``sleep_ns`` to look.
-    Asleep at once while the machine is contended: a yield came back late (the module doc)."""
+    Asleep at once while the machine is contended: two yields came back late (the module doc)."""
     start = _now_ns()
     spinning = start >= _load(CONTENDED_UNTIL)
     looks = 0
@@ -399,8 +399,8 @@ def regions() -> int:
 
 
 def contended() -> bool:
-    """Whether the helpers sleep as soon as a region's tasks are taken, now: one of their
-    yields came back late less than ``CONTENDED_NS`` ago (see the module doc)."""
+    """Whether the helpers sleep as soon as a region's tasks are taken, now: a second late
+    yield came less than ``CONTENDED_NS`` ago (see the module doc)."""
     return int(CONTROL[CONTENDED_UNTIL]) > time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
