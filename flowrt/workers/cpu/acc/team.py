@@ -13,17 +13,6 @@ layers run as one task.
   spinning on the control block's epoch for ``SPIN_NS``, yielding the core every few pauses to
   any thread that wants it (a busy machine's other processes, the caller itself), then sleeps
   on a futex (a timed wait: a lost wake-up costs time, never a hang); the caller wakes sleepers.
-- Two yields that come back late (``LATE_YIELD_NS``) within ``CONFIRM_NS`` mean other threads
-  want the core: the machine has more runnable threads than cores (one alone happens on an
-  idle machine too, a virtual core paused by its host). Then for ``CONTENDED_NS`` the helpers
-  do not spin at all: each sleeps as soon as its region's tasks are taken. A spinning thread
-  beside a busy process loses the core to it at every yield (Linux's EEVDF scheduler sends a
-  yielding thread to the back for a whole slice), so it was rarely there when a region came, and the
-  caller ran every task alone on its one core: resnet50 beside a process busy on one of 2
-  cores took 39-51 ms (alone 22), its helper getting 0.1 of a core. A helper that sleeps
-  between regions is woken onto the other core and shares it with the busy process, as ONNX
-  Runtime's non-spinning workers do: 30-33 ms, the helper getting half a core (ONNX Runtime:
-  25-27 ms).
 - One region at a time: a caller claims the team (:func:`run`), else it answers ``NOT_RUN``
   and the caller runs its region on numba's layer as before (two runs in flight at once, a
   region started inside a task). Who takes a task takes the next index (an atomic counter):
@@ -51,7 +40,6 @@ import os
 import platform
 import sys
 import threading
-import time
 
 import numpy as np
 from llvmlite import binding as llvm
@@ -66,7 +54,7 @@ cache_stamp.register()  # before this module jits anything: its functions cached
 
 # The control block: int64 words, each counter on a cache line of its own.
 OWNER, EPOCH, ACTIVE, NEXT, DONE, SLEEPERS, FAILED, DISABLED, JOINED = (8 * i for i in range(9))
-ENTRY, TASKS, STEP, DATA, HELPERS, REGIONS, CONTENDED_UNTIL, LAST_LATE = (72 + i for i in range(8))
+ENTRY, TASKS, STEP, DATA, HELPERS, REGIONS = (72 + i for i in range(6))
 WORDS = 80
 
 # What :func:`run` answers when the team is busy, or not there: run the region elsewhere.
@@ -79,11 +67,6 @@ SPIN_NS = 300_000
 # before it yields the core while it waits for a helper that the OS has not scheduled.
 SLEEP_NS = 50_000_000
 CALLER_SPINS = 4096
-# A yield that takes longer than this gave the core to another thread; after a second one
-# within CONFIRM_NS, helpers do not spin for CONTENDED_NS (then they try again).
-LATE_YIELD_NS = 1_000_000
-CONFIRM_NS = 50_000_000
-CONTENDED_NS = 100_000_000
 
 # (futex, sched_yield) syscall numbers
 _SYSCALLS = {"x86_64": (202, 24), "aarch64": (98, 124)}
@@ -342,32 +325,19 @@ def run(entry, tasks, step, data, threads):
 @njit(nogil=True, cache=True)
 def _wait_past(epoch, spin_ns, sleep_ns):
     """Until the epoch is no longer ``epoch``: spinning for ``spin_ns`` (yielding the core
-    now and then to a thread that wants it), then asleep, waking each ``sleep_ns`` to look.
-    Asleep at once while the machine is contended: two yields came back late (the module doc)."""
+    now and then to a thread that wants it), then asleep, waking each ``sleep_ns`` to look."""
     start = _now_ns()
-    spinning = start >= _load(CONTENDED_UNTIL)
     looks = 0
     while _load(EPOCH) == epoch:
-        if spinning:
-            _pause()
-            looks += 1
-            if looks % 16 == 0:
-                before = _now_ns()
-                _yield()
-                now = _now_ns()
-                if now - before > LATE_YIELD_NS:
-                    last = _load(LAST_LATE)
-                    _store(LAST_LATE, now)
-                    if now - last < CONFIRM_NS:
-                        _store(CONTENDED_UNTIL, now + CONTENDED_NS)
-                        spinning = False
-                elif looks % 64 == 0 and now - start > spin_ns:
-                    spinning = False
-            continue
-        _add(SLEEPERS, 1)
-        while _load(EPOCH) == epoch:
-            _sleep(EPOCH, epoch, sleep_ns)
-        _add(SLEEPERS, -1)
+        _pause()
+        looks += 1
+        if looks % 16 == 0:
+            _yield()
+        if looks % 64 == 0 and _now_ns() - start > spin_ns:
+            _add(SLEEPERS, 1)
+            while _load(EPOCH) == epoch:
+                _sleep(EPOCH, epoch, sleep_ns)
+            _add(SLEEPERS, -1)
 
 
 @njit(nogil=True, cache=True)
@@ -398,12 +368,6 @@ def regions() -> int:
     return int(CONTROL[REGIONS])
 
 
-def contended() -> bool:
-    """Whether the helpers sleep as soon as a region's tasks are taken, now: a second late
-    yield came less than ``CONTENDED_NS`` ago (see the module doc)."""
-    return int(CONTROL[CONTENDED_UNTIL]) > time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-
-
 def helpers() -> int:
     """How many helper threads the team has (0 before :func:`start`)."""
     return len(_threads) if _started_in == os.getpid() else 0
@@ -426,8 +390,7 @@ def describe(cores: int) -> str:
     if off is not None:
         return f"off: {off}"
     count = helpers() or cores - 1
-    now = "; not now: the machine has more runnable threads than cores" if contended() else ""
-    return f"{count} helper thread{'s' * (count > 1)}, spinning {SPIN_NS // 1000} us between regions{now}"
+    return f"{count} helper thread{'s' * (count > 1)}, spinning {SPIN_NS // 1000} us between regions"
 
 
 def start(cores: int) -> bool:

@@ -153,40 +153,6 @@ def test_a_team_of_three_helpers_runs_every_task_once():
     assert done.stdout.split() == ["3", "True", "0"]
 
 
-# The caller and the helpers on one core: a helper's yield hands it to the caller, which keeps
-# it for a while, so the team finds the machine contended, and its regions stay right.
-_ONE_CORE = """
-import os, threading, time
-import numpy as np
-from flowrt.workers.cpu.acc import team
-from flowrt.workers.cpu.acc.kernels import cast
-
-def region():
-    x = np.arange(4096, dtype=np.float32)
-    out = np.full(4096, -1.0)
-    cast._cast(x, out, np.array([0, 2048, 4096]))
-    return bool((out == x).all())
-
-right = region()  # starts the team
-core = min(os.sched_getaffinity(0))
-for thread in [threading.main_thread(), *team._threads]:
-    os.sched_setaffinity(thread.native_id, {core})
-deadline = time.monotonic() + 30
-while not team.contended() and time.monotonic() < deadline:
-    right = region() and right
-    sum(range(50_000))  # Python between regions: the helpers spin, and yield the core to it
-print(team.contended(), right, "not now" in team.describe(2))
-"""
-
-
-def test_helpers_sharing_a_core_with_the_caller_find_the_machine_contended():
-    done = subprocess.run(
-        [sys.executable, "-c", _ONE_CORE], env=dict(os.environ), capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["True", "True", "True"]
-
-
 def test_flowrt_cpu_spin_0_leaves_regions_to_numbas_layer():
     script = "from flowrt.workers.cpu.acc import team\nfrom flowrt.workers.cpu.acc.kernels import cast\n"
     script += "import numpy as np\nx = np.arange(100, dtype=np.float32); out = np.zeros(100)\n"
