@@ -15,9 +15,13 @@ layers run as one task.
   on a futex (a timed wait: a lost wake-up costs time, never a hang); the caller wakes sleepers.
 - One region at a time: a caller claims the team (:func:`run`), else it answers ``NOT_RUN``
   and the caller runs its region on numba's layer as before (two runs in flight at once, a
-  region started inside a task). Who takes a task takes the next index (an atomic counter):
-  a helper the OS does not schedule takes none, and the caller does every task where no
-  helper comes. The caller waits for the tasks, not for the helpers.
+  region started inside a task). Who takes a task takes the next index (an atomic counter),
+  the caller from the front, the helpers from the back: a helper the OS does not schedule
+  takes none, and the caller does every task where no helper comes. The caller waits for
+  the tasks, not for the helpers. With one helper and two tasks, each thread does the same
+  task region after region: an LSTM's steps each read their half of R (512 KiB at hidden
+  256) from their own core's L2; with either thread taking either half as it came, a layer
+  took 600-650 us, now 560.
 - The region's fields are published behind the epoch as a sequence lock (odd: being
   written) once every helper has left the previous region: a helper counts itself in, then
   checks the epoch again, and the caller sets the epoch odd, then waits for that count to be
@@ -266,14 +270,24 @@ def _task(typingctx, entry, task, step, data):
     return types.boolean(types.int64, types.int64, types.int64, types.int64), codegen
 
 
+# A claim from the back of a region's tasks adds this to ``NEXT``, one from the front 1: the
+# word counts both, so that a claim sees how many tasks were taken before it from either end.
+_BACK = 1 << 32
+
+
 @njit(nogil=True, cache=True)
-def _take_tasks(entry, tasks, step, data):
-    """Tasks of the region taken one index at a time until none is left; each counted done,
-    the first one failed kept in ``FAILED``."""
+def _take_tasks(entry, tasks, step, data, back):
+    """Tasks of the region taken one index at a time until none is left, from the front (the
+    caller) or from the back (the helpers, ``back``); each counted done, the first one failed
+    kept in ``FAILED``. The caller's first task is always task 0 and, with one helper, the
+    helper's first the last: a thread reads the same part of a layer's data region after
+    region, from its own core's caches."""
     while True:
-        task = _add(NEXT, 1)
-        if task >= tasks:
+        taken = _add(NEXT, _BACK if back else 1)
+        front, behind = taken & (_BACK - 1), taken >> 32
+        if front + behind >= tasks:
             return
+        task = tasks - 1 - behind if back else front
         if not _task(entry, task, step, data):
             _swap(FAILED, tasks, task)
         _add(DONE, 1)
@@ -314,7 +328,7 @@ def run(entry, tasks, step, data, threads):
     _store(EPOCH, epoch + 2)
     if _load(SLEEPERS) > 0:
         _wake(EPOCH, helpers)
-    _take_tasks(entry, tasks, step, data)
+    _take_tasks(entry, tasks, step, data, False)
     _wait_for(DONE, tasks)
     failed = _load(FAILED)
     _store(REGIONS, _load(REGIONS) + 1)
@@ -354,7 +368,7 @@ def _helper(spin_ns, sleep_ns):
         if _load(EPOCH) == epoch:  # else the caller is writing the next region's fields
             seen = epoch
             if _add(JOINED, 1) < _load(HELPERS):
-                _take_tasks(_load(ENTRY), _load(TASKS), _load(STEP), _load(DATA))
+                _take_tasks(_load(ENTRY), _load(TASKS), _load(STEP), _load(DATA), True)
         _add(ACTIVE, -1)
 
 

@@ -1,8 +1,10 @@
 """CpuAcc's team of spinning helpers (``team.py``): every task of a region runs once, whoever
 takes it; busy, raising, forked and switched off, regions still run, on numba's layer."""
 
+import ctypes
 import multiprocessing
 import os
+import platform
 import subprocess
 import sys
 import threading
@@ -97,6 +99,37 @@ def test_a_task_that_raises_raises_in_the_caller_and_leaves_the_team_free(failin
     counts[:] = 0
     _with_threads(2, lambda: _COUNT_OR_RAISE.run(4, (counts, np.int64(-1))))
     assert counts.tolist() == [1, 1, 1, 1]
+
+
+_SYSCALL = ctypes.CDLL(None).syscall
+_SYSCALL.restype, _SYSCALL.argtypes = ctypes.c_long, [ctypes.c_long]
+_GETTID = {"x86_64": 186, "aarch64": 178}.get(platform.machine(), -1)
+
+
+# Not cached: numba does not cache a function that calls through ctypes.
+@njit(nogil=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+def _record_thread(task, _step, threads):
+    threads[task] = _SYSCALL(_GETTID)
+
+
+_RECORD_THREAD = SliceFunction(_record_thread)
+
+
+def test_the_caller_takes_tasks_from_the_front_and_helpers_from_the_back():
+    """The caller's tasks are a prefix of the region's (task 0 first), a helper's a suffix:
+    region after region each thread does the same part where the helper comes in time."""
+    _cast(10, 1)
+    caller = threading.get_native_id()
+    helper_took_the_last = 0
+    for _ in range(200):
+        threads = np.zeros(6, np.int64)
+        _with_threads(2, lambda threads=threads: _RECORD_THREAD.run(6, (threads,)))
+        ours = (threads == caller).tolist()
+        assert all(threads != 0)
+        taken = ours.count(True)
+        assert ours == [True] * taken + [False] * (6 - taken), threads
+        helper_took_the_last += not ours[-1]
+    assert helper_took_the_last > 0
 
 
 def _forked_child(queue):
