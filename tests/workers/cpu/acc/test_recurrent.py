@@ -56,16 +56,25 @@ def test_layers_match_cpuref(case, constant, given_out):
 
 @pytest.mark.parametrize(
     ("op", "attributes"),
-    [("LSTM", {}), ("GRU", {"linear_before_reset": 0}), ("GRU", {"linear_before_reset": 1})],
+    [
+        ("LSTM", {}),
+        ("LSTM", {"input_forget": 1, "clip": 2.0}),
+        ("GRU", {"linear_before_reset": 0}),
+        ("GRU", {"linear_before_reset": 1}),
+    ],
 )
-def test_a_large_r_split_over_the_workers_matches_cpuref(op, attributes):
+@pytest.mark.parametrize("layout", [0, 1])
+def test_a_large_r_split_over_the_workers_matches_cpuref(op, attributes, layout):
     # hidden 256: R holds at least PARALLEL_WEIGHTS floats, so the input projection and each
-    # step's product by R run as blocks of gate rows on two threads; batch 2, both directions
+    # step's product by R (an LSTM's whole step, cells too) run as blocks on two threads;
+    # batch 3, both directions, one entry shorter than the sequence and one empty
     hidden = 256
     assert GATES[KINDS[op]] * hidden * hidden >= PARALLEL_WEIGHTS
-    inputs = layer_inputs(op, 3, 2, 8, hidden, direction="bidirectional", seed=7, scale=0.1)
-    attributes = {"hidden_size": hidden, "direction": "bidirectional", **attributes}
-    _close(*_run_both(op, inputs, attributes, 2))
+    inputs = layer_inputs(
+        op, 4, 3, 8, hidden, direction="bidirectional", layout=layout, lengths=(4, 2, 0), seed=7, scale=0.1
+    )
+    attributes = {"hidden_size": hidden, "direction": "bidirectional", "layout": layout, **attributes}
+    _close(*_run_both(op, inputs, attributes, 3 if op == "LSTM" else 2))
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
