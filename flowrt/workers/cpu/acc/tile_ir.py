@@ -48,9 +48,9 @@ def _tile_shape(choice: str | None) -> tuple[int, int, bool]:
     return shapes[choice or host]
 
 
-_LANES, TILE_ROWS, AVAILABLE = _tile_shape(os.environ.get("FLOWRT_TILES"))
-_VECTORS = 2  # vectors of _LANES floats per tile row
-TILE_COLUMNS = _LANES * _VECTORS
+LANES, TILE_ROWS, AVAILABLE = _tile_shape(os.environ.get("FLOWRT_TILES"))
+_VECTORS = 2  # vectors of LANES floats per tile row
+TILE_COLUMNS = LANES * _VECTORS
 # The shape of the weights' panels, which follows the host's features: a part of the name of
 # every kept form of the weights laid out in tiles (``engine/memory/weights.py``).
 PANEL_LAYOUT = (TILE_ROWS, TILE_COLUMNS)
@@ -110,7 +110,7 @@ def _emit_tile(
     place, row i from ``a_at + i * lda``, ``b`` is a packed panel, and the bias is per column
     (and ``mode`` is Relu or none: no bounds); ``by_columns`` (:func:`_column_tile`): ``a``'s
     row i is read down a column instead, step p from ``a_at + i + p * lda``. ``vectors``:
-    vectors of ``_LANES`` columns per row (1: a narrow tile, for a last block of few columns)."""
+    vectors of ``LANES`` columns per row (1: a narrow tile, for a last block of few columns)."""
     low = high = ahead = None
     if rows_in_place:  # lda and accumulate come out; the rest reads as _tile's arguments
         lda, accumulate = args[2], args[13]
@@ -126,23 +126,23 @@ def _emit_tile(
         for i in (0, 2, 5, 9)
     )
     f32, i1, i32, i64 = ir.FloatType(), ir.IntType(1), ir.IntType(32), ir.IntType(64)
-    vec, i8_ptr = ir.VectorType(f32, _LANES), ir.IntType(8).as_pointer()
+    vec, i8_ptr = ir.VectorType(f32, LANES), ir.IntType(8).as_pointer()
     vec_ptr = vec.as_pointer()
-    fmuladd = _intrinsic_function(builder, f"llvm.fmuladd.v{_LANES}f32", vec, [vec, vec, vec])
+    fmuladd = _intrinsic_function(builder, f"llvm.fmuladd.v{LANES}f32", vec, [vec, vec, vec])
     prefetch = _intrinsic_function(builder, "llvm.prefetch.p0i8", ir.VoidType(), [i8_ptr, i32, i32, i32])
-    mask_type = ir.VectorType(i1, _LANES)
+    mask_type = ir.VectorType(i1, LANES)
     load_masked = _intrinsic_function(
-        builder, f"llvm.masked.load.v{_LANES}f32.p0v{_LANES}f32", vec, [vec_ptr, i32, mask_type, vec]
+        builder, f"llvm.masked.load.v{LANES}f32.p0v{LANES}f32", vec, [vec_ptr, i32, mask_type, vec]
     )
     store_masked = _intrinsic_function(
         builder,
-        f"llvm.masked.store.v{_LANES}f32.p0v{_LANES}f32",
+        f"llvm.masked.store.v{LANES}f32.p0v{LANES}f32",
         ir.VoidType(),
         [vec, vec_ptr, i32, mask_type],
     )
     undef = ir.Constant(vec, ir.Undefined)
-    zero = ir.Constant(vec, [0.0] * _LANES)
-    spread = ir.Constant(ir.VectorType(i32, _LANES), [0] * _LANES)
+    zero = ir.Constant(vec, [0.0] * LANES)
+    spread = ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
 
     def broadcast(value, into=undef):
         one = builder.insert_element(ir.Constant(into.type, ir.Undefined), value, ir.Constant(i32, 0))
@@ -153,27 +153,27 @@ def _emit_tile(
 
     masks = []
     if masked:
-        columns = broadcast(args[12], ir.Constant(ir.VectorType(i64, _LANES), ir.Undefined))
+        columns = broadcast(args[12], ir.Constant(ir.VectorType(i64, LANES), ir.Undefined))
         for v in range(vectors):
-            lanes = ir.Constant(ir.VectorType(i64, _LANES), [v * _LANES + j for j in range(_LANES)])
+            lanes = ir.Constant(ir.VectorType(i64, LANES), [v * LANES + j for j in range(LANES)])
             masks.append(builder.icmp_signed("<", lanes, columns))
 
     def load(ptr, v):
         if masked:
-            return builder.call(load_masked, [at(ptr, v * _LANES), ir.Constant(i32, 4), masks[v], zero])
-        return builder.load(at(ptr, v * _LANES), align=4)
+            return builder.call(load_masked, [at(ptr, v * LANES), ir.Constant(i32, 4), masks[v], zero])
+        return builder.load(at(ptr, v * LANES), align=4)
 
     def store(value, ptr, v):
         if masked:
-            builder.call(store_masked, [value, at(ptr, v * _LANES), ir.Constant(i32, 4), masks[v]])
+            builder.call(store_masked, [value, at(ptr, v * LANES), ir.Constant(i32, 4), masks[v]])
         else:
-            builder.store(value, at(ptr, v * _LANES), align=4)
+            builder.store(value, at(ptr, v * LANES), align=4)
 
     # From the bias; or (accumulate) from zero, the sum then added to what c holds: a product
     # summed in blocks of k, each block's sum rounded on its own.
     onto_c = builder.icmp_signed("!=", accumulate, ir.Constant(i64, 0))
     if rows_in_place:
-        column_bias = [builder.load(at(bias_ptr, v * _LANES), align=4) for v in range(vectors)]
+        column_bias = [builder.load(at(bias_ptr, v * LANES), align=4) for v in range(vectors)]
         starts = [[builder.select(onto_c, zero, column_bias[v]) for v in range(vectors)]] * TILE_ROWS
     else:
         starts = [
@@ -304,7 +304,7 @@ _tile_part = _masked_tile(
 _narrow_tile_part = _masked_tile(
     1,
     "_narrow_tile_part",
-    ":func:`_tile` on the first ``columns`` (at most ``_LANES``) columns only, one vector per row: half "
+    ":func:`_tile` on the first ``columns`` (at most ``LANES``) columns only, one vector per row: half "
     "the steps of a masked :func:`_tile_part`.",
 )
 

@@ -23,8 +23,8 @@ from numba._dispatcher import compute_fingerprint
 from flowrt.workers.cpu.acc.blas import leading_dimension, native_address
 from flowrt.workers.cpu.acc.kernels.epilogue import CLIP, NONE, RELU, activate_in_place
 from flowrt.workers.cpu.acc.tile_ir import (
-    _LANES,
     CLIP_MODE,
+    LANES,
     RELU_MODE,
     TILE_COLUMNS,
     TILE_ROWS,
@@ -65,7 +65,7 @@ def pad_rows(bias: np.ndarray) -> np.ndarray:
 def _block(panels, p, b, q, ldb, c, c_at, ldc, k, k0, k1, bias, mode, low, high, columns):
     """Panel ``p`` times columns ``q .. q + columns`` of ``b`` into ``c`` from ``c_at`` on,
     over steps ``k0 .. k1`` of the ``k``: a whole tile, or a masked one for the last columns
-    (a narrow one for at most ``_LANES``). The first block of steps starts from the bias, the
+    (a narrow one for at most ``LANES``). The first block of steps starts from the bias, the
     others from what ``c`` holds; the activation is applied by the last."""
     at = (p * k + k0) * TILE_ROWS
     onto = np.int64(k0 > 0)
@@ -74,7 +74,7 @@ def _block(panels, p, b, q, ldb, c, c_at, ldc, k, k0, k1, bias, mode, low, high,
     ahead = np.int64(k * TILE_ROWS)  # the next panel's same steps
     if columns == TILE_COLUMNS:
         _tile(panels, at, b, b_at, ldb, c, c_at, ldc, steps, bias, bias_at, act, low, high, onto, ahead)
-    elif columns <= _LANES:
+    elif columns <= LANES:
         _narrow_tile_part(
             panels, at, b, b_at, ldb, c, c_at, ldc, steps, bias, bias_at, act, low, high, onto, ahead, columns
         )

@@ -151,6 +151,21 @@ def test_strided_max_pools_run_row_by_row_and_let_nan_win(kernel):
     assert np.isnan(got).sum() > 0
 
 
+@pytest.mark.parametrize("width", [5, 15, 16, 17, 33, 47, 111])
+@pytest.mark.parametrize(("pads", "ceil"), [((0, 0, 0, 0), 0), ((1, 1, 1, 1), 0), ((0, 1, 1, 0), 1)])
+def test_three_by_three_stride_two_max_pools_match_cpuref_at_any_row_length(width, pads, ceil):
+    # The classic window runs a vector of rows and of outputs at a time, a row's last part
+    # masked: rows shorter than a vector, of whole vectors, and a part past them; a NaN in a
+    # plane and a plane of -inf
+    x = np.random.default_rng(width).uniform(-10, 10, (2, 3, 9, width)).astype(np.float32)
+    x[1, 2, 4, width // 2] = np.nan
+    x[0, 1] = -np.inf
+    attributes = {"kernel_shape": (3, 3), "strides": (2, 2), "pads": pads, "ceil_mode": ceil}
+    got, expected = _run_both("MaxPool", x, 2, **attributes)
+    np.testing.assert_array_equal(got, expected)
+    assert np.isnan(got[1, 2]).sum() > 0 and np.isinf(got[0, 1]).all()
+
+
 @pytest.mark.parametrize("kind", ["MaxPool", "AveragePool"])
 @pytest.mark.parametrize("workers", [1, 3])
 def test_stride_one_pools_stack_padded_planes_and_match_cpuref(kind, workers):

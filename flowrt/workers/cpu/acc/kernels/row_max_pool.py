@@ -9,6 +9,7 @@ import numpy as np
 from numba import njit, types
 
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction, call_native, native_address
+from flowrt.workers.cpu.acc.kernels.pool_vectors import LANES, max3_pairs, max3_rows
 from flowrt.workers.cpu.acc.kernels.stacked_pooling import larger, max_plane_late
 from flowrt.workers.cpu.acc.phases import pair_high, pair_low
 
@@ -44,10 +45,9 @@ def _along_pairs(of, at, count, columns, span, rows, even, odd, kw_count, sw, dw
     pairs = u8(((count - 1) * 2 + (kw_count - 1) * dw) // 2 + 1)
     for r in range(rows):
         base, column = u8(at + r * count), u8(r * span)
-        if kw_count == 3 and dw == 1:  # the classic 3x3 stride-2 pool, in one pass
-            for o in range(u8(count)):
-                q = column + u8(2) * o
-                of[base + o] = larger(larger(columns[q], columns[q + u8(1)]), columns[q + u8(2)])
+        if kw_count == 3 and dw == 1:  # the classic 3x3 stride-2 pool, a vector at a time
+            for o in range(0, count, LANES):
+                max3_pairs(of, base + u8(o), columns, column + u8(2 * o), min(LANES, count - o))
             continue
         for k in range(pairs):
             even[k] = pair_low(columns, column + u8(2) * k)
@@ -96,13 +96,10 @@ def _rows_max(column, at, xf, first, step, count, width):
     hold a NaN, which :func:`larger` may have let lose."""
     nan = False
     c0, a0 = np.uint64(at), np.uint64(first)
-    b0, d0 = a0 + np.uint64(step), a0 + np.uint64(2 * step)
-    if count == 3:
-        for i in range(width):
-            q = np.uint64(i)
-            va, vb, vc = xf[a0 + q], xf[b0 + q], xf[d0 + q]
-            column[c0 + q] = larger(larger(va, vb), vc)
-            nan |= (va != va) | (vb != vb) | (vc != vc)
+    b0 = a0 + np.uint64(step)
+    if count == 3:  # a vector at a time
+        for i in range(0, width, LANES):
+            nan |= max3_rows(column, at + i, xf, first + i, step, min(LANES, width - i))
     elif count == 2:
         for i in range(width):
             q = np.uint64(i)
@@ -136,8 +133,8 @@ def _max_planes(s, _step, bounds, x, out, hs, hlo, hhi, dh, wfirst, wlast, sw, d
     lowest = np.float32(-np.inf)
     span = max(pw + width, (ow_count - 1) * sw + (kw_count - 1) * dw + 1)
     span += span % 2  # whole pairs, for the split at stride 2
-    padded = np.empty(oh_count * span, np.float32)
-    for i in range(oh_count * span):  # a loop, not np.full: numba compiles a helper for np.full
+    padded = np.empty(oh_count * span + 2 * LANES + 2, np.float32)  # max3_pairs reads past a row
+    for i in range(padded.shape[0]):  # a loop, not np.full: numba compiles a helper for np.full
         padded[i] = lowest
     even, odd = np.empty(span // 2, np.float32), np.empty(span // 2, np.float32)
     exact = np.empty(width, np.float32)

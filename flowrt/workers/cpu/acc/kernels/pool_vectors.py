@@ -1,0 +1,134 @@
+"""MaxPool's inner steps as explicit vectors (LLVM IR through numba's ``intrinsic``), one
+vector of ``LANES`` outputs a call, a last part of a row masked.
+
+Left to LLVM's loop vectorizer, a row's loop runs ``LANES`` x 4 values an iteration and the
+rest one at a time: the rows of a pool are short (13 to 111 values in the light models), so
+most of a row ran one value at a time. Called once per vector here, every value is in a
+vector. :func:`max3_rows` is the max over three kernel rows (any row step),
+:func:`max3_pairs` the max along a row of the classic 3-wide stride-2 window. The maxima are
+:func:`stacked_pooling.larger`'s, a compare and select (NaN loses when it comes first), so
+the results are the same bit for bit; callers look for NaN apart, as before.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core.extending import intrinsic
+
+from flowrt.workers.cpu.acc.tile_ir import LANES
+
+_f32, _i1, _i32, _i64 = ir.FloatType(), ir.IntType(1), ir.IntType(32), ir.IntType(64)
+_VEC = ir.VectorType(_f32, LANES)
+_MASK = ir.VectorType(_i1, LANES)
+
+
+def _function(builder, name, return_type, argument_types):
+    return builder.module.globals.get(name) or ir.Function(
+        builder.module, ir.FunctionType(return_type, argument_types), name
+    )
+
+
+def _mask(builder, count):
+    """Lanes ``0 .. count`` on (``count`` an i64)."""
+    wide = ir.VectorType(_i64, LANES)
+    spread = builder.insert_element(ir.Constant(wide, ir.Undefined), count, ir.Constant(_i32, 0))
+    spread = builder.shuffle_vector(
+        spread, ir.Constant(wide, ir.Undefined), ir.Constant(ir.VectorType(_i32, LANES), [0] * LANES)
+    )
+    return builder.icmp_signed("<", ir.Constant(wide, list(range(LANES))), spread)
+
+
+def _pointer(context, builder, array_type, array, offset):
+    """A vector pointer to ``array[offset]``."""
+    data = context.make_array(array_type)(context, builder, array).data
+    return builder.bitcast(builder.gep(data, [offset]), _VEC.as_pointer())
+
+
+def _load(builder, pointer, mask):
+    load = _function(
+        builder, f"llvm.masked.load.v{LANES}f32.p0v{LANES}f32", _VEC, [_VEC.as_pointer(), _i32, _MASK, _VEC]
+    )
+    return builder.call(load, [pointer, ir.Constant(_i32, 4), mask, ir.Constant(_VEC, [0.0] * LANES)])
+
+
+def _store(builder, value, pointer, mask):
+    store = _function(
+        builder,
+        f"llvm.masked.store.v{LANES}f32.p0v{LANES}f32",
+        ir.VoidType(),
+        [_VEC, _VEC.as_pointer(), _i32, _MASK],
+    )
+    builder.call(store, [value, pointer, ir.Constant(_i32, 4), mask])
+
+
+def _larger(builder, a, b):
+    """``a`` where it is larger than ``b``, else ``b`` (``stacked_pooling.larger``)."""
+    return builder.select(builder.fcmp_ordered(">", a, b), a, b)
+
+
+def _any_nan(builder, values):
+    """Whether a lane of any of ``values`` is NaN (an i1)."""
+    unordered = builder.fcmp_unordered("uno", values[0], values[0])
+    for value in values[1:]:
+        unordered = builder.or_(unordered, builder.fcmp_unordered("uno", value, value))
+    reduce = _function(builder, f"llvm.vector.reduce.or.v{LANES}i1", _i1, [_MASK])
+    return builder.call(reduce, [unordered])
+
+
+@intrinsic
+def max3_rows(typingctx, dst, dst_at, src, src_at, step, count):
+    """``dst[dst_at + i] = larger(larger(a[i], b[i]), c[i])`` for ``i < count`` (at most
+    LANES), ``a``, ``b``, ``c`` being ``src`` from ``src_at``, ``src_at + step`` and
+    ``src_at + 2 * step``; whether any value read is NaN. Reads and writes nothing past
+    ``count``."""
+    sig = types.boolean(dst, dst_at, src, src_at, step, count)
+
+    def codegen(context, builder, signature, args):
+        mask = _mask(builder, args[5])
+        rows = [builder.add(args[3], builder.mul(args[4], ir.Constant(_i64, k))) for k in range(3)]
+        a, b, c = (
+            _load(builder, _pointer(context, builder, signature.args[2], args[2], at), mask) for at in rows
+        )
+        _store(
+            builder,
+            _larger(builder, _larger(builder, a, b), c),
+            _pointer(context, builder, signature.args[0], args[0], args[1]),
+            mask,
+        )
+        return _any_nan(builder, [a, b, c])
+
+    return sig, codegen
+
+
+@intrinsic
+def max3_pairs(typingctx, dst, dst_at, src, src_at, count):
+    """``dst[dst_at + o] = larger(larger(s[2o], s[2o + 1]), s[2o + 2])`` for ``o < count`` (at
+    most LANES), ``s`` being ``src`` from ``src_at``: the max along a row of the 3-wide window
+    at stride 2. Reads ``2 * LANES + 2`` values from ``src_at`` whatever ``count`` (the caller's
+    row buffer has them); writes only ``count``."""
+    sig = types.void(dst, dst_at, src, src_at, count)
+
+    def codegen(context, builder, signature, args):
+        everything = _mask(builder, ir.Constant(_i64, LANES))
+        src_type, src_array = signature.args[2], args[2]
+
+        def vector(offset):
+            at = builder.add(args[3], ir.Constant(_i64, offset))
+            return _load(builder, _pointer(context, builder, src_type, src_array, at), everything)
+
+        low, high, low2, high2 = vector(0), vector(LANES), vector(2), vector(LANES + 2)
+        index = ir.VectorType(_i32, LANES)
+        even = builder.shuffle_vector(low, high, ir.Constant(index, [2 * o for o in range(LANES)]))
+        odd = builder.shuffle_vector(low, high, ir.Constant(index, [2 * o + 1 for o in range(LANES)]))
+        third = builder.shuffle_vector(low2, high2, ir.Constant(index, [2 * o for o in range(LANES)]))
+        result = _larger(builder, _larger(builder, even, odd), third)
+        _store(
+            builder,
+            result,
+            _pointer(context, builder, signature.args[0], args[0], args[1]),
+            _mask(builder, args[4]),
+        )
+        return context.get_dummy_value()
+
+    return sig, codegen
