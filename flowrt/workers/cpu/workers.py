@@ -146,6 +146,10 @@ class _Job:
 # The job a worker thread runs now, for ``share_cores``.
 _current = threading.local()
 
+# Called on the worker's thread after each job, in order (CpuAcc's team adds its watch for
+# other processes, ``acc/contention.py``): quick, and raising nothing.
+AFTER_JOB: list[Callable[[], None]] = []
+
 
 def share_cores() -> JobContext | None:
     """Between two workloads of a job on a CPU worker: pause while HIGH jobs run, if this one
@@ -204,6 +208,8 @@ class _Worker:
             finally:
                 blas_threads.end_job()
             job.token.run_sync_soon(job.deliver, result)
+            for hook in AFTER_JOB:
+                hook()
 
     def _set_threads(self, threads: int) -> None:
         if threads != self.threads_now:

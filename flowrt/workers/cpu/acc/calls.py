@@ -38,8 +38,8 @@ from numba.extending import intrinsic
 from numba.np.ufunc.parallel import _launch_threads as launch_threads
 
 from flowrt.workers.cpu import threading_layer
-from flowrt.workers.cpu.acc import cache_stamp, team
-from flowrt.workers.cpu.workers import default_cpu_workers
+from flowrt.workers.cpu.acc import cache_stamp, contention, team
+from flowrt.workers.cpu.workers import AFTER_JOB, default_cpu_workers
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +169,10 @@ def _register_parallel_tasks() -> None:
         if not _registered:
             threading_layer.prepare()
             launch_threads()  # the layer's symbols (get_num_threads), before anything links them
-            team.start(min(default_cpu_workers(), numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]  # numba.config sets its options at import
+            cores = min(default_cpu_workers(), numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]  # numba.config sets its options at import
+            if team.start(cores):
+                contention.start(cores)
+                AFTER_JOB.append(contention.observe)
             llvm.add_symbol(_PARALLEL_TASKS, native_address(_parallel_tasks, (types.int64,) * 4))
             _registered = True
 

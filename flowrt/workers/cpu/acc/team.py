@@ -13,6 +13,8 @@ layers run as one task.
   spinning on the control block's epoch for ``SPIN_NS``, yielding the core every few pauses to
   any thread that wants it (a busy machine's other processes, the caller itself), then sleeps
   on a futex (a timed wait: a lost wake-up costs time, never a hang); the caller wakes sleepers.
+  While another process keeps the cores busy (``CONTENDED``, set by ``contention.py`` from the
+  regions no helper joined, ``MISSED``), it spins only briefly and never yields.
 - One region at a time: a caller claims the team (:func:`run`), else it answers ``NOT_RUN``
   and the caller runs its region on numba's layer as before (two runs in flight at once, a
   region started inside a task). Who takes a task takes the next index (an atomic counter),
@@ -59,6 +61,9 @@ cache_stamp.register()  # before this module jits anything: its functions cached
 # The control block: int64 words, each counter on a cache line of its own.
 OWNER, EPOCH, ACTIVE, NEXT, DONE, SLEEPERS, FAILED, DISABLED, JOINED = (8 * i for i in range(9))
 ENTRY, TASKS, STEP, DATA, HELPERS, REGIONS = (72 + i for i in range(6))
+# Regions with helpers asked for that the caller ran with none joining in time, and whether
+# another process keeps the cores busy (non-zero), both for ``contention.py``.
+MISSED, CONTENDED = 78, 79
 WORDS = 80
 
 # What :func:`run` answers when the team is busy, or not there: run the region elsewhere.
@@ -71,6 +76,9 @@ SPIN_NS = 300_000
 # before it yields the core while it waits for a helper that the OS has not scheduled.
 SLEEP_NS = 50_000_000
 CALLER_SPINS = 4096
+# A helper's spin while another process keeps the cores busy (``CONTENDED``), without
+# yielding: it soon sleeps, and the caller's wake at the next region puts it back on a core.
+CONTENDED_SPIN_NS = 5_000
 
 # (futex, sched_yield) syscall numbers
 _SYSCALLS = {"x86_64": (202, 24), "aarch64": (98, 124)}
@@ -330,6 +338,8 @@ def run(entry, tasks, step, data, threads):
         _wake(EPOCH, helpers)
     _take_tasks(entry, tasks, step, data, False)
     _wait_for(DONE, tasks)
+    if helpers > 0 and _load(JOINED) == 0:
+        _store(MISSED, _load(MISSED) + 1)
     failed = _load(FAILED)
     _store(REGIONS, _load(REGIONS) + 1)
     _store(OWNER, 0)
@@ -339,13 +349,20 @@ def run(entry, tasks, step, data, threads):
 @njit(nogil=True, cache=True)
 def _wait_past(epoch, spin_ns, sleep_ns):
     """Until the epoch is no longer ``epoch``: spinning for ``spin_ns`` (yielding the core
-    now and then to a thread that wants it), then asleep, waking each ``sleep_ns`` to look."""
+    now and then to a thread that wants it), then asleep, waking each ``sleep_ns`` to look.
+    While another process keeps the cores busy (``CONTENDED``), only CONTENDED_SPIN_NS and
+    never yielding: on Linux's EEVDF scheduler a yield beside a busy thread often hands it
+    the core for a whole slice (milliseconds), and the helper missed nearly every region;
+    woken from its sleep, it is back on a core as the region starts."""
     start = _now_ns()
+    contended = _load(CONTENDED) != 0
+    if contended:
+        spin_ns = CONTENDED_SPIN_NS
     looks = 0
     while _load(EPOCH) == epoch:
         _pause()
         looks += 1
-        if looks % 16 == 0:
+        if looks % 16 == 0 and not contended:
             _yield()
         if looks % 64 == 0 and _now_ns() - start > spin_ns:
             _add(SLEEPERS, 1)
@@ -404,7 +421,8 @@ def describe(cores: int) -> str:
     if off is not None:
         return f"off: {off}"
     count = helpers() or cores - 1
-    return f"{count} helper thread{'s' * (count > 1)}, spinning {SPIN_NS // 1000} us between regions"
+    shared = ", now sleeping at once: another process keeps the cores busy" if CONTROL[CONTENDED] else ""
+    return f"{count} helper thread{'s' * (count > 1)}, spinning {SPIN_NS // 1000} us between regions{shared}"
 
 
 def start(cores: int) -> bool:
