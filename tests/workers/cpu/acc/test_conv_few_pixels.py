@@ -113,6 +113,21 @@ def test_few_output_channels_of_a_wider_kernel_run_tap_by_tap_instead(m):
 
 @pytest.mark.skipif(not TILES_AVAILABLE, reason="no register tiles on this CPU")
 @pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("activation", [FusedActivation("HardSwish"), FusedActivation("Swish", 0.5)])
+def test_a_curve_is_applied_over_a_panels_tiles_at_once(workers, activation):
+    # a 1x1 expansion at 7x7 as MobileNetV3's: the curve applied to a panel's tiles before
+    # they are spread over the output's rows, every output once
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 96, 7, 7), dtype=np.float32)
+    w = rng.standard_normal((200, 96, 1, 1), dtype=np.float32)
+    b = rng.standard_normal(200, dtype=np.float32)
+    kernel, got, expected = conv_case(x, w, b, workers=workers, activation=activation)
+    assert kernel.plan(x.shape, w.shape).name == "few_pixels"
+    close(got, expected)
+
+
+@pytest.mark.skipif(not TILES_AVAILABLE, reason="no register tiles on this CPU")
+@pytest.mark.parametrize("workers", [1, 2])
 def test_deep_1x1_convs_of_14x14_pixels_tile_across_output_channels_instead_of_blas(workers):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((1, 384, 14, 14), dtype=np.float32)

@@ -17,7 +17,10 @@ def test_depthwise_with_channel_multiplier_and_stride():
 
 
 @pytest.mark.parametrize("spatial", [(2, 2), (2, 5), (5, 2), (7, 7), (14, 9), (28, 28)])
-@pytest.mark.parametrize("activation", [None, FusedActivation("Relu"), FusedActivation("Clip", -1.0, 2.0)])
+@pytest.mark.parametrize(
+    "activation",
+    [None, FusedActivation("Relu"), FusedActivation("Clip", -1.0, 2.0), FusedActivation("HardSwish")],
+)
 def test_depthwise_3x3_same_runs_on_bordered_copies_of_the_planes(spatial, activation):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 5, *spatial), dtype=np.float32)
@@ -28,6 +31,26 @@ def test_depthwise_3x3_same_runs_on_bordered_copies_of_the_planes(spatial, activ
     kernel, got, expected = conv_case(x, w, b, activation=activation, group=5, pads=(1, 1, 1, 1))
     assert kernel.plan(x.shape, w.shape).name == "depthwise_same3"
     close(got, expected)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("kernel_shape", [(3, 3), (5, 5)])
+def test_a_curve_over_many_small_planes_is_applied_to_every_plane_once(workers, kernel_shape):
+    # 7x7 planes, 96 of them: a curve other than Relu is applied once a slice's planes hold
+    # enough values (ACTIVATE_BLOCK), several times in a slice, and after its last plane
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((1, 96, 7, 7), dtype=np.float32)
+    w = rng.standard_normal((96, 1, *kernel_shape), dtype=np.float32)
+    b = rng.standard_normal(96, dtype=np.float32)
+    pad = kernel_shape[0] // 2
+    for strides in ((1, 1), (2, 2)):
+        kernel, got, expected = conv_case(
+            x, w, b, workers=workers, activation=FusedActivation("HardSwish"), group=96, strides=strides,
+            pads=(pad,) * 4,
+        )  # fmt: skip
+        same = "depthwise_same3" if pad == 1 else "depthwise_same5"
+        assert kernel.plan(x.shape, w.shape).name == (same if strides == (1, 1) else "depthwise_strided2")
+        close(got, expected)
 
 
 def test_depthwise_3x3_same_never_reads_across_a_row_end():

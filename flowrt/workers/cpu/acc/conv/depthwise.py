@@ -24,7 +24,7 @@ from numba import njit
 
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
-from flowrt.workers.cpu.acc.kernels.epilogue import RELU, activate, activate_in_place
+from flowrt.workers.cpu.acc.kernels.epilogue import NONE, RELU, activate, activate_in_place, activate_planes
 from flowrt.workers.cpu.acc.phases import cell_offset, fill_phase_planes
 
 if TYPE_CHECKING:
@@ -238,22 +238,20 @@ def nine_taps(o, oo, b, wm, middle, first, last, width, pixels, relu):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _same3_plane(x, xo, wm, b, o, oo, width, pixels, middle, first, last, code, alpha, beta):
+def _same3_plane(x, xo, wm, b, o, oo, width, pixels, middle, first, last, code):
     """One output plane, ``o[oo : oo + pixels]``, of a 3x3 depthwise conv with unit strides
     and one pad cell on every side, from the input plane ``x[xo : xo + pixels]`` (flat
     arrays): the plane is copied into the middle of a scratch whose zeros around it stand
     for the pad rows, and the nine taps are one loop over the whole plane (no per-row or
-    border cases)."""
+    border cases). A fused Relu is applied in that loop; another curve by the slice, over
+    several planes at once (``activate_planes``)."""
     xo, to = np.uint64(xo), np.uint64(width + 1)
     for t in range(np.uint64(pixels)):
         middle[to + t] = x[xo + t]
-    relu = code == RELU
-    if relu:
+    if code == RELU:
         nine_taps(o, np.uint64(oo), b, wm, middle, first, last, width, pixels, True)
     else:
         nine_taps(o, np.uint64(oo), b, wm, middle, first, last, width, pixels, False)
-        plane = o[oo : oo + pixels]
-        activate_in_place(plane, code, alpha, beta)
 
 
 @njit(**NATIVE)
@@ -273,25 +271,16 @@ def _same3_slice(s, _step, bounds, x, w, bias, out, code, alpha, beta):
     # zero borders of width + 1 cells on both sides, which the planes leave untouched
     middle = np.zeros(pixels + 2 * (width + 1), np.float32)
     first, last = bordered_plane_masks(height, width)
+    pending = bounds[s] * pixels
+    curve = NONE if code == RELU else code  # Relu in the taps' loop, any other curve after
     for task in range(bounds[s], bounds[s + 1]):
         n, m = divmod(task, m_count)
         xo = (n * channels + m // multiplier) * pixels
         _same3_plane(
-            x_flat,
-            xo,
-            w[m],
-            bias[m],
-            out_flat,
-            task * pixels,
-            width,
-            pixels,
-            middle,
-            first,
-            last,
-            code,
-            alpha,
-            beta,
+            x_flat, xo, w[m], bias[m], out_flat, task * pixels, width, pixels, middle, first, last, code
         )
+        end = (task + 1) * pixels
+        pending = activate_planes(out_flat, pending, end, task == bounds[s + 1] - 1, curve, alpha, beta)
 
 
 # args (bounds, x, w, bias, out, code, alpha, beta), as every ``plane_kernel``.

@@ -21,7 +21,7 @@ from numba import njit
 
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.conv.depthwise import Depthwise
-from flowrt.workers.cpu.acc.kernels.epilogue import RELU, activate, activate_in_place
+from flowrt.workers.cpu.acc.kernels.epilogue import NONE, RELU, activate, activate_planes
 
 if TYPE_CHECKING:
     from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
@@ -80,6 +80,8 @@ def _same5_slice(s, _step, bounds, x, w, bias, out, code, alpha, beta):
         masks[1, i] = column >= 1
         masks[3, i] = column + 1 < width
         masks[4, i] = column + 2 < width
+    curve = NONE if code == RELU else code  # Relu in the taps' loop, any other curve after
+    pending = bounds[s] * pixels
     for task in range(bounds[s], bounds[s + 1]):
         n, m = divmod(task, m_count)
         xo = np.uint64((n * channels + m // multiplier) * pixels)
@@ -90,8 +92,8 @@ def _same5_slice(s, _step, bounds, x, w, bias, out, code, alpha, beta):
             _twenty_five_taps(out_flat, oo, bias[m], w[m], middle, masks, width, pixels, True)
         else:
             _twenty_five_taps(out_flat, oo, bias[m], w[m], middle, masks, width, pixels, False)
-            plane = out_flat[oo : oo + np.uint64(pixels)]
-            activate_in_place(plane, code, alpha, beta)
+        end = (task + 1) * pixels
+        pending = activate_planes(out_flat, pending, end, task == bounds[s + 1] - 1, curve, alpha, beta)
 
 
 # args (bounds, x, w, bias, out, code, alpha, beta), as ``Depthwise.plane_kernel`` takes.

@@ -24,7 +24,7 @@ from numba import njit
 
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.conv.depthwise import Depthwise
-from flowrt.workers.cpu.acc.kernels.epilogue import RELU, activate, activate_in_place
+from flowrt.workers.cpu.acc.kernels.epilogue import NONE, RELU, activate, activate_planes
 
 if TYPE_CHECKING:
     from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
@@ -141,6 +141,8 @@ def _strided2_slice(s, bounds, x, w, bias, out, code, alpha, beta, k):
         left[i] = i % ow_count >= 1
         right[i] = i % ow_count + 1 < ow_count
     relu = code == RELU
+    curve = NONE if relu else code  # Relu in the taps' loop, any other curve after
+    pending = bounds[s] * pixels
     for task in range(bounds[s], bounds[s + 1]):
         n, m = divmod(task, m_count)
         xo = (n * channels + m // multiplier) * height * width
@@ -154,9 +156,8 @@ def _strided2_slice(s, bounds, x, w, bias, out, code, alpha, beta, k):
             _outputs5(out_flat, oo, bias[m], w[m], p00, p01, p10, p11, left, right, ow_count, pixels, True)
         else:
             _outputs5(out_flat, oo, bias[m], w[m], p00, p01, p10, p11, left, right, ow_count, pixels, False)
-        if not relu:
-            plane = out_flat[oo : oo + np.uint64(pixels)]
-            activate_in_place(plane, code, alpha, beta)
+        end = (task + 1) * pixels
+        pending = activate_planes(out_flat, pending, end, task == bounds[s + 1] - 1, curve, alpha, beta)
 
 
 @njit(**NATIVE)

@@ -134,11 +134,14 @@ def _few_pixels_task(task, _step, x_flat, panels, bias, out, bounds, tile_bounds
                         x, k0 * pixels + t * TILE_ROWS, pixels, panels, b_at, TILE_COLUMNS, c, c_at,
                         TILE_COLUMNS, depth, bias, q * TILE_COLUMNS, 0, onto,
                     )  # fmt: skip
+        # The activation over the panel's tiles at once, before they are spread over the
+        # output's rows: a row's 49 pixels (7x7) were too few for the vectorized loop, and
+        # each ran one value at a time (HardSwish on a 96 -> 576 conv at 7x7: 70 us of 130).
+        activate_in_place(c[: p1 - p0].reshape(-1), code, alpha, beta)
         for j in range(min(TILE_COLUMNS, m - q * TILE_COLUMNS)):
             row = out[image, q * TILE_COLUMNS + j]
             for i in range(p0, p1):
                 row[i] = c[i - p0, j]
-            activate_in_place(row[p0:p1], code, alpha, beta)
 
 
 _FEW_PIXELS_TASK = SliceFunction(_few_pixels_task)

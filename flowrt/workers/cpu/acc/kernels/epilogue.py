@@ -273,6 +273,25 @@ def activate_in_place(row, code, alpha, beta):
         activate_late(row, code, alpha, beta)
 
 
+# Fewest values :func:`activate_planes` activates in one pass: a kernel that writes small
+# planes one after another (7x7: 49 values) activated each on its own, and the vectorized
+# loop, 64 values an iteration, left them to its one-at-a-time remainder.
+ACTIVATE_BLOCK = 1024
+
+
+@njit(inline="always", nogil=True, cache=True)
+def activate_planes(flat, pending, end, last, code, alpha, beta):
+    """The values ``flat[pending:end]`` (planes written one after another since the last
+    pass) activated in one pass once they are ACTIVATE_BLOCK or more, or at the ``last``
+    plane: where the next pass starts."""
+    if code == NONE:
+        return end
+    if end - pending < ACTIVATE_BLOCK and not last:
+        return pending
+    activate_in_place(flat[pending:end], code, alpha, beta)
+    return end
+
+
 @njit(inline="always", nogil=True, cache=True)
 def activate_row(dst, src, b, code, alpha, beta):
     """``dst[j] = activate(src[j] + b)`` over a row (``dst`` may be ``src``)."""
