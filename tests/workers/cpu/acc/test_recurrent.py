@@ -1,6 +1,10 @@
 """CpuAcc RNN, GRU and LSTM against CpuRef, and an ONNX model of them through the public API
 against onnxruntime."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -163,3 +167,34 @@ def test_onnx_model_runs_on_cpuacc_and_matches_onnxruntime():
     for g, e in zip(got, expected, strict=True):
         # float32 sums in another order, carried through the steps of a sequence
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
+
+
+_ONE_WORKER = """
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from recurrentcases import layer_inputs
+from flowrt.frontends.onnx.descriptors import make_descriptor
+from flowrt.registry import WorkloadInfo
+from flowrt.types import TensorInfo
+from flowrt.workers.cpu.acc.kernels import load_all as acc_kernels
+from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
+inputs = layer_inputs("LSTM", 4, 1, 8, 16, seed=3)
+desc = make_descriptor("LSTM", {"hidden_size": 16}, opset=22, num_outputs=1)
+expected = ref_kernels()["LSTM"](desc, *inputs)[0]
+infos = tuple(None if a is None else TensorInfo.of(a) for a in inputs)
+info = WorkloadInfo("lstm", "LSTM", desc, infos, (TensorInfo.of(expected),), (None,) * len(inputs))
+got = acc_kernels()["LSTM"](info, 1).execute(list(inputs))[0]
+print(float(np.abs(got - expected).max()))
+"""
+
+
+def test_a_one_worker_kernel_runs_in_a_process_with_no_runtime():
+    # the first CpuAcc kernel of a fresh process, with one worker: the launcher the layer
+    # links to is registered by the kernel itself
+    tests = str(Path(__file__).resolve().parents[3])
+    done = subprocess.run(
+        [sys.executable, "-c", _ONE_WORKER, tests], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.split()[-1]) < 1e-4
