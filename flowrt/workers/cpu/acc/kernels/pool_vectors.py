@@ -16,17 +16,11 @@ from llvmlite import ir
 from numba import types
 from numba.core.extending import intrinsic
 
-from flowrt.workers.cpu.acc.tile_ir import LANES
+from flowrt.workers.cpu.acc.tile_ir import LANES, _intrinsic_function
 
 _f32, _i1, _i32, _i64 = ir.FloatType(), ir.IntType(1), ir.IntType(32), ir.IntType(64)
 _VEC = ir.VectorType(_f32, LANES)
 _MASK = ir.VectorType(_i1, LANES)
-
-
-def _function(builder, name, return_type, argument_types):
-    return builder.module.globals.get(name) or ir.Function(
-        builder.module, ir.FunctionType(return_type, argument_types), name
-    )
 
 
 def _mask(builder, count):
@@ -46,14 +40,14 @@ def _pointer(context, builder, array_type, array, offset):
 
 
 def _load(builder, pointer, mask):
-    load = _function(
+    load = _intrinsic_function(
         builder, f"llvm.masked.load.v{LANES}f32.p0v{LANES}f32", _VEC, [_VEC.as_pointer(), _i32, _MASK, _VEC]
     )
     return builder.call(load, [pointer, ir.Constant(_i32, 4), mask, ir.Constant(_VEC, [0.0] * LANES)])
 
 
 def _store(builder, value, pointer, mask):
-    store = _function(
+    store = _intrinsic_function(
         builder,
         f"llvm.masked.store.v{LANES}f32.p0v{LANES}f32",
         ir.VoidType(),
@@ -72,7 +66,7 @@ def _any_nan(builder, values):
     unordered = builder.fcmp_unordered("uno", values[0], values[0])
     for value in values[1:]:
         unordered = builder.or_(unordered, builder.fcmp_unordered("uno", value, value))
-    reduce = _function(builder, f"llvm.vector.reduce.or.v{LANES}i1", _i1, [_MASK])
+    reduce = _intrinsic_function(builder, f"llvm.vector.reduce.or.v{LANES}i1", _i1, [_MASK])
     return builder.call(reduce, [unordered])
 
 
