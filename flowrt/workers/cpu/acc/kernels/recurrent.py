@@ -82,10 +82,7 @@ class RecurrentKernel:
         self._zeros: dict[int, np.ndarray] = {}
         self.workers = workers
         compile_all()
-        # Looked up with one worker too: it registers the launcher that ``direction``
-        # links to, which a kernel built outside a Runtime would not find otherwise.
-        product = product_address()
-        self._product = product if workers > 1 else 0
+        self._product = product_address() if workers > 1 else 0
 
     def _zeros_of(self, size: int) -> np.ndarray:
         """Read-only zeros standing for an absent bias, peephole or initial state."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, types
 
+from flowrt.workers.cpu.acc import calls
 from flowrt.workers.cpu.acc.blas import sgemm
 from flowrt.workers.cpu.acc.calls import NATIVE, LateFunction, SliceFunction, call_late, run_stages_native
 from flowrt.workers.cpu.acc.kernels import epilogue as ep
@@ -349,6 +350,9 @@ def _store_states(d, h, c, lens, y, y_h, y_c, dims):
 
 
 def compile_all() -> None:
-    """Compile the slots' functions (or load them from numba's cache), at load."""
+    """Compile the slots' functions (or load them from numba's cache), at load; and register
+    the launchers' symbol, which :func:`direction` links to, as ``preload`` does (a kernel of
+    one worker asks for no slice function's address, which would register it)."""
+    calls._register_parallel_tasks()
     GATE.address()
     STEP.address()
