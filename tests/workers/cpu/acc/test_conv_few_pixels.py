@@ -143,6 +143,34 @@ def test_deep_1x1_convs_of_14x14_pixels_tile_across_output_channels_instead_of_b
 
 @pytest.mark.skipif(not TILES_AVAILABLE, reason="no register tiles on this CPU")
 @pytest.mark.parametrize(
+    "m, c, hw, strides, workers, expected",
+    [
+        ((1000, 512, (13, 13), (1, 1), 2, "few_pixels")),
+        ((48, 384, (13, 13), (1, 1), 2, "few_pixels")),
+        ((70, 64, (10, 12), (2, 2), 3, "few_pixels")),
+        ((1000, 512, (13, 13), (1, 1), 1, "packed")),
+        ((64, 96, (14, 14), (1, 1), 2, "packed")),
+    ],
+)
+def test_1x1_convs_whose_pixels_split_unevenly_tile_across_output_channels(
+    m, c, hw, strides, workers, expected
+):
+    """169 pixels (squeezenet's 13x13) make one slice of the column tiles' pixels where two
+    threads need two: the output channels are split instead, by tiles of pixels across
+    panels, not by BLAS; with one thread, or 196 pixels (two slices), the column tiles."""
+    rng = np.random.default_rng(m + c)
+    x = rng.standard_normal((1, c, *((d - 1) * s + 1 for d, s in zip(hw, strides))), dtype=np.float32)
+    w = rng.standard_normal((m, c, 1, 1), dtype=np.float32)
+    b = rng.standard_normal(m, dtype=np.float32)
+    kernel, got, expected_out = conv_case(
+        x, w, b, workers=workers, activation=FusedActivation("Relu"), tuning=ConvTuning(), strides=strides
+    )
+    close(got, expected_out)
+    assert kernel.plan(x.shape, w.shape).name == expected
+
+
+@pytest.mark.skipif(not TILES_AVAILABLE, reason="no register tiles on this CPU")
+@pytest.mark.parametrize(
     "panels, hw, workers, by_panels, by_tiles",
     [
         (2.5, (7, 7), 2, 1, 2),

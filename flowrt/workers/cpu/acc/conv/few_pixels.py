@@ -171,6 +171,13 @@ def _split(panels: int, tiles: int, workers: int) -> tuple[int, int]:
     return best
 
 
+def _pixels_split_unevenly(geometry: ConvGeometry, tuning: ConvTuning) -> bool:
+    """Whether the images' pixels, split as the column tiles split them, keep the workers
+    less busy than the output channels split as BLAS's rows (so the column tiles do not
+    take the conv: ``Packed.applies``, ``Columns.applies``)."""
+    return geometry.balance(geometry.batch_bounds(tuning)) < geometry.balance(geometry.row_bounds(tuning))
+
+
 @attrs.frozen(eq=False)
 class FewPixels:
     """Plan of a conv of one group and few output pixels per image (see :meth:`applies`) by
@@ -190,10 +197,13 @@ class FewPixels:
         the weights' size does not count), of at least a tile's rows of pixels per image
         (fewer: :class:`~flowrt.workers.cpu.acc.conv.vector.Vector` takes them) and at most
         ``tuning.few_pixels_max``; a 1x1 unpadded one also up to ``tuning.few_pixels_deep_max``
-        where the column tiles would leave the product to BLAS (its depth past
-        ``tuning.tiles_max_depth``. A wider kernel, or pads, takes more than
-        ``tuning.taps_max_rows`` output channels (fewer run tap by tap, 1.1-1.7x faster at
-        7x7). (On one core of an AMD EPYC without AVX-512, 3x3 convs of 7x7 planes of 48 to
+        where the column tiles would leave the product to BLAS: its depth past
+        ``tuning.tiles_max_depth``, or its pixels too few to split evenly over the workers
+        (then the output channels are split, by BLAS: squeezenet's 1x1 convs at 13x13 on two
+        threads, 169 pixels, fewer than two slices of ``tuning.column_hint``; on an AVX-512
+        AMD EPYC, a 512 -> 1000 one took 750 us by BLAS, 500 here). A wider kernel, or pads,
+        takes more than ``tuning.taps_max_rows`` output channels (fewer run tap by tap,
+        1.1-1.7x faster at 7x7). (On one core of an AMD EPYC without AVX-512, 3x3 convs of 7x7 planes of 48 to
         512 channels ran 5-25% faster than by the column tiles or BLAS, a 5x5 one 10-15%;
         14x14 ones strided from 28x28 no faster.)"""
         pixels, pointwise = geometry.pixels, geometry.pointwise
@@ -208,7 +218,7 @@ class FewPixels:
                 or (
                     pointwise
                     and pixels <= tuning.few_pixels_deep_max
-                    and geometry.rows > tuning.tiles_max_depth
+                    and (geometry.rows > tuning.tiles_max_depth or _pixels_split_unevenly(geometry, tuning))
                 )
             )
         )
