@@ -16,6 +16,7 @@ from flowrt.registry import WorkloadInfo
 from flowrt.types import TensorInfo
 from flowrt.workers.cpu.acc import int8_gemm
 from flowrt.workers.cpu.acc.conv import depthwise_int8
+from flowrt.workers.cpu.acc.conv.int8_layout import PAD
 from flowrt.workers.cpu.acc.kernels import load_all as acc_kernels
 from flowrt.workers.cpu.acc.kernels import qlinear
 from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
@@ -401,3 +402,20 @@ def test_parameters_that_are_inputs_are_read_at_every_run(group):
     for inputs in runs + runs:
         (got,) = kernel.execute(inputs)
         np.testing.assert_array_equal(got, ref_kernels()["QLinearConv"](desc, *inputs))
+
+
+@pytest.mark.parametrize("width", [1, 14, 63, 64, 65, 130])
+@pytest.mark.parametrize("pads", [(1, 1, 1, 1), (0, 2, 3, 0)])
+def test_the_padded_input_holds_each_plane_inside_its_zero_point(width, pads):
+    # rows copied as masked vectors of 64 bytes where the host has AVX-512BW: shorter rows,
+    # and rows past a vector, land whole and nothing beside them is overwritten
+    top, left, bottom, right = pads
+    rng = np.random.default_rng(width)
+    x = rng.integers(0, 256, (3, 5, width)).astype(np.uint8)
+    padded_h, pitch = 5 + top + bottom, width + left + right
+    padded = np.full(3 * padded_h * pitch + 7, 9, np.uint8)
+    bounds = np.array([0, 1, 3], np.int64)
+    PAD.run(2, (bounds, x, np.uint8(200), top, left, padded_h, pitch, padded))
+    expected = np.pad(x, ((0, 0), (top, bottom), (left, right)), constant_values=200)
+    np.testing.assert_array_equal(padded[: expected.size].reshape(expected.shape), expected)
+    assert (padded[expected.size :] == 9).all()

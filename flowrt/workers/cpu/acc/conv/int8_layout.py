@@ -10,6 +10,7 @@ import numpy as np
 from numba import njit
 
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
+from flowrt.workers.cpu.acc.kernels.pool_vectors import BYTE_LANES, copy_bytes
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -125,8 +126,19 @@ def _pad_slice(s, _step, bounds, x, fill, pad_top, pad_left, padded_h, padded_w,
     into ``padded`` (flat, (C, padded_h, padded_w) first), ``fill`` around each plane."""
     height, width = x.shape[1], x.shape[2]
     plane = padded_h * padded_w
+    flat = x.reshape(-1)
     for c in range(bounds[s], bounds[s + 1]):
         base = c * plane
+        if BYTE_LANES > 0:  # the plane filled, then each row as masked vectors: rows are short
+            whole = padded[base : base + plane]
+            for i in range(plane):  # range indices: no negative-index checks, so it vectorizes
+                whole[i] = fill
+            for y in range(height):
+                at = base + (pad_top + y) * padded_w + pad_left
+                row = (c * height + y) * width
+                for i in range(0, width, BYTE_LANES):
+                    copy_bytes(padded, at + i, flat, row + i, min(BYTE_LANES, width - i))
+            continue
         for i in range(pad_top * padded_w):
             padded[base + i] = fill
         for y in range(height):

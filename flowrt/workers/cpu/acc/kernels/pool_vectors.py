@@ -1,5 +1,6 @@
 """MaxPool's inner steps as explicit vectors (LLVM IR through numba's ``intrinsic``), one
-vector of ``LANES`` outputs a call, a last part of a row masked.
+vector of ``LANES`` outputs a call, a last part of a row masked; and a short row of bytes
+copied as one masked vector (:func:`copy_bytes`, a QLinearConv's padded input).
 
 Left to LLVM's loop vectorizer, a row's loop runs ``LANES`` x 4 values an iteration and the
 rest one at a time: the rows of a pool are short (13 to 111 values in the light models), so
@@ -12,6 +13,7 @@ the results are the same bit for bit; callers look for NaN apart, as before.
 
 from __future__ import annotations
 
+from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import types
 from numba.core.extending import intrinsic
@@ -23,14 +25,14 @@ _VEC = ir.VectorType(_f32, LANES)
 _MASK = ir.VectorType(_i1, LANES)
 
 
-def _mask(builder, count):
-    """Lanes ``0 .. count`` on (``count`` an i64)."""
-    wide = ir.VectorType(_i64, LANES)
+def _mask(builder, count, lanes=LANES):
+    """Lanes ``0 .. count`` of ``lanes`` on (``count`` an i64)."""
+    wide = ir.VectorType(_i64, lanes)
     spread = builder.insert_element(ir.Constant(wide, ir.Undefined), count, ir.Constant(_i32, 0))
     spread = builder.shuffle_vector(
-        spread, ir.Constant(wide, ir.Undefined), ir.Constant(ir.VectorType(_i32, LANES), [0] * LANES)
+        spread, ir.Constant(wide, ir.Undefined), ir.Constant(ir.VectorType(_i32, lanes), [0] * lanes)
     )
-    return builder.icmp_signed("<", ir.Constant(wide, list(range(LANES))), spread)
+    return builder.icmp_signed("<", ir.Constant(wide, list(range(lanes))), spread)
 
 
 def _pointer(context, builder, array_type, array, offset):
@@ -123,6 +125,44 @@ def max3_pairs(typingctx, dst, dst_at, src, src_at, count):
             _pointer(context, builder, signature.args[0], args[0], args[1]),
             _mask(builder, args[4]),
         )
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+# Bytes :func:`copy_bytes` moves a call: a zmm where the host has AVX-512BW (masked byte loads
+# and stores); 0 elsewhere, where LLVM would split a masked byte vector into one branch per
+# byte, and callers copy in a loop instead.
+BYTE_LANES = 64 if llvm.get_host_cpu_features().get("avx512bw") else 0
+_BYTES = ir.VectorType(ir.IntType(8), 64)
+_BYTE_MASK = ir.VectorType(_i1, 64)
+
+
+@intrinsic
+def copy_bytes(typingctx, dst, dst_at, src, src_at, count):
+    """``dst[dst_at : dst_at + count] = src[src_at : src_at + count]`` for ``count`` of at
+    most 64 bytes, one masked load and store (only where :data:`BYTE_LANES` is 64). Reads and
+    writes nothing past ``count``."""
+    sig = types.void(dst, dst_at, src, src_at, count)
+
+    def codegen(context, builder, signature, args):
+        mask = _mask(builder, args[4], 64)
+        pointer = _BYTES.as_pointer()
+
+        def at(index, offset):
+            data = context.make_array(signature.args[index])(context, builder, args[index]).data
+            return builder.bitcast(builder.gep(data, [offset]), pointer)
+
+        load = _intrinsic_function(
+            builder, "llvm.masked.load.v64i8.p0v64i8", _BYTES, [pointer, _i32, _BYTE_MASK, _BYTES]
+        )
+        store = _intrinsic_function(
+            builder, "llvm.masked.store.v64i8.p0v64i8", ir.VoidType(), [_BYTES, pointer, _i32, _BYTE_MASK]
+        )
+        value = builder.call(
+            load, [at(2, args[3]), ir.Constant(_i32, 1), mask, ir.Constant(_BYTES, [0] * 64)]
+        )
+        builder.call(store, [value, at(0, args[1]), ir.Constant(_i32, 1), mask])
         return context.get_dummy_value()
 
     return sig, codegen
