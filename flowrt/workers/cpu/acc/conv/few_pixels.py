@@ -203,9 +203,9 @@ class FewPixels:
         threads, 169 pixels, fewer than two slices of ``tuning.column_hint``; on an AVX-512
         AMD EPYC, a 512 -> 1000 one took 750 us by BLAS, 500 here). A wider kernel, or pads,
         takes more than ``tuning.taps_max_rows`` output channels (fewer run tap by tap,
-        1.1-1.7x faster at 7x7). (On one core of an AMD EPYC without AVX-512, 3x3 convs of 7x7 planes of 48 to
-        512 channels ran 5-25% faster than by the column tiles or BLAS, a 5x5 one 10-15%;
-        14x14 ones strided from 28x28 no faster.)"""
+        1.1-1.7x faster at 7x7). (On one core of an AMD EPYC without AVX-512, 3x3 convs of
+        7x7 planes of 48 to 512 channels ran 5-25% faster than by the column tiles or BLAS, a
+        5x5 one 10-15%; 14x14 ones strided from 28x28 no faster.)"""
         pixels, pointwise = geometry.pixels, geometry.pointwise
         return (
             AVAILABLE
