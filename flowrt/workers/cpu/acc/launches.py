@@ -42,7 +42,7 @@ import attrs
 import numpy as np
 from numba import njit, types
 
-from flowrt.workers.cpu.acc import calls
+from flowrt.workers.cpu.acc import calls, team
 from flowrt.workers.cpu.acc.calls import RECORDING, launch_recorded
 from flowrt.workers.cpu.workers import job_context
 
@@ -52,6 +52,11 @@ RECORD_WORDS = 1024  # a launch's record: entry, length, then up to 8 KiB of dat
 MAX_KEPT_BYTES = 128 << 10
 MAX_WORK_S = 2e-3
 CHAIN_S = 0.5e-3  # the work of the consecutive recorded layers replayed as one step
+# While another process keeps the cores busy (``team.CONTENDED``), a recorded layer whose work
+# took less than this alone runs as a run of one thread does: no region, no helper to wake.
+# Beside one busy process, squeezenet's layers (30-250 us) ran faster so (busy 4.7-4.8 ms ->
+# 4.3-4.5), resnet50's (150-1500 us) no slower with their helper.
+CONTENDED_SPLIT_S = 200e-6
 # Layers moving more than this (non-constant inputs and outputs) are not tried: their work
 # dwarfs their Python, and checking them would copy their tensors (a peak of its own).
 MAX_TENSOR_BYTES = 4 << 20
@@ -124,7 +129,9 @@ def recording() -> Iterator[Recorder]:
 
 class Launches:
     """Compiles consecutive recorded layers' bound call: one :func:`replay` of their rows (of
-    those recorded for one thread when the run has one thread now), up to ``CHAIN_S`` of work."""
+    those recorded for one thread when the run has one thread now; of those for one thread of
+    its short layers while another process keeps the cores busy, where a helper woken for a
+    short region cost more than it saved), up to ``CHAIN_S`` of work."""
 
     @staticmethod
     def joins(chain: Sequence[Any], call: Any) -> bool:
@@ -135,20 +142,25 @@ class Launches:
     def compile(bound: Sequence[Any]) -> Callable[[], None]:
         """One call for ``bound``: recorded layers (:class:`LaunchCall`) and runs of the tape's
         bound calls (``tape.BoundCall``), each kind giving its rows (``replay_rows``)."""
-        every, one, keep = [], [], []
+        every, one, shared, keep = [], [], [], []
         for _, group in itertools.groupby(bound, key=type):
             calls = list(group)
-            rows, one_rows, kept = calls[0].replay_rows(calls)
+            rows, one_rows, shared_rows, kept = calls[0].replay_rows(calls)
             every += rows
             one += one_rows
+            shared += shared_rows
             keep.append(kept)
-        all_rows, one_thread = np.concatenate(every), np.concatenate(one)
+        all_rows, one_thread, contended = np.concatenate(every), np.concatenate(one), np.concatenate(shared)
         if all_rows.shape[0] == 0:  # views only
             return lambda: None
+        control = team.CONTROL
 
         def run() -> None:
             job = job_context()
-            replay(one_thread if job is not None and job.threads == 1 else all_rows)
+            if job is not None and job.threads == 1:
+                replay(one_thread)
+            else:
+                replay(contended if control[team.CONTENDED] else all_rows)
 
         run.keep = (tuple(bound), keep)  # type: ignore[attr-defined]  # alive with the call
         return run
@@ -180,10 +192,16 @@ class LaunchCall:
         return max(self.seconds, self.one_thread.seconds if self.one_thread is not None else 0.0)
 
     @staticmethod
-    def replay_rows(calls: Sequence[LaunchCall]) -> tuple[list[np.ndarray], list[np.ndarray], list[Any]]:
+    def replay_rows(
+        calls: Sequence[LaunchCall],
+    ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[Any]]:
         """``Launches.compile``'s rows for consecutive recorded layers (tables to join): as a
-        lone run makes them, as a run of one thread does."""
-        return [call.rows for call in calls], [(call.one_thread or call).rows for call in calls], list(calls)
+        lone run makes them, as a run of one thread does, and while another process keeps
+        the cores busy (``team.CONTENDED``): a layer shorter than ``CONTENDED_SPLIT_S`` as one
+        thread makes it, the others as a lone run."""
+        one = [(call.one_thread or call).rows for call in calls]
+        shared = [o if call.seconds < CONTENDED_SPLIT_S else call.rows for call, o in zip(calls, one)]
+        return [call.rows for call in calls], one, shared, list(calls)
 
 
 def _arrays(value: Any) -> Iterator[np.ndarray]:

@@ -177,11 +177,13 @@ class BoundCall:
     work_s: ClassVar[float] = 0.0  # a tape's work fits one slice: small beside a step's bound
 
     @staticmethod
-    def replay_rows(calls: Sequence[BoundCall]) -> tuple[list[np.ndarray], list[np.ndarray], list[Any]]:
+    def replay_rows(
+        calls: Sequence[BoundCall],
+    ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[Any]]:
         """``launches.Launches.compile``'s rows for consecutive bound calls (the same for
         every thread count: a tape runs on the calling thread)."""
         rows, keep = Tape.launch_rows(calls)
-        return [rows], [rows], keep
+        return [rows], [rows], [rows], keep
 
 
 def _call(outputs: Sequence[np.ndarray], instruction: Instruction | None) -> BoundCall:

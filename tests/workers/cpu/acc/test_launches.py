@@ -404,3 +404,36 @@ async def test_quantized_layers_are_recorded_and_replay_what_running_them_gives(
     for a, b in zip(first, again):
         np.testing.assert_array_equal(a, b)
     assert not np.array_equal(first[0], first[1])
+
+
+@pytest.mark.parametrize(
+    ("split_s", "contended", "replays"),
+    [(1.0, 1, "one thread's"), (0.0, 1, "every thread's"), (1.0, 0, "every thread's")],
+)
+async def test_while_the_cores_are_shared_short_layers_replay_as_one_thread_plans_them(
+    monkeypatch, split_s, contended, replays
+):
+    # Beside a busy process (team.CONTENDED), a layer whose work is under CONTENDED_SPLIT_S
+    # replays its launches as a run of one thread made them: no region, no helper to wake.
+    from flowrt.workers.cpu.acc import contention, team
+
+    monkeypatch.setattr(launches, "CONTENDED_SPLIT_S", split_s)
+    monkeypatch.setattr(contention, "_next_check", float("inf"))  # no look changes the state
+    replayed: list[np.ndarray] = []
+    real = launches.replay
+    before = team.CONTROL[team.CONTENDED]
+    team.CONTROL[team.CONTENDED] = contended
+    try:
+        async with flowrt.Runtime(cpu_workers=2) as rt:
+            model = await _checked_runs(rt, _net(), max_in_flight=1, rounds=4)
+            split = [c for c in _recorded_calls(model.pools.pools[0]) if c.one_thread is not None]
+            assert split and team.CONTROL[team.CONTENDED] == contended
+            monkeypatch.setattr(launches, "replay", lambda rows: replayed.append(rows.copy()) or real(rows))
+            await model.run({"x": _input(0)})
+    finally:
+        team.CONTROL[team.CONTENDED] = before
+    rows = {tuple(row) for table in replayed for row in table}
+    for call in split:
+        one = {tuple(row) for row in call.one_thread.rows}
+        every = {tuple(row) for row in call.rows}
+        assert (one <= rows, every <= rows) == ((True, False) if replays == "one thread's" else (False, True))
