@@ -35,27 +35,38 @@ def _mask(builder, count, lanes=LANES):
     return builder.icmp_signed("<", ir.Constant(wide, list(range(lanes))), spread)
 
 
-def _pointer(context, builder, array_type, array, offset):
-    """A vector pointer to ``array[offset]``."""
+def _pointer(context, builder, array_type, array, offset, vector=_VEC):
+    """A pointer to ``array[offset]`` as a ``vector``."""
     data = context.make_array(array_type)(context, builder, array).data
-    return builder.bitcast(builder.gep(data, [offset]), _VEC.as_pointer())
+    return builder.bitcast(builder.gep(data, [offset]), vector.as_pointer())
 
 
-def _load(builder, pointer, mask):
+def _masked(vector):
+    """(the LLVM name suffix of a masked load or store of ``vector``, its mask's type, the
+    alignment of its element)."""
+    element = vector.element
+    kind, size = (
+        ("f32", 4) if isinstance(element, ir.FloatType) else (f"i{element.width}", element.width // 8)
+    )
+    name = f"v{vector.count}{kind}"
+    return f"{name}.p0{name}", ir.VectorType(_i1, vector.count), size
+
+
+def _load(builder, pointer, mask, vector=_VEC):
+    suffix, mask_type, align = _masked(vector)
     load = _intrinsic_function(
-        builder, f"llvm.masked.load.v{LANES}f32.p0v{LANES}f32", _VEC, [_VEC.as_pointer(), _i32, _MASK, _VEC]
+        builder, f"llvm.masked.load.{suffix}", vector, [vector.as_pointer(), _i32, mask_type, vector]
     )
-    return builder.call(load, [pointer, ir.Constant(_i32, 4), mask, ir.Constant(_VEC, [0.0] * LANES)])
+    zero = ir.Constant(vector, [0.0 if isinstance(vector.element, ir.FloatType) else 0] * vector.count)
+    return builder.call(load, [pointer, ir.Constant(_i32, align), mask, zero])
 
 
-def _store(builder, value, pointer, mask):
+def _store(builder, value, pointer, mask, vector=_VEC):
+    suffix, mask_type, align = _masked(vector)
     store = _intrinsic_function(
-        builder,
-        f"llvm.masked.store.v{LANES}f32.p0v{LANES}f32",
-        ir.VoidType(),
-        [_VEC, _VEC.as_pointer(), _i32, _MASK],
+        builder, f"llvm.masked.store.{suffix}", ir.VoidType(), [vector, vector.as_pointer(), _i32, mask_type]
     )
-    builder.call(store, [value, pointer, ir.Constant(_i32, 4), mask])
+    builder.call(store, [value, pointer, ir.Constant(_i32, align), mask])
 
 
 def _larger(builder, a, b):
@@ -135,7 +146,6 @@ def max3_pairs(typingctx, dst, dst_at, src, src_at, count):
 # byte, and callers copy in a loop instead.
 BYTE_LANES = 64 if llvm.get_host_cpu_features().get("avx512bw") else 0
 _BYTES = ir.VectorType(ir.IntType(8), 64)
-_BYTE_MASK = ir.VectorType(_i1, 64)
 
 
 @intrinsic
@@ -146,23 +156,16 @@ def copy_bytes(typingctx, dst, dst_at, src, src_at, count):
     sig = types.void(dst, dst_at, src, src_at, count)
 
     def codegen(context, builder, signature, args):
-        mask = _mask(builder, args[4], 64)
-        pointer = _BYTES.as_pointer()
-
-        def at(index, offset):
-            data = context.make_array(signature.args[index])(context, builder, args[index]).data
-            return builder.bitcast(builder.gep(data, [offset]), pointer)
-
-        load = _intrinsic_function(
-            builder, "llvm.masked.load.v64i8.p0v64i8", _BYTES, [pointer, _i32, _BYTE_MASK, _BYTES]
+        mask = _mask(builder, args[4], _BYTES.count)
+        source = _pointer(context, builder, signature.args[2], args[2], args[3], _BYTES)
+        value = _load(builder, source, mask, _BYTES)
+        _store(
+            builder,
+            value,
+            _pointer(context, builder, signature.args[0], args[0], args[1], _BYTES),
+            mask,
+            _BYTES,
         )
-        store = _intrinsic_function(
-            builder, "llvm.masked.store.v64i8.p0v64i8", ir.VoidType(), [_BYTES, pointer, _i32, _BYTE_MASK]
-        )
-        value = builder.call(
-            load, [at(2, args[3]), ir.Constant(_i32, 1), mask, ir.Constant(_BYTES, [0] * 64)]
-        )
-        builder.call(store, [value, at(0, args[1]), ir.Constant(_i32, 1), mask])
         return context.get_dummy_value()
 
     return sig, codegen
