@@ -4,9 +4,8 @@ A pool's tensors never move, so a workload whose inputs are constants or tensors
 reads and writes the same arrays in every run that borrows it. A workload that offers
 ``bind(inputs, outputs)`` may answer those fixed arrays with a bound call (or None); the
 consecutive bound calls of one ``program`` become one :class:`BoundStep`, which runs them all
-through one call that ``program.compile(calls)`` made (CpuAcc's tape: one native call for a
-chain of small elementwise layers), as many as ``program.joins(calls, call)`` lets join where
-the program bounds its steps. The other workloads stay steps of their own.
+through one call that ``program.compile(calls)`` made (CpuAcc's: one native call for a chain
+of recorded layers and small elementwise ones). The other workloads stay steps of their own.
 """
 
 from __future__ import annotations
@@ -75,17 +74,12 @@ def bind_segment(
             # Planned outputs end in their pool views, whatever the workload returns.
             fixed.update((t, v) for t, v in zip(node.outputs, views) if t is not None and v is not None)
             continue
-        if run and (call.program is not run[0][1].program or not _joins(run, call)):
+        if run and call.program is not run[0][1].program:
             flush()
         run.append((node, call))
         fixed.update((t, a) for t, a in zip(node.outputs, call.outputs) if t is not None)
     flush()
     return steps
-
-
-def _joins(run: list[tuple[WorkloadNode, Any]], call: Any) -> bool:
-    joins = getattr(call.program, "joins", None)
-    return joins is None or bool(joins([c for _, c in run], call))
 
 
 def _bind(node: WorkloadNode, fixed: Mapping[int, Any], views: Sequence[Any]) -> Any:

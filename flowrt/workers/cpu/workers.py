@@ -34,8 +34,11 @@ HIGH job, the HIGH jobs only: the others pause). A lone run spreads over every c
 flight together take a core each instead of oversubscribing them (two runs of two threads
 each on two cores wait at each other's barriers: one thread each streams small models about
 15% faster). The share is taken when a job starts and again before each of its workloads
-(``share_cores``, called by the executor): a run that started alone steps down to its core as
-soon as another starts beside it, rather than keeping the cores of both for the rest of the
+(``share_cores``, called by the executor; work that runs many workloads in one native call,
+CpuAcc's recorded layers, looks between them at its job's signal, ``job_signal``, which the
+pool sets when a job starts beside one that has more threads than its share, or HIGH work
+starts beside lower work, or a caller is cancelled, and calls ``attend`` then): a run that
+started alone steps down to its core as soon as another starts beside it, rather than keeping the cores of both for the rest of the
 run; it does not step back up within the job (its helper threads would wake for one layer and
 then spin beside the other run). Reserve jobs use every thread, the jobs around them having
 paused. ``share_cores`` returns the job's :class:`~flowrt.engine.scheduler.job.JobContext`
@@ -78,6 +81,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+import numpy as np
 import outcome
 import trio
 
@@ -143,8 +147,10 @@ class _Job:
     deliver: Callable[[outcome.Outcome], None]
 
 
-# The job a worker thread runs now, for ``share_cores``.
+# The job a worker thread runs now, for ``share_cores``; ``own`` is any worker's (reserve
+# ones too), for ``job_signal`` and ``attend``.
 _current = threading.local()
+_NO_SIGNAL = np.zeros(1, np.int64)  # off the workers: never set
 
 # Called on the worker's thread after each job, in order (CpuAcc's team adds its watch for
 # other processes, ``acc/contention.py``): quick, and raising nothing.
@@ -161,6 +167,28 @@ def share_cores() -> JobContext | None:
         return None
     worker.share_cores()
     return worker.context
+
+
+def job_signal() -> np.ndarray:
+    """The word that tells the job running on this CPU worker to come back to Python at its
+    next workload boundary (non-zero: its share of the cores shrank, HIGH work wants the
+    cores, or its caller was cancelled), for work that runs many workloads in one native call
+    and checks it between them (CpuAcc's recorded layers); off the workers, a word never set."""
+    worker = getattr(_current, "own", None)
+    return _NO_SIGNAL if worker is None else worker.signal
+
+
+def attend() -> bool:
+    """On a CPU worker whose job's signal (``job_signal``) was set: the signal cleared, then
+    what ``share_cores`` does between two workloads; whether the job goes on (its caller was
+    not cancelled)."""
+    worker = getattr(_current, "own", None)
+    if worker is None:
+        return True
+    worker.signal[0] = 0
+    if worker.pool is not None:
+        worker.share_cores()
+    return not worker.cancelled.is_set()
 
 
 def job_context() -> JobContext | None:
@@ -189,6 +217,10 @@ class _Worker:
         self.priority = int(Priority.MEDIUM)  # the running job's
         self.pause_left = 0.0  # seconds the running job may still pause for HIGH work
         self.cancelled = threading.Event()  # the running job's
+        # See job_signal. Not cleared as a job starts: a job started just before, beside
+        # this one, may have set it for this one; a word left from the last job costs one
+        # look at the share of the cores.
+        self.signal = np.zeros(8, np.int64)
 
     def _serve(self) -> None:
         import numba  # imported, and its threading layer chosen, by the pool (see the module doc)
@@ -198,6 +230,7 @@ class _Worker:
         numba.set_num_threads(self.threads)
         if self.pool is not None:
             _current.worker = self
+        _current.own = self
         self.ready.set()
         while (job := self.inbox.get()) is not None:
             self._set_threads(job.threads)
@@ -279,6 +312,7 @@ class CpuWorkerPool:
         self._idle: PriorityLender[_Worker] = PriorityLender(aging_interval=aging_interval)
         self._idle_reserve: list[_Worker] = []
         self._running: dict[_Worker, int] = {}  # busy (not reserve) worker -> its job's priority
+        self._started_with: dict[_Worker, int] = {}  # busy (not reserve) worker -> its job's threads
         self.high_jobs = 0  # HIGH jobs running, on regular and reserve workers
         # Notified when the last HIGH job ends, or a paused job's caller is cancelled.
         self.high_changed = threading.Condition()
@@ -413,6 +447,20 @@ class CpuWorkerPool:
         low = self._renice and priority >= Priority.LOW and threads == 1
         return threads, LOW_PRIORITY_NICE if low else 0
 
+    def _signal_beside(self, started: _Worker, priority: int) -> None:
+        """Tell the jobs running beside one of ``priority`` just started on ``started`` to come
+        back to Python at their next workload boundary (``job_signal``) where it changes what
+        they may use: a HIGH job pauses lower ones (those that may pause no more look and go
+        on), and a job that started with more threads than its share now steps down. Only
+        those: a job running natively gives the GIL up for as long as it can."""
+        for other, running in self._running.items():
+            if other is started:
+                continue
+            pauses = priority <= Priority.HIGH < running
+            share = max(1, self.threads // max(1, self.busy(running)))
+            if pauses or self._started_with.get(other, 1) > share:
+                other.signal[0] = 1
+
     async def run_sync(
         self,
         fn: Callable[..., Any],
@@ -452,6 +500,9 @@ class CpuWorkerPool:
             waited = time.monotonic() - asked
             may_pause = max(0.0, (priority - Priority.HIGH) * self.aging_interval - waited)
             job = _Job(call, (fn, *args), priority, may_pause, cancelled, threads, nice, token, deliver)
+            if not reserve:
+                self._started_with[worker] = threads
+            self._signal_beside(worker, priority)
             worker.inbox.put(job)
             # The worker wakes needing the GIL, which trio's thread keeps while it goes on
             # (0.5 ms on a stream's busy loop): hand it over now, so that the job starts.
@@ -470,6 +521,7 @@ class CpuWorkerPool:
                 self._idle_reserve.append(worker)
             else:
                 self._running.pop(worker, None)
+                self._started_with.pop(worker, None)
                 self._idle.give_back(worker)
             box.append(result)
             done.set()
@@ -486,6 +538,7 @@ class CpuWorkerPool:
             if on_cancel is not None:
                 on_cancel()
             cancelled.set()  # a job paused for HIGH work goes on to its end
+            lent[0][0].signal[0] = 1  # and one running natively comes back to see it
             with self.high_changed:
                 self.high_changed.notify_all()
             with trio.CancelScope(shield=True):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import time
 from collections.abc import Callable
 
 import numba
@@ -23,7 +24,9 @@ from flowrt.types import Priority
 from flowrt.workers.cpu.workers import (
     LOW_PRIORITY_NICE,
     CpuWorkerPool,
+    attend,
     job_context,
+    job_signal,
     nice_is_reversible,
     share_cores,
 )
@@ -308,6 +311,104 @@ async def test_a_job_that_started_alone_steps_down_when_another_starts_beside_it
         assert (await pool.run_sync(pool.between_workloads)).threads == pool.threads
     half = max(1, pool.threads // 2)
     assert seen == shares == [pool.threads, half, half]
+
+
+def _signalled_within(seconds: float) -> bool:
+    """On a worker: whether the job's signal is set within ``seconds``."""
+    signal, deadline = job_signal(), time.monotonic() + seconds
+    while signal[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return bool(signal[0])
+
+
+async def test_jobs_running_natively_are_signalled_when_what_they_may_use_changes():
+    """A job running many workloads in one native call looks at its signal between them
+    (``job_signal``) and comes back to Python (``attend``) only when it is set: when a job
+    starts beside one that has more threads than its share, when HIGH work starts beside
+    lower work, and when its caller is cancelled -- not when a job starts beside one already
+    at its share."""
+    async with CpuWorkerPool(2) as pool:
+        assert pool.threads == 2  # the machines this runs on have two cores or more
+        assert job_signal()[0] == 0 and attend()  # off the workers: never set, nothing to do
+        seen: dict[str, object] = {}
+        other = GatedJobs()
+
+        def alone() -> None:
+            seen["alone"] = job_context().threads
+            seen["beside"] = _signalled_within(10)  # until the test starts a second job
+            seen["goes on"] = attend()
+            seen["stepped down"] = job_context().threads
+            seen["cleared"] = int(job_signal()[0])
+            seen["high"] = _signalled_within(10)  # until the test starts a HIGH job
+            seen["not cancelled"] = attend()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pool.run_sync, alone)
+            while "alone" not in seen:
+                await trio.sleep(0.001)
+            nursery.start_soon(other.run, pool, "beside")
+            await other.wait_started(1)
+            while "cleared" not in seen:
+                await trio.sleep(0.001)
+            nursery.start_soon(other.run, pool, "high", Priority.HIGH)
+            await other.wait_started(2)
+            while "not cancelled" not in seen:
+                await trio.sleep(0.001)
+            other.release("high")
+            other.release("beside")
+        assert seen == {
+            "alone": 2,
+            "beside": True,
+            "goes on": True,
+            "stepped down": 1,
+            "cleared": 0,
+            "high": True,
+            "not cancelled": True,
+        }
+
+        # A caller cancelled while its job runs: the job is told, and attend says stop.
+        token = trio.lowlevel.current_trio_token()
+        started = trio.Event()
+        outcome_: list[bool] = []
+
+        def cancelled_job() -> None:
+            attend()  # a signal left by the last job on this worker costs a look, no more
+            token.run_sync_soon(started.set)
+            outcome_.append(_signalled_within(10))
+            outcome_.append(attend())
+
+        with trio.move_on_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pool.run_sync, cancelled_job)
+                await started.wait()
+                nursery.cancel_scope.cancel()
+        assert outcome_ == [True, False]
+
+    # A job already at its share is not told when another starts beside it.
+    async with CpuWorkerPool(3) as pool:
+        jobs = GatedJobs()
+        third_started = threading.Event()
+        second: list[int] = []
+
+        def at_share() -> None:
+            token.run_sync_soon(started.set)
+            second.append(job_context().threads)
+            third_started.wait(10)
+            second.append(int(job_signal()[0]))
+
+        started = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(jobs.run, pool, "first")
+            await jobs.wait_started(1)
+            nursery.start_soon(pool.run_sync, at_share)
+            await started.wait()
+            nursery.start_soon(jobs.run, pool, "third")
+            await jobs.wait_started(2)
+            third_started.set()
+            while len(second) < 2:
+                await trio.sleep(0.001)
+            jobs.release_all()
+        assert second == [1, 0]
 
 
 async def test_a_job_runs_in_the_callers_context():

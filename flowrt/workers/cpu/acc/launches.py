@@ -22,11 +22,14 @@ kernel that splits its work is recorded twice: as a lone run splits it (every wo
 a run with one thread does (a run sharing the cores replays that one); where either cannot be
 recorded, the layer is not.
 
-Consecutive recorded layers of a segment replay as one step, up to ``CHAIN_S`` seconds of
-their work (as their proofs timed them): one numba call for the chain, where each layer was
-a step with its own Python around it (a run's checks between steps: whether it was cancelled,
-whether a HIGH run asks it to pause, how many threads it has now). Bounding the chain bounds
-how late those checks come.
+Consecutive recorded layers of a segment replay as one step: one numba call for the chain
+(:func:`replay_layers`), where each layer was a step with its own Python around it, which
+needs the GIL: beside a thread that holds it (a server's event loop, a stream's batching),
+each step waited for it, and a squeezenet run of 17 steps took twice its time. A run's
+checks between its layers (whether it was cancelled, whether a HIGH run asks it to pause,
+how many threads it has now) are made in the call: between two layers it looks at its job's
+signal (``workers.job_signal``), which the worker pool sets when one of them changes, and
+comes back to Python for it (``workers.attend``) only then, going on from the next layer.
 """
 
 from __future__ import annotations
@@ -44,14 +47,13 @@ from numba import njit, types
 
 from flowrt.workers.cpu.acc import calls, team
 from flowrt.workers.cpu.acc.calls import RECORDING, launch_recorded
-from flowrt.workers.cpu.workers import job_context
+from flowrt.workers.cpu.workers import attend, job_context, job_signal
 
 logger = logging.getLogger(__name__)
 
 RECORD_WORDS = 1024  # a launch's record: entry, length, then up to 8 KiB of data
 MAX_KEPT_BYTES = 128 << 10
 MAX_WORK_S = 2e-3
-CHAIN_S = 0.5e-3  # the work of the consecutive recorded layers replayed as one step
 # While another process keeps the cores busy (``team.CONTENDED``), a recorded layer whose work
 # took less than this alone runs as a run of one thread does: no region, no helper to wake.
 # Beside one busy process, squeezenet's layers (30-250 us) ran faster so (busy 4.7-4.8 ms ->
@@ -71,6 +73,27 @@ def replay(rows):
     """Run recorded launches in order: each row ``(entry, tasks, step, data address)``."""
     for i in range(rows.shape[0]):
         launch_recorded(rows[i, 0], rows[i, 1], rows[i, 2], rows[i, 3])
+
+
+@njit(nogil=True, cache=True)
+def replay_layers(rows, starts, at, signal):
+    """Run the recorded launches of layers ``at`` onwards (layer ``i``'s are rows
+    ``starts[i]`` to ``starts[i + 1]``) until ``signal[0]`` is found set before a layer after
+    the first: the index of the first layer not run, or the count of layers."""
+    layers = starts.shape[0] - 1
+    for layer in range(at, layers):
+        if layer > at and signal[0] != 0:
+            return layer
+        for i in range(starts[layer], starts[layer + 1]):
+            launch_recorded(rows[i, 0], rows[i, 1], rows[i, 2], rows[i, 3])
+    return layers
+
+
+def _table(units: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Consecutive layers' rows as one table, and where each layer's begin (and the last ends)."""
+    starts = np.zeros(len(units) + 1, np.int64)
+    np.cumsum([unit.shape[0] for unit in units], out=starts[1:])
+    return np.concatenate(units), starts
 
 
 class Recorder:
@@ -128,20 +151,17 @@ def recording() -> Iterator[Recorder]:
 
 
 class Launches:
-    """Compiles consecutive recorded layers' bound call: one :func:`replay` of their rows (of
-    those recorded for one thread when the run has one thread now; of those for one thread of
-    its short layers while another process keeps the cores busy, where a helper woken for a
-    short region cost more than it saved), up to ``CHAIN_S`` of work."""
-
-    @staticmethod
-    def joins(chain: Sequence[Any], call: Any) -> bool:
-        """Whether ``call`` may join the step of ``chain`` (see the module doc)."""
-        return sum(c.work_s for c in chain) + call.work_s <= CHAIN_S
+    """Compiles consecutive recorded layers' bound calls into one call of
+    :func:`replay_layers`, on the rows recorded for one thread when the run has one thread now,
+    on those for one thread of its short layers while another process keeps the cores busy
+    (where a helper woken for a short region cost more than it saved), else on the lone
+    run's."""
 
     @staticmethod
     def compile(bound: Sequence[Any]) -> Callable[[], None]:
         """One call for ``bound``: recorded layers (:class:`LaunchCall`) and runs of the tape's
-        bound calls (``tape.BoundCall``), each kind giving its rows (``replay_rows``)."""
+        bound calls (``tape.BoundCall``), each kind giving its rows (``replay_rows``), a unit of
+        rows for each layer or tape."""
         every, one, shared, keep = [], [], [], []
         for _, group in itertools.groupby(bound, key=type):
             calls = list(group)
@@ -150,17 +170,23 @@ class Launches:
             one += one_rows
             shared += shared_rows
             keep.append(kept)
-        all_rows, one_thread, contended = np.concatenate(every), np.concatenate(one), np.concatenate(shared)
-        if all_rows.shape[0] == 0:  # views only
+        lone, one_thread, contended = _table(every), _table(one), _table(shared)
+        if lone[0].shape[0] == 0:  # views only
             return lambda: None
+        layers = len(every)
         control = team.CONTROL
 
         def run() -> None:
-            job = job_context()
-            if job is not None and job.threads == 1:
-                replay(one_thread)
-            else:
-                replay(contended if control[team.CONTENDED] else all_rows)
+            signal, at = job_signal(), 0
+            while True:
+                job = job_context()
+                if job is not None and job.threads == 1:
+                    rows, starts = one_thread
+                else:
+                    rows, starts = contended if control[team.CONTENDED] else lone
+                at = replay_layers(rows, starts, at, signal)
+                if at == layers or not attend():
+                    return
 
         run.keep = (tuple(bound), keep)  # type: ignore[attr-defined]  # alive with the call
         return run
@@ -185,11 +211,6 @@ class LaunchCall:
     # The layer's launches as a run with one thread makes them (its split planned for one),
     # where that differs: a run sharing the cores replays those.
     one_thread: LaunchCall | None = None
-
-    @property
-    def work_s(self) -> float:
-        """Its work on as few threads as a run of it may have."""
-        return max(self.seconds, self.one_thread.seconds if self.one_thread is not None else 0.0)
 
     @staticmethod
     def replay_rows(
@@ -345,8 +366,13 @@ def record(
 
 
 def prepare() -> None:
-    """Compile :func:`replay` (or load it from numba's cache) once per process, at load."""
+    """Compile :func:`replay` and :func:`replay_layers` (or load them from numba's cache) once
+    per process, at load."""
     calls._register_parallel_tasks()
-    signature = (types.int64[:, ::1],)
-    if signature not in replay.overloads:
-        replay.compile(signature)
+    table = types.int64[:, ::1]
+    for function, signature in (
+        (replay, (table,)),
+        (replay_layers, (table, types.int64[::1], types.int64, types.int64[::1])),
+    ):
+        if signature not in function.overloads:
+            function.compile(signature)

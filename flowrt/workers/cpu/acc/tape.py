@@ -174,7 +174,6 @@ class BoundCall:
     outputs: tuple[np.ndarray, ...]
     instruction: Instruction | None
     program: ClassVar[Any] = LAUNCHES
-    work_s: ClassVar[float] = 0.0  # a tape's work fits one slice: small beside a step's bound
 
     @staticmethod
     def replay_rows(

@@ -131,9 +131,7 @@ async def test_a_layer_whose_one_thread_split_cannot_be_recorded_is_not_recorded
         assert not {"three", "strided", "last"} & set(_recorded_layers(model))
 
 
-@pytest.mark.parametrize("chain_s", [0.0, 1.0])
-async def test_consecutive_recorded_layers_replay_as_one_step_up_to_the_chains_work(monkeypatch, chain_s):
-    monkeypatch.setattr(launches, "CHAIN_S", chain_s)
+async def test_consecutive_recorded_layers_replay_as_one_step():
     net = _net()
     async with flowrt.Runtime(cpu_workers=2) as rt:
         # two runs at once share the cores (one thread each): they replay one-thread launches
@@ -144,11 +142,107 @@ async def test_consecutive_recorded_layers_replay_as_one_step_up_to_the_chains_w
         np.testing.assert_array_equal(replayed, profiled)
         for pool in model.pools.pools:
             chains = [[node.layer for node in step.nodes] for step in _recorded_steps(pool)]
-            assert {"three", "strided"} <= {layer for chain in chains for layer in chain}
-            if chain_s == 0.0:  # no work fits a step but its first layer's: a step per layer
-                assert all(len(chain) == 1 for chain in chains)
-            else:  # "three" and "strided" follow each other: one step, one replay of both
-                assert any(chain[:2] == ["three", "strided"] for chain in chains)
+            # every layer but the first, which reads the feed (the Add is the grouped conv's
+            # bias): one step, one native call
+            assert chains == [["three", "strided", "grouped", "last"]]
+
+
+async def test_a_chain_stops_between_its_layers_when_its_job_is_signalled(monkeypatch):
+    # The chain looks at its job's signal before each layer after the first it runs, and
+    # comes back to Python for it (workers.attend), which says whether the job goes on.
+    from flowrt.workers.cpu.acc import contention, team
+
+    monkeypatch.setattr(contention, "_next_check", float("inf"))  # the lone run's launches
+    before = team.CONTROL[team.CONTENDED]
+    team.CONTROL[team.CONTENDED] = 0
+    try:
+        await _chain_stops(monkeypatch)
+    finally:
+        team.CONTROL[team.CONTENDED] = before
+
+
+async def _chain_stops(monkeypatch) -> None:
+    async with flowrt.Runtime(cpu_workers=2) as rt:
+        model = await _checked_runs(rt, _net(), max_in_flight=1, rounds=3)
+        pool = model.pools.pools[0]
+        (step,) = _recorded_steps(pool)
+        calls = step.call.keep[0]
+        # the tensor the chain reads, in the pool (the pointwise conv's output): later layers'
+        # outputs may take its bytes once it is read
+        (outside,) = (
+            {t for node in step.nodes for t in node.inputs if t is not None}
+            - set(step.outputs)
+            - set(model.dataflow.constants)
+        )
+        read = _pool_tensor(model, pool, outside)
+        given = read.copy()
+
+        def outputs_after(run) -> list[np.ndarray]:
+            for array in step.outputs.values():
+                array.fill(np.nan)
+            read[...] = given
+            run()
+            return [array.copy() for array in step.outputs.values()]
+
+        # what the first layer alone leaves, and what all four do, replaying their launches
+        first_only = outputs_after(lambda: launches.replay(calls[0].rows))
+        every = outputs_after(lambda: [launches.replay(call.rows) for call in calls])
+        signal = np.ones(1, np.int64)
+        looks: list[int] = []
+
+        def attend(goes_on: bool) -> bool:
+            looks.append(int(signal[0]))
+            signal[0] = 1  # set again at once: the chain comes back before every layer
+            return goes_on
+
+        monkeypatch.setattr(launches, "job_signal", lambda: signal)
+        for goes_on, expected in ((True, every), (False, first_only)):
+            looks.clear()
+            monkeypatch.setattr(launches, "attend", lambda goes_on=goes_on: attend(goes_on))
+            got = outputs_after(step.call)
+            # back in Python before each of the three layers after the first, or stopped there
+            assert looks == ([1, 1, 1] if goes_on else [1])
+            for a, b in zip(got, expected):
+                np.testing.assert_array_equal(a, b)
+        assert not all(np.array_equal(a, b, equal_nan=True) for a, b in zip(every, first_only))
+
+
+def _pool_tensor(model, pool, tid: int) -> np.ndarray:
+    """The array of tensor ``tid`` in ``pool``: its producer's planned view of it."""
+    for node in model.dataflow.order:
+        if tid in node.outputs:
+            return pool.placements[node.layer][1][list(node.outputs).index(tid)]
+    raise AssertionError(f"no layer writes tensor {tid}")
+
+
+def test_replay_layers_runs_from_a_layer_until_the_signal_is_set():
+    # Each "layer" a launch of a task that counts its runs into a cell of its own.
+    counts = np.zeros(3, np.int64)
+    rows, keep = [], []  # the records the rows point into, and the arguments they borrow
+    for layer in range(3):
+        with launches.recording() as recorder:
+            _COUNT.run(1, (counts[layer:],))
+        table, records = recorder.table()
+        rows.append(table)
+        keep.append((records, recorder.keep))
+    table, starts = launches._table(rows)
+    assert starts.tolist() == [0, 1, 2, 3]
+    unset, set_ = np.zeros(1, np.int64), np.ones(1, np.int64)
+    assert launches.replay_layers(table, starts, 0, unset) == 3  # every layer
+    assert counts.tolist() == [1, 1, 1]
+    assert launches.replay_layers(table, starts, 0, set_) == 1  # the first is always run
+    assert counts.tolist() == [2, 1, 1]
+    assert launches.replay_layers(table, starts, 1, set_) == 2  # from layer 1
+    assert counts.tolist() == [2, 2, 1]
+    assert launches.replay_layers(table, starts, 3, set_) == 3  # none left
+    assert counts.tolist() == [2, 2, 1]
+
+
+def _count_task(task, step, cell):  # a slice function: one more run
+    cell[0] += 1
+
+
+_COUNT = SliceFunction(njit(nogil=True)(_count_task))
 
 
 def _fork(seed: int, join) -> flowrt.Network:
@@ -420,7 +514,7 @@ async def test_while_the_cores_are_shared_short_layers_replay_as_one_thread_plan
     monkeypatch.setattr(launches, "CONTENDED_SPLIT_S", split_s)
     monkeypatch.setattr(contention, "_next_check", float("inf"))  # no look changes the state
     replayed: list[np.ndarray] = []
-    real = launches.replay
+    real = launches.replay_layers
     before = team.CONTROL[team.CONTENDED]
     team.CONTROL[team.CONTENDED] = contended
     try:
@@ -428,7 +522,13 @@ async def test_while_the_cores_are_shared_short_layers_replay_as_one_thread_plan
             model = await _checked_runs(rt, _net(), max_in_flight=1, rounds=4)
             split = [c for c in _recorded_calls(model.pools.pools[0]) if c.one_thread is not None]
             assert split and team.CONTROL[team.CONTENDED] == contended
-            monkeypatch.setattr(launches, "replay", lambda rows: replayed.append(rows.copy()) or real(rows))
+            monkeypatch.setattr(
+                launches,
+                "replay_layers",
+                lambda rows, starts, at, signal: (
+                    replayed.append(rows.copy()) or real(rows, starts, at, signal)
+                ),
+            )
             await model.run({"x": _input(0)})
     finally:
         team.CONTROL[team.CONTENDED] = before
