@@ -2,6 +2,8 @@
 ``_windows``): row ``(c, i, j)`` of the product is a window of the conv's input padded with
 its zero point (``conv/int8_layout.py``), read as rows of the padded width; each block of
 columns is packed straight from those windows, and only the output's columns are stored.
+Narrow outputs lay their rows end to end at the padded width (a block may span two rows),
+wide ones each row on whole blocks (none spans two: only a row's last is stored apart).
 The tiles and their packing are ``int8_gemm``'s.
 """
 
@@ -19,6 +21,7 @@ from flowrt.workers.cpu.acc.int8_tiles import (
     _interleave_bytes_at,
     _interleave_words_at,
 )
+from flowrt.workers.cpu.acc.kernels.pool_vectors import BYTE_LANES, copy_bytes
 
 cache_stamp.register()  # before this module jits anything: its functions cached as the package's
 
@@ -53,15 +56,18 @@ def _pack_windows(x, offsets, q, columns, depth, packed):
 
 @njit(nogil=True, cache=True)
 def qgemm_windows(
-    panels, kernel, m, x, offsets, pitch, out_w, n0, n1, bias, scale, out_zero_point, lo, hi, out
+    panels, kernel, m, x, offsets, pitch, block_pitch, out_w, n0, n1, bias, scale, out_zero_point, lo, hi, out
 ):
     """Columns ``[n0, n1)`` of the product of the weights by an implicit column matrix, each row
-    ``k`` the window ``x[offsets[k]:]`` of a padded input (a stride-1 conv: its virtual column
-    ``n`` is output row ``n // pitch``, column ``n % pitch``, a pitch wider than the output by
-    the window's span, and the columns past ``out_w`` are not stored), requantized into
-    ``out`` (M, OH * out_w) uint8. No column matrix: each block is packed straight from ``x``,
-    which must hold TILE_COLUMNS bytes past the end of the last window's last column. For the
-    kernels of packed weights (not PORTABLE); nothing is checked."""
+    ``k`` the window ``x[offsets[k]:]`` of a padded input (a stride-1 conv, ``pitch`` the padded
+    width), requantized into ``out`` (M, OH * out_w) uint8. Virtual column ``n`` is output row
+    ``n // block_pitch``, column ``n % block_pitch``, read at that row's ``pitch`` in ``x``; the
+    columns past ``out_w`` are computed, not stored. ``block_pitch`` is ``pitch`` (a block of
+    TILE_COLUMNS columns may span two output rows: narrow outputs use more of each block) or a
+    multiple of TILE_COLUMNS (no block spans rows: wide ones store whole blocks in place but
+    a row's last). No column matrix: each block is packed straight from ``x``, which must hold
+    TILE_COLUMNS bytes past the end of the last window's last column. For the kernels of
+    packed weights (not PORTABLE); nothing is checked."""
     if n1 <= n0 or m == 0:
         return
     zero, low, high = np.float32(out_zero_point), np.float32(lo), np.float32(hi)
@@ -72,14 +78,17 @@ def qgemm_windows(
         q1 = min(n1, q0 + chunk * TILE_COLUMNS)
         for q in range(q0, q1, TILE_COLUMNS):
             at = (q - q0) // TILE_COLUMNS * block_bytes
-            _pack_windows(x, offsets, q, min(TILE_COLUMNS, q1 - q), depth, packed[at : at + block_bytes])
+            y, x_at = divmod(q, block_pitch)
+            _pack_windows(
+                x, offsets, y * pitch + x_at, min(TILE_COLUMNS, q1 - q), depth, packed[at : at + block_bytes]
+            )
         ldo = out.strides[0]
         for r in range(0, m, TILE_ROWS):
             count = min(TILE_ROWS, m - r)
             for q in range(q0, q1, TILE_COLUMNS):
                 at = (q - q0) // TILE_COLUMNS * block_bytes
                 columns = min(TILE_COLUMNS, q1 - q)
-                y, x_at = divmod(q, pitch)
+                y, x_at = divmod(q, block_pitch)
                 if count == TILE_ROWS and columns == TILE_COLUMNS and x_at + TILE_COLUMNS <= out_w:
                     _tile(
                         kernel, packed, at, panels, r, steps, row_bias, row_scale, zero, low, high, out,
@@ -92,13 +101,16 @@ def qgemm_windows(
                 )  # fmt: skip
                 j = 0
                 while j < columns:  # the block's runs of output columns, row by row
-                    y, x_at = divmod(q + j, pitch)
+                    y, x_at = divmod(q + j, block_pitch)
                     if x_at >= out_w:  # past the output row: on to the next
-                        j += pitch - x_at
+                        j += block_pitch - x_at
                         continue
                     run, column = min(out_w - x_at, columns - j), y * out_w + x_at
                     for i in range(count):
                         into, out_of = out[r + i], edge[i]
-                        for t in range(run):
-                            into[column + t] = out_of[j + t]
+                        if BYTE_LANES:  # a run is at most TILE_COLUMNS bytes: one masked vector
+                            copy_bytes(into, column, out_of, j, run)
+                        else:
+                            for t in range(run):
+                                into[column + t] = out_of[j + t]
                     j += run

@@ -168,15 +168,17 @@ QGEMM_ROWS = SliceFunction(_qgemm_rows_slice)
 
 @njit(**NATIVE)
 def _qgemm_windows_slice(
-    s, _step, rows, columns, panels, unit_bytes, kernel, x, offsets, pitch, out_w, bias, scale, zero, out
-):
+    s, _step, rows, columns, panels, unit_bytes, kernel, x, offsets, pitch, block_pitch, out_w, bias, scale,
+    zero, out,
+):  # fmt: skip
     """Slice ``s`` of :data:`QGEMM_WINDOWS`: :func:`_qgemm_slice` of the implicit column matrix
     of a padded input (``int8_windows.qgemm_windows``), its virtual columns split."""
     r, c = s // (columns.shape[0] - 1), s % (columns.shape[0] - 1)
     first, last = rows[r], rows[r + 1]
     int8_windows.qgemm_windows(
-        _panels_of(panels, unit_bytes, kernel, first, last), kernel, last - first, x, offsets, pitch, out_w,
-        columns[c], columns[c + 1], bias[first:last], scale[first:last], zero, 0, 255, out[first:last],
+        _panels_of(panels, unit_bytes, kernel, first, last), kernel, last - first, x, offsets, pitch,
+        block_pitch, out_w, columns[c], columns[c + 1], bias[first:last], scale[first:last], zero, 0, 255,
+        out[first:last],
     )  # fmt: skip
 
 
@@ -205,12 +207,25 @@ PARALLEL_WORK = 1 << 18
 # about as much as a hundred multiply-adds (resnet50's 7x7 layers: 225 KB of columns, 162 us
 # on one thread, 85 on two).
 PARALLEL_COLUMNS = 1 << 16
-# Stride-1 convs whose output rows are at most this wide multiply the windows of their padded
-# input (``_windows``) instead of a column matrix. In chains of eight resnet50 int8 layers,
-# us a layer, columns -> windows: 7x7 410-590 -> 245-455, 14x14 275-360 -> 215-225; 28x28
-# even (235-245); 56x56 slower (215-225 -> 250-275): there im2col's long copies cost little
-# and a block of the windows more often spans two output rows (stored through a scratch).
+# Stride-1 convs multiply the windows of their padded input (``_windows``) instead of a column
+# matrix where their output rows are at most WINDOWS_WIDTH wide (laid end to end at the padded
+# width: a block of columns spans two rows) or fill whole blocks of columns but for at most
+# WINDOWS_WASTE of each row (a row on whole blocks, its last block partly computed for
+# nothing). In chains of eight resnet50 int8 layers, us a layer, columns -> windows: 7x7
+# 410-590 -> 245-455, 14x14 275-360 -> 215-225. On whole blocks, one layer, us on one / two
+# threads, im2col + GEMM -> pad + GEMM: 56x56 64 -> 64 362 / 228 -> 316 / 197, 28x28
+# 128 -> 128 346 / 253 -> 297 / 186.
 WINDOWS_WIDTH = 16
+WINDOWS_WASTE = 0.15
+
+
+def _block_pitch(out_w: int, pitch: int) -> int | None:
+    """The virtual pitch of the windows' product for output rows ``out_w`` wide (see above),
+    or None where the column matrix serves better."""
+    if out_w <= WINDOWS_WIDTH:
+        return pitch
+    whole = -(-out_w // int8_gemm.TILE_COLUMNS) * int8_gemm.TILE_COLUMNS
+    return whole if whole <= out_w * (1 + WINDOWS_WASTE) else None
 
 
 def _split(size: int, unit: int, parts: int) -> np.ndarray:
@@ -378,7 +393,7 @@ class QLinearKernel:
             and geometry.strides == (1, 1)
             and params[3] is None
             and self.packed.kernel != int8_gemm.PORTABLE
-            and out_w <= WINDOWS_WIDTH
+            and _block_pitch(out_w, x.shape[3] + geometry.pads_begin[1] + geometry.pads_end[1]) is not None
         ):
             self._windows(x, zero, params, geometry, out)
             return out
@@ -404,7 +419,7 @@ class QLinearKernel:
         plan = self._window_plans.get(x.shape)
         if plan is None:
             plan = self._window_plans[x.shape] = self._window_plan(x.shape, geometry, out.shape[2:])
-        offsets, padded_bytes, pad_bounds, pads, padded_h, pitch, rows, column_bounds = plan
+        offsets, padded_bytes, pad_bounds, pads, padded_h, pitch, block_pitch, rows, column_bounds = plan
         padded = np.empty(padded_bytes, np.uint8)
         bias, scale, y_zero, _ = params
         packed, out_w = self.packed, out.shape[3]
@@ -413,14 +428,14 @@ class QLinearKernel:
             PAD.run(pad_bounds.shape[0] - 1, (pad_bounds, image, zero, *pads, padded_h, pitch, padded))
             args = (
                 rows, column_bounds, packed.panels, _unit_bytes(packed), packed.kernel, padded, offsets, pitch,
-                out_w, bias, scale, y_zero, out[b].reshape(self.filters, -1),
+                block_pitch, out_w, bias, scale, y_zero, out[b].reshape(self.filters, -1),
             )  # fmt: skip
             QGEMM_WINDOWS.run((rows.shape[0] - 1) * (column_bounds.shape[0] - 1), args)
 
     def _window_plan(self, shape, geometry, out_shape) -> tuple:
         """What :meth:`_windows` needs of an input shape, once: each GEMM row's offset in the
         padded input, that input's bytes, the splits of the padding and of the product, the
-        leading pads, the padded height and the pitch (padded width)."""
+        leading pads, the padded height, the pitch (padded width) and the product's virtual pitch."""
         channels, height, width = shape[1:]
         (pad_top, pad_left), (pad_bottom, pad_right) = geometry.pads_begin, geometry.pads_end
         padded_h, pitch = height + pad_top + pad_bottom, width + pad_left + pad_right
@@ -434,8 +449,13 @@ class QLinearKernel:
         padded_bytes = channels * padded_h * pitch + (kernel_w - 1) * dilation_w + int8_gemm.TILE_COLUMNS
         slices = 1 if padded_bytes < PARALLEL_COLUMNS else min(self.workers, channels)
         pad_bounds = np.array([channels * k // slices for k in range(slices + 1)], np.int64)
-        rows, column_bounds = _gemm_slices(self.packed, out_shape[0] * pitch, self.workers)
-        return offsets, padded_bytes, pad_bounds, (pad_top, pad_left), padded_h, pitch, rows, column_bounds
+        block_pitch = _block_pitch(out_shape[1], pitch)
+        assert block_pitch is not None  # _conv takes this path only then
+        rows, column_bounds = _gemm_slices(self.packed, out_shape[0] * block_pitch, self.workers)
+        return (
+            offsets, padded_bytes, pad_bounds, (pad_top, pad_left), padded_h, pitch, block_pitch, rows,
+            column_bounds,
+        )  # fmt: skip
 
     def _matmul(self, x, params, outputs):
         """``a @ w`` as ``(w^T @ a^T)^T``: the GEMM reads the rows of ``a`` as its columns and
