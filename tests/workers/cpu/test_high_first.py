@@ -19,7 +19,8 @@ from gatedjobs import GatedJobs
 import flowrt
 from flowrt.profiling import ProfileRecord
 from flowrt.types import Priority, TensorInfo
-from flowrt.workers.cpu.workers import CpuWorkerPool, share_cores
+from flowrt.workers.cpu.worker_thread import share_cores
+from flowrt.workers.cpu.workers import CpuWorkerPool
 
 
 def stepped(jobs: GatedJobs, steps: list[str], began: dict[str, float]) -> Callable[[], None]:

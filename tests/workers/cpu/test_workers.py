@@ -21,15 +21,8 @@ from netbuild import branchy_network
 import flowrt
 from flowrt.errors import FlowrtError
 from flowrt.types import Priority
-from flowrt.workers.cpu.workers import (
-    LOW_PRIORITY_NICE,
-    CpuWorkerPool,
-    attend,
-    job_context,
-    job_signal,
-    nice_is_reversible,
-    share_cores,
-)
+from flowrt.workers.cpu.worker_thread import attend, job_context, job_signal, share_cores
+from flowrt.workers.cpu.workers import LOW_PRIORITY_NICE, CpuWorkerPool, nice_is_reversible
 
 
 async def test_run_sync_returns_the_result_or_raises_the_error_and_gives_the_worker_back():

@@ -39,7 +39,8 @@ from numba.np.ufunc.parallel import _launch_threads as launch_threads
 
 from flowrt.workers.cpu import threading_layer
 from flowrt.workers.cpu.acc import cache_stamp, contention, team
-from flowrt.workers.cpu.workers import AFTER_JOB, default_cpu_workers
+from flowrt.workers.cpu.worker_thread import AFTER_JOB
+from flowrt.workers.cpu.workers import default_cpu_workers
 
 logger = logging.getLogger(__name__)
 

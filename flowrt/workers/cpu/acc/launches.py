@@ -47,7 +47,7 @@ from numba import njit, types
 
 from flowrt.workers.cpu.acc import calls, team
 from flowrt.workers.cpu.acc.calls import RECORDING, launch_recorded
-from flowrt.workers.cpu.workers import attend, job_context, job_signal
+from flowrt.workers.cpu.worker_thread import attend, job_context, job_signal
 
 logger = logging.getLogger(__name__)
 
