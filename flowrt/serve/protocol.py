@@ -146,7 +146,8 @@ def parse_infer(
                 raise BadRequest(
                     f"input {name!r}: {size} bytes of binary data announced, {len(binary) - offset} sent"
                 )
-            array = np.frombuffer(binary[offset : offset + size], dtype).reshape(dims).copy()
+            # a read-only view of the body (which it keeps alive), not a copy: feeds are only read
+            array = np.frombuffer(binary[offset : offset + size], dtype).reshape(dims)
             offset += size
         else:
             if "data" not in entry:
