@@ -89,43 +89,35 @@ def _sum_phases(cols, first, r0, r1, a0, geo, ytab, xtab, acc):
                         dst[i] += src[i]
 
 
-@njit(inline="always", nogil=True, cache=True)
-def _interleave(line, even, odd):
-    """``line[2i] = even[i]``, ``line[2i + 1] = odd[i]``: each pair stored as one 64-bit word,
-    which vectorizes where a store at stride 2 does not (little-endian, as ``phases.py``)."""
-    pairs = odd.shape[0]
-    words, low, high = line[: 2 * pairs].view(np.uint64), even.view(np.uint32), odd.view(np.uint32)
-    for i in range(pairs):
-        words[i] = np.uint64(low[i]) | (np.uint64(high[i]) << np.uint64(32))
-    if even.shape[0] > pairs:
-        line[2 * pairs] = even[pairs]
-
-
 @njit(nogil=True, cache=True)
-def _store_rows(acc, plane, r0, r1, geo, ytab, xtab, b, line):
+def _store_rows(acc, plane, r0, r1, geo, ytab, xtab, b):
     """One output channel's rows of phase rows ``r0 .. r1`` (every ``ry``): the phases in
-    ``acc`` interleaved into ``line`` (or, at column stride 1, read in place), stored into
-    ``plane`` with bias ``b``."""
+    ``acc`` interleaved, with bias ``b``, into ``plane``. By index of the whole arrays, and
+    unsigned (numba checks signed indices for negatives, which keeps a loop scalar): a view
+    (a slice) costs about 10 ns, and this stored several a row (a 2x kernel's rows are 16
+    to 64 values); at column stride 2 the paired stores vectorize."""
     sh, sw, ow, left, pitch = geo[2], geo[3], geo[11], geo[14], geo[15]
+    u8 = np.uint64
     for j in range(r0, r1):
-        at = (j - r0) * pitch + left
+        at = u8((j - r0) * pitch + left)
         for ry in range(sh):
             if j >= ytab[ry, 0]:
                 continue
+            o = u8((ry + sh * j) * ow)
             if sw == 1:
-                row = acc[ry, at : at + ow]
+                for i in range(u8(ow)):
+                    plane[o + i] = acc[ry, at + i] + b
             elif sw == 2:
-                _interleave(line, acc[2 * ry, at : at + xtab[0, 0]], acc[2 * ry + 1, at : at + xtab[1, 0]])
-                row = line
+                even, odd, pairs = u8(2 * ry), u8(2 * ry + 1), u8(xtab[1, 0])
+                for i in range(pairs):
+                    plane[o + u8(2) * i] = acc[even, at + i] + b
+                    plane[o + u8(2) * i + u8(1)] = acc[odd, at + i] + b
+                if xtab[0, 0] > xtab[1, 0]:
+                    plane[o + u8(2) * pairs] = acc[even, at + pairs] + b
             else:
                 for rx in range(sw):
-                    phase = acc[ry * sw + rx, at : at + xtab[rx, 0]]
-                    for i in range(phase.shape[0]):
-                        line[rx + sw * i] = phase[i]
-                row = line
-            dst = plane[(ry + sh * j) * ow : (ry + sh * j + 1) * ow]
-            for i in range(ow):
-                dst[i] = row[i] + b
+                    for i in range(xtab[rx, 0]):
+                        plane[o + u8(rx + sw * i)] = acc[ry * sw + rx, at + u8(i)] + b
 
 
 @njit(nogil=True, cache=True)
@@ -144,7 +136,7 @@ def _slice(x, panels, w, gemm_bias, bias, out, geo, ytab, xtab, bands, parts, bl
     """One slice (see :func:`_slices`), a block of ``blocks[0]`` phase rows and ``blocks[1]``
     output channels at a time."""
     groups, rows_k, cg = w.shape
-    cells, sh, sw, ih, ow, pitch = geo[0] * geo[1], geo[2], geo[3], geo[8], geo[11], geo[15]
+    cells, sh, sw, ih, pitch = geo[0] * geo[1], geo[2], geo[3], geo[8], geo[15]
     mg = rows_k // cells
     block_rows, chunk = blocks[0], blocks[1]
     rest, part = divmod(task, parts.shape[0] - 1)
@@ -152,7 +144,7 @@ def _slice(x, panels, w, gemm_bias, bias, out, geo, ytab, xtab, bands, parts, bl
     n, g = divmod(rest, groups)
     low, high = geo[12], geo[13]  # the least and greatest row offset dy of any cell
     buffer = np.empty(chunk * cells * (block_rows + high - low) * pitch, np.float32)
-    acc, line = np.empty((sh * sw, block_rows * pitch), np.float32), np.empty(ow, np.float32)
+    acc = np.empty((sh * sw, block_rows * pitch), np.float32)
     tile_rows = panels.shape[3] if panels.shape[0] else 1
     for r0 in range(bands[b], bands[b + 1], block_rows):
         r1 = min(r0 + block_rows, bands[b + 1])
@@ -175,7 +167,7 @@ def _slice(x, panels, w, gemm_bias, bias, out, geo, ytab, xtab, bands, parts, bl
             for mm in range(c0, c1):
                 m = g * mg + mm
                 _sum_phases(cols, (mm - c0) * cells, r0, r1, a0, geo, ytab, xtab, acc)
-                _store_rows(acc, out[n, m], r0, r1, geo, ytab, xtab, bias[m], line)
+                _store_rows(acc, out[n, m], r0, r1, geo, ytab, xtab, bias[m])
 
 
 @njit(**NATIVE)
