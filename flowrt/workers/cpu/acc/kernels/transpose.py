@@ -55,14 +55,15 @@ def _gather_rows(x, out, outer, in_strides, step, inner, first, last):
                         out[d + np.uint64(i * inner)] = x[s + np.uint64(i)]
             r += rows
             continue
-        d = out[r * inner : (r + 1) * inner]
+        # by unsigned index of the whole arrays: a view of each row (a slice) cost about as
+        # much as copying an attention head's row of 64 values
+        d, s = np.uint64(r * inner), np.uint64(src)
         if step == 1:
-            s = x[src : src + inner]
-            for j in range(inner):
-                d[j] = s[j]
+            for j in range(np.uint64(inner)):
+                out[d + j] = x[s + j]
         else:
             for j in range(inner):
-                d[j] = x[src + j * step]
+                out[d + np.uint64(j)] = x[s + np.uint64(j * step)]
         r += 1
 
 
