@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -73,6 +74,17 @@ def test_backends_lists_cpuref_with_version_and_capabilities(capsys):
     assert main(["backends"]) == 0
     out = capsys.readouterr().out
     assert "CpuRef  version 1.0  capabilities:" in out
+
+
+def test_backends_ops_prints_the_coverage_report_of_the_docs(capsys):
+    # per layer kind, which backends have a kernel, then what each kernel declines: the page
+    # docs/operators.md, read from the kernel registries
+    assert main(["backends", "--ops"]) == 0
+    out = capsys.readouterr().out
+    assert "| Conv | ✓ | ✓ | ✓ |" in out and "| Acos | ✓ |   |   |" in out
+    assert "## Limits" in out and "### CpuAcc" in out
+    docs = Path(__file__).resolve().parent.parent / "docs" / "operators.md"
+    assert out == docs.read_text(encoding="utf-8")
 
 
 def test_console_script_is_installed():

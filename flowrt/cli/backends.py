@@ -1,4 +1,5 @@
-"""``flowrt backends``: the registered backends, the dynamic ones found, and the OpenCL devices."""
+"""``flowrt backends``: the registered backends, the dynamic ones found, and the OpenCL devices;
+with ``--ops``, the layer kinds each built-in backend runs (``flowrt.cli.operators``)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,11 @@ def _capability(value: object) -> str:
 
 def command(args: argparse.Namespace) -> int:
     """``flowrt backends``: see the module docstring."""
+    if getattr(args, "ops", False):
+        from flowrt.cli.operators import render
+
+        print(render(), end="")
+        return 0
     registry = flowrt.backend_registry().copy()
     dynamic = load_dynamic_backends(registry)
     for bid in registry.ids():

@@ -181,5 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_run, _add_inspect, _add_convert, _add_bench, _add_tune, _add_serve):
         add(sub)
-    _command(sub, "backends", "list registered backends and OpenCL devices")
+    backends = _command(sub, "backends", "list registered backends and OpenCL devices")
+    backends.add_argument(
+        "--ops",
+        action="store_true",
+        help="instead, each layer kind (ONNX operator) per backend, and what each kernel declines",
+    )
     return parser
