@@ -142,9 +142,13 @@ async def test_consecutive_recorded_layers_replay_as_one_step():
         np.testing.assert_array_equal(replayed, profiled)
         for pool in model.pools.pools:
             chains = [[node.layer for node in step.nodes] for step in _recorded_steps(pool)]
-            # every layer but the first, which reads the feed (the Add is the grouped conv's
-            # bias): one step, one native call
-            assert chains == [["three", "strided", "grouped", "last"]]
+            # "three" and "strided" follow each other: one step, one replay of both
+            assert any(chain[:2] == ["three", "strided"] for chain in chains)
+            # and no bound step ends where the next begins: a chain runs as long as its
+            # layers are bound (the first reads the feed, and is not)
+            for steps in pool.programs.values():
+                kinds = [type(step) is BoundStep for step in steps]
+                assert not any(a and b for a, b in zip(kinds, kinds[1:]))
 
 
 async def test_a_chain_stops_between_its_layers_when_its_job_is_signalled(monkeypatch):
@@ -165,7 +169,7 @@ async def _chain_stops(monkeypatch) -> None:
     async with flowrt.Runtime(cpu_workers=2) as rt:
         model = await _checked_runs(rt, _net(), max_in_flight=1, rounds=3)
         pool = model.pools.pools[0]
-        (step,) = _recorded_steps(pool)
+        (step,) = [s for s in _recorded_steps(pool) if [n.layer for n in s.nodes][:2] == ["three", "strided"]]
         calls = step.call.keep[0]
         # the tensor the chain reads, in the pool (the pointwise conv's output): later layers'
         # outputs may take its bytes once it is read
@@ -184,7 +188,7 @@ async def _chain_stops(monkeypatch) -> None:
             run()
             return [array.copy() for array in step.outputs.values()]
 
-        # what the first layer alone leaves, and what all four do, replaying their launches
+        # what the first layer alone leaves, and what all of them do, replaying their launches
         first_only = outputs_after(lambda: launches.replay(calls[0].rows))
         every = outputs_after(lambda: [launches.replay(call.rows) for call in calls])
         signal = np.ones(1, np.int64)
@@ -200,8 +204,8 @@ async def _chain_stops(monkeypatch) -> None:
             looks.clear()
             monkeypatch.setattr(launches, "attend", lambda goes_on=goes_on: attend(goes_on))
             got = outputs_after(step.call)
-            # back in Python before each of the three layers after the first, or stopped there
-            assert looks == ([1, 1, 1] if goes_on else [1])
+            # back in Python before each layer after the first, or stopped there
+            assert looks == ([1] * (len(step.nodes) - 1) if goes_on else [1])
             for a, b in zip(got, expected):
                 np.testing.assert_array_equal(a, b)
         assert not all(np.array_equal(a, b, equal_nan=True) for a, b in zip(every, first_only))
