@@ -119,7 +119,7 @@ class _Worker:
         # See job_signal. Not cleared as a job starts: a job started just before, beside
         # this one, may have set it for this one; a word left from the last job costs one
         # look at the share of the cores.
-        self.signal = np.zeros(8, np.int64)
+        self.signal = np.zeros(1, np.int64)
 
     def _serve(self) -> None:
         import numba  # imported, and its threading layer chosen, by the pool (see the module doc)

@@ -38,9 +38,9 @@ each on two cores wait at each other's barriers: one thread each streams small m
 CpuAcc's recorded layers, looks between them at its job's signal, ``job_signal``, which the
 pool sets when a job starts beside one that has more threads than its share, or HIGH work
 starts beside lower work, or a caller is cancelled, and calls ``attend`` then): a run that
-started alone steps down to its core as soon as another starts beside it, rather than keeping the cores of both for the rest of the
-run; it does not step back up within the job (its helper threads would wake for one layer and
-then spin beside the other run). Reserve jobs use every thread, the jobs around them having
+started alone steps down to its core as soon as another starts beside it, rather than keeping
+the cores of both for the rest of the run; it does not step back up within the job (its
+helper threads would wake for one layer and then spin beside the other run). Reserve jobs use every thread, the jobs around them having
 paused. ``share_cores`` returns the job's :class:`~flowrt.engine.scheduler.job.JobContext`
 (its threads now), which the executor hands to the kernels that plan their split per call: a
 run stepped down to one thread runs a conv as one slice, with GEMMs twice as wide as two

@@ -70,7 +70,7 @@ from flowrt.workers.cpu.acc.int8_tiles import (
     _vnni_tile,
     _vnni_tile_across,
 )
-from flowrt.workers.cpu.acc.kernels.pool_vectors import BYTE_LANES, copy_bytes
+from flowrt.workers.cpu.acc.kernels.pool_vectors import copy_row
 
 cache_stamp.register()  # before this module jits anything: its functions cached as the package's
 
@@ -399,8 +399,8 @@ def _columns(panels, kernel, m, x, n0, n1, bias, scale, zero, low, high, out, tr
                             out[q + j, r + i] = edge[i, j]
                     continue
                 for i in range(min(TILE_ROWS, m - r)):
-                    if BYTE_LANES and out.itemsize == 1 and out.strides[1] == 1:  # one masked vector
-                        copy_bytes(out[r + i], q, edge[i], 0, columns)
+                    if out.itemsize == 1 and out.strides[1] == 1:  # a row of bytes
+                        copy_row(out[r + i], q, edge[i], 0, columns)
                         continue
                     for j in range(columns):
                         out[r + i, q + j] = edge[i, j]

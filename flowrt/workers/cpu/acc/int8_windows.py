@@ -21,7 +21,7 @@ from flowrt.workers.cpu.acc.int8_tiles import (
     _interleave_bytes_at,
     _interleave_words_at,
 )
-from flowrt.workers.cpu.acc.kernels.pool_vectors import BYTE_LANES, copy_bytes
+from flowrt.workers.cpu.acc.kernels.pool_vectors import copy_row
 
 cache_stamp.register()  # before this module jits anything: its functions cached as the package's
 
@@ -108,9 +108,5 @@ def qgemm_windows(
                     run, column = min(out_w - x_at, columns - j), y * out_w + x_at
                     for i in range(count):
                         into, out_of = out[r + i], edge[i]
-                        if BYTE_LANES:  # a run is at most TILE_COLUMNS bytes: one masked vector
-                            copy_bytes(into, column, out_of, j, run)
-                        else:
-                            for t in range(run):
-                                into[column + t] = out_of[j + t]
+                        copy_row(into, column, out_of, j, run)
                     j += run

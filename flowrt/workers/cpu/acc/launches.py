@@ -28,8 +28,9 @@ needs the GIL: beside a thread that holds it (a server's event loop, a stream's 
 each step waited for it, and a squeezenet run of 17 steps took twice its time. A run's
 checks between its layers (whether it was cancelled, whether a HIGH run asks it to pause,
 how many threads it has now) are made in the call: between two layers it looks at its job's
-signal (``workers.job_signal``), which the worker pool sets when one of them changes, and
-comes back to Python for it (``workers.attend``) only then, going on from the next layer.
+signal (``worker_thread.job_signal``), which the worker pool sets when one of them changes,
+and comes back to Python for it (``worker_thread.attend``) only then, going on from the next
+layer.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import numpy as np
 from numba import njit
 
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
-from flowrt.workers.cpu.acc.kernels.pool_vectors import BYTE_LANES, copy_bytes
+from flowrt.workers.cpu.acc.kernels.pool_vectors import BYTE_LANES, copy_row
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -135,9 +135,7 @@ def _pad_slice(s, _step, bounds, x, fill, pad_top, pad_left, padded_h, padded_w,
                 whole[i] = fill
             for y in range(height):
                 at = base + (pad_top + y) * padded_w + pad_left
-                row = (c * height + y) * width
-                for i in range(0, width, BYTE_LANES):
-                    copy_bytes(padded, at + i, flat, row + i, min(BYTE_LANES, width - i))
+                copy_row(padded, at, flat, (c * height + y) * width, width)
             continue
         for i in range(pad_top * padded_w):
             padded[base + i] = fill

@@ -1,6 +1,7 @@
 """MaxPool's inner steps as explicit vectors (LLVM IR through numba's ``intrinsic``), one
 vector of ``LANES`` outputs a call, a last part of a row masked; and a short row of bytes
-copied as one masked vector (:func:`copy_bytes`, a QLinearConv's padded input).
+copied as masked vectors (:func:`copy_bytes`, :func:`copy_row`: a QLinearConv's padded
+input, its GEMM's last blocks).
 
 Left to LLVM's loop vectorizer, a row's loop runs ``LANES`` x 4 values an iteration and the
 rest one at a time: the rows of a pool are short (13 to 111 values in the light models), so
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from llvmlite import binding as llvm
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.core.extending import intrinsic
 
 from flowrt.workers.cpu.acc.tile_ir import LANES, _intrinsic_function
@@ -169,3 +170,15 @@ def copy_bytes(typingctx, dst, dst_at, src, src_at, count):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@njit(inline="always", nogil=True, cache=True)
+def copy_row(dst, dst_at, src, src_at, count):
+    """``dst[dst_at : dst_at + count] = src[src_at : src_at + count]``, bytes, any ``count``: as
+    masked vectors (:func:`copy_bytes`) where the host has them, else one byte at a time."""
+    if BYTE_LANES:
+        for i in range(0, count, BYTE_LANES):
+            copy_bytes(dst, dst_at + i, src, src_at + i, min(BYTE_LANES, count - i))
+    else:
+        for i in range(count):
+            dst[dst_at + i] = src[src_at + i]
