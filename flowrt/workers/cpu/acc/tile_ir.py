@@ -104,14 +104,23 @@ def _emit_tile(
     rows_in_place: bool = False,
     by_columns: bool = False,
     vectors: int = _VECTORS,
+    by_offsets: bool = False,
 ):
     """The micro-kernel's IR (see :func:`_tile`); ``masked``: only the first ``columns``
     columns are read and written. ``rows_in_place`` (:func:`_row_tile`): ``a`` is read in
     place, row i from ``a_at + i * lda``, ``b`` is a packed panel, and the bias is per column
     (and ``mode`` is Relu or none: no bounds); ``by_columns`` (:func:`_column_tile`): ``a``'s
     row i is read down a column instead, step p from ``a_at + i + p * lda``. ``vectors``:
-    vectors of ``LANES`` columns per row (1: a narrow tile, for a last block of few columns)."""
-    low = high = ahead = None
+    vectors of ``LANES`` columns per row (1: a narrow tile, for a last block of few columns).
+    ``by_offsets`` (:func:`_offset_tile`): ``b``'s step p is read from ``b_at +
+    offsets[off_at + p]``, the two arguments in ``ldb``'s place."""
+    low = high = ahead = offsets = None
+    if by_offsets:  # the offsets' first one read, then the arguments as _tile's (ldb unused)
+        offsets = builder.gep(
+            context.make_array(signature.args[4])(context, builder, args[4]).data, [args[5]]
+        )
+        args = (*args[:5], *args[6:])
+        signature = signature.replace(args=(*signature.args[:5], *signature.args[6:]))
     if rows_in_place:  # lda and accumulate come out; the rest reads as _tile's arguments
         lda, accumulate = args[2], args[13]
         args = (*args[:2], *args[3:13], *args[14:])
@@ -204,7 +213,10 @@ def _emit_tile(
     else:
         a_row = builder.gep(a_ptr, [builder.mul(step, ir.Constant(i64, TILE_ROWS))])
         a_values = [builder.gep(a_row, [ir.Constant(i64, i)]) for i in range(TILE_ROWS)]
-    b_row = builder.gep(b_ptr, [builder.mul(step, ldb)])
+    if offsets is not None:
+        b_row = builder.gep(b_ptr, [builder.load(builder.gep(offsets, [step]))])
+    else:
+        b_row = builder.gep(b_ptr, [builder.mul(step, ldb)])
     b_vecs = [load(b_row, v) for v in range(vectors)]
     if ahead is not None:  # the same step of the panel read next, into L2
         the_next = builder.bitcast(builder.gep(a_values[0], [ahead]), i8_ptr)
@@ -340,3 +352,55 @@ def _column_tile(typingctx, a, a_at, lda, b, b_at, ldb, c, c_at, ldc, k, bias, b
     return sig, lambda context, builder, signature, args: _emit_tile(
         context, builder, signature, args, False, True, True
     )
+
+
+def _offsets_tile(vectors: int, masked: bool, name: str, doc: str):
+    """A tile intrinsic reading ``b``'s rows at offsets: :func:`_tile`'s arguments with
+    ``offsets, off_at`` (an int64 array and the index of its first one) in ``ldb``'s place,
+    then ``columns`` where ``masked``."""
+
+    def codegen(context, builder, signature, args):
+        return _emit_tile(context, builder, signature, args, masked, vectors=vectors, by_offsets=True)
+
+    if masked:
+
+        def typer(typingctx, a, a_at, b, b_at, offsets, off_at, c, c_at, ldc, k, bias, bias_at, mode, low, high, accumulate, ahead, columns):  # fmt: skip
+            sig = types.void(
+                a, a_at, b, b_at, offsets, off_at, c, c_at, ldc, k, bias, bias_at, mode, low, high, accumulate,
+                ahead, columns,
+            )  # fmt: skip
+            return sig, codegen
+
+    else:
+
+        def typer(typingctx, a, a_at, b, b_at, offsets, off_at, c, c_at, ldc, k, bias, bias_at, mode, low, high, accumulate, ahead):  # type: ignore[misc]  # fmt: skip
+            sig = types.void(
+                a, a_at, b, b_at, offsets, off_at, c, c_at, ldc, k, bias, bias_at, mode, low, high, accumulate,
+                ahead,
+            )  # fmt: skip
+            return sig, codegen
+
+    typer.__name__ = typer.__qualname__ = name
+    typer.__doc__ = doc
+    return intrinsic(typer)
+
+
+_offset_tile = _offsets_tile(
+    _VECTORS,
+    False,
+    "_offset_tile",
+    ":func:`_tile` reading step p of ``b`` at ``b_at + offsets[off_at + p]``: a conv's input "
+    "windows read where they lie (rows of phase planes), with no column matrix.",
+)
+_offset_tile_part = _offsets_tile(
+    _VECTORS,
+    True,
+    "_offset_tile_part",
+    ":func:`_offset_tile` on the first ``columns`` (< TILE_COLUMNS) only.",
+)
+_offset_narrow_tile_part = _offsets_tile(
+    1,
+    True,
+    "_offset_narrow_tile_part",
+    ":func:`_offset_tile` on the first ``columns`` (at most ``LANES``) only.",
+)

@@ -55,6 +55,7 @@ _MANY_SLICES = dict(
     column_hint=SplitHint(axis=2, min_slice=1), row_hint=SplitHint(axis=1, min_slice=1), chunk_floats=5,
     taps_block_floats=1,
 )  # fmt: skip
+_NO_WINDOWS = dict(windows_max_depth=0)  # strided convs by columns, not windows.py
 _BY_BLAS = dict(tiles_max_weights=-1)  # the column paths multiply by BLAS, not register tiles
 _NOT_ACROSS_CHANNELS = dict(few_pixels_max=0, few_pixels_deep_max=0)  # no few_pixels path
 # Any batch as one GEMM, without register tiles, which a 1x1 conv would take instead (as on
@@ -416,7 +417,7 @@ def test_many_output_channels_or_strides_use_the_column_matrix():
         ((2, 4, 12, 9), (5, 4, 2, 3), dict(strides=(1, 2), pads=(0, 1, 0, 2))),
     ],
 )
-@pytest.mark.parametrize("tuning", [None, _tuning(_MANY_SLICES)])
+@pytest.mark.parametrize("tuning", [_tuning(_NO_WINDOWS), _tuning(_MANY_SLICES, _NO_WINDOWS)])
 def test_strided_convs_read_their_columns_from_phase_planes(x_shape, w_shape, attrs, tuning):
     """Each image's padded channels split by the strides once; im2col copies unit-stride
     runs of them (pad cells are the planes' zeros, which later images leave untouched)."""
@@ -426,6 +427,7 @@ def test_strided_convs_read_their_columns_from_phase_planes(x_shape, w_shape, at
     b = rng.standard_normal(w_shape[0], dtype=np.float32)
     kernel, got, expected = conv_case(x, w, b, activation=FusedActivation("Relu"), tuning=tuning, **attrs)
     geometry = _geometry(kernel, x.shape, w.shape)
+    assert kernel.plan(x.shape, w.shape).name != "windows"
     assert (
         Columns.applies(geometry, kernel.tuning) and Columns.plan(geometry, kernel.tuning).phase_shape.all()
     )

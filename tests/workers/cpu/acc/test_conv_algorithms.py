@@ -76,6 +76,10 @@ SHAPES = [
     ("pw_56", (1, 64, 56, 56), (64, 64, 1, 1), dict(), "packed", "packed"),
     ("pw_pad", (3, 8, 6, 6), (34, 8, 1, 1), dict(strides=(2, 1), pads=(0, 1, 1, 0)), "columns", "rows"),
     ("stem", (1, 3, 32, 32), (16, 3, 7, 7), dict(strides=(2, 2), pads=(3, 3, 3, 3)), "columns", "columns"),
+    # strided convs whose output rows are wider than a vector, of one block of k (windows.py)
+    ("stem_wide", (1, 3, 64, 64), (16, 3, 7, 7), dict(strides=(2, 2), pads=(3, 3, 3, 3)), "windows", "windows"),
+    ("s2_3x3_wide", (2, 16, 80, 70), (24, 16, 3, 3), dict(strides=(2, 2), pads=P1), "windows", "windows"),
+    ("s2_3x3_deep", (1, 32, 80, 80), (24, 32, 3, 3), dict(strides=(2, 2), pads=P1), "columns", "columns"),
     ("s2_3x3_small", (2, 3, 23, 24), (8, 3, 3, 3), dict(strides=(2, 2), pads=P1), "columns", "columns"),
     ("s2_1x1", (1, 64, 14, 14), (128, 64, 1, 1), dict(strides=(2, 2)), "columns", "rows"),
     ("s2_batched", (4, 64, 14, 14), (512, 64, 3, 3), dict(strides=(2, 2), pads=P1), "batched", "batched"),
@@ -196,8 +200,8 @@ def _label(plan):
 def test_the_algorithms_are_tried_in_a_fixed_order_ending_with_one_that_takes_any_shape():
     names = [a.name for a in ALGORITHMS]
     assert names == [
-        "depthwise_same3", "depthwise_same5", "depthwise_strided2", "depthwise", "grouped_same3", "grouped_strided2", "grouped", "winograd", "few_pixels", "taps", "vector", "batched", "packed", "columns",
-            "rows",
+        "depthwise_same3", "depthwise_same5", "depthwise_strided2", "depthwise", "grouped_same3", "grouped_strided2", "grouped", "winograd", "few_pixels", "taps", "vector", "batched", "packed", "windows",
+        "columns", "rows",
     ]  # fmt: skip
     geometry = ConvGeometry.of(flowrt.descriptors.Conv(), (1, 3, 5, 5), (4, 3, 3, 3), 1)
     assert ALGORITHMS[-1].applies(geometry, ConvTuning())

@@ -26,6 +26,7 @@ from flowrt.workers.cpu.acc.conv.taps import Taps
 from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
 from flowrt.workers.cpu.acc.conv.vector import Vector
 from flowrt.workers.cpu.acc.conv.weights import ConvWeights
+from flowrt.workers.cpu.acc.conv.windows import Windows
 from flowrt.workers.cpu.acc.conv.winograd_conv import Winograd
 
 # A conv's fused activation, (code, alpha, beta) as ``epilogue.activation_args`` gives them:
@@ -88,6 +89,7 @@ ALGORITHMS: tuple[type[ConvAlgorithm], ...] = (
     Vector,
     Batched,
     Packed,
+    Windows,
     Columns,
     Rows,
 )

@@ -234,6 +234,23 @@ def conv_by_rows(x, x_flat, w, bias, out, geo, direct, row_bounds, finish, code,
     )
 
 
+def phase_shape(geometry: ConvGeometry) -> np.ndarray:
+    """The rows and pitch of the phase planes a strided conv reads its windows from, where
+    its kernel spans at least its stride on both axes; else zeros (a 1x1 stride-2 conv would
+    split four planes to read one)."""
+    g, kernel, (oh, ow) = geometry.window, geometry.kernel, geometry.out_hw
+    phased = g.strides != (1, 1) and all(k * d >= st for k, d, st in zip(kernel, g.dilations, g.strides))
+    if not phased:
+        return np.zeros(2, np.int64)
+    return np.array(
+        [
+            oh + (kernel[0] - 1) * g.dilations[0] // g.strides[0],
+            ow + (kernel[1] - 1) * g.dilations[1] // g.strides[1],
+        ],
+        np.int64,
+    )
+
+
 @attrs.frozen(eq=False)
 class Columns:
     """Plan of a conv by :func:`conv_by_columns`: ``bounds`` over each image's pixels, in
@@ -266,20 +283,8 @@ class Columns:
         )
         if tiles:
             chunk = max(TILE_COLUMNS, chunk - chunk % TILE_COLUMNS)
-        g, kernel, (oh, ow) = geometry.window, geometry.kernel, geometry.out_hw
-        # A strided conv whose kernel spans at least its stride on both axes reads its columns
-        # from phase planes (a 1x1 stride-2 conv would split four planes to read one).
-        phased = g.strides != (1, 1) and all(k * d >= st for k, d, st in zip(kernel, g.dilations, g.strides))
-        phase_shape = np.array(
-            [
-                oh + (kernel[0] - 1) * g.dilations[0] // g.strides[0],
-                ow + (kernel[1] - 1) * g.dilations[1] // g.strides[1],
-            ]
-            if phased
-            else [0, 0],
-            np.int64,
-        )
-        return cls(geometry.geo(), geometry.direct, geometry.column_bounds(tuning), chunk, tiles, phase_shape)
+        bounds = geometry.column_bounds(tuning)
+        return cls(geometry.geo(), geometry.direct, bounds, chunk, tiles, phase_shape(geometry))
 
     def forms(self, weights: ConvWeights, w, w_shape, bias, constant: bool) -> None:
         """See ``algorithms.ConvAlgorithm``."""

@@ -13,6 +13,7 @@ from flowrt.engine.scheduler.window import SplitHint
 from flowrt.workers.cpu.acc.conv.winograd import BLOCK_TILES, GROUP_TILES, WinogradRule
 from flowrt.workers.cpu.acc.tile_ir import AVAILABLE as TILES_AVAILABLE
 from flowrt.workers.cpu.acc.tile_ir import TILE_COLUMNS
+from flowrt.workers.cpu.acc.tiles import DEPTH_MAX
 
 # Fewest output pixels a slice should have: below it BLAS runs narrow and the channels are split.
 MIN_COLUMNS = 96
@@ -50,6 +51,12 @@ FEW_PIXELS_DEEP_MAX = 196
 # ran 10-20% slower merged, those of 256K-2M weights 5-10% faster).
 MERGE_PIXELS = 256
 MERGE_WEIGHTS = 1 << 18
+# Longest dot product (C / groups * kh * kw) of a strided conv read from its phase planes by
+# the tiles (``windows.py``): one block of k. The stems and few channels: a stem of 3 -> 16
+# channels at 224x224 took 125 us by columns, 91 by windows (one Zen 5 core); deeper ones
+# (128 -> 128, 3x3 at 56x56: 1.22 against 1.31 ms alone, slower in ResNet-50 on two cores)
+# gained nothing sure.
+WINDOWS_MAX_DEPTH = DEPTH_MAX
 
 
 @attrs.frozen
@@ -72,6 +79,7 @@ class ConvTuning:
     tiles_max_depth: int = TILES_MAX_DEPTH
     few_pixels_max: int = FEW_PIXELS_MAX
     few_pixels_deep_max: int = FEW_PIXELS_DEEP_MAX
+    windows_max_depth: int = WINDOWS_MAX_DEPTH
 
     def tiles(self, group_weights: int, depth: int) -> bool:
         """Whether a GEMM of ``group_weights`` weights and dot products ``depth`` long runs by
