@@ -8,6 +8,7 @@ support and workload factory are imported when first asked for, and they load th
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import TYPE_CHECKING, Any
 
 from flowrt.engine.memory.manager import MemoryManager
@@ -22,7 +23,19 @@ if TYPE_CHECKING:
 DEFAULT_RANK = DefaultRank(20)
 
 FUSED_ACTIVATION_KINDS = frozenset(
-    {"Conv", "Gemm", "MatMul", "MatMulBias", "Add", "Sub", "Mul", "Div", "Sum", "BatchNormalization"}
+    {
+        "Conv",
+        "FusedConv",
+        "Gemm",
+        "MatMul",
+        "MatMulBias",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Sum",
+        "BatchNormalization",
+    }
 )
 
 
@@ -61,16 +74,19 @@ class AccBackend:
         return AccLayerSupport()
 
     def optimize_subgraph(self, view: Any) -> OptimizationViews:
-        """MatMul + bias Add (+ activation) as one Gemm, an activation fused into the
-        layer before it (Conv + bias + Relu as one Conv), and activations and norms written
-        out of small ops as one layer (``PATTERN_FUSIONS``): see ``offer_fusions``."""
+        """MatMul + bias Add (+ activation) as one Gemm, Conv + residual Add (+ activation)
+        as one FusedConv, an activation fused into the layer before it (Conv + bias + Relu as
+        one Conv), and activations and norms written out of small ops as one layer
+        (``PATTERN_FUSIONS``): see ``offer_fusions``."""
         from flowrt.engine.graph.layer_kind import activation_kinds
-        from flowrt.engine.graph.passes.fusions import offer_fusions
+        from flowrt.engine.graph.passes.fusions import conv_residual, offer_fusions
         from flowrt.engine.graph.passes.pattern_fusions import PATTERN_FUSIONS
 
         # The curves too: the epilogue has every code of the activation table.
         activations = activation_kinds("everywhere", "curve")
-        return offer_fusions(view, self.layer_support(), FUSED_ACTIVATION_KINDS, PATTERN_FUSIONS, activations)
+        residual = functools.partial(conv_residual, activations=activations)
+        patterns = (*PATTERN_FUSIONS, residual)
+        return offer_fusions(view, self.layer_support(), FUSED_ACTIVATION_KINDS, patterns, activations)
 
     def create_memory_manager(self) -> MemoryManager:
         return MemoryManager()

@@ -56,6 +56,9 @@ TILE_COLUMNS = LANES * _VECTORS
 PANEL_LAYOUT = (TILE_ROWS, TILE_COLUMNS)
 # What a tile applies as it stores (its ``mode``): nothing, Relu, or a clip to its bounds.
 RELU_MODE, CLIP_MODE = 1, 2
+# A tile's ``accumulate`` that starts from the bias and adds what ``c`` holds (a residual put
+# there before): the first block of k of a conv with a residual Add fused.
+ONTO_BIAS = 2
 # How far ahead of the row it reads (in floats: two tiles) the micro-kernel asks for ``b``.
 # A tile reads one short run of each of K rows; the hardware prefetchers follow few such
 # streams, and without this the 1x1 convs of DenseNet-121 ran at 89 GFLOP/s instead of 111.
@@ -178,17 +181,19 @@ def _emit_tile(
         else:
             builder.store(value, at(ptr, v * LANES), align=4)
 
-    # From the bias; or (accumulate) from zero, the sum then added to what c holds: a product
-    # summed in blocks of k, each block's sum rounded on its own.
+    # From the bias; or (accumulate 1) from zero, the sum then added to what c holds: a product
+    # summed in blocks of k, each block's sum rounded on its own; or (accumulate 2: ONTO_BIAS)
+    # from the bias, the sum added to what c holds (a residual that c was filled with).
     onto_c = builder.icmp_signed("!=", accumulate, ir.Constant(i64, 0))
+    from_zero = builder.icmp_signed("==", accumulate, ir.Constant(i64, 1))
     if rows_in_place:
         column_bias = [builder.load(at(bias_ptr, v * LANES), align=4) for v in range(vectors)]
-        starts = [[builder.select(onto_c, zero, column_bias[v]) for v in range(vectors)]] * TILE_ROWS
+        starts = [[builder.select(from_zero, zero, column_bias[v]) for v in range(vectors)]] * TILE_ROWS
     else:
         starts = [
             [
                 builder.select(
-                    onto_c, zero, broadcast(builder.load(builder.gep(bias_ptr, [ir.Constant(i64, i)])))
+                    from_zero, zero, broadcast(builder.load(builder.gep(bias_ptr, [ir.Constant(i64, i)])))
                 )
             ]
             * vectors
@@ -283,7 +288,8 @@ def _tile(
 ):
     """``c[c_at + i*ldc + j] = act(start + sum_p a[a_at + p*TILE_ROWS + i] * b[b_at + p*ldb +
     j])`` for ``i < TILE_ROWS``, ``j < TILE_COLUMNS``, ``start`` being ``bias[bias_at + i]``,
-    or what ``c`` holds there when ``accumulate`` is non-zero; ``act`` is ReLU when ``mode``
+    or what ``c`` holds there when ``accumulate`` is 1, or both when it is ``ONTO_BIAS``
+    (the sum added to the bias first); ``act`` is ReLU when ``mode``
     is RELU_MODE, a clip to [``low``, ``high``] when CLIP_MODE, else none; each step asks for
     ``a[a_at + p*TILE_ROWS + ahead]`` too (the panel read next). Offsets and strides count
     float32 elements."""

@@ -22,9 +22,11 @@ from numba._dispatcher import compute_fingerprint
 
 from flowrt.workers.cpu.acc.blas import leading_dimension, native_address
 from flowrt.workers.cpu.acc.kernels.epilogue import CLIP, NONE, RELU, activate_in_place
+from flowrt.workers.cpu.acc.kernels.pool_vectors import copy_floats
 from flowrt.workers.cpu.acc.tile_ir import (
     CLIP_MODE,
     LANES,
+    ONTO_BIAS,
     RELU_MODE,
     TILE_COLUMNS,
     TILE_ROWS,
@@ -38,6 +40,9 @@ from flowrt.workers.cpu.acc.tile_ir import (
 # and each call has hundreds of columns (blocks of 32K floats, 336 columns at 96 rows, made
 # the calls cost about what the cache saved).
 CURVE_BLOCK_FLOATS = 128 * 1024
+
+# The residual of c (floats, 256 KB) that gemm_panels_onto copies into c at a time.
+RESIDUAL_SPAN_FLOATS = 64 * 1024
 
 # Steps of k a tile takes at a time (about) where k is longer than DEPTH_MAX: a block of b's
 # columns (DEPTH x TILE_COLUMNS floats) then stays in L1 while each panel reads it.
@@ -62,13 +67,14 @@ def pad_rows(bias: np.ndarray) -> np.ndarray:
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _block(panels, p, b, q, ldb, c, c_at, ldc, k, k0, k1, bias, mode, low, high, columns):
+def _block(panels, p, b, q, ldb, c, c_at, ldc, k, k0, k1, bias, mode, low, high, columns, residual):
     """Panel ``p`` times columns ``q .. q + columns`` of ``b`` into ``c`` from ``c_at`` on,
     over steps ``k0 .. k1`` of the ``k``: a whole tile, or a masked one for the last columns
-    (a narrow one for at most ``LANES``). The first block of steps starts from the bias, the
-    others from what ``c`` holds; the activation is applied by the last."""
+    (a narrow one for at most ``LANES``). The first block of steps starts from the bias (and
+    adds what ``c`` holds, where ``residual``), the others from what ``c`` holds; the
+    activation is applied by the last."""
     at = (p * k + k0) * TILE_ROWS
-    onto = np.int64(k0 > 0)
+    onto = np.int64(1) if k0 > 0 else np.int64(ONTO_BIAS) if residual else np.int64(0)
     act = mode if k1 == k else 0
     b_at, steps, bias_at = q + k0 * ldb, k1 - k0, p * TILE_ROWS
     ahead = np.int64(k * TILE_ROWS)  # the next panel's same steps
@@ -89,6 +95,21 @@ def gemm_panels(panels, bias, b, c, code, alpha, beta):
     """``c = activation(w @ b + bias)`` for the ``c.shape[0]`` rows of ``w`` packed in
     ``panels`` (:func:`pack_panels`); ``bias`` padded as by :func:`pad_rows`; ``b`` (K, N) and
     ``c`` (M, N) are float32 views with unit column stride."""
+    _gemm_panels(panels, bias, b, c, c, False, code, alpha, beta)
+
+
+@njit(nogil=True, cache=True, no_cfunc_wrapper=True)  # type: ignore[call-overload]  # numba's stubs lack no_cfunc_wrapper
+def gemm_panels_onto(panels, bias, b, c, z, code, alpha, beta):
+    """``c = activation(w @ b + bias + z)``: :func:`gemm_panels` with a residual ``z`` (a view
+    of c's shape, unit column stride) added before the activation, as ONNX Runtime's
+    FusedConv adds its Z. Each block of columns of ``z`` is copied into ``c`` just before its
+    tiles start from it (``ONTO_BIAS``), while it is in L1."""
+    _gemm_panels(panels, bias, b, c, z, True, code, alpha, beta)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _gemm_panels(panels, bias, b, c, z, residual, code, alpha, beta):
+    """:func:`gemm_panels`, and with ``residual`` :func:`gemm_panels_onto`."""
     m, n = c.shape
     k = b.shape[0]
     if m == 0 or n == 0:
@@ -97,7 +118,7 @@ def gemm_panels(panels, bias, b, c, code, alpha, beta):
     mode = RELU_MODE if code == RELU else CLIP_MODE if code == CLIP else 0
     other = mode == 0 and code != NONE
     low, high = np.float32(alpha), np.float32(beta)
-    ldb, ldc = leading_dimension(b), leading_dimension(c)
+    ldb, ldc, ldz = leading_dimension(b), leading_dimension(c), leading_dimension(z)
     full_rows = m // TILE_ROWS
     scratch = np.empty((TILE_ROWS, TILE_COLUMNS), np.float32)
     # Steps of k in blocks that keep a block of b's columns in L1 while every panel reads it.
@@ -106,10 +127,20 @@ def gemm_panels(panels, bias, b, c, code, alpha, beta):
     # stored, while it is in L2: over the whole of a large c, each row would come back from
     # memory (a 96 x 12544 Conv+Swish spent twice as long on the curve as on the GEMM).
     block = n if not other else max(TILE_COLUMNS, CURVE_BLOCK_FLOATS // m // TILE_COLUMNS * TILE_COLUMNS)
+    # The residual is copied into c a span of columns at a time, whole runs of each row, which
+    # the hardware prefetchers follow (a tile's 32 columns of each of M rows they did not:
+    # ResNet-50's residual convs then took as long as a separate Add saved), while the span
+    # stays in L2 for its tiles.
+    span = max(TILE_COLUMNS, RESIDUAL_SPAN_FLOATS // max(m, 1) // TILE_COLUMNS * TILE_COLUMNS)
     for q0 in range(0, n, block):
         q1 = min(q0 + block, n)
         for q in range(q0, q1, TILE_COLUMNS):
             columns = min(TILE_COLUMNS, q1 - q)
+            if residual and (q - q0) % span == 0:  # the residual into c, for the tiles to start from
+                width = min(span, q1 - q)
+                for i in range(m):
+                    for j in range(0, width, LANES):
+                        copy_floats(c, i * ldc + q + j, z, i * ldz + q + j, min(LANES, width - j))
             for k0 in range(0, max(k, 1), depth):  # an empty product: one block, the bias
                 k1 = min(k, k0 + depth)
                 for p in range(full_rows):
@@ -130,8 +161,14 @@ def gemm_panels(panels, bias, b, c, code, alpha, beta):
                         low,
                         high,
                         columns,
+                        residual,
                     )
             if full_rows * TILE_ROWS < m:  # the last panel's padding rows go to scratch
+                if residual:
+                    for i in range(m - full_rows * TILE_ROWS):
+                        row = (full_rows * TILE_ROWS + i) * ldc + q
+                        for j in range(0, columns, LANES):
+                            copy_floats(scratch, i * TILE_COLUMNS + j, c, row + j, min(LANES, columns - j))
                 _block(
                     panels,
                     full_rows,
@@ -149,6 +186,7 @@ def gemm_panels(panels, bias, b, c, code, alpha, beta):
                     low,
                     high,
                     columns,
+                    residual,
                 )
                 # A loop, not a slice assignment: that compiles numba's formatted messages for
                 # shapes that do not broadcast (seconds on a cold cache).
@@ -165,22 +203,25 @@ _VIEW = types.Array(types.float32, 2, "A")
 _panel_addresses: dict[tuple, int] = {}
 
 
-def panels_address(panels: np.ndarray, bias: np.ndarray) -> int:
-    """The address of :func:`gemm_panels` for one group's panels of ``panels`` (groups, ...)
-    and of ``bias`` (groups, ...), strided (``A``) views for ``b`` and ``c``, an int64 code and
-    float32 alpha and beta: what a kernel calls it with by address (``calls.call_native``),
-    instead of linking it into its own code, compiled (or loaded from numba's cache) once."""
-    key = (compute_fingerprint(panels), compute_fingerprint(bias))  # numba.typeof's, faster
+def panels_address(panels: np.ndarray, bias: np.ndarray, residual: bool = False) -> int:
+    """The address of :func:`gemm_panels` (with ``residual``, of :func:`gemm_panels_onto`,
+    which takes a strided view for ``z`` after ``c``) for one group's panels of ``panels``
+    (groups, ...) and of ``bias`` (groups, ...), strided (``A``) views for ``b`` and ``c``, an
+    int64 code and float32 alpha and beta: what a kernel calls it with by address
+    (``calls.call_native``), instead of linking it into its own code, compiled (or loaded
+    from numba's cache) once."""
+    key = (compute_fingerprint(panels), compute_fingerprint(bias), residual)  # numba.typeof's, faster
     found = _panel_addresses.get(key)
     if found is None:
+        views = (_VIEW, _VIEW, _VIEW) if residual else (_VIEW, _VIEW)
         signature = (
             numba.typeof(panels[0]),
             numba.typeof(bias[0]),
-            _VIEW,
-            _VIEW,
+            *views,
             types.int64,
             types.float32,
             types.float32,
         )
-        found = _panel_addresses[key] = native_address(gemm_panels, signature)
+        function = gemm_panels_onto if residual else gemm_panels
+        found = _panel_addresses[key] = native_address(function, signature)
     return found

@@ -140,7 +140,8 @@ _COUNT = SliceFunction(njit(nogil=True)(_count_task))
 
 
 def _residual(net, a, b, w):
-    added = net.add_layer("Add", inputs=[a, b], name="residual")  # on the tape: two pool tensors
+    # on the tape: two pool tensors (a Sub: an Add of a conv's output would fuse into the conv)
+    added = net.add_layer("Sub", inputs=[a, b], name="residual")
     c = net.add_layer("Conv", None, [added, w(8, 8, 1, 1)], name="c")
     return net.add_layer("Conv", flowrt.descriptors.Conv(pads=(1, 1, 1, 1)), [c, w(4, 8, 3, 3)])
 

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 # What conv_by_columns is passed for its panels when it multiplies by BLAS.
 _NO_PANELS = np.empty((0, 0, 0, 0), np.float32)
 _NO_BIAS = np.empty((0, 0), np.float32)
+# What conv_by_columns passes for the residual where there is none.
+_NO_RESIDUAL = np.empty((0, 0, 0), np.float32)
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -78,11 +80,12 @@ def _split_channels(task, n, phases, x, rows, pitch, sh, sw, ph, pw, chunks):
 
 @njit(**NATIVE)
 def _column_slice(
-    task, n, bounds, x_flat, w, bias, out, geo, direct, chunk, finish, code, alpha, beta,
+    task, n, bounds, x_flat, w, bias, out, z, geo, direct, chunk, finish, code, alpha, beta,
     panels, panel_bias, src, image, height, width, fill, multiply,
 ):  # fmt: skip
     """Image ``n``: task (group, column slice of ``bounds``), its columns in chunks (see
-    :func:`conv_by_columns`)."""
+    :func:`conv_by_columns`); ``z``: a residual of ``out``'s shape to add (the tiles'
+    ``multiply`` then ``tiles.gemm_panels_onto``), or empty."""
     mg, kg = w.shape[1], w.shape[2]
     channels, pixels_in = x_flat.shape[1], x_flat.shape[2]
     m_count, pixels = out.shape[1], out.shape[2]
@@ -106,7 +109,11 @@ def _column_slice(
             else:
                 cols = buffer[: kg * (q1 - q0)].reshape((kg, q1 - q0))
             block = out[n, g * mg : (g + 1) * mg, q0:q1]
-            call_native(multiply, (panels[g], panel_bias[g], cols, block, code, alpha, beta))
+            if z.shape[0] > 0:
+                onto = z[n, g * mg : (g + 1) * mg, q0:q1]
+                call_native(multiply, (panels[g], panel_bias[g], cols, block, onto, code, alpha, beta))
+            else:
+                call_native(multiply, (panels[g], panel_bias[g], cols, block, code, alpha, beta))
             continue
         if direct:
             b_at, ldb = x_at + ((n * channels + g * cg) * pixels_in + q0) * 4, pixels_in
@@ -134,14 +141,15 @@ def _source(x: np.ndarray, geo: np.ndarray, phases: np.ndarray, phase_shape) -> 
 
 def conv_by_columns(
     x, x_flat, w, bias, out, geo, direct, bounds, chunk, finish, code, alpha, beta, panels, panel_bias,
-    phase_shape,
+    phase_shape, z=None,
 ):  # fmt: skip
     """Every image; one task per (group, column slice), walking its columns in chunks. With
     ``panels`` (per group, :func:`~flowrt.workers.cpu.acc.tiles.pack_panels`; empty for BLAS)
     each chunk is multiplied by :func:`~flowrt.workers.cpu.acc.tiles.gemm_panels`, bias and
     activation included. A strided conv (``phase_shape`` the rows and pitch of its phase
     planes, else zeros) first splits each image's padded channels into phase planes, which
-    its chunks' im2col then reads by unit-stride runs (:func:`~.im2col.im2col_phases`)."""
+    its chunks' im2col then reads by unit-stride runs (:func:`~.im2col.im2col_phases`).
+    ``z``: a residual of ``out``'s shape, added before the activation (by the tiles only)."""
     sh, sw, ph, pw = geo[2], geo[3], geo[6], geo[7]
     rows, pitch = phase_shape[0], phase_shape[1]
     channels = x.shape[1]
@@ -150,9 +158,10 @@ def conv_by_columns(
     chunks = min(channels, bounds.shape[0] - 1)  # as many as there are slices
     split = (phases, x, rows, pitch, sh, sw, ph, pw, chunks)
     src, image, height, width, fill = (None, 0, 0, 0, 0) if direct else _source(x, geo, phases, phase_shape)
-    multiply = panels_address(panels, panel_bias) if panels.shape[0] else 0
+    multiply = panels_address(panels, panel_bias, z is not None) if panels.shape[0] else 0
     slices = (
-        bounds, x_flat, w, bias, out, geo, direct, chunk, finish, code, alpha, beta, panels, panel_bias,
+        bounds, x_flat, w, bias, out, _NO_RESIDUAL if z is None else z, geo, direct, chunk, finish, code,
+        alpha, beta, panels, panel_bias,
         phases if src is None else src, image, height, width, fill, multiply,
     )  # fmt: skip
     run_stages(
@@ -286,20 +295,36 @@ class Columns:
         bounds = geometry.column_bounds(tuning)
         return cls(geometry.geo(), geometry.direct, bounds, chunk, tiles, phase_shape(geometry))
 
+    @property
+    def takes_residual(self) -> bool:
+        """Whether a FusedConv's residual is added as the tiles store (by tiles, not BLAS)."""
+        return self.tiles
+
     def forms(self, weights: ConvWeights, w, w_shape, bias, constant: bool) -> None:
         """See ``algorithms.ConvAlgorithm``."""
         if self.tiles:
             weights.panels(w, bias, constant)
 
     def run(
-        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: ActArgs
+        self,
+        weights: ConvWeights,
+        x,
+        w,
+        w_shape,
+        bias,
+        out,
+        finish: bool,
+        constant: bool,
+        act: ActArgs,
+        residual: np.ndarray | None = None,
     ) -> None:
-        """See ``algorithms.ConvAlgorithm.run``."""
+        """See ``algorithms.ConvAlgorithm.run``; ``residual``: a FusedConv's Z (by tiles only)."""
         panels, panel_bias = weights.panels(w, bias, constant) if self.tiles else (_NO_PANELS, _NO_BIAS)
         x_flat, out_flat = x.reshape(*x.shape[:2], -1), out.reshape(*out.shape[:2], -1)
+        z = None if residual is None else residual.reshape(out_flat.shape)
         conv_by_columns(
             x, x_flat, w, bias, out_flat, self.geo, self.direct, self.bounds, self.chunk, finish, *act,
-            panels, panel_bias, self.phase_shape,
+            panels, panel_bias, self.phase_shape, z,
         )  # fmt: skip
 
 

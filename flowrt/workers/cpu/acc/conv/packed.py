@@ -64,10 +64,27 @@ def _store_across(scratch, out, r0, r1, q0, pixels):
         v += run
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _load_across(scratch, z, r0, r1, q0, pixels):
+    """The columns of each image's residual ``z`` that batch columns ``q0 ..`` hold into
+    ``scratch``: :func:`_store_across` the other way."""
+    width = scratch.shape[1]
+    v = 0
+    while v < width:
+        n, p = divmod(q0 + v, pixels)
+        run = min(width - v, pixels - p)
+        for r in range(r0, r1):
+            for t in range(run):
+                scratch[r - r0, v + t] = z[n, r, p + t]
+        v += run
+
+
 @njit(**NATIVE)
-def _packed_task(task, _step, x_flat, panels, panel_bias, out, bounds, code, alpha, beta, multiply):
+def _packed_task(task, _step, x_flat, panels, panel_bias, out, z, bounds, code, alpha, beta, multiply):
     """Task (group, slice of ``bounds``) of :func:`conv_packed`; ``multiply``: the address of
-    ``tiles.gemm_panels`` (``tiles.panels_address``)."""
+    ``tiles.gemm_panels``, or of ``tiles.gemm_panels_onto`` where ``z`` (of ``out``'s shape)
+    is a residual to add (``tiles.panels_address``); else ``z`` is empty."""
+    residual = z.shape[0] > 0
     groups = panels.shape[0]
     cg = x_flat.shape[1] // groups
     mg = out.shape[1] // groups
@@ -85,27 +102,40 @@ def _packed_task(task, _step, x_flat, panels, panel_bias, out, bounds, code, alp
         t1 = stop if image_end >= stop else t + (image_end - t) // TILE_COLUMNS * TILE_COLUMNS
         if t1 > t:
             cols = x_flat[n, c0 : c0 + cg, p : p + t1 - t]
-            call_native(
-                multiply, (panels[g], panel_bias[g], cols, out[n, r0:r1, p : p + t1 - t], code, alpha, beta)
-            )
+            block = out[n, r0:r1, p : p + t1 - t]
+            if residual:
+                onto = z[n, r0:r1, p : p + t1 - t]
+                call_native(multiply, (panels[g], panel_bias[g], cols, block, onto, code, alpha, beta))
+            else:
+                call_native(multiply, (panels[g], panel_bias[g], cols, block, code, alpha, beta))
         else:  # one tile across images
             t1 = min(t + TILE_COLUMNS, stop)
             cols = buffer[:, : t1 - t]
             _pack(x_flat, c0, t, cols, pixels)
             part = scratch[:, : t1 - t]
-            call_native(multiply, (panels[g], panel_bias[g], cols, part, code, alpha, beta))
+            if residual:  # the part starts from its residual
+                _load_across(part, z, r0, r1, t, pixels)
+                call_native(multiply, (panels[g], panel_bias[g], cols, part, part, code, alpha, beta))
+            else:
+                call_native(multiply, (panels[g], panel_bias[g], cols, part, code, alpha, beta))
             _store_across(part, out, r0, r1, t, pixels)
         t = t1
 
 
 _PACKED_TASK = SliceFunction(_packed_task)
+# What conv_packed passes for ``z`` where there is no residual.
+_NO_RESIDUAL = np.zeros((0, 0, 0), np.float32)
 
 
-def conv_packed(x_flat, panels, panel_bias, out, bounds, code, alpha, beta):
-    """``out`` (N, M, pixels) = activation(w @ x + bias) for every image of ``x_flat`` (N, C,
-    pixels), ``w`` packed per group in ``panels``; one task per (group, slice of ``bounds`` over
-    the N * pixels columns), called by address (``blas.run_tasks``)."""
-    args = (x_flat, panels, panel_bias, out, bounds, code, alpha, beta, panels_address(panels, panel_bias))
+def conv_packed(x_flat, panels, panel_bias, out, bounds, code, alpha, beta, z=None):
+    """``out`` (N, M, pixels) = activation(w @ x + bias [+ z]) for every image of ``x_flat``
+    (N, C, pixels), ``w`` packed per group in ``panels``, ``z`` a residual of ``out``'s shape;
+    one task per (group, slice of ``bounds`` over the N * pixels columns), called by address
+    (``blas.run_tasks``)."""
+    residual = z is not None
+    multiply = panels_address(panels, panel_bias, residual)
+    z = z if residual else _NO_RESIDUAL
+    args = (x_flat, panels, panel_bias, out, z, bounds, code, alpha, beta, multiply)
     run_tasks(_PACKED_TASK.address(args), panels.shape[0] * (bounds.shape[0] - 1), args)
 
 
@@ -115,6 +145,8 @@ class Packed:
     images' pixels side by side."""
 
     name: ClassVar[str] = "packed"
+    # a FusedConv's residual is added as the tiles store (``kernels.conv.FusedConvKernel``)
+    takes_residual: ClassVar[bool] = True
     bounds: np.ndarray
 
     @classmethod
@@ -139,9 +171,20 @@ class Packed:
         weights.panels(w, bias, constant)
 
     def run(
-        self, weights: ConvWeights, x, w, w_shape, bias, out, finish: bool, constant: bool, act: ActArgs
+        self,
+        weights: ConvWeights,
+        x,
+        w,
+        w_shape,
+        bias,
+        out,
+        finish: bool,
+        constant: bool,
+        act: ActArgs,
+        residual: np.ndarray | None = None,
     ) -> None:
-        """See ``algorithms.ConvAlgorithm.run``."""
+        """See ``algorithms.ConvAlgorithm.run``; ``residual``: a FusedConv's Z."""
         panels, panel_bias = weights.panels(w, bias, constant)
         x_flat, out_flat = x.reshape(*x.shape[:2], -1), out.reshape(*out.shape[:2], -1)
-        conv_packed(x_flat, panels, panel_bias, out_flat, self.bounds, *act)
+        z = None if residual is None else residual.reshape(out_flat.shape)
+        conv_packed(x_flat, panels, panel_bias, out_flat, self.bounds, *act, z)

@@ -89,7 +89,7 @@ _KINDS_BY_MODULE = {
     "activation": "Clip Elu Gelu HardSigmoid HardSwish LeakyRelu Mish Relu Sigmoid Softplus Softsign Swish Tanh",
     "cast": "Cast CastLike",
     "concat": "Concat",
-    "conv": "Conv",
+    "conv": "Conv FusedConv",
     "conv_transpose": "ConvTranspose",
     "elementwise": "Add Div Max Min Mul Pow Sub Sum",
     "expand": "Expand Tile",

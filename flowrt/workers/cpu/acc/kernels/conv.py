@@ -14,22 +14,26 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from flowrt.engine.scheduler.job import JobContext
 from flowrt.engine.scheduler.window import SplitHint
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import DataType
 from flowrt.workers.cpu.acc.blas import pin_scipy_blas, read_only
+from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.conv.algorithms import ConvAlgorithm, choose
 from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
 from flowrt.workers.cpu.acc.conv.tuning import MIN_COLUMNS, ConvTuning
 from flowrt.workers.cpu.acc.conv.weights import ConvWeights
 from flowrt.workers.cpu.acc.kernels import acc_kernel
-from flowrt.workers.cpu.acc.kernels.epilogue import NONE, activation_args
+from flowrt.workers.cpu.acc.kernels.epilogue import NONE, activate_in_place, activation_args
 
 pin_scipy_blas()
 
 DEFAULT_TUNING = ConvTuning()
+# The activation arguments of none (``epilogue.activation_args``).
+NO_ACTIVATION = activation_args(None)
 
 
 @acc_kernel("Conv")
@@ -106,6 +110,14 @@ class ConvKernel:
             forms(weights, weights.packed, weights.shape, bias, True)
 
     def execute(self, inputs: Any, outputs: Any = None, job: JobContext | None = None) -> list[np.ndarray]:
+        plan, operands, out, finish, constant = self._operands(inputs, outputs, job)
+        plan.run(*operands, out, finish, constant, self.act)
+        return [out]
+
+    def _operands(self, inputs: Any, outputs: Any, job: JobContext | None) -> tuple:
+        """The plan for this call, the operands its ``run`` takes before ``out`` (weights, x,
+        w, w_shape, bias), the output, whether there is a bias or activation to apply, and
+        whether the weights and bias are the layer's constants."""
         x = np.ascontiguousarray(inputs[0], np.float32)
         weights = self.weights
         w, w_shape = weights.packed, weights.shape
@@ -126,5 +138,48 @@ class ConvKernel:
             )
         # the operands are the layer's constants: what the algorithm derives from them is kept
         constant = w is weights.packed and (self.bias is not None or b is None)
-        plan.run(weights, x, w, w_shape, bias, out, finish, constant, self.act)
+        return plan, (weights, x, w, w_shape, bias), out, finish, constant
+
+
+@njit(**NATIVE)
+def _add_residual(task, _step, out, z, tasks, code, alpha, beta):
+    """Task ``task`` of ``tasks``: ``out = activation(out + z)`` over its share of the flat
+    float32 arrays (of one size), in runs of ``RESIDUAL_RUN`` that are still in L1 for the
+    activation."""
+    size = out.shape[0]
+    start, stop = task * size // tasks, (task + 1) * size // tasks
+    for first in range(start, stop, RESIDUAL_RUN):
+        last = min(stop, first + RESIDUAL_RUN)
+        for i in range(np.uint64(first), np.uint64(last)):
+            out[i] += z[i]
+        activate_in_place(out[first:last], code, alpha, beta)
+
+
+# Values of a residual added at a time, then activated (16 KB).
+RESIDUAL_RUN = 4096
+_ADD_RESIDUAL = SliceFunction(_add_residual)
+
+
+@acc_kernel("FusedConv")
+class FusedConvKernel(ConvKernel):
+    """FusedConv (``act(Conv(X, W, B) + Z)``, what the optimizer makes of a Conv and the
+    residual Add reading it, ONNX Runtime's FusedConv with Z): the algorithms whose register
+    tiles store the output (``takes_residual``) copy each block of Z into the output just
+    before their tiles start from it, so that Z is read once and the sum is never stored and
+    read back; the others run the conv with no activation, then add Z and apply it in one
+    pass over the output."""
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        return ConvKernel.supports(info)
+
+    def execute(self, inputs: Any, outputs: Any = None, job: JobContext | None = None) -> list[np.ndarray]:
+        plan, operands, out, _, constant = self._operands(inputs, outputs, job)
+        z = np.ascontiguousarray(inputs[3], np.float32)
+        if getattr(plan, "takes_residual", False):
+            plan.run(*operands, out, True, constant, self.act, residual=z)
+        else:
+            plan.run(*operands, out, True, constant, NO_ACTIVATION)
+            tasks = self.workers if job is None else min(self.workers, job.threads)
+            _ADD_RESIDUAL.run(tasks, (out.reshape(-1), z.reshape(-1), np.int64(tasks), *self.act))
         return [out]

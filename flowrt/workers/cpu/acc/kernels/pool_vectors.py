@@ -1,7 +1,7 @@
 """MaxPool's inner steps as explicit vectors (LLVM IR through numba's ``intrinsic``), one
 vector of ``LANES`` outputs a call, a last part of a row masked; and a short row of bytes
 copied as masked vectors (:func:`copy_bytes`, :func:`copy_row`: a QLinearConv's padded
-input, its GEMM's last blocks).
+input, its GEMM's last blocks), and floats (:func:`copy_floats`: a FusedConv's residual).
 
 Left to LLVM's loop vectorizer, a row's loop runs ``LANES`` x 4 values an iteration and the
 rest one at a time: the rows of a pool are short (13 to 111 values in the light models), so
@@ -137,6 +137,22 @@ def max3_pairs(typingctx, dst, dst_at, src, src_at, count):
             _pointer(context, builder, signature.args[0], args[0], args[1]),
             _mask(builder, args[4]),
         )
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def copy_floats(typingctx, dst, dst_at, src, src_at, count):
+    """``dst[dst_at : dst_at + count] = src[src_at : src_at + count]`` for ``count`` of at most
+    ``LANES`` float32 values, one masked load and store; the offsets count elements from the
+    arrays' first ones, so that strided views of rows copy by their leading dimension."""
+    sig = types.void(dst, dst_at, src, src_at, count)
+
+    def codegen(context, builder, signature, args):
+        mask = _mask(builder, args[4])
+        value = _load(builder, _pointer(context, builder, signature.args[2], args[2], args[3]), mask)
+        _store(builder, value, _pointer(context, builder, signature.args[0], args[0], args[1]), mask)
         return context.get_dummy_value()
 
     return sig, codegen
