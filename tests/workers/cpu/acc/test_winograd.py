@@ -37,6 +37,9 @@ def _force_winograd(tile, small_blocks=False, **more):
         ((1, 2, 4, 4), (2, 2, 3, 3), dict(pads=(2, 2, 2, 2))),  # more padding than the kernel reach
         ((1, 3, 3, 3), (4, 3, 3, 3), {}),  # one output pixel
         ((1, 6, 13, 18), (5, 6, 3, 3), dict(pads=(1, 1, 1, 1))),  # 4x4 tiles: several per row
+        # widths of whole 4s (4x4 tiles split the columns first), runs past a vector
+        ((1, 3, 9, 72), (4, 3, 3, 3), dict(pads=(1, 1, 1, 1))),
+        ((1, 2, 8, 40), (3, 2, 3, 3), dict(pads=(2, 3, 0, 1))),
     ],
 )
 def test_3x3_stride_1_convs_run_by_winograd(x_shape, w_shape, attrs, tile, small_blocks, constant, workers):

@@ -27,6 +27,8 @@ import numpy as np
 from numba import njit
 
 from flowrt.workers.cpu.acc.calls import NATIVE
+from flowrt.workers.cpu.acc.kernels.pool_vectors import copy_floats
+from flowrt.workers.cpu.acc.tile_ir import LANES
 
 # Winograd F(2x2, 3x3): G (4x3) maps a 3-tap filter to its transform.
 _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
@@ -145,16 +147,22 @@ def fill_phases4(x, at, height, width, phases, base, size, pad_h, pad_w, pitch, 
         parts[u8(3) * n + k] = x[w + u8(3)]
     step = parts.shape[0] // count  # 4, unknown to LLVM: unrolling these loops by four
     # quadrupled the code to compile, for no speed
+    # Divisions by 4 as shifts and masks: by the unknown step, each was an integer division.
+    # With the runs copied as masked vectors (below), 64 channels at 56x56 fill in 49 us, 97
+    # before; 128 at 28x28 in 48, 77 before (one Zen 5 core).
     for ih in range(min(height, step * rows - pad_h)):
         r = ih + pad_h
-        start = base + (r // step) * pitch
+        start = base + (r >> 2) * pitch
         for q in range(step):
             # x's column 4 * k + q is padded column 4 * (k + shift) + parity
-            shift, parity = (q + pad_w) // step, (q + pad_w) % step
-            dst = u8((step * (r % step) + parity) * size + start + shift)
-            read = u8(q * count + ih * per)
-            for k in range(u8(max(0, min(per, pitch - shift)))):
-                phases[dst + k] = parts[read + k]
+            shift, parity = (q + pad_w) >> 2, (q + pad_w) & 3
+            dst = (4 * (r & 3) + parity) * size + start + shift
+            read = q * count + ih * per
+            # a vector at a time, the last masked: a run is short (14 cells at 56x56), and
+            # LLVM's vector loop takes 64 a turn, leaving such a run to its scalar loop
+            run = max(0, min(per, pitch - shift))
+            for k in range(0, run, LANES):
+                copy_floats(phases, dst + k, parts, read + k, min(LANES, run - k))
 
 
 @njit(**NATIVE)
