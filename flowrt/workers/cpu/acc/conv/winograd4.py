@@ -16,6 +16,8 @@ from numba import njit
 
 from flowrt.workers.cpu.acc.calls import NATIVE
 from flowrt.workers.cpu.acc.conv.winograd import filter_transforms
+from flowrt.workers.cpu.acc.kernels.pool_vectors import interleave4_vector
+from flowrt.workers.cpu.acc.tile_ir import LANES
 
 # F(4x4, 3x3): G (6x3) maps a 3-tap filter to its transform.
 _G = np.array(
@@ -130,14 +132,7 @@ def output_transform4(m, mrow, at, tmp, y, yrow, n):
 
 @njit(**NATIVE)
 def interleave4(dst, at, width, y, row, yrow):
-    """``dst[at + 4t + b] = y[row + b * yrow + t]`` for the ``width`` outputs of a row."""
-    u8 = np.uint64
-    whole = width // 4
-    o, w, r = u8(at), u8(yrow), u8(row)
-    for t in range(u8(whole)):
-        dst[o + u8(4) * t] = y[r + t]
-        dst[o + u8(4) * t + u8(1)] = y[r + w + t]
-        dst[o + u8(4) * t + u8(2)] = y[r + u8(2) * w + t]
-        dst[o + u8(4) * t + u8(3)] = y[r + u8(3) * w + t]
-    for ow in range(4 * whole, width):
-        dst[o + u8(ow)] = y[r + u8(ow - 4 * whole) * w + u8(whole)]
+    """``dst[at + 4t + b] = y[row + b * yrow + t]`` for the ``width`` outputs of a row,
+    ``4 * LANES`` at a time as shuffled vectors (``winograd.interleave2``)."""
+    for t in range(0, width, 4 * LANES):
+        interleave4_vector(dst, at + t, y, row + t // 4, yrow, min(4 * LANES, width - t))

@@ -158,6 +158,61 @@ def copy_floats(typingctx, dst, dst_at, src, src_at, count):
     return sig, codegen
 
 
+def _interleaving(parts: int):
+    """An intrinsic ``(dst, dst_at, src, src_at, stride, count)``: ``dst[dst_at + parts * t +
+    b] = src[src_at + b * stride + t]`` for the first ``count`` (at most ``parts * LANES``)
+    outputs ``parts * t + b``: ``parts`` rows of ``src`` read as masked vectors, shuffled
+    together and stored as one masked vector of ``parts * LANES``. Reads and writes nothing
+    past what those outputs need."""
+    index = ir.VectorType(_i32, 2 * LANES)
+    pairs = ir.Constant(index, [j // 2 + (j % 2) * LANES for j in range(2 * LANES)])
+    quads = ir.Constant(
+        ir.VectorType(_i32, 4 * LANES),
+        [2 * (j // 4) + (j % 2) + (j // 2 % 2) * 2 * LANES for j in range(4 * LANES)],
+    )
+    wide = ir.VectorType(_f32, parts * LANES)
+
+    def typer(typingctx, dst, dst_at, src, src_at, stride, count):
+        sig = types.void(dst, dst_at, src, src_at, stride, count)
+
+        def codegen(context, builder, signature, args):
+            # each row's values: ceil(count / parts) of them
+            per_row = builder.udiv(
+                builder.add(args[5], ir.Constant(_i64, parts - 1)), ir.Constant(_i64, parts)
+            )
+            mask = _mask(builder, per_row)
+            rows = [
+                _load(
+                    builder,
+                    _pointer(
+                        context,
+                        builder,
+                        signature.args[2],
+                        args[2],
+                        builder.add(args[3], builder.mul(args[4], ir.Constant(_i64, b))),
+                    ),
+                    mask,
+                )
+                for b in range(parts)
+            ]
+            value = builder.shuffle_vector(rows[0], rows[1], pairs)
+            if parts == 4:
+                value = builder.shuffle_vector(value, builder.shuffle_vector(rows[2], rows[3], pairs), quads)
+            pointer = _pointer(context, builder, signature.args[0], args[0], args[1], wide)
+            _store(builder, value, pointer, _mask(builder, args[5], parts * LANES), wide)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    typer.__name__ = typer.__qualname__ = f"interleave{parts}_vector"
+    return intrinsic(typer)
+
+
+# interleave2_vector and interleave4_vector: a row of outputs from 2 or 4 rows of values that
+# alternate in it (Winograd's output tiles, 2 or 4 columns wide).
+interleave2_vector, interleave4_vector = _interleaving(2), _interleaving(4)
+
+
 # Bytes :func:`copy_bytes` moves a call: a zmm where the host has AVX-512BW (masked byte loads
 # and stores); 0 elsewhere, where LLVM would split a masked byte vector into one branch per
 # byte, and callers copy in a loop instead.
