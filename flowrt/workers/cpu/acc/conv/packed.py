@@ -50,32 +50,22 @@ def _pack(x_flat, c0, q0, cols, pixels):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _store_across(scratch, out, r0, r1, q0, pixels):
+def _across(scratch, images, r0, r1, q0, pixels, store):
     """The columns of ``scratch`` (batch columns ``q0 ..``) into rows ``r0 .. r1`` of each
-    image's output they belong to."""
+    image of ``images`` (N, M, pixels) they belong to where ``store``; else the other way
+    (a residual into the scratch its tiles start from)."""
     width = scratch.shape[1]
     v = 0
     while v < width:
         n, p = divmod(q0 + v, pixels)
         run = min(width - v, pixels - p)
         for r in range(r0, r1):
-            for t in range(run):
-                out[n, r, p + t] = scratch[r - r0, v + t]
-        v += run
-
-
-@njit(inline="always", nogil=True, cache=True)
-def _load_across(scratch, z, r0, r1, q0, pixels):
-    """The columns of each image's residual ``z`` that batch columns ``q0 ..`` hold into
-    ``scratch``: :func:`_store_across` the other way."""
-    width = scratch.shape[1]
-    v = 0
-    while v < width:
-        n, p = divmod(q0 + v, pixels)
-        run = min(width - v, pixels - p)
-        for r in range(r0, r1):
-            for t in range(run):
-                scratch[r - r0, v + t] = z[n, r, p + t]
+            if store:
+                for t in range(run):
+                    images[n, r, p + t] = scratch[r - r0, v + t]
+            else:
+                for t in range(run):
+                    scratch[r - r0, v + t] = images[n, r, p + t]
         v += run
 
 
@@ -114,11 +104,11 @@ def _packed_task(task, _step, x_flat, panels, panel_bias, out, z, bounds, code, 
             _pack(x_flat, c0, t, cols, pixels)
             part = scratch[:, : t1 - t]
             if residual:  # the part starts from its residual
-                _load_across(part, z, r0, r1, t, pixels)
+                _across(part, z, r0, r1, t, pixels, False)
                 call_native(multiply, (panels[g], panel_bias[g], cols, part, part, code, alpha, beta))
             else:
                 call_native(multiply, (panels[g], panel_bias[g], cols, part, code, alpha, beta))
-            _store_across(part, out, r0, r1, t, pixels)
+            _across(part, out, r0, r1, t, pixels, True)
         t = t1
 
 
