@@ -16,6 +16,9 @@ time (user + system, all threads) as the OS counts it.
 - ``onnxruntime``: the peer, which compiles nothing (its process imports numpy and
   onnxruntime only).
 
+Every process may write Python bytecode (``PYTHONDONTWRITEBYTECODE`` is left out of their
+environment), as an installed package has it: the cold run writes what flowrt's lacks.
+
 Prints a table and the ratio warm / ONNX Runtime (the median of ``--repeat`` processes each).
 """
 
@@ -76,10 +79,14 @@ def main() -> None:
     path = str(light_model(args.model))
     rows = []
     with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, NUMBA_CACHE_DIR=cache, FLOWRT_CACHE_DIR=os.path.join(cache, "flowrt"))
+        # Python writes the bytecode of the modules it imports, as an installed package has
+        # it (pip compiles it at install): where PYTHONDONTWRITEBYTECODE is set, every process
+        # compiled each flowrt module edited since its last .pyc from source again.
+        python = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env = dict(python, NUMBA_CACHE_DIR=cache, FLOWRT_CACHE_DIR=os.path.join(cache, "flowrt"))
         rows.append(("flowrt cold", *_process(FLOWRT, [path, args.backends], env)))
         warm = [_process(FLOWRT, [path, args.backends], env) for _ in range(args.repeat)]
-    theirs = [_process(ORT, [path], dict(os.environ)) for _ in range(args.repeat)]
+    theirs = [_process(ORT, [path], python) for _ in range(args.repeat)]
     for name, runs in (("flowrt warm", warm), ("onnxruntime", theirs)):
         rows.append((name, *(statistics.median(run[i] for run in runs) for i in range(3))))
     print(f"{args.model}, backends {args.backends}; fresh processes (median of {args.repeat})\n")
