@@ -166,8 +166,8 @@ class FusedConvKernel(ConvKernel):
     residual Add reading it, ONNX Runtime's FusedConv with Z): the algorithms whose register
     tiles store the output (``takes_residual``) copy each block of Z into the output just
     before their tiles start from it, so that Z is read once and the sum is never stored and
-    read back; the others run the conv with no activation, then add Z and apply it in one
-    pass over the output."""
+    read back; the others run the conv with no activation, then add Z and apply it over the
+    output in parallel slices."""
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
