@@ -145,6 +145,22 @@ def per_sample_nchw(layer: Layer, axes: list[Axis]) -> Axis:
     return batched_first(axes, at=0)
 
 
+@batch_rule("FusedConv")
+def fused_conv(layer: Layer, axes: list[Axis]) -> Axis:
+    """A Conv and the residual Z added to it (X, W, B, Z): X and Z carry the batch on axis 0,
+    each sample's Z added to its own output; a Z the same for every sample would not have
+    the re-batched output's shape."""
+    given = (axes + [None] * 4)[:4]
+    if given[0] != 0 or given[3] != 0:
+        found = ", ".join(
+            f"input {i} on {'no axis' if given[i] is None else f'axis {given[i]}'}" for i in (0, 3)
+        )
+        raise Refused(f"X and Z must carry the batch on axis 0, found {found}")
+    only_batched(axes, 0, 3)
+    same_fold(layer, [(0, 0), (3, 0)])
+    return 0
+
+
 BROADCASTING = (
     "Add Sub Mul Div Pow Mod BitShift And Or Xor Equal Less Greater LessOrEqual GreaterOrEqual "
     "BitwiseAnd BitwiseOr BitwiseXor Max Min Sum Mean Where PRelu"

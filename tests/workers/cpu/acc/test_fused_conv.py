@@ -106,3 +106,22 @@ def test_a_residual_add_fuses_into_the_conv_before_it_on_cpuacc():
 
     expected = trio.run(run, flowrt.optimize(_bottleneck(), backends=["CpuRef"]))
     close(trio.run(run, opt), expected)
+
+
+def test_a_fused_conv_re_batches_each_sample_with_its_own_residual():
+    """A load at batch 3 (what a batching stream makes) runs each sample as batch 1 does: X
+    and Z carry the batch on axis 0 (``batch_rules.fused_conv``)."""
+    opt = flowrt.optimize(_bottleneck(), backends=["CpuAcc", "CpuRef"])
+    assert opt.graph.layers["conv2"].kind == "FusedConv"
+    x = np.random.default_rng(21).standard_normal((3, 32, 12, 12)).astype(np.float32)
+
+    async def run():
+        async with flowrt.Runtime(cpu_workers=2) as rt:
+            one, many = await rt.load(opt), await rt.load(opt, batch=3)
+            got = (await many.run({"x": x}))["y"]
+            return got, [(await one.run({"x": x[i : i + 1]}))["y"] for i in range(3)]
+
+    got, each = trio.run(run)
+    assert got.shape[0] == 3
+    for i in range(3):
+        close(got[i : i + 1], each[i])
