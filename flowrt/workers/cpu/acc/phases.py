@@ -90,6 +90,15 @@ def _pair_half(high: bool):
 pair_low, pair_high = _pair_half(False), _pair_half(True)
 
 
+@njit(inline="always", nogil=True, cache=True)
+def phase_span(phase, extent, cells, stride, pad):
+    """The cells ``[lo, hi)`` of ``cells`` along one axis of phase ``phase`` that come from
+    the input: cell ``r`` reads input index ``phase + r * stride - pad``, inside ``[0,
+    extent)`` for ``r`` in that range; the others are pad cells."""
+    lo = min(cells, max(0, -(-(pad - phase) // stride)))
+    return lo, min(cells, max(lo, -(-(extent + pad - phase) // stride)))
+
+
 # Not inlined: the kernels that split planes (conv columns, grouped and depthwise convs, stacked
 # pools) call it once a plane, and each inlined copy cost its kernel 0.5-1 s to compile. It
 # indexes the flat plane by unsigned offsets, with no views: each view of the plane as words
@@ -105,13 +114,9 @@ def fill_phase_planes(dst, x, rows, pitch, phase_stride, sh, sw, ph, pw):
     src = x.reshape(-1)
     u8 = np.uint64
     for i in range(sh):
-        # Phase row r reads input row i + r * sh - ph: in [0, height) for r in [r_lo, r_hi).
-        r_lo = min(rows, max(0, -(-(ph - i) // sh)))
-        r_hi = min(rows, max(r_lo, -(-(height + ph - i) // sh)))
+        r_lo, r_hi = phase_span(i, height, rows, sh, ph)
         for j in range(sw):
-            # Column c reads input column j + c * sw - pw: in [0, width) for c in [c_lo, c_hi).
-            c_lo = min(pitch, max(0, -(-(pw - j) // sw)))
-            c_hi = min(pitch, max(c_lo, -(-(width + pw - j) // sw)))
+            c_lo, c_hi = phase_span(j, width, pitch, sw, pw)
             n = c_hi - c_lo
             for r in range(r_lo, r_hi):
                 o = u8((i * sw + j) * phase_stride + r * pitch + c_lo)

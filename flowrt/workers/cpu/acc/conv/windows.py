@@ -30,7 +30,7 @@ from numba import njit
 from flowrt.workers.cpu.acc.blas import NATIVE, SliceFunction, run_stages
 from flowrt.workers.cpu.acc.conv.columns import phase_shape
 from flowrt.workers.cpu.acc.kernels.epilogue import CLIP, NONE, RELU, activate_in_place
-from flowrt.workers.cpu.acc.phases import fill_phase_planes_late
+from flowrt.workers.cpu.acc.phases import fill_phase_planes_late, phase_span
 from flowrt.workers.cpu.acc.tile_ir import (
     CLIP_MODE,
     LANES,
@@ -66,13 +66,11 @@ def _split_rows(task, n, phases, x, rows, pitch, sh, sw, ph, pw, chunks):
     for c in range(channels):
         base = c * sh * sw * plane
         for i in range(sh):
+            r_lo, r_hi = phase_span(i, height, rows, sh, ph)
             for j in range(sw):
                 # the cells fill_phase_planes leaves alone: rows outside the input, and
                 # columns left and right of it
-                r_lo = min(rows, max(0, -(-(ph - i) // sh)))
-                r_hi = min(rows, max(r_lo, -(-(height + ph - i) // sh)))
-                c_lo = min(pitch, max(0, -(-(pw - j) // sw)))
-                c_hi = min(pitch, max(c_lo, -(-(width + pw - j) // sw)))
+                c_lo, c_hi = phase_span(j, width, pitch, sw, pw)
                 for r in range(r0, r1):
                     at = np.uint64(base + (i * sw + j) * plane + r * pitch)
                     lo, hi = (c_lo, c_hi) if r_lo <= r < r_hi else (pitch, pitch)

@@ -169,10 +169,6 @@ class FusedConvKernel(ConvKernel):
     read back; the others run the conv with no activation, then add Z and apply it over the
     output in parallel slices."""
 
-    @classmethod
-    def supports(cls, info: WorkloadInfo) -> Support:
-        return ConvKernel.supports(info)
-
     def execute(self, inputs: Any, outputs: Any = None, job: JobContext | None = None) -> list[np.ndarray]:
         plan, operands, out, _, constant = self._operands(inputs, outputs, job)
         z = np.ascontiguousarray(inputs[3], np.float32)
