@@ -36,9 +36,11 @@ import pickle
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from llvmlite.binding import ffi
 from numba.core import event as ev
 from numba.core.dispatcher import Dispatcher
 
@@ -203,11 +205,30 @@ def replay(key: str, fresh: bool) -> bool:
     from flowrt.workers.cpu.acc import calls
 
     calls._register_parallel_tasks()  # the launchers' symbol, before any launcher is linked
-    for dispatcher, module_name, name, signature in wanted:
-        if dispatcher is not None and not _load(dispatcher, signature):
-            logger.info("CpuAcc: %s.%s compiled: the load warms its layers up by running", module_name, name)
-            return False
+    with _lock_events_off():
+        for dispatcher, module_name, name, signature in wanted:
+            if dispatcher is not None and not _load(dispatcher, signature):
+                logger.info("CpuAcc: %s.%s compiled: the load warms its layers up by running", module_name, name)
+                return False
     return True
+
+
+@contextmanager
+def _lock_events_off() -> Iterator[None]:
+    """numba broadcasts an event each time llvmlite's lock is taken and given back, for its
+    compile timers: loading a function from the cache takes it ~140 times (reading the
+    symbols of its module one call at a time), so resnet50's replay broadcast 11,000 events,
+    ~15 ms of its ~115. Its callbacks are taken off for the replay and put back after; what a
+    compile on another thread meanwhile loses is the lock's share of its timings."""
+    lock = getattr(ffi.lib, "_lock", None)  # llvmlite's lock around the library's calls
+    callbacks = list(getattr(lock, "_cblist", ()))
+    for callback in callbacks:
+        ffi.unregister_lock_callback(*callback)
+    try:
+        yield
+    finally:
+        for callback in callbacks:
+            ffi.register_lock_callback(*callback)
 
 
 class Preload:
