@@ -208,7 +208,9 @@ def replay(key: str, fresh: bool) -> bool:
     with _lock_events_off():
         for dispatcher, module_name, name, signature in wanted:
             if dispatcher is not None and not _load(dispatcher, signature):
-                logger.info("CpuAcc: %s.%s compiled: the load warms its layers up by running", module_name, name)
+                logger.info(
+                    "CpuAcc: %s.%s compiled: the load warms its layers up by running", module_name, name
+                )
                 return False
     return True
 
