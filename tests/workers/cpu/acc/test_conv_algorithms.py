@@ -1,7 +1,7 @@
 """Which algorithm CpuAcc's Conv takes for each shape: the first of ``ALGORITHMS`` whose
 ``applies`` holds. The expected names were recorded from the kernel before its algorithms were
 split into modules (one ``_Plan`` for every path), so that the split changed no choice, and
-for 1x1 planes (``vector``) when it came; only plans are made here (no numba call)."""
+for 1x1 planes (``vector``) and small depthwise planes (``depthwise_vector``) when they came; only plans are made here (no numba call)."""
 
 import attrs
 import numpy as np
@@ -25,16 +25,19 @@ P1 = (1, 1, 1, 1)
 # (name, input shape, weight shape, descriptor attributes, algorithm on 1 worker, on 2)
 # fmt: off
 SHAPES = [
-    ("dw_same3", (1, 32, 14, 14), (32, 1, 3, 3), dict(group=32, pads=P1), "depthwise_same3", "depthwise_same3"),
-    ("dw_same3_mult", (2, 16, 7, 7), (32, 1, 3, 3), dict(group=16, pads=P1), "depthwise_same3", "depthwise_same3"),
-    ("dw_row", (1, 8, 1, 6), (8, 1, 3, 3), dict(group=8, pads=P1), "depthwise", "depthwise"),
+    ("dw_same3", (1, 32, 14, 14), (32, 1, 3, 3), dict(group=32, pads=P1), "depthwise_vector", "depthwise_vector"),
+    ("dw_same3_big", (1, 16, 28, 28), (16, 1, 3, 3), dict(group=16, pads=P1), "depthwise_same3", "depthwise_same3"),
+    ("dw_same3_mult", (2, 16, 7, 7), (32, 1, 3, 3), dict(group=16, pads=P1), "depthwise_vector", "depthwise_vector"),
+    ("dw_row", (1, 8, 1, 6), (8, 1, 3, 3), dict(group=8, pads=P1), "depthwise_vector", "depthwise_vector"),
     ("dw_pads", (1, 8, 6, 6), (8, 1, 3, 3), dict(group=8, pads=(1, 1, 0, 2)), "depthwise", "depthwise"),
-    ("dw_s2", (2, 16, 15, 15), (16, 1, 3, 3), dict(group=16, strides=(2, 2), pads=P1), "depthwise_strided2", "depthwise_strided2"),
-    ("dw_5x5", (1, 24, 14, 14), (24, 1, 5, 5), dict(group=24, pads=(2, 2, 2, 2)), "depthwise_same5", "depthwise_same5"),
-    ("dw_5x5_s2", (1, 24, 14, 14), (24, 1, 5, 5), dict(group=24, strides=(2, 2), pads=(2, 2, 2, 2)), "depthwise_strided2", "depthwise_strided2"),
+    ("dw_s2", (2, 16, 15, 15), (16, 1, 3, 3), dict(group=16, strides=(2, 2), pads=P1), "depthwise_vector", "depthwise_vector"),
+    ("dw_s2_big", (1, 16, 56, 56), (16, 1, 3, 3), dict(group=16, strides=(2, 2), pads=P1), "depthwise_strided2", "depthwise_strided2"),
+    ("dw_5x5", (1, 24, 14, 14), (24, 1, 5, 5), dict(group=24, pads=(2, 2, 2, 2)), "depthwise_vector", "depthwise_vector"),
+    ("dw_5x5_big", (1, 8, 28, 28), (8, 1, 5, 5), dict(group=8, pads=(2, 2, 2, 2)), "depthwise_same5", "depthwise_same5"),
+    ("dw_5x5_s2", (1, 24, 14, 14), (24, 1, 5, 5), dict(group=24, strides=(2, 2), pads=(2, 2, 2, 2)), "depthwise_vector", "depthwise_vector"),
     ("dw_dil", (1, 8, 12, 12), (8, 1, 3, 3), dict(group=8, dilations=(2, 2), pads=(2, 2, 2, 2)), "depthwise", "depthwise"),
     ("dw_s2_asymmetric", (1, 8, 9, 9), (8, 1, 3, 3), dict(group=8, strides=(2, 2), pads=(0, 0, 1, 1)), "depthwise", "depthwise"),
-    ("dw_same_upper", (2, 6, 17, 15), (12, 1, 3, 3), dict(group=6, strides=(2, 2), auto_pad="SAME_UPPER"), "depthwise_strided2", "depthwise_strided2"),
+    ("dw_same_upper", (2, 6, 17, 15), (12, 1, 3, 3), dict(group=6, strides=(2, 2), auto_pad="SAME_UPPER"), "depthwise_vector", "depthwise_vector"),
     ("grp_3x3", (1, 32, 14, 14), (32, 8, 3, 3), dict(group=4, pads=P1), "grouped_same3", "grouped_same3"),
     ("grp_s2", (2, 48, 15, 17), (24, 16, 3, 3), dict(group=3, strides=(2, 2), pads=P1), "grouped_strided2", "grouped_strided2"),
     ("grp_wide", (1, 40, 10, 10), (8, 20, 3, 3), dict(group=2, pads=P1), "columns", "columns"),
@@ -107,22 +110,26 @@ TUNINGS = {
     "no_taps": dict(taps_max_rows=0),
     "winograd2": dict(winograd_rule=WinogradRule(0, 0, 0, 10**9)),
     "winograd4": dict(winograd_rule=WinogradRule(0, 0, 0, 0)),
+    "no_vector": dict(depthwise_vector_max=0),
 }  # fmt: skip
 
 # (shape name, tuning, algorithm on 2 workers)
 TUNED = [
-    ("dw_same3", "many_slices", "depthwise_same3"),
-    ("dw_same3", "merge_any_batch", "depthwise_same3"),
-    ("dw_same3", "by_blas", "depthwise_same3"),
-    ("dw_same3", "no_taps", "depthwise_same3"),
-    ("dw_same3", "winograd2", "depthwise_same3"),
-    ("dw_same3", "winograd4", "depthwise_same3"),
-    ("dw_s2", "many_slices", "depthwise_strided2"),
-    ("dw_s2", "merge_any_batch", "depthwise_strided2"),
-    ("dw_s2", "by_blas", "depthwise_strided2"),
-    ("dw_s2", "no_taps", "depthwise_strided2"),
-    ("dw_s2", "winograd2", "depthwise_strided2"),
-    ("dw_s2", "winograd4", "depthwise_strided2"),
+    ("dw_same3", "many_slices", "depthwise_vector"),
+    ("dw_same3", "merge_any_batch", "depthwise_vector"),
+    ("dw_same3", "by_blas", "depthwise_vector"),
+    ("dw_same3", "no_taps", "depthwise_vector"),
+    ("dw_same3", "winograd2", "depthwise_vector"),
+    ("dw_same3", "winograd4", "depthwise_vector"),
+    ("dw_s2", "many_slices", "depthwise_vector"),
+    ("dw_s2", "merge_any_batch", "depthwise_vector"),
+    ("dw_s2", "by_blas", "depthwise_vector"),
+    ("dw_s2", "no_taps", "depthwise_vector"),
+    ("dw_s2", "winograd2", "depthwise_vector"),
+    ("dw_s2", "winograd4", "depthwise_vector"),
+    ("dw_same3", "no_vector", "depthwise_same3"),
+    ("dw_s2", "no_vector", "depthwise_strided2"),
+    ("dw_5x5", "no_vector", "depthwise_same5"),
     ("grp_3x3", "many_slices", "grouped_same3"),
     ("grp_3x3", "merge_any_batch", "grouped_same3"),
     ("grp_3x3", "by_blas", "grouped_same3"),
@@ -200,7 +207,7 @@ def _label(plan):
 def test_the_algorithms_are_tried_in_a_fixed_order_ending_with_one_that_takes_any_shape():
     names = [a.name for a in ALGORITHMS]
     assert names == [
-        "depthwise_same3", "depthwise_same5", "depthwise_strided2", "depthwise", "grouped_same3", "grouped_strided2", "grouped", "winograd", "few_pixels", "taps", "vector", "batched", "packed", "windows",
+        "depthwise_vector", "depthwise_same3", "depthwise_same5", "depthwise_strided2", "depthwise", "grouped_same3", "grouped_strided2", "grouped", "winograd", "few_pixels", "taps", "vector", "batched", "packed", "windows",
         "columns", "rows",
     ]  # fmt: skip
     geometry = ConvGeometry.of(flowrt.descriptors.Conv(), (1, 3, 5, 5), (4, 3, 3, 3), 1)

@@ -1,11 +1,17 @@
 """CpuAcc depthwise Conv (one input channel per group) against CpuRef: strides, channel
-multipliers, the 3x3 and 5x5 same paths on bordered planes, and stride 2 on phase planes."""
+multipliers, the 3x3 and 5x5 same paths on bordered planes, and stride 2 on phase planes.
+Small planes go to the explicit vectors (``test_depthwise_vector.py``): the loops' tests here
+run with those off (``LOOPS``)."""
 
 import numpy as np
 import pytest
+from attrs import evolve
 from kernelcases import close, conv_case
 
 from flowrt.registry import FusedActivation
+from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
+
+LOOPS = evolve(ConvTuning(), depthwise_vector_max=0)
 
 
 def test_depthwise_with_channel_multiplier_and_stride():
@@ -28,7 +34,9 @@ def test_depthwise_3x3_same_runs_on_bordered_copies_of_the_planes(spatial, activ
     x[:, :, :, -1] = 1e30
     w = rng.standard_normal((10, 1, 3, 3), dtype=np.float32)
     b = rng.standard_normal(10, dtype=np.float32)
-    kernel, got, expected = conv_case(x, w, b, activation=activation, group=5, pads=(1, 1, 1, 1))
+    kernel, got, expected = conv_case(
+        x, w, b, activation=activation, group=5, pads=(1, 1, 1, 1), tuning=LOOPS
+    )
     assert kernel.plan(x.shape, w.shape).name == "depthwise_same3"
     close(got, expected)
 
@@ -46,7 +54,7 @@ def test_a_curve_over_many_small_planes_is_applied_to_every_plane_once(workers, 
     for strides in ((1, 1), (2, 2)):
         kernel, got, expected = conv_case(
             x, w, b, workers=workers, activation=FusedActivation("HardSwish"), group=96, strides=strides,
-            pads=(pad,) * 4,
+            pads=(pad,) * 4, tuning=LOOPS,
         )  # fmt: skip
         same = "depthwise_same3" if pad == 1 else "depthwise_same5"
         assert kernel.plan(x.shape, w.shape).name == (same if strides == (1, 1) else "depthwise_strided2")
@@ -61,7 +69,7 @@ def test_depthwise_3x3_same_never_reads_across_a_row_end():
     x[0, 0, 2, -1] = np.inf
     x[0, 1, 3, 0] = np.inf
     w = np.ones((2, 1, 3, 3), np.float32)
-    _, got, expected = conv_case(x, w, None, group=2, pads=(1, 1, 1, 1))
+    _, got, expected = conv_case(x, w, None, group=2, pads=(1, 1, 1, 1), tuning=LOOPS)
     np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
     assert np.isfinite(got[0, 0, 1:4, 0]).all() and np.isfinite(got[0, 1, 2:5, -1]).all()
     close(got[np.isfinite(expected)], expected[np.isfinite(expected)])
@@ -72,7 +80,7 @@ def test_depthwise_3x3_same_falls_back_on_single_rows_and_other_pads():
     for shape, attrs in [((1, 4, 1, 6), dict(pads=(1, 1, 1, 1))), ((1, 4, 6, 6), dict(pads=(1, 1, 0, 2)))]:
         x = rng.standard_normal(shape, dtype=np.float32)
         w = rng.standard_normal((4, 1, 3, 3), dtype=np.float32)
-        kernel, got, expected = conv_case(x, w, None, group=4, **attrs)
+        kernel, got, expected = conv_case(x, w, None, group=4, tuning=LOOPS, **attrs)
         assert kernel.plan(x.shape, w.shape).name == "depthwise"
         close(got, expected)
 
@@ -90,7 +98,9 @@ def test_depthwise_5x5_same_takes_all_taps_from_bordered_planes(spatial, activat
     x[:, :, :, :2] = x[:, :, :, -2:] = 1e30
     w = rng.standard_normal((10, 1, 5, 5), dtype=np.float32)
     b = rng.standard_normal(10, dtype=np.float32)
-    kernel, got, expected = conv_case(x, w, b, activation=activation, group=5, pads=(2, 2, 2, 2))
+    kernel, got, expected = conv_case(
+        x, w, b, activation=activation, group=5, pads=(2, 2, 2, 2), tuning=LOOPS
+    )
     assert kernel.plan(x.shape, w.shape).name == "depthwise_same5"
     finite = np.isfinite(expected)
     np.testing.assert_array_equal(np.isfinite(got), finite)
@@ -102,7 +112,7 @@ def test_depthwise_5x5_same_falls_back_on_small_planes_and_other_pads():
     for shape, attrs in [((1, 4, 2, 6), dict(pads=(2, 2, 2, 2))), ((1, 4, 6, 6), dict(pads=(2, 2, 1, 3)))]:
         x = rng.standard_normal(shape, dtype=np.float32)
         w = rng.standard_normal((4, 1, 5, 5), dtype=np.float32)
-        kernel, got, expected = conv_case(x, w, None, group=4, **attrs)
+        kernel, got, expected = conv_case(x, w, None, group=4, tuning=LOOPS, **attrs)
         assert kernel.plan(x.shape, w.shape).name == "depthwise"
         close(got, expected)
 
@@ -120,7 +130,7 @@ def test_depthwise_with_stride_2_takes_all_taps_from_phase_planes(k, spatial, ac
     b = rng.standard_normal(6, dtype=np.float32)
     pad = k // 2
     kernel, got, expected = conv_case(
-        x, w, b, activation=activation, group=3, strides=(2, 2), pads=(pad,) * 4
+        x, w, b, activation=activation, group=3, strides=(2, 2), pads=(pad,) * 4, tuning=LOOPS
     )
     assert kernel.plan(x.shape, w.shape).name == "depthwise_strided2"
     finite = np.isfinite(expected)
@@ -132,7 +142,7 @@ def test_depthwise_with_stride_2_and_other_pads_takes_the_general_path():
     rng = np.random.default_rng(9)
     x = rng.standard_normal((1, 4, 9, 9), dtype=np.float32)
     w = rng.standard_normal((4, 1, 3, 3), dtype=np.float32)
-    kernel, got, expected = conv_case(x, w, None, group=4, strides=(2, 2), pads=(0, 0, 1, 1))
+    kernel, got, expected = conv_case(x, w, None, group=4, strides=(2, 2), pads=(0, 0, 1, 1), tuning=LOOPS)
     assert kernel.plan(x.shape, w.shape).name == "depthwise"
     close(got, expected)
 
@@ -148,7 +158,15 @@ def test_depthwise_on_phase_planes_with_each_activation(kernel_shape, strides, d
     w = rng.standard_normal((6, 1, *kernel_shape), dtype=np.float32)
     b = rng.standard_normal(6, dtype=np.float32)
     kernel, got, expected = conv_case(
-        x, w, b, activation=activation, group=3, strides=strides, dilations=dilations, pads=(1, 2, 2, 1)
+        x,
+        w,
+        b,
+        activation=activation,
+        group=3,
+        strides=strides,
+        dilations=dilations,
+        pads=(1, 2, 2, 1),
+        tuning=LOOPS,
     )
     assert kernel.plan(x.shape, w.shape).name == "depthwise"
     close(got, expected)

@@ -17,6 +17,7 @@ from flowrt.workers.cpu.acc.conv.columns import Columns, Rows
 from flowrt.workers.cpu.acc.conv.depthwise import Depthwise, DepthwiseSame3
 from flowrt.workers.cpu.acc.conv.depthwise_same5 import DepthwiseSame5
 from flowrt.workers.cpu.acc.conv.depthwise_strided import DepthwiseStrided2
+from flowrt.workers.cpu.acc.conv.depthwise_taps import DepthwiseVector
 from flowrt.workers.cpu.acc.conv.few_pixels import FewPixels
 from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
 from flowrt.workers.cpu.acc.conv.grouped import Grouped
@@ -76,6 +77,7 @@ class ConvAlgorithm(Protocol):
 
 
 ALGORITHMS: tuple[type[ConvAlgorithm], ...] = (
+    DepthwiseVector,
     DepthwiseSame3,
     DepthwiseSame5,
     DepthwiseStrided2,

@@ -57,6 +57,14 @@ MERGE_WEIGHTS = 1 << 18
 # (128 -> 128, 3x3 at 56x56: 1.22 against 1.31 ms alone, slower in ResNet-50 on two cores)
 # gained nothing sure.
 WINDOWS_MAX_DEPTH = DEPTH_MAX
+# Most output pixels per plane of a 3x3 or 5x5 depthwise conv (unit or 2 strides, "same"
+# pads) computed by explicit vectors (``depthwise_taps.py``): a plane's outputs are few vectors
+# there, which LLVM's vectorized loops ran mostly one value at a time. One Zen 5 core, planes
+# of the mobile nets: 3x3 at stride 1, 7x7 29 -> 22 us for 960 planes, 14x14 15 -> 13.5 for
+# 240; at stride 2, 14x14 -> 7x7 67 -> 35 us for 576 planes, 5x5 28x28 -> 14x14 73 -> 48 for
+# 240; at 28x28 and past, the loops' time or less (the planes' copies in and out cost as much
+# as the taps there).
+DEPTHWISE_VECTOR_MAX = 196
 
 
 @attrs.frozen
@@ -80,6 +88,7 @@ class ConvTuning:
     few_pixels_max: int = FEW_PIXELS_MAX
     few_pixels_deep_max: int = FEW_PIXELS_DEEP_MAX
     windows_max_depth: int = WINDOWS_MAX_DEPTH
+    depthwise_vector_max: int = DEPTHWISE_VECTOR_MAX
 
     def tiles(self, group_weights: int, depth: int) -> bool:
         """Whether a GEMM of ``group_weights`` weights and dot products ``depth`` long runs by
