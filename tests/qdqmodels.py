@@ -93,24 +93,31 @@ def qdq_conv_model(
 
 
 def qdq_gemm_model(
-    rng: np.random.Generator, rows: int = 3, reduction: int = 40, columns: int = 24, trans_b: int = 1
+    rng: np.random.Generator,
+    rows: int = 3,
+    reduction: int = 40,
+    columns: int = 24,
+    trans_b: int = 1,
+    bias: bool = True,
 ) -> onnx.ModelProto:
-    """x (rows, K) -> QDQ -> Gemm by int8 weights per column (+ int32 bias) -> QDQ -> y: a
-    classifier as quantize_static writes it."""
+    """x (rows, K) -> QDQ -> Gemm by int8 weights per column (+ int32 bias, unless ``bias`` is
+    False) -> QDQ -> y: a classifier as quantize_static writes it."""
     nodes: list = []
     inits: list = []
     _quantize(nodes, inits, "x", 0.02, 128, "xq")
     shape = (columns, reduction) if trans_b else (reduction, columns)
     w = rng.standard_normal(shape).astype(np.float32) * 0.2
     w_scale = _weights(nodes, inits, "w", w, 0 if trans_b else 1, rng, True)
-    b_q = np.rint(rng.standard_normal(columns) / (0.02 * w_scale)).astype(np.int32)
-    inits += [
-        numpy_helper.from_array(b_q, "b_q"),
-        numpy_helper.from_array((np.float32(0.02) * w_scale).astype(np.float32), "b_s"),
-        numpy_helper.from_array(np.zeros(columns, np.int32), "b_z"),
-    ]
-    nodes.append(helper.make_node("DequantizeLinear", ["b_q", "b_s", "b_z"], ["b"], axis=0))
-    nodes.append(helper.make_node("Gemm", ["xq", "w", "b"], ["g"], transB=trans_b, name="gemm"))
+    if bias:
+        b_q = np.rint(rng.standard_normal(columns) / (0.02 * w_scale)).astype(np.int32)
+        inits += [
+            numpy_helper.from_array(b_q, "b_q"),
+            numpy_helper.from_array((np.float32(0.02) * w_scale).astype(np.float32), "b_s"),
+            numpy_helper.from_array(np.zeros(columns, np.int32), "b_z"),
+        ]
+        nodes.append(helper.make_node("DequantizeLinear", ["b_q", "b_s", "b_z"], ["b"], axis=0))
+    operands = ["xq", "w", "b"] if bias else ["xq", "w"]
+    nodes.append(helper.make_node("Gemm", operands, ["g"], transB=trans_b, name="gemm"))
     _quantize(nodes, inits, "g", 0.05, 120, "y")
     graph = helper.make_graph(
         nodes,

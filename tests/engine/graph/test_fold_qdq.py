@@ -87,6 +87,22 @@ def test_a_gemm_group_folds_into_qgemm_on_cpuacc_and_matches_onnx_runtime(trans_
     np.testing.assert_array_equal(trio.run(main), _ort(model, x))
 
 
+def test_a_gemm_group_without_a_bias_folds_into_a_qgemm_without_c():
+    """C is an optional input of QGemm: the fold leaves it out where the Gemm has no bias."""
+    rng = np.random.default_rng(6)
+    model = qdq_gemm_model(rng, rows=2, reduction=64, columns=10, bias=False)
+    opt = flowrt.optimize(flowrt.onnx.load(model), backends=["CpuAcc", "CpuRef"])
+    (qgemm,) = [layer for layer in opt.graph if layer.kind == "QGemm"]
+    assert qgemm.inputs[6].source is None
+    x = rng.uniform(-2, 2, (2, 64)).astype(np.float32)
+
+    async def main():
+        async with flowrt.Runtime() as rt:
+            return (await (await rt.load(opt)).run({"x": x}))["y"]
+
+    np.testing.assert_array_equal(trio.run(main), _ort(model, x))
+
+
 def test_a_gemm_with_alpha_stays_float():
     model = qdq_gemm_model(np.random.default_rng(5))
     next(n for n in model.graph.node if n.op_type == "Gemm").attribute.append(

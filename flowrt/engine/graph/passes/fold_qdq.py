@@ -177,8 +177,8 @@ def _replace(
         return None
     folded = graph.add_layer(kind, descriptor, name=name, num_inputs=len(inputs))
     for index, slot in enumerate(inputs):
-        assert slot is not None  # every input was filled in by the caller
-        slot.connect(folded.inputs[index])
+        if slot is not None:  # None: an optional input left out (a QGemm's C, no bias)
+            slot.connect(folded.inputs[index])
     folded.outputs[0].info = q.outputs[0].info
     graph.reroute(q.outputs[0], folded.outputs[0])
     for gone in (q, layer):
