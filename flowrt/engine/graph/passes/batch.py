@@ -24,6 +24,7 @@ from flowrt.engine.graph.optimizer import OptimizedNetwork
 from flowrt.engine.graph.passes import (  # noqa: F401 (register their rules)
     batch_rules_gather,
     batch_rules_more,
+    batch_rules_quantized,
     batch_rules_reshape,
 )
 from flowrt.engine.graph.passes.batch_rules import (
