@@ -45,9 +45,13 @@ CURVE_BLOCK_FLOATS = 128 * 1024
 RESIDUAL_SPAN_FLOATS = 64 * 1024
 
 # Steps of k a tile takes at a time (about) where k is longer than DEPTH_MAX: a block of b's
-# columns (DEPTH x TILE_COLUMNS floats) then stays in L1 while each panel reads it.
-DEPTH = 128
-DEPTH_MAX = 192
+# columns (DEPTH x TILE_COLUMNS floats) then stays in L1 while each panel reads it, and with
+# few panels (a small M) so do the panels' steps for that block: at 192 steps (24 KB of b)
+# the four panels of M=32 (24 KB more) did not fit beside it. One Zen 5 core, 192 -> 96 steps:
+# M=32 K=192 N=784 167 -> 215 GFLOP/s, M=24 K=144 N=3136 182 -> 213, M=64 K=576 N=3136
+# 204 -> 219; M of 128 to 2048 within +-3%.
+DEPTH = 96
+DEPTH_MAX = 96
 
 
 def pack_panels(w: np.ndarray) -> np.ndarray:

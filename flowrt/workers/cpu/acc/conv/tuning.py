@@ -13,7 +13,6 @@ from flowrt.engine.scheduler.window import SplitHint
 from flowrt.workers.cpu.acc.conv.winograd import BLOCK_TILES, GROUP_TILES, WinogradRule
 from flowrt.workers.cpu.acc.tile_ir import AVAILABLE as TILES_AVAILABLE
 from flowrt.workers.cpu.acc.tile_ir import TILE_COLUMNS
-from flowrt.workers.cpu.acc.tiles import DEPTH_MAX
 
 # Fewest output pixels a slice should have: below it BLAS runs narrow and the channels are split.
 MIN_COLUMNS = 96
@@ -52,11 +51,11 @@ FEW_PIXELS_DEEP_MAX = 196
 MERGE_PIXELS = 256
 MERGE_WEIGHTS = 1 << 18
 # Longest dot product (C / groups * kh * kw) of a strided conv read from its phase planes by
-# the tiles (``windows.py``): one block of k. The stems and few channels: a stem of 3 -> 16
-# channels at 224x224 took 125 us by columns, 91 by windows (one Zen 5 core); deeper ones
-# (128 -> 128, 3x3 at 56x56: 1.22 against 1.31 ms alone, slower in ResNet-50 on two cores)
-# gained nothing sure.
-WINDOWS_MAX_DEPTH = DEPTH_MAX
+# the tiles (``windows.py``): one block of k (its ``DEPTH_MAX``). The stems and few channels:
+# a stem of 3 -> 16 channels at 224x224 took 125 us by columns, 91 by windows (one Zen 5
+# core); deeper ones (128 -> 128, 3x3 at 56x56: 1.22 against 1.31 ms alone, slower in
+# ResNet-50 on two cores) gained nothing sure.
+WINDOWS_MAX_DEPTH = 192
 # Most output pixels per plane of a 3x3 or 5x5 depthwise conv (unit or 2 strides, "same"
 # pads) computed by explicit vectors (``depthwise_taps.py``): a plane's outputs are few vectors
 # there, which LLVM's vectorized loops ran mostly one value at a time. One Zen 5 core, planes

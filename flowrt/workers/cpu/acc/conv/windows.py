@@ -10,7 +10,8 @@ the planes: the tiles read it there (``tile_ir._offset_tile``), so that nothing 
 per block, and the column matrix (27 x 12,544 floats for a 3x3 stem at 224x224, 147 x 12,544
 for a 7x7 one) is never written and read back. Blocks stay inside one output row, up to
 ``TILE_COLUMNS`` pixels; the weights are the register-tile panels of ``tiles.py``, walked in
-blocks of k past ``DEPTH_MAX`` steps as ``tiles.gemm_panels`` walks them.
+blocks of k past :data:`DEPTH_MAX` steps (a 7x7 stem's 147 in one: in two blocks, as
+``tiles.gemm_panels`` now walks them, it ran 3% slower).
 
 One Zen 5 core, alone: a 3x3 stride-2 stem at 224x224, 3 -> 16 channels, 111-124 us by
 columns, 86-96 here (ONNX Runtime's conv: 65, its reorder to NCHWc apart); 3 -> 32, 159 ->
@@ -41,13 +42,18 @@ from flowrt.workers.cpu.acc.tile_ir import (
     _offset_tile,
     _offset_tile_part,
 )
-from flowrt.workers.cpu.acc.tiles import CURVE_BLOCK_FLOATS, DEPTH, DEPTH_MAX
+from flowrt.workers.cpu.acc.tiles import CURVE_BLOCK_FLOATS
 
 if TYPE_CHECKING:
     from flowrt.workers.cpu.acc.conv.algorithms import ActArgs
     from flowrt.workers.cpu.acc.conv.geometry import ConvGeometry
     from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
     from flowrt.workers.cpu.acc.conv.weights import ConvWeights
+
+# Steps of k a tile takes at a time where k is longer than DEPTH_MAX (about DEPTH): the
+# windows' rule (``tuning.windows_max_depth``) keeps to one block.
+DEPTH = 128
+DEPTH_MAX = 192
 
 
 @njit(**NATIVE)
