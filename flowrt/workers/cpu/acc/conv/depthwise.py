@@ -287,6 +287,19 @@ def _same3_slice(s, _step, bounds, x, w, bias, out, code, alpha, beta):
 DEPTHWISE_SAME3 = SliceFunction(_same3_slice)
 
 
+def same_padded(geometry: ConvGeometry, strides: tuple[tuple[int, int], ...]) -> bool:
+    """A 3x3 or 5x5 kernel at one of ``strides``, no dilation, k // 2 pad cells on every side
+    (the depthwise convs of the mobile nets)."""
+    g = geometry.window
+    k = geometry.kernel[0]
+    return (
+        geometry.kernel in ((3, 3), (5, 5))
+        and g.strides in strides
+        and g.dilations == (1, 1)
+        and g.pads_begin == g.pads_end == (k // 2, k // 2)
+    )
+
+
 @attrs.frozen(eq=False)
 class Depthwise:
     """Plan of a depthwise conv (groups == input channels > 1): :data:`DEPTHWISE` over

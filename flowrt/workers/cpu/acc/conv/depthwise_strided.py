@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit
 
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
-from flowrt.workers.cpu.acc.conv.depthwise import Depthwise
+from flowrt.workers.cpu.acc.conv.depthwise import Depthwise, same_padded
 from flowrt.workers.cpu.acc.kernels.epilogue import NONE, RELU, activate, activate_planes
 
 if TYPE_CHECKING:
@@ -194,12 +194,4 @@ class DepthwiseStrided2(Depthwise):
     @classmethod
     def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:
         """A depthwise conv of that shape."""
-        g = geometry.window
-        k = geometry.kernel[0]
-        return (
-            Depthwise.applies(geometry, tuning)
-            and geometry.kernel in ((3, 3), (5, 5))
-            and g.strides == (2, 2)
-            and g.dilations == (1, 1)
-            and g.pads_begin == g.pads_end == (k // 2, k // 2)
-        )
+        return Depthwise.applies(geometry, tuning) and same_padded(geometry, ((2, 2),))

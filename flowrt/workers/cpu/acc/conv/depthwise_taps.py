@@ -36,7 +36,7 @@ from numba import njit, types
 from numba.core.extending import intrinsic
 
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
-from flowrt.workers.cpu.acc.conv.depthwise import Depthwise
+from flowrt.workers.cpu.acc.conv.depthwise import Depthwise, same_padded
 from flowrt.workers.cpu.acc.kernels.epilogue import CLIP, NONE, RELU, activate_planes
 from flowrt.workers.cpu.acc.kernels.pool_vectors import _load, _mask, _pointer, _store, copy_floats
 from flowrt.workers.cpu.acc.tile_ir import AVAILABLE, CLIP_MODE, LANES, RELU_MODE, _intrinsic_function
@@ -333,74 +333,30 @@ def _slice_planes(s, bounds, x, w, bias, out, code, alpha, beta, stride):
         src = scratch[(task - 1 - first) % 2]
         m = (task - 1) % m_count
         wo, oo, b = m * size * size, (task - 1) * pixels, bias[m]
+        args = (
+            out_flat,
+            oo,
+            src,
+            base,
+            plane_size,
+            ow_count,
+            w_flat,
+            wo,
+            b,
+            columns,
+            pixels,
+            mode,
+            alpha,
+            beta,
+        )
         if stride == 1 and size == 3:
-            taps3_plane(
-                out_flat,
-                oo,
-                src,
-                base,
-                plane_size,
-                ow_count,
-                w_flat,
-                wo,
-                b,
-                columns,
-                pixels,
-                mode,
-                alpha,
-                beta,
-            )
+            taps3_plane(*args)
         elif stride == 1:
-            taps5_plane(
-                out_flat,
-                oo,
-                src,
-                base,
-                plane_size,
-                ow_count,
-                w_flat,
-                wo,
-                b,
-                columns,
-                pixels,
-                mode,
-                alpha,
-                beta,
-            )
+            taps5_plane(*args)
         elif size == 3:
-            taps3_stride2_plane(
-                out_flat,
-                oo,
-                src,
-                base,
-                plane_size,
-                ow_count,
-                w_flat,
-                wo,
-                b,
-                columns,
-                pixels,
-                mode,
-                alpha,
-                beta,
-            )
+            taps3_stride2_plane(*args)
         else:
-            taps5_stride2_plane(
-                out_flat,
-                oo,
-                src,
-                base,
-                plane_size,
-                ow_count,
-                w_flat,
-                wo,
-                b,
-                columns,
-                pixels,
-                mode,
-                alpha,
-                beta,
-            )
+            taps5_stride2_plane(*args)
         pending = activate_planes(out_flat, pending, oo + pixels, task == end, curve, alpha, beta)
 
 
@@ -434,15 +390,10 @@ class DepthwiseVector(Depthwise):
     @classmethod
     def applies(cls, geometry: ConvGeometry, tuning: ConvTuning) -> bool:
         """A depthwise conv of that shape."""
-        g = geometry.window
-        k = geometry.kernel[0]
         return (
             AVAILABLE
             and Depthwise.applies(geometry, tuning)
-            and geometry.kernel in ((3, 3), (5, 5))
-            and g.strides in ((1, 1), (2, 2))
-            and g.dilations == (1, 1)
-            and g.pads_begin == g.pads_end == (k // 2, k // 2)
+            and same_padded(geometry, ((1, 1), (2, 2)))
             and geometry.pixels <= tuning.depthwise_vector_max
         )
 
