@@ -78,6 +78,37 @@ def test_a_quantized_network_runs_a_batch_as_runs_of_one(tmp_path, backends, kin
     np.testing.assert_allclose(got, np.concatenate(each), rtol=1e-6, atol=1e-6)
 
 
+def test_a_batching_stream_of_a_quantized_network_runs_batches(tmp_path):
+    """Requests sent together to a stream of the QDQ network on CpuAcc leave in batches of
+    more than one (before its layers had rules, each ran alone), each with its own result."""
+    opt = flowrt.optimize(
+        flowrt.onnx.load(_residual_qdq_model(tmp_path / "q.onnx")), backends=["CpuAcc", "CpuRef"]
+    )
+    rng = np.random.default_rng(33)
+    images = [rng.standard_normal((1, 8, 10, 10)).astype(np.float32) for _ in range(8)]
+
+    async def run():
+        async with flowrt.Runtime(cpu_workers=2) as rt:
+            model = await rt.load(opt, max_in_flight=1)
+            expected = [(await model.run({"x": x}))["y"] for x in images]
+            async with model.stream(max_batch=4, max_delay=0.05) as s:
+
+                async def produce():
+                    for x in images:
+                        await s.send({"x": x})
+                    s.close()
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(produce)
+                    got = [outputs["y"] async for outputs in s]
+                return expected, got, dict(s.batch_counts)
+
+    expected, got, counts = trio.run(run)
+    assert max(counts) > 1 and sum(size * n for size, n in counts.items()) == len(images)
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-6, atol=1e-6)
+
+
 def _quantize_network(axis: int, scale_shape: tuple[int, ...]) -> flowrt.Network:
     net = flowrt.Network()
     x = net.add_input("x", TensorInfo((1, 4, 5)))
