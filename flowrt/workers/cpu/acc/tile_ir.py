@@ -76,6 +76,20 @@ PREFETCH_AHEAD = 2 * TILE_COLUMNS
 PANEL_AHEAD = 2048
 
 
+def store_activation(builder, value, mode: int, lows=None, highs=None):
+    """``value`` (a float vector) through the activation ``mode`` applied as it is stored:
+    ReLU as ``activate()`` (NaN stays NaN: an unordered compare; -0.0 becomes +0.0) when
+    RELU_MODE, a clip to [``lows``, ``highs``] (vectors) as ``fastmath.clamp`` (NaN stays NaN:
+    ordered compares) when CLIP_MODE, else none."""
+    zero = ir.Constant(value.type, [0.0] * value.type.count)
+    if mode == RELU_MODE:
+        return builder.select(builder.fcmp_unordered(">", value, zero), value, zero)
+    if mode == CLIP_MODE:
+        value = builder.select(builder.fcmp_ordered("<", value, lows), lows, value)
+        return builder.select(builder.fcmp_ordered(">", value, highs), highs, value)
+    return value
+
+
 def _intrinsic_function(builder, name, return_type, argument_types):
     return builder.module.globals.get(name) or ir.Function(
         builder.module, ir.FunctionType(return_type, argument_types), name
@@ -252,13 +266,10 @@ def _emit_tile(
             total = builder.select(onto_c, builder.fadd(total, load(c_row, v)), total)
             rows.append((c_row, v, total))
 
-    def rectified(total):  # ReLU as activate(): NaN stays NaN (unordered compare), -0.0 -> +0.0
-        return builder.select(builder.fcmp_unordered(">", total, zero), total, zero)
-
     if low is None:
         with_relu = builder.icmp_signed("==", mode, ir.Constant(i64, RELU_MODE))
         for c_row, v, total in rows:
-            store(builder.select(with_relu, rectified(total), total), c_row, v)
+            store(builder.select(with_relu, store_activation(builder, total, RELU_MODE), total), c_row, v)
         return context.get_dummy_value()
     # One store path per mode, so that a tile pays only for its own activation: selects on the
     # mode cost a small-K tile (a 1x1 conv of 16 channels) about a fifth of its time.
@@ -271,12 +282,7 @@ def _emit_tile(
     for mode_, block in paths.items():
         builder.position_at_end(block)
         for c_row, v, total in rows:
-            if mode_ == RELU_MODE:
-                total = rectified(total)
-            elif mode_ == CLIP_MODE:  # as fastmath.clamp: NaN stays NaN (ordered compares)
-                above = builder.select(builder.fcmp_ordered("<", total, lows), lows, total)
-                total = builder.select(builder.fcmp_ordered(">", above, highs), highs, above)
-            store(total, c_row, v)
+            store(store_activation(builder, total, mode_, lows, highs), c_row, v)
         builder.branch(end)
     builder.position_at_end(end)
     return context.get_dummy_value()

@@ -39,7 +39,14 @@ from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
 from flowrt.workers.cpu.acc.conv.depthwise import Depthwise, same_padded
 from flowrt.workers.cpu.acc.kernels.epilogue import CLIP, NONE, RELU, activate_planes
 from flowrt.workers.cpu.acc.kernels.pool_vectors import _load, _mask, _pointer, _store, copy_floats
-from flowrt.workers.cpu.acc.tile_ir import AVAILABLE, CLIP_MODE, LANES, RELU_MODE, _intrinsic_function
+from flowrt.workers.cpu.acc.tile_ir import (
+    AVAILABLE,
+    CLIP_MODE,
+    LANES,
+    RELU_MODE,
+    _intrinsic_function,
+    store_activation,
+)
 
 if TYPE_CHECKING:
     from flowrt.workers.cpu.acc.conv.algorithms import ActArgs
@@ -65,19 +72,6 @@ def tap_places(size: int, stride: int) -> list[tuple[int, int, int, int]]:
             plane = (row % stride) * stride + column % stride
             places.append((plane, row // stride, column // stride, di * size + dj))
     return places
-
-
-def activated(builder, value, mode: int, lows, highs):
-    """``value`` (a vector) through the store activation ``mode``: ReLU as ``activate``
-    (NaN stays NaN, -0.0 becomes +0.0), a clip to [``lows``, ``highs``] as
-    ``fastmath.clamp`` (NaN stays NaN), or none."""
-    zero = ir.Constant(_VEC, [0.0] * LANES)
-    if mode == RELU_MODE:
-        return builder.select(builder.fcmp_unordered(">", value, zero), value, zero)
-    if mode == CLIP_MODE:
-        value = builder.select(builder.fcmp_ordered("<", value, lows), lows, value)
-        return builder.select(builder.fcmp_ordered(">", value, highs), highs, value)
-    return value
 
 
 def mode_loops(builder, mode, count, vector) -> None:
@@ -194,7 +188,7 @@ def _taps_plane(size: int, stride: int):
                     elif shift > 0:
                         total = builder.select(builder.icmp_signed("<", column, edges[shift]), total, zero)
                     result = builder.fadd(result, total)
-                result = activated(builder, result, m, lows, highs)
+                result = store_activation(builder, result, m, lows, highs)
                 target = _pointer(context, builder, kinds[0], o_, builder.add(oo, i))
                 if full:
                     builder.store(result, target, align=4)
