@@ -85,18 +85,18 @@ def _any_nan(builder, values):
 
 
 @intrinsic
-def max3_rows(typingctx, dst, dst_at, src, src_at, step, count):
+def max3_rows(typingctx, dst, dst_at, src, a_at, b_at, c_at, count):
     """``dst[dst_at + i] = larger(larger(a[i], b[i]), c[i])`` for ``i < count`` (at most
-    LANES), ``a``, ``b``, ``c`` being ``src`` from ``src_at``, ``src_at + step`` and
-    ``src_at + 2 * step``; whether any value read is NaN. Reads and writes nothing past
-    ``count``."""
-    sig = types.boolean(dst, dst_at, src, src_at, step, count)
+    LANES), ``a``, ``b``, ``c`` being ``src`` from ``a_at``, ``b_at`` and ``c_at`` (the same
+    row twice for a max over fewer rows); whether any value read is NaN. Reads and writes
+    nothing past ``count``."""
+    sig = types.boolean(dst, dst_at, src, a_at, b_at, c_at, count)
 
     def codegen(context, builder, signature, args):
-        mask = _mask(builder, args[5])
-        rows = [builder.add(args[3], builder.mul(args[4], ir.Constant(_i64, k))) for k in range(3)]
+        mask = _mask(builder, args[6])
         a, b, c = (
-            _load(builder, _pointer(context, builder, signature.args[2], args[2], at), mask) for at in rows
+            _load(builder, _pointer(context, builder, signature.args[2], args[2], at), mask)
+            for at in args[3:6]
         )
         _store(
             builder,

@@ -89,32 +89,6 @@ def along_address(sw: int) -> int:
     return found
 
 
-@njit(inline="always", nogil=True, cache=True)
-def _rows_max(column, at, xf, first, step, count, width):
-    """``column[at + i]`` = the max over the first ``count`` (1 to 3) of the rows of ``width``
-    at ``xf[first]``, ``xf[first + step]``, ``xf[first + 2 * step]`` (one pass); whether they
-    hold a NaN, which :func:`larger` may have let lose."""
-    nan = False
-    c0, a0 = np.uint64(at), np.uint64(first)
-    b0 = a0 + np.uint64(step)
-    if count == 3:  # a vector at a time
-        for i in range(0, width, LANES):
-            nan |= max3_rows(column, at + i, xf, first + i, step, min(LANES, width - i))
-    elif count == 2:
-        for i in range(width):
-            q = np.uint64(i)
-            va, vb = xf[a0 + q], xf[b0 + q]
-            column[c0 + q] = larger(va, vb)
-            nan |= (va != va) | (vb != vb)
-    else:
-        for i in range(width):
-            q = np.uint64(i)
-            va = xf[a0 + q]
-            column[c0 + q] = va
-            nan |= va != va
-    return nan
-
-
 @njit(**NATIVE)
 def _max_planes(s, _step, bounds, x, out, hs, hlo, hhi, dh, wfirst, wlast, sw, dw, pw, along):
     """MaxPool's slice ``s`` of planes (a :class:`SliceFunction`), each plane by :func:`larger`
@@ -146,9 +120,15 @@ def _max_planes(s, _step, bounds, x, out, hs, hlo, hhi, dh, wfirst, wlast, sw, d
                 for i in range(width):
                     padded[np.uint64(at + i)] = lowest
                 continue
+            # up to three kernel rows in one pass (fewer: a row read twice), a vector at a
+            # time, in this loop: a function taking the arrays cost their reference counts
+            # at each row, more than the row's max
             first = (p * height + hs[oh] + hlo[oh] * dh) * width
             count = min(3, hhi[oh] - hlo[oh])
-            nan |= _rows_max(padded, at, xf, first, dh * width, count, width)
+            second = first + min(1, count - 1) * dh * width
+            third = first + (count - 1) * dh * width
+            for i in range(0, width, LANES):
+                nan |= max3_rows(padded, at + i, xf, first + i, second + i, third + i, min(LANES, width - i))
             for kh in range(hlo[oh] + 3, hhi[oh]):
                 line = np.uint64((p * height + hs[oh] + kh * dh) * width)
                 for i in range(width):
