@@ -79,13 +79,20 @@ def propagate(context, builder, status) -> None:
 def call_native(typingctx, address, args):
     """Call the jitted function at ``address`` (from :meth:`SliceFunction.address`) with the
     tuple ``args``, through numba's own calling convention; an exception it raises propagates.
-    The caller's code holds a call through a pointer, not the callee's code."""
+    The caller's code holds a call through a pointer, not the callee's code. The arrays are
+    passed borrowed (:func:`_borrowed`): the caller holds them through the call, and the
+    callee's increfs and decrefs of its arguments (numba counts a reference to each array
+    argument as a function starts, and in a function with loops LLVM keeps them) find no
+    meminfo to update. A Winograd conv's GEMM per tile element paid four of each a call."""
 
     def codegen(context, builder, signature, llargs):
         argtypes = list(args.types)
         function_type = context.call_conv.get_function_type(types.none, argtypes)
         callee = builder.inttoptr(llargs[0], function_type.as_pointer())
-        values = [builder.extract_value(llargs[1], i) for i in range(len(argtypes))]
+        values = [
+            _borrowed(context, builder, t, builder.extract_value(llargs[1], i))
+            for i, t in enumerate(argtypes)
+        ]
         status, _ = context.call_conv.call_function(builder, callee, types.none, argtypes, values)
         propagate(context, builder, status)
         return context.get_dummy_value()
@@ -458,7 +465,10 @@ def call_late(typingctx, name, args):
         slot = builder.module.globals.get(symbol) or ir.GlobalVariable(builder.module, ir.IntType(64), symbol)
         function_type = call_conv.get_function_type(types.none, argtypes)
         callee = builder.inttoptr(builder.load(slot), function_type.as_pointer())
-        values = [builder.extract_value(llargs[1], i) for i in range(len(argtypes))]
+        values = [  # borrowed, as call_native passes them
+            _borrowed(context, builder, t, builder.extract_value(llargs[1], i))
+            for i, t in enumerate(argtypes)
+        ]
         status, _ = call_conv.call_function(builder, callee, types.none, argtypes, values)
         propagate(context, builder, status)
         return context.get_dummy_value()
