@@ -22,6 +22,7 @@ import numba
 import numpy as np
 from numba import njit, types
 from numba._dispatcher import compute_fingerprint
+from numpy.lib.stride_tricks import as_strided
 
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.workers.cpu.acc.blas import (
@@ -171,8 +172,10 @@ def _block_task(
         for e in range(elements):
             # (m_count, channels) @ (channels, count), v's and mb's rows cols apart
             if multiply != 0:  # by register tiles, from the panels of this part's channels
-                b = v[e * vrow : e * vrow + channels * cols].reshape(channels, cols)[:, :count]
-                c = mb[e * mrow : e * mrow + m_count * cols].reshape(m_count, cols)[:, :count]
+                # strided views, not reshaped slices: a reshape's result passes through memory,
+                # and each kept an incref and a decref of v and of mb (two atomics and two calls)
+                b = as_strided(v[e * vrow :], shape=(channels, count), strides=(cols * 4, 4))
+                c = as_strided(mb[e * mrow :], shape=(m_count, count), strides=(cols * 4, 4))
                 call_native(multiply, (panels[e, m_first // 8 :], no_bias, b, c, plain, zero, zero))
                 continue
             gemm_at(
