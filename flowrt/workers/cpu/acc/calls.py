@@ -243,6 +243,22 @@ def _borrowed(context, builder, ty, value):
 
 
 @intrinsic
+def borrowed(typingctx, array):
+    """``array`` borrowed (:func:`_borrowed`), for a kernel to pass to a function inlined in a
+    loop: numba counts a reference to each array an inlined function takes, and where that
+    function has branches and loops LLVM keeps the incref and the decref, two calls and two
+    atomic updates each time. A borrowed array has no meminfo to update. Only while the
+    caller holds ``array`` itself, as a kernel holds its arguments and its scratch."""
+    if not isinstance(array, types.Array):
+        return None
+
+    def codegen(context, builder, signature, llargs):
+        return _borrowed(context, builder, array, llargs[0])
+
+    return array(array), codegen
+
+
+@intrinsic
 def _launch(typingctx, address, tasks, step, args, record):
     """Tasks ``0 .. tasks`` of the slice function at ``address`` (with ``step`` and the tuple
     ``args``), in parallel, through :func:`_parallel_tasks`; an exception propagates.

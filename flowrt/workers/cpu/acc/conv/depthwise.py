@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit
 
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
-from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
+from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction, borrowed
 from flowrt.workers.cpu.acc.kernels.epilogue import NONE, RELU, activate, activate_in_place, activate_planes
 from flowrt.workers.cpu.acc.phases import cell_offset, fill_phase_planes
 
@@ -194,8 +194,9 @@ def _depthwise_slice(s, _step, bounds, x, w, bias, out, geo, code, alpha, beta):
     for task in range(bounds[s], bounds[s + 1]):
         n, m = divmod(task, m_count)
         _depthwise_plane(
-            src, x[n, m // multiplier], w[m], bias[m], out, n, m, acc, geo, rows, pitch, code, alpha, beta
-        )
+            borrowed(src), borrowed(x[n, m // multiplier]), borrowed(w[m]), bias[m], borrowed(out), n, m,
+            borrowed(acc), geo, rows, pitch, code, alpha, beta,
+        )  # fmt: skip
 
 
 # Any depthwise conv: args (bounds, x, w, bias, out, geo, code, alpha, beta).
