@@ -18,6 +18,7 @@ from numba import njit
 
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.workers.cpu.acc.blas import NATIVE, SliceFunction, run_stages, sgemm
+from flowrt.workers.cpu.acc.calls import borrowed
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, activate_row
 
 if TYPE_CHECKING:
@@ -66,7 +67,8 @@ def _taps_slice(s, n, w_taps, bias, out, geo, flat, pitch, row_bounds, block_row
             b = bias[m] if finish else NO_BIAS
             for r in range(r0, r1):
                 src = block[m, (r - r0) * pitch : (r - r0) * pitch + ow_count]
-                activate_row(out[n, m, r], src, b, code, alpha, beta)
+                # borrowed: the inlined row loops kept a reference count update per row
+                activate_row(borrowed(out[n, m, r]), borrowed(src), b, code, alpha, beta)
 
 
 _PAD_CHANNELS = SliceFunction(_pad_channels)
