@@ -8,6 +8,7 @@ import platform
 import subprocess
 import sys
 import threading
+import time
 
 import numba
 import numpy as np
@@ -120,8 +121,13 @@ def test_the_caller_takes_tasks_from_the_front_and_helpers_from_the_back():
     region after region each thread does the same part where the helper comes in time."""
     _cast(10, 1)
     caller = threading.get_native_id()
-    helper_took_the_last = 0
-    for _ in range(200):
+    helper_took_the_last = regions = 0
+    # at least 200 regions, more (for up to 10 s) until a helper came in time for one: a
+    # helper asleep as the loop starts may first be woken on the caller's core, and 200
+    # regions of a few microseconds end before the OS runs it (then moves it)
+    deadline = time.monotonic() + 10
+    while regions < 200 or (not helper_took_the_last and time.monotonic() < deadline):
+        regions += 1
         threads = np.zeros(6, np.int64)
         _with_threads(2, lambda threads=threads: _RECORD_THREAD.run(6, (threads,)))
         ours = (threads == caller).tolist()
