@@ -12,7 +12,8 @@ layers run as one task.
   in a jitted loop without the GIL (:func:`_helper`). A helper waits for a new region by
   spinning on the control block's epoch for ``SPIN_NS``, yielding the core every few pauses to
   any thread that wants it (a busy machine's other processes, the caller itself), then sleeps
-  on a futex (a timed wait: a lost wake-up costs time, never a hang); the caller wakes sleepers.
+  on a futex (a timed wait: a lost wake-up costs time, never a hang); the caller wakes sleepers,
+  and one woken on the caller's CPU moves off it (:func:`_keep_off`).
   While another process keeps the cores busy (``CONTENDED``, set by ``contention.py`` from the
   regions no helper joined, ``MISSED``), it spins only briefly and never yields.
 - One region at a time: a caller claims the team (:func:`run`), else it answers ``NOT_RUN``
@@ -64,7 +65,9 @@ ENTRY, TASKS, STEP, DATA, HELPERS, REGIONS = (72 + i for i in range(6))
 # Regions with helpers asked for that the caller ran with none joining in time, and whether
 # another process keeps the cores busy (non-zero), both for ``contention.py``.
 MISSED, CONTENDED = 78, 79
-WORDS = 80
+# The CPU of the caller that last woke sleeping helpers (see _keep_off)
+CALLER_CPU = 80
+WORDS = 81
 
 # What :func:`run` answers when the team is busy, or not there: run the region elsewhere.
 NOT_RUN = -1
@@ -80,8 +83,8 @@ CALLER_SPINS = 4096
 # yielding: it soon sleeps, and the caller's wake at the next region puts it back on a core.
 CONTENDED_SPIN_NS = 5_000
 
-# (futex, sched_yield) syscall numbers
-_SYSCALLS = {"x86_64": (202, 24), "aarch64": (98, 124)}
+# (futex, sched_yield, getcpu, sched_setaffinity) syscall numbers
+_SYSCALLS = {"x86_64": (202, 24, 309, 203), "aarch64": (98, 124, 168, 122)}
 _FUTEX_WAIT_PRIVATE, _FUTEX_WAKE_PRIVATE = 128, 129
 _SYMBOL, _SYSCALL_SYMBOL, _CLOCK_SYMBOL = "flowrt_team", "flowrt_team_syscall", "flowrt_team_clock"
 
@@ -90,7 +93,7 @@ _offset = (-_block.ctypes.data % 64) // 8
 CONTROL = _block[_offset : _offset + WORDS]  # 64-byte aligned
 
 SUPPORTED = sys.platform == "linux" and platform.machine() in _SYSCALLS
-_FUTEX, _SCHED_YIELD = _SYSCALLS.get(platform.machine(), (0, 0))
+_FUTEX, _SCHED_YIELD, _GETCPU, _SET_AFFINITY = _SYSCALLS.get(platform.machine(), (0, 0, 0, 0))
 
 
 def _publish() -> None:
@@ -106,6 +109,7 @@ def _publish() -> None:
 
 
 CONTROL[DISABLED] = 1  # until the helpers are started
+CONTROL[CALLER_CPU] = -1
 _publish()
 
 _i64 = ir.IntType(64)
@@ -251,6 +255,46 @@ def _yield(typingctx):
 
 
 @intrinsic
+def _cpu(typingctx):
+    """The CPU the calling thread runs on (getcpu), -1 where that fails."""
+
+    def codegen(context, builder, signature, llargs):
+        slot = cgutils.alloca_once(builder, ir.IntType(32))
+        builder.store(ir.Constant(ir.IntType(32), -1), slot)
+        zero = ir.Constant(_i64, 0)
+        _syscall(builder, ir.Constant(_i64, _GETCPU), builder.ptrtoint(slot, _i64), zero, zero)
+        return builder.sext(builder.load(slot), _i64)
+
+    return types.int64(), codegen
+
+
+@intrinsic
+def _set_affinity(typingctx, address, size):
+    """Restrict the calling thread to the CPUs of the bit mask of ``size`` bytes at
+    ``address`` (sched_setaffinity)."""
+
+    def codegen(context, builder, signature, llargs):
+        _syscall(builder, ir.Constant(_i64, _SET_AFFINITY), ir.Constant(_i64, 0), llargs[1], llargs[0])
+        return context.get_dummy_value()
+
+    return types.none(types.int64, types.int64), codegen
+
+
+@njit(nogil=True, cache=True)
+def _keep_off(allowed):
+    """A helper just woken, on the CPU of the caller that woke it, moves to the process's
+    other CPUs (``allowed``: their bit mask) and stays off that one. Linux puts a woken
+    thread on its waker's CPU when the others look busy, as an idle vCPU that the host
+    descheduled does: the helper waited behind the caller and missed regions for
+    milliseconds (squeezenet with 10 ms between runs: 40% of them, run by one thread)."""
+    cpu = _cpu()
+    if 0 <= cpu < 64 * allowed.shape[0] and cpu == _load(CALLER_CPU):
+        mask = allowed.copy()
+        mask[cpu // 64] &= ~(np.int64(1) << (cpu % 64))
+        _set_affinity(mask.ctypes.data, 8 * mask.shape[0])  # none left: refused, no change
+
+
+@intrinsic
 def threads(typingctx):
     """numba's thread count on the calling thread (``numba.get_num_threads``), called by the
     name numba's layer publishes: ``get_num_threads`` itself calls it through a ctypes
@@ -335,6 +379,7 @@ def run(entry, tasks, step, data, threads):
     _store(FAILED, tasks)
     _store(EPOCH, epoch + 2)
     if _load(SLEEPERS) > 0:
+        _store(CALLER_CPU, _cpu())
         _wake(EPOCH, helpers)
     _take_tasks(entry, tasks, step, data, False)
     _wait_for(DONE, tasks)
@@ -347,7 +392,7 @@ def run(entry, tasks, step, data, threads):
 
 
 @njit(nogil=True, cache=True)
-def _wait_past(epoch, spin_ns, sleep_ns):
+def _wait_past(epoch, spin_ns, sleep_ns, allowed):
     """Until the epoch is no longer ``epoch``: spinning for ``spin_ns`` (yielding the core
     now and then to a thread that wants it), then asleep, waking each ``sleep_ns`` to look.
     While another process keeps the cores busy (``CONTENDED``), only CONTENDED_SPIN_NS and
@@ -369,17 +414,18 @@ def _wait_past(epoch, spin_ns, sleep_ns):
             while _load(EPOCH) == epoch:
                 _sleep(EPOCH, epoch, sleep_ns)
             _add(SLEEPERS, -1)
+            _keep_off(allowed)
 
 
 @njit(nogil=True, cache=True)
-def _helper(spin_ns, sleep_ns):
+def _helper(spin_ns, sleep_ns, allowed):
     """A helper's loop: wait for a new region, join it if the caller's thread count leaves
     room for one more thread, take tasks until none is left; for the process's life."""
     seen = _load(EPOCH)
     while True:
         epoch = _load(EPOCH)
         if epoch == seen or epoch % 2 == 1:
-            _wait_past(epoch, spin_ns, sleep_ns)
+            _wait_past(epoch, spin_ns, sleep_ns, allowed)
             continue
         _add(ACTIVE, 1)
         if _load(EPOCH) == epoch:  # else the caller is writing the next region's fields
@@ -433,12 +479,14 @@ def start(cores: int) -> bool:
         return False
     with _start_lock:
         if _started_in == 0:
-            _helper.compile((types.int64,) * 2)
+            _helper.compile((types.int64, types.int64, types.Array(types.int64, 1, "C")))
             CONTROL[DISABLED] = 0
+            allowed = np.zeros(16, np.int64)  # the process's CPUs, a bit mask as glibc's cpu_set_t
+            for cpu in os.sched_getaffinity(0) & set(range(64 * 16)):
+                allowed[cpu // 64] |= np.int64(1) << np.int64(cpu % 64)
+            args = (SPIN_NS, SLEEP_NS, allowed)
             for index in range(cores - 1):
-                thread = threading.Thread(
-                    target=_helper, args=(SPIN_NS, SLEEP_NS), name=f"flowrt-team-{index}", daemon=True
-                )
+                thread = threading.Thread(target=_helper, args=args, name=f"flowrt-team-{index}", daemon=True)
                 thread.start()
                 _threads.append(thread)
             _started_in = os.getpid()
