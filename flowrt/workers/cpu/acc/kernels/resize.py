@@ -32,7 +32,7 @@ from flowrt.engine.graph.layers.resize_coordinates import (
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.errors import BackendError
 from flowrt.registry import Support, WorkloadInfo
-from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
+from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction, borrowed
 from flowrt.workers.cpu.acc.kernels import acc_kernel, float32_data
 from flowrt.workers.cpu.acc.kernels.activation import MIN_SLICE
 
@@ -119,10 +119,14 @@ def _resize_rows(x, out, planes, plane_w, y_at, y_w, x_at, x_w, offsets, weights
             b, wa, wb = u8(y_at[oy, 1] * iw), y_w[oy, 0], y_w[oy, 1]
             for i in range(u8(iw)):
                 halves[line, i] = src[a + i] * wa + src[b + i] * wb
+        # borrowed: each inlined call kept a reference count update per array and row
         if dims[4]:
-            _interleaved(out, o, halves, line, line)
+            _interleaved(borrowed(out), o, borrowed(halves), line, line)
         elif dims[5]:
-            _doubled_linear(out, o, x_at, x_w, offsets, weights, halves)
+            _doubled_linear(
+                borrowed(out), o, borrowed(x_at), borrowed(x_w), borrowed(offsets), borrowed(weights),
+                borrowed(halves),
+            )  # fmt: skip
         elif x_at.shape[1] == 1:
             for i in range(ow):
                 out[o + u8(i)] = halves[line, x_at[i, 0]]
