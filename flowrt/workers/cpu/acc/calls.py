@@ -244,12 +244,13 @@ def _borrowed(context, builder, ty, value):
 
 @intrinsic
 def borrowed(typingctx, array):
-    """``array`` borrowed (:func:`_borrowed`), for a kernel to pass to a function inlined in a
-    loop: numba counts a reference to each array an inlined function takes, and where that
-    function has branches and loops LLVM keeps the incref and the decref, two calls and two
-    atomic updates each time. A borrowed array has no meminfo to update. Only while the
-    caller holds ``array`` itself, as a kernel holds its arguments and its scratch."""
-    if not isinstance(array, types.Array):
+    """``array`` borrowed (:func:`_borrowed`; a tuple: every array in it), for a kernel to
+    pass to a function inlined in a loop: numba counts a reference to each array an inlined
+    function takes, and where that function has branches and loops LLVM keeps the incref and
+    the decref, two calls and two atomic updates each time. A borrowed array has no meminfo
+    to update. Only while the caller holds ``array`` itself, as a kernel holds its arguments
+    and its scratch."""
+    if not isinstance(array, (types.Array, types.BaseTuple)):
         return None
 
     def codegen(context, builder, signature, llargs):

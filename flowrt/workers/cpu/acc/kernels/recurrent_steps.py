@@ -21,7 +21,14 @@ from numba import njit, types
 
 from flowrt.workers.cpu.acc import calls
 from flowrt.workers.cpu.acc.blas import sgemm
-from flowrt.workers.cpu.acc.calls import NATIVE, LateFunction, SliceFunction, call_late, run_stages_native
+from flowrt.workers.cpu.acc.calls import (
+    NATIVE,
+    LateFunction,
+    SliceFunction,
+    borrowed,
+    call_late,
+    run_stages_native,
+)
 from flowrt.workers.cpu.acc.kernels import epilogue as ep
 
 RNN, GRU, LSTM = range(3)
@@ -312,10 +319,12 @@ def direction(kind, d, x, w, r, bias, peep, h0, c0, lens, y, y_h, y_c, dims, act
             run_stages_native(1, 0, 0, blocks, blocks_at, tasks, blocks, run, run)
         else:
             sgemm(False, True, np.float32(1), h, r_first, np.float32(0), hp)
-        args = (
+        # borrowed: a tuple of the arrays built each step, kept across the GRU's second call,
+        # counted a reference to each of its twenty arrays a step
+        args = borrowed((
             s, d, dims[7 + d], xw, hp, hq, h, c, bias, bsum, peep, lens, y, dims, acts, alphas, betas, clip,
             pre, cell, z, reset, rh,
-        )  # fmt: skip
+        ))  # fmt: skip
         call_late(_STEP_SLOT, (phase, *args))
         if kind == GRU:
             if split:
