@@ -66,7 +66,7 @@ def propagate(context, builder, status) -> None:
     LLVM's reference-count pruning (llvmlite's ``fanout_raise``) knows a raise by: with numba's
     ``return_status_propagate`` (an unmarked store and a return behind a test of the
     ``try`` state) it keeps the incref and decref around each call that takes arrays, two
-    atomic updates and two calls each time; resnet50 made 94,000 such pairs a run. Not for a
+    atomic updates and two calls each time; densenet121 made 94,000 a run. Not for a
     call inside ``try``: the exception leaves the function, as a raise there would not."""
     call_conv = context.call_conv
     with cgutils.if_unlikely(builder, status.is_error):
