@@ -44,7 +44,7 @@ from llvmlite.binding import ffi
 from numba.core import event as ev
 from numba.core.dispatcher import Dispatcher
 
-from flowrt.workers.cpu.acc import cache_stamp
+from flowrt.workers.cpu.acc import cache_stamp, lazy_bitcode
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ def replay(key: str, fresh: bool) -> bool:
     from flowrt.workers.cpu.acc import calls
 
     calls._register_parallel_tasks()  # the launchers' symbol, before any launcher is linked
-    with _lock_events_off():
+    with _lock_events_off(), lazy_bitcode.deferred():
         for dispatcher, module_name, name, signature in wanted:
             if dispatcher is not None and not _load(dispatcher, signature):
                 logger.info(
