@@ -73,6 +73,35 @@ async def test_another_runtime_and_another_batch_size_share_them_too():
         assert taken <= own  # what it found made, the first load made
 
 
+def _deep_conv() -> flowrt.Network:
+    """A 3x3 conv of 32 -> 256 channels at 7x7: by the few-pixel tiles at batch 1, by Winograd
+    at batch 4 when loaded alone."""
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, 32, 7, 7)))
+    filters = _filters(np.random.default_rng(3), (256, 32, 3, 3))
+    conv = net.add_layer("Conv", flowrt.descriptors.Conv(pads=(1, 1, 1, 1)), [x, filters], name="conv")
+    net.add_output("y", conv)
+    return net
+
+
+async def test_a_batch_size_loaded_later_reads_the_forms_made_before_where_it_can():
+    opt = flowrt.optimize(_deep_conv(), backends=["CpuAcc"])
+    x = np.random.default_rng(4).standard_normal((4, 32, 7, 7)).astype(np.float32)
+    async with flowrt.Runtime() as rt:
+        alone = await rt.load(opt, batch=4)  # first of its constant: makes Winograd's panels
+        winograd, _ = _weights(alone)
+        expected = (await alone.run({"x": x}))["y"]
+        await rt.unload(alone)
+        del alone
+        gc.collect()
+        one = await rt.load(opt)
+        made, _ = _weights(one)
+        four = await rt.load(opt, batch=4)
+        assert winograd > made > 0  # Winograd's panels are 16/9 of the filters
+        assert _weights(four) == (0, made)
+        _close((await four.run({"x": x}))["y"], expected)
+
+
 async def test_the_forms_are_freed_with_their_last_user():
     gc.collect()
     before = MANAGER.held_bytes()

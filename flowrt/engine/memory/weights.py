@@ -78,6 +78,13 @@ def recording(record: WeightsRecord, backend: str) -> Iterator[WeightsRecord]:
         _recording.reset(token)
 
 
+def _key(owner: np.ndarray, source: np.ndarray, transform: str, params: Hashable) -> tuple:
+    """A transform's key: the constant (its owner, address, shape, strides and dtype) and the
+    transform with its parameters."""
+    address = source.__array_interface__["data"][0]
+    return (id(owner), address, source.shape, source.strides, source.dtype.str, transform, params)
+
+
 def _owner(array: np.ndarray) -> np.ndarray:
     """The array at the root of ``array``'s chain of views: it keeps the memory alive."""
     while isinstance(array.base, np.ndarray):
@@ -121,8 +128,7 @@ class WeightsManager:
         The caller holds what it gets; nothing here keeps it alive. ``lasting``: an ndarray
         that may be kept on disk (:meth:`keep_on_disk`), so ``params`` name all it hangs on."""
         owner = _owner(source)
-        address = source.__array_interface__["data"][0]
-        key = (id(owner), address, source.shape, source.strides, source.dtype.str, transform, params)
+        key = _key(owner, source, transform, params)
         with self._lock:
             value, nbytes = self._alive_locked(key)
             folder = self._folders.get(id(owner)) if lasting and value is None else None
@@ -154,6 +160,12 @@ class WeightsManager:
         if record is not None:
             record.add(nbytes, found)
         return value
+
+    def holds(self, source: np.ndarray, transform: str, params: Hashable) -> bool:
+        """Whether the ``transform`` (with ``params``) of the constant ``source`` is alive: an
+        algorithm that reads it costs no new bytes."""
+        with self._lock:
+            return self._alive_locked(_key(_owner(source), source, transform, params))[0] is not None
 
     def _alive_locked(self, key: tuple) -> tuple[Any, int]:
         """The value under ``key`` and its own bytes, or (None, 0) where none is alive."""

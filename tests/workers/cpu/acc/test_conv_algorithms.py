@@ -290,3 +290,22 @@ def test_1x1_convs_of_few_pixels_take_the_tiles_across_output_channels(
     tuning = attrs.evolve(ConvTuning(), tiles_max_depth=depth_limit)
     geometry = ConvGeometry.of(flowrt.descriptors.Conv(**attrs_), x_shape, w_shape, workers)
     assert (choose(geometry, tuning).name == "few_pixels") == few
+
+
+@pytest.mark.skipif(not TILES_AVAILABLE, reason="the few-pixel tiles need AVX2 or AVX-512")
+@pytest.mark.parametrize("workers", [1, 2])
+def test_winograd_gives_way_to_the_few_pixel_tiles_whose_panels_are_made(workers):
+    # 512 -> 512 at 7x7: Winograd at batch 4 (four images transformed together), the few-pixel
+    # tiles at batch 1; at batch 4 too where their panels of the weights exist already.
+    conv = flowrt.descriptors.Conv(pads=(1, 1, 1, 1))
+    w_shape = (512, 512, 3, 3)
+    tuning = ConvTuning()
+    one = ConvGeometry.of(conv, (1, 512, 7, 7), w_shape, workers)
+    four = ConvGeometry.of(conv, (4, 512, 7, 7), w_shape, workers)
+    assert choose(one, tuning).name == "few_pixels"
+    assert choose(four, tuning).name == "winograd"
+    assert choose(four, tuning, lambda form: form == "conv.column_panels").name == "few_pixels"
+    assert choose(four, tuning, lambda form: form == "conv.panels").name == "winograd"
+    # a form made does not take a shape its algorithm does not apply to
+    big = ConvGeometry.of(conv, (4, 512, 14, 14), w_shape, workers)
+    assert choose(big, tuning, lambda form: True).name == "winograd"

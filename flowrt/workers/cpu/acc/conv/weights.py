@@ -121,6 +121,13 @@ class ConvWeights:
             self._columns = columns
         return columns
 
+    def made(self, transform: str) -> bool:
+        """Whether the panels ``transform`` (``conv.panels`` or ``conv.column_panels``) of the
+        constant weights are made already, by this load or another of the same constant."""
+        if self._constant is None or self.packed is None:
+            return False
+        return MANAGER.holds(self._constant, transform, (self.groups, (self.packed.shape, PANEL_LAYOUT)))
+
     def _shared(self, transform: str, params: object, make) -> np.ndarray:
         """``make()``, the ``transform`` of the layer's constant weights, shared with every
         other load of the same constant, and kept on disk where the constant's file is

@@ -87,7 +87,7 @@ class ConvKernel:
         cached = self._plans.get(key)
         if cached is None:
             geometry = ConvGeometry.of(self.desc, x_shape, w_shape, workers)
-            cached = self._plans[key] = (choose(geometry, self.tuning), geometry.out_shape)
+            cached = self._plans[key] = (choose(geometry, self.tuning, self.weights.made), geometry.out_shape)
         return cached
 
     def make_forms(self, shapes: Sequence[tuple[int, ...] | None], job: JobContext | None = None) -> None:
