@@ -15,7 +15,7 @@ import flowrt
 from flowrt import serialize
 from flowrt.engine.graph.encoding import decode_value, encode_value
 from flowrt.engine.graph.layers.elementwise import CastDescriptor, onnx_dtype_to_datatype
-from flowrt.errors import ModelLoadError
+from flowrt.errors import DataTypeError, ModelLoadError
 from flowrt.registry import WorkloadInfo
 from flowrt.types import DataType, TensorInfo
 from flowrt.workers.cpu.acc.kernels.cast import CastKernel
@@ -50,6 +50,17 @@ def test_each_low_precision_type_is_an_ml_dtypes_dtype_and_onnxs(dtype):
     assert TensorInfo.of(np.zeros((2, 3), dtype.numpy)) == TensorInfo((2, 3), dtype)
     assert dtype.numpy == onnx.helper.tensor_dtype_to_np_dtype(ONNX_CODES[dtype])
     assert dtype.itemsize == (2 if dtype is D.BFLOAT16 else 1)
+
+
+def test_a_dtype_met_again_maps_to_the_same_type_and_unknown_ones_keep_failing():
+    for dtype in (np.dtype(np.float32), np.dtype(">f4"), np.dtype(np.int64), np.dtype(np.bool_)):
+        first = DataType.from_numpy(dtype)
+        assert DataType.from_numpy(dtype) is first is DataType.from_numpy(dtype.type)
+    assert DataType.from_numpy(np.dtype(">f4")) is DataType.FLOAT32
+    assert DataType.from_numpy(np.dtype("U3")) is DataType.from_numpy(np.dtype("U7")) is DataType.STRING
+    for _ in range(2):
+        with pytest.raises(DataTypeError, match="has no flowrt DataType"):
+            DataType.from_numpy(np.dtype([("a", "f4")]))
 
 
 def test_bits_and_kinds_are_onnxs():

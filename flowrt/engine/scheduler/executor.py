@@ -47,7 +47,7 @@ import trio
 from flowrt.engine.memory.pool import MemoryPool
 from flowrt.engine.scheduler.binding import BoundStep, bind_segment
 from flowrt.engine.scheduler.dataflow import Dataflow, Segment, WorkloadNode
-from flowrt.engine.scheduler.device_segments import DeviceSegments
+from flowrt.engine.scheduler.device_segments import DeviceSegments, RunStop
 from flowrt.engine.scheduler.job import JobContext
 from flowrt.engine.scheduler.outputs import LargeOutput, direct_outputs, own_outputs
 from flowrt.errors import FlowrtError, RunError
@@ -149,7 +149,7 @@ class _RunState(DeviceSegments):
         self.readers = dict(dataflow.readers)
         self.keep = set(dataflow.outputs.values())
         self.lock = threading.Lock()
-        self.stop = threading.Event()
+        self.stop = RunStop()
         self.error: RunError | None = None
         self.record: Callable[..., None] | None = None
         self.between: Callable[[], JobContext | None] = lambda: None
