@@ -96,12 +96,15 @@ class PriorityLender(Generic[T]):
         ``on_lent(item)``, when given, is called as soon as the item is lent, before this
         returns (see the module doc).
 
-        Always a checkpoint: a caller cancelled before it is served never takes an item, nor
-        is ``on_lent`` called for it. One cancelled just as it was served passes the item on,
-        unless ``on_lent`` had put it to use: then it keeps it, and the cancellation is
-        raised all the same.
+        Always a cancellation point: a caller cancelled before it is served never takes an
+        item, nor is ``on_lent`` called for it. One cancelled just as it was served passes the
+        item on, unless ``on_lent`` had put it to use: then it keeps it, and the cancellation
+        is raised all the same. It lets other tasks run only where it waits: a free item is
+        taken at once, and the callers (a run taking its pool, a job its CPU worker) go on to
+        wait for their work, which lets them run (a full checkpoint here was a pass through
+        trio's scheduler, 4 us, of each run's fixed cost).
         """
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint_if_cancelled()
         if not self._free and not self._waiting:
             self._make_more()
         if self._free and not self._waiting:
