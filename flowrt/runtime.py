@@ -305,17 +305,16 @@ class Runtime:
         runs of this network execute at once, each in its own memory. All of them are held to
         the memory budget here; the first ``flowrt.engine.memory.pool.EAGER_POOLS`` are
         allocated here, any more when runs first need them (a huge ``max_in_flight`` costs
-        only what runs in flight at once use). ``batch`` re-shapes
-        a network exported for a batch of 1 to run that many samples per run (as OpenVINO's
-        ``model.reshape``; see ``flowrt.set_batch``): every input's leading dim becomes
-        ``batch``, weights are shared; ShapeError when the network cannot be re-batched.
-        ``progress=True`` shows a progress bar on stderr over the layers as they are prepared
-        (CpuAcc compiles its kernels then: tens of seconds for a large model with a cold numba
-        cache), once the load has run a second (see ``flowrt.progress``); None (the default)
-        means False, unless the ``flowrt`` command line asked for it. ``hint`` ("latency" or
-        "throughput", see ``flowrt.hints``) becomes the default of the model's streams; with
-        "throughput" the model's cost is measured here (or read from the cache).
-        """
+        only what runs in flight at once use). ``batch`` re-shapes a network exported for a
+        batch of 1 to run that many samples per run (as OpenVINO's ``model.reshape``; see
+        ``flowrt.set_batch``): every input's leading dim becomes ``batch``, weights are
+        shared; ShapeError when the network cannot be re-batched. ``progress=True`` shows a
+        progress bar on stderr over the layers as they are prepared (CpuAcc compiles its
+        kernels then: tens of seconds for a large model with a cold numba cache), once the load
+        has run a second (see ``flowrt.progress``); None (the default) means False, unless the
+        ``flowrt`` command line asked for it. ``hint`` ("latency" or "throughput", see
+        ``flowrt.hints``) becomes the default of the model's streams; with "throughput" the
+        model's cost is measured here (or read from the cache)."""
         if self._aio is not None and async_library() != "trio":
             load = functools.partial(
                 self.load, optimized, max_in_flight=max_in_flight, batch=batch, progress=progress, hint=hint
@@ -472,6 +471,7 @@ class Runtime:
                 make_workload,
                 parallel_branches=self.parallel_branches,
                 device_backends=frozenset(devices),
+                fast_math=optimized.options.fast_math,
             )
         order = [
             PlannedNode(

@@ -73,7 +73,7 @@ def command(args: argparse.Namespace) -> int:
     args.model = args.model or str(default_model())
     _check(args)
     start = time.perf_counter()
-    opt = open_model(args.model, args.backends)
+    opt = open_model(args.model, args.backends, fast_math=args.fast_math)
     open_s = time.perf_counter() - start
     results = benchmark.run_bench(
         args.model,

@@ -20,7 +20,7 @@ def command(args: argparse.Namespace) -> int:
     target = args.output or str(Path(args.model).with_suffix(".flowrt"))
     checks.output_file("--output", target)
     start = time.perf_counter()
-    opt = open_model(args.model, args.backends)
+    opt = open_model(args.model, args.backends, fast_math=args.fast_math)
     with checks.writing("--output", target):
         serialize.save(opt, target)
     counts = ", ".join(f"{b}={n}" for b, n in opt.backend_counts().items())

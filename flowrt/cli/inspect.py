@@ -93,7 +93,12 @@ def command(args: argparse.Namespace) -> int:
     hints = _hints(args.hint)
     if hints and serialize.is_flowrt_file(path):
         raise InputError(f"--hint applies to .onnx models; {path} was optimized when it was converted")
-    opt = open_model(path, args.backends, options=flowrt.OptimizerOptions(layer_backend_hints=hints))
+    opt = open_model(
+        path,
+        args.backends,
+        options=flowrt.OptimizerOptions(layer_backend_hints=hints),
+        fast_math=args.fast_math,
+    )
     print(f"model: {path}")
     print(format_summary(opt))
     if args.layers:

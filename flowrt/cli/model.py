@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+import attrs
 import numpy as np
 
 import flowrt
@@ -71,10 +72,11 @@ def open_model(
     *,
     default: list[str] | None = None,
     options: flowrt.OptimizerOptions | None = None,
+    fast_math: bool = False,
 ) -> flowrt.OptimizedNetwork:
-    """A .flowrt file as it was converted (``--backends`` only an error when given and
-    different), or an ONNX model optimized for ``backends`` (default: ``default``, else
-    ``flowrt.defaults.default_backends()``)."""
+    """A .flowrt file as it was converted (``--backends`` and ``--fast-math`` only an error
+    when given and different), or an ONNX model optimized for ``backends`` (default:
+    ``default``, else ``flowrt.defaults.default_backends()``), with ``fast_math`` if asked."""
     known = registry()
     chosen = None if backends is None else parse_backends(backends, known)
     if chosen is not None:
@@ -86,11 +88,18 @@ def open_model(
                 f"--backends {backends} differs from the backends {path} was converted for "
                 f"({','.join(opt.backends)}); leave --backends out, or convert the model again to change them"
             )
+        if fast_math and not opt.options.fast_math:
+            raise InputError(
+                f"--fast-math: {path} was converted without fast math; leave --fast-math out, "
+                "or convert the model again with --fast-math"
+            )
         check_gpu(opt.backends, f"{path} was converted for")
         return opt
     if chosen is None:
         chosen = default or defaults.default_backends()
         check_gpu(chosen, f"the default backends ({','.join(chosen)}) include")
+    if fast_math:
+        options = attrs.evolve(options or flowrt.OptimizerOptions(), fast_math=True)
     return flowrt.optimize(flowrt.onnx.load(path), backends=chosen, options=options, registry=known)
 
 

@@ -112,7 +112,7 @@ def command(args: argparse.Namespace) -> int:
     args.model = args.model or str(default_model())
     given = _check(args)
     start = time.perf_counter()
-    opt = open_model(args.model, args.backends)
+    opt = open_model(args.model, args.backends, fast_math=args.fast_math)
     check_inputs(opt, given)
     open_s = time.perf_counter() - start
     feeds = feeds_for(input_infos(opt), given)

@@ -70,7 +70,9 @@ class WorkloadInfo:
 
     ``constants`` holds, per input, the array when that input is a constant (weights), so a
     backend may pack it once at load. ``activation``, when set, is an activation the optimizer
-    fused into this layer: the workload applies it to its output.
+    fused into this layer: the workload applies it to its output. ``fast_math`` is the
+    network's ``OptimizerOptions.fast_math``: the workload may take faster, less exact
+    algorithms (Arm NN's FastMathEnabled).
     """
 
     layer_name: str
@@ -80,6 +82,7 @@ class WorkloadInfo:
     outputs: tuple[TensorInfo, ...]
     constants: tuple[np.ndarray | None, ...] = attrs.field(default=(), eq=False)
     activation: FusedActivation | None = None
+    fast_math: bool = False
 
 
 @runtime_checkable

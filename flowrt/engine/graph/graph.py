@@ -300,8 +300,9 @@ def constant_value(slot: OutputSlot | None) -> np.ndarray | None:
     return slot.layer.descriptor.value
 
 
-def workload_info(layer: Layer) -> WorkloadInfo:
-    """What a backend's workload factory needs to build ``layer``'s workload."""
+def workload_info(layer: Layer, fast_math: bool = False) -> WorkloadInfo:
+    """What a backend's workload factory needs to build ``layer``'s workload (``fast_math``:
+    its network's option)."""
     return WorkloadInfo(
         layer.name,
         layer.kind,
@@ -310,4 +311,5 @@ def workload_info(layer: Layer) -> WorkloadInfo:
         tuple(o.info for o in layer.outputs),  # type: ignore[misc]  # inferred outputs are never None
         tuple(constant_value(s.source) for s in layer.inputs),
         layer.activation,
+        fast_math,
     )

@@ -70,7 +70,8 @@ class OptimizerOptions:
     """Options of :func:`optimize`.
 
     ``fold_constants`` evaluates constant subgraphs once (needs CpuRef registered);
-    ``fast_math`` lets backends trade exactness for speed (passed to their kernels);
+    ``fast_math`` lets backends take faster, less exact algorithms (each workload's
+    ``WorkloadInfo.fast_math``; on CpuAcc, Winograd's 4x4 tiles: docs/performance.md);
     ``fold_scale_shift`` turns Mul and Add by per-channel constants into BatchNormalization
     (folded into a Conv or BatchNormalization before it by ``fold_batch_norm``);
     ``fuse_activations`` folds an activation into the layer before it where that layer's

@@ -61,6 +61,11 @@ def _header(opt: OptimizedNetwork) -> list[str]:
         *cached,
         f"backends (preference order): {', '.join(opt.backends)}",
         "layers per backend: " + ", ".join(f"{b}={n}" for b, n in counts.items()),
+        *(
+            ["fast math: on (backends may take faster, less exact algorithms)"]
+            if opt.options.fast_math
+            else []
+        ),
     ]
 
 

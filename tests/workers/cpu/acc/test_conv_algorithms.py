@@ -109,7 +109,7 @@ TUNINGS = {
     "by_blas": dict(tiles_max_weights=-1),
     "no_taps": dict(taps_max_rows=0),
     "winograd2": dict(winograd_rule=WinogradRule(0, 0, 0, 10**9)),
-    "winograd4": dict(winograd_rule=WinogradRule(0, 0, 0, 0)),
+    "winograd4": dict(winograd_rule=WinogradRule(0, 0, 0, 0), fast_math=True),
     "no_vector": dict(depthwise_vector_max=0),
 }  # fmt: skip
 
@@ -194,8 +194,11 @@ def _kernel(x_shape, w_shape, attrs_, workers, tuning=None):
     info = WorkloadInfo("conv", "Conv", desc, inputs, (None,), (None, w, None), None)
     # The table was recorded before the tiles had a depth limit and before few_pixels: it pins
     # the choice by every other knob (test_the_tiles_take_dot_products_up_to_their_depth_limit
-    # and test_1x1_convs_of_few_pixels_take_the_tiles_across_output_channels pin those).
-    unlimited = attrs.evolve(ConvTuning(), tiles_max_depth=1 << 30, few_pixels_max=0, few_pixels_deep_max=0)
+    # and test_1x1_convs_of_few_pixels_take_the_tiles_across_output_channels pin those), and
+    # with fast math, which allows Winograd's 4x4 tiles (test_winograd.py pins the default).
+    unlimited = attrs.evolve(
+        ConvTuning(), tiles_max_depth=1 << 30, few_pixels_max=0, few_pixels_deep_max=0, fast_math=True
+    )
     return load_all()["Conv"](info, workers, tuning=attrs.evolve(unlimited, **(tuning or {})))
 
 

@@ -6,21 +6,25 @@ import numpy as np
 import pytest
 from kernelcases import conv_case
 
-from flowrt.registry import FusedActivation
+import flowrt
+from flowrt.registry import FusedActivation, WorkloadInfo
+from flowrt.types import DataType, TensorInfo
 from flowrt.workers.cpu.acc.conv.tuning import ConvTuning
 from flowrt.workers.cpu.acc.conv.winograd import WinogradRule, winograd_blocks
 from flowrt.workers.cpu.acc.conv.winograd_conv import winograd_conv
+from flowrt.workers.cpu.acc.kernels.conv import ConvKernel
 from flowrt.workers.cpu.acc.kernels.epilogue import NONE
 from flowrt.workers.cpu.acc.tile_ir import AVAILABLE as TILES_AVAILABLE
 
 
 def _force_winograd(tile, small_blocks=False, **more):
     """A ConvTuning that runs every 3x3 stride-1 conv of one group by Winograd in ``tile`` x
-    ``tile`` output tiles (``small_blocks``: one row of tiles per block)."""
+    ``tile`` output tiles (``small_blocks``: one row of tiles per block); 4x4 tiles need fast
+    math."""
     rule = WinogradRule(min_channels=0, min_pixels=0, min_work=0, f4_min_side=0 if tile == 4 else 10**9)
     if small_blocks:
         more["winograd_block_tiles"] = 1
-    return attrs.evolve(ConvTuning(), winograd_rule=rule, **more)
+    return attrs.evolve(ConvTuning(), winograd_rule=rule, fast_math=tile == 4, **more)
 
 
 @pytest.mark.parametrize("workers", [1, 3])
@@ -129,7 +133,7 @@ def test_winograd_groups_small_images_up_to_a_block(out_hw, side, images, blocks
     "x_shape, w_shape, attrs, winograd",
     [
         ((1, 64, 14, 14), (64, 64, 3, 3), dict(pads=(1, 1, 1, 1)), 2),
-        ((1, 16, 28, 28), (32, 16, 3, 3), dict(pads=(1, 1, 1, 1)), 4),
+        ((1, 16, 28, 28), (32, 16, 3, 3), dict(pads=(1, 1, 1, 1)), 2),  # 4x4 tiles: fast math only
         ((1, 256, 7, 7), (256, 256, 3, 3), dict(pads=(1, 1, 1, 1)), 0),  # 16 tiles: too few
         ((4, 256, 7, 7), (256, 256, 3, 3), dict(pads=(1, 1, 1, 1)), 2),  # 4 images together: enough
         ((1, 8, 28, 28), (64, 8, 3, 3), dict(pads=(1, 1, 1, 1)), 0),  # too few channels
@@ -147,6 +151,23 @@ def test_winograd_is_chosen_for_large_3x3_stride_1_convs(x_shape, w_shape, attrs
     plan = kernel.plan(x.shape, w.shape)
     assert (plan.tile if plan.name == "winograd" else 0) == winograd
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=2e-5 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("fast_math, tile", [(False, 2), (True, 4)])
+def test_4x4_tiles_take_large_outputs_only_in_a_network_optimized_with_fast_math(fast_math, tile):
+    # the kernel's default tuning follows the network's fast_math (its WorkloadInfo's)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1, 16, 28, 28), dtype=np.float32)
+    w = rng.standard_normal((32, 16, 3, 3), dtype=np.float32) / np.float32(12)
+    info = WorkloadInfo(
+        "conv", "Conv", flowrt.descriptors.Conv(pads=(1, 1, 1, 1)),
+        (TensorInfo(x.shape, DataType.FLOAT32), TensorInfo(w.shape, DataType.FLOAT32)),
+        (TensorInfo((1, 32, 28, 28), DataType.FLOAT32),), (None, w), fast_math=fast_math,
+    )  # fmt: skip
+    kernel = ConvKernel(info, workers=2)
+    assert kernel.tuning.fast_math is fast_math
+    plan = kernel.plan(x.shape, w.shape)
+    assert plan.name == "winograd" and plan.tile == tile
 
 
 @pytest.mark.skipif(not TILES_AVAILABLE, reason="no register tiles on this CPU: BLAS runs every GEMM")

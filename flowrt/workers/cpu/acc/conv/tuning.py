@@ -88,6 +88,9 @@ class ConvTuning:
     few_pixels_deep_max: int = FEW_PIXELS_DEEP_MAX
     windows_max_depth: int = WINDOWS_MAX_DEPTH
     depthwise_vector_max: int = DEPTHWISE_VECTOR_MAX
+    # Whether less exact algorithms may take a shape (the network's ``fast_math`` option):
+    # Winograd's 4x4 output tiles (``WinogradRule``).
+    fast_math: bool = False
 
     def tiles(self, group_weights: int, depth: int) -> bool:
         """Whether a GEMM of ``group_weights`` weights and dot products ``depth`` long runs by

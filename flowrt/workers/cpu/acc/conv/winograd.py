@@ -50,12 +50,18 @@ class WinogradRule:
     min_channels: int = 16
     min_pixels: int = 12 * 12  # output pixels of the images transformed together
     min_work: int = 64 * 13 * 13  # output channels x output pixels of one image
-    # Outputs at least this wide and high take 4x4 tiles (``winograd4.py``), others 2x2.
+    # Outputs at least this wide and high take 4x4 tiles (``winograd4.py``) where fast math
+    # allows them, others 2x2. F(4x4, 3x3) runs ResNet-18 8% faster (two Zen 5 cores) but
+    # its errors are about 20x im2col and GEMM's (5e-6 of the output's magnitude on ResNet's
+    # 3x3 convs, 64 to 512 channels; GEMM, F(2x2, 3x3) and ONNX Runtime 2-3e-7): it is
+    # taken only with ``OptimizerOptions(fast_math=True)``.
     f4_min_side: int = 28
 
-    def tile(self, channels: int, outputs: int, out_hw: tuple[int, int], group: int = 1) -> int:
+    def tile(
+        self, channels: int, outputs: int, out_hw: tuple[int, int], group: int = 1, fast_math: bool = False
+    ) -> int:
         """The output tile's side (2 or 4) for such a conv, with ``group`` images transformed
-        together, or 0 where GEMM is faster."""
+        together, or 0 where GEMM is faster; 4 only with ``fast_math``."""
         pixels = out_hw[0] * out_hw[1]
         if (
             channels < self.min_channels
@@ -63,7 +69,7 @@ class WinogradRule:
             or outputs * pixels < self.min_work
         ):
             return 0
-        return 4 if min(out_hw) >= self.f4_min_side else 2
+        return 4 if fast_math and min(out_hw) >= self.f4_min_side else 2
 
 
 def filter_transforms(g: np.ndarray, w: np.ndarray) -> np.ndarray:

@@ -3,10 +3,10 @@ and input channel where F(2x2, 3x3) does 64 and im2col and GEMM 144.
 
 The same scheme as ``winograd.py`` with 6x6 input tiles overlapping by two: sixteen phase
 planes per channel, ``V = Bt d B`` per tile, thirty-six GEMMs, ``Y = At M A``. The transforms'
-larger coefficients cost accuracy: errors reach about 1e-5 of the output's magnitude (F(2x2,
-3x3): 1e-6), as in other engines' F(4x4, 3x3). It pays off where rows of tiles are long:
-the algorithm ``winograd_conv.Winograd`` uses it for outputs at least
-``WinogradRule.f4_min_side`` wide and high.
+larger coefficients cost accuracy: errors reach about 5e-6 of the output's magnitude (F(2x2,
+3x3), im2col and GEMM: 2-3e-7), as in other engines' F(4x4, 3x3). It pays off where rows of
+tiles are long: the algorithm ``winograd_conv.Winograd`` uses it for outputs at least
+``WinogradRule.f4_min_side`` wide and high, in networks optimized with ``fast_math``.
 """
 
 from __future__ import annotations

@@ -277,7 +277,9 @@ def _tile(geometry: ConvGeometry, tuning: ConvTuning) -> int:
         return 0
     blocks = (geometry.x_shape[0], tuning.winograd_block_tiles, tuning.winograd_group_tiles)
     group = winograd_blocks(geometry.out_hw, 2, *blocks)[1]  # images per group with 2x2 tiles
-    return tuning.winograd_rule.tile(geometry.w_shape[1], geometry.mg, geometry.out_hw, group)
+    return tuning.winograd_rule.tile(
+        geometry.w_shape[1], geometry.mg, geometry.out_hw, group, tuning.fast_math
+    )
 
 
 @attrs.frozen(eq=False)

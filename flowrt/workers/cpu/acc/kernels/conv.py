@@ -32,6 +32,8 @@ from flowrt.workers.cpu.acc.kernels.epilogue import NONE, activate_in_place, act
 pin_scipy_blas()
 
 DEFAULT_TUNING = ConvTuning()
+# The layers of a network optimized with ``fast_math``: less exact algorithms allowed.
+FAST_MATH_TUNING = ConvTuning(fast_math=True)
 # The activation arguments of none (``epilogue.activation_args``).
 NO_ACTIVATION = activation_args(None)
 
@@ -40,7 +42,8 @@ NO_ACTIVATION = activation_args(None)
 class ConvKernel:
     """2-D float32 Conv with groups, strides, dilations, pads and auto_pad; bias and the fused
     activation are applied as each output block is written. ``tuning`` (default
-    :data:`DEFAULT_TUNING`) holds the knobs of its splits and of the choice of algorithm."""
+    :data:`DEFAULT_TUNING`, or :data:`FAST_MATH_TUNING` where ``info.fast_math``) holds the
+    knobs of its splits and of the choice of algorithm."""
 
     split_hint = SplitHint(axis=2, min_slice=MIN_COLUMNS)  # output pixels, (N, M, pixels)
     # Its split is planned per call, by the threads the job running it has now.
@@ -57,10 +60,10 @@ class ConvKernel:
             return Support.no(f"CpuAcc Conv takes 2-D spatial data (rank 4) only, got {found}-D")
         return Support.yes()
 
-    def __init__(self, info: WorkloadInfo, workers: int, tuning: ConvTuning = DEFAULT_TUNING) -> None:
+    def __init__(self, info: WorkloadInfo, workers: int, tuning: ConvTuning | None = None) -> None:
         self.info = info
         self.workers = workers
-        self.tuning = tuning
+        self.tuning = tuning or (FAST_MATH_TUNING if info.fast_math else DEFAULT_TUNING)
         self.desc = info.descriptor
         self.act = activation_args(info.activation)
         self.code = self.act[0]
