@@ -466,22 +466,16 @@ class Runtime:
                 compile_ahead = getattr(self._backend(bid), "compile_ahead", None)
                 if compile_ahead is not None:
                     ahead.enter_context(compile_ahead(optimized, job))
+            options = optimized.options
             dataflow = build_dataflow(
                 optimized.graph,
                 make_workload,
                 parallel_branches=self.parallel_branches,
                 device_backends=frozenset(devices),
-                fast_math=optimized.options.fast_math,
+                fast_math=options.fast_math,
+                fp16_weights=options.reduce_fp32_to_fp16,
             )
-        order = [
-            PlannedNode(
-                n.kind,
-                n.backend,
-                tuple(t for t in n.inputs if t is not None),
-                tuple(t for t in n.outputs if t is not None),
-            )
-            for n in dataflow.order
-        ]
+        order = [PlannedNode.of(n) for n in dataflow.order]
         layout = plan_memory(order, dataflow.tensor_infos, set(dataflow.outputs.values()), managers)
         arena_bytes = {b: plan.arena_bytes for b, plan in layout.plans.items()}
         allocators = {b: managers[b].allocator for b in arena_bytes}

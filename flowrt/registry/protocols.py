@@ -72,7 +72,10 @@ class WorkloadInfo:
     backend may pack it once at load. ``activation``, when set, is an activation the optimizer
     fused into this layer: the workload applies it to its output. ``fast_math`` is the
     network's ``OptimizerOptions.fast_math``: the workload may take faster, less exact
-    algorithms (Arm NN's FastMathEnabled).
+    algorithms (Arm NN's FastMathEnabled). ``fp16_weights`` is the network's
+    ``OptimizerOptions.reduce_fp32_to_fp16``: a backend that declares capability
+    ``fp16_weights`` may keep this layer's constant float32 weights as float16, computing in
+    float32.
     """
 
     layer_name: str
@@ -83,6 +86,7 @@ class WorkloadInfo:
     constants: tuple[np.ndarray | None, ...] = attrs.field(default=(), eq=False)
     activation: FusedActivation | None = None
     fast_math: bool = False
+    fp16_weights: bool = False
 
 
 @runtime_checkable

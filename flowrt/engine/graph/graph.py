@@ -300,9 +300,9 @@ def constant_value(slot: OutputSlot | None) -> np.ndarray | None:
     return slot.layer.descriptor.value
 
 
-def workload_info(layer: Layer, fast_math: bool = False) -> WorkloadInfo:
-    """What a backend's workload factory needs to build ``layer``'s workload (``fast_math``:
-    its network's option)."""
+def workload_info(layer: Layer, fast_math: bool = False, fp16_weights: bool = False) -> WorkloadInfo:
+    """What a backend's workload factory needs to build ``layer``'s workload (``fast_math``
+    and ``fp16_weights``: its network's options, see ``WorkloadInfo``)."""
     return WorkloadInfo(
         layer.name,
         layer.kind,
@@ -312,4 +312,5 @@ def workload_info(layer: Layer, fast_math: bool = False) -> WorkloadInfo:
         tuple(constant_value(s.source) for s in layer.inputs),
         layer.activation,
         fast_math,
+        fp16_weights,
     )

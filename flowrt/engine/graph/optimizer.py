@@ -16,7 +16,7 @@ import attrs
 import numpy as np
 
 from flowrt.defaults import backend_ids, default_backends
-from flowrt.engine.graph.graph import Graph, Layer, workload_info
+from flowrt.engine.graph.graph import Graph, Layer, constant_value, workload_info
 from flowrt.engine.graph.network import Network
 from flowrt.engine.graph.passes.collapse_reshape import collapse_reshapes
 from flowrt.engine.graph.passes.crossings import Crossing, find_crossings
@@ -85,8 +85,9 @@ class OptimizerOptions:
     QLinearConv, QLinearMatMul, QLinearAdd or QLinearMul where a backend with integer kernels
     takes it (``passes/fold_qdq.py``).
     ``reduce_fp32_to_fp16`` runs float32 layers in float16 on the
-    backends that declare capability ``fp16`` (casts at their borders; ignored, and
-    reported, where none does). ``layer_backend_hints`` (``{layer name: backend id}``)
+    backends that declare capability ``fp16`` (casts at their borders), and has those that
+    declare ``fp16_weights`` (CpuAcc) keep their layers' constant weights as float16,
+    computing in float32 (ignored, and reported, where no backend does either). ``layer_backend_hints`` (``{layer name: backend id}``)
     puts a layer on a backend of the preference list whatever the order says; an
     UnsupportedLayerError when that backend does not support it. ``memory_budget`` (bytes;
     None: half the machine's physical memory) bounds the network's constants with what
@@ -372,7 +373,10 @@ def _fp16(
     """``reduce_fp32_to_fp16`` on the backends that declare fp16; each Cast it inserts goes to
     the converted layer's backend when that takes it, else to the first in ``order`` that does."""
     capabilities = {bid: backend.capabilities for bid, backend in backends.items()}
+    stored = _fp16_weights(graph, capabilities)
     if not any(c.get("fp16") for c in capabilities.values()):
+        if stored:
+            return stored
         logger.info("reduce_fp32_to_fp16: no backend in %s declares fp16; nothing reduced", order)
         return [f"reduce_fp32_to_fp16: no backend in {order} declares fp16; nothing reduced"]
     ask = _asker(backends)
@@ -386,7 +390,33 @@ def _fp16(
         decisions[cast.name] = Assignment(chosen, {b: r for b, (ok, r) in answers.items() if not ok})
 
     supports = {bid: backend.layer_support() for bid, backend in backends.items()}
-    return reduce_fp32_to_fp16(graph, supports, capabilities, place)
+    return stored + reduce_fp32_to_fp16(graph, supports, capabilities, place)
+
+
+def _fp16_weights(graph: Graph, capabilities: dict[str, Any]) -> list[str]:
+    """What the backends that declare ``fp16_weights`` (the layer kinds whose constant float32
+    weights they keep as float16, computing in float32) do with ``reduce_fp32_to_fp16``: one
+    line per backend, counting its layers of those kinds with constant float32 weights."""
+    lines = []
+    for bid, caps in capabilities.items():
+        kinds = caps.get("fp16_weights") or ()
+        layers = [
+            layer
+            for layer in graph.topological_order()
+            if layer.backend == bid
+            and layer.kind in kinds
+            and len(layer.inputs) > 1
+            and (value := constant_value(layer.inputs[1].source)) is not None
+            and value.dtype == np.float32
+        ]
+        if layers:
+            lines.append(
+                f"reduce_fp32_to_fp16: {bid} keeps the weights of {len(layers)} "
+                f"{'/'.join(sorted({layer.kind for layer in layers}))} layers as float16 where its kernels "
+                "read them so, computing in float32"
+            )
+            logger.info(lines[-1])
+    return lines
 
 
 def _check_named(instances: dict[str, Backend]) -> None:

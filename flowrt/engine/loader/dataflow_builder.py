@@ -24,6 +24,7 @@ def build_dataflow(
     parallel_branches: bool = False,
     device_backends: frozenset[str] = frozenset(),
     fast_math: bool = False,
+    fp16_weights: bool = False,
 ) -> Dataflow:
     """Compile an optimized graph into a dataflow; ``make_workload`` builds each layer's workload.
 
@@ -36,7 +37,8 @@ def build_dataflow(
     ``parallel_branches`` cuts independent branches into segments of their own (see
     ``flowrt.engine.scheduler.dataflow``).
     ``device_backends`` names the backends whose workloads run on a device.
-    ``fast_math``, the network's option, goes to every workload's ``WorkloadInfo``.
+    ``fast_math`` and ``fp16_weights``, the network's options, go to every workload's
+    ``WorkloadInfo``.
     """
     ids: dict[tuple[str, int], int] = {}
 
@@ -59,11 +61,15 @@ def build_dataflow(
             output_infos[layer.descriptor.name] = source.info
         else:
             assert layer.backend is not None  # the optimizer assigned every compute layer
-            info = workload_info(layer, fast_math)
+            info = workload_info(layer, fast_math, fp16_weights)
             workload = make_workload(layer, info)
             load_subgraphs = getattr(workload, "load_subgraphs", None)
             if load_subgraphs is not None:
-                load_subgraphs(lambda subgraph: build_dataflow(subgraph, make_workload, fast_math=fast_math))
+                load_subgraphs(
+                    lambda subgraph: build_dataflow(
+                        subgraph, make_workload, fast_math=fast_math, fp16_weights=fp16_weights
+                    )
+                )
             node = WorkloadNode(
                 layer.name,
                 layer.kind,

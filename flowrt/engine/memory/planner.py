@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -42,6 +43,17 @@ class PlannedNode:
     backend: str
     reads: tuple[int, ...]
     writes: tuple[int, ...]
+
+    @classmethod
+    def of(cls, node: Any) -> PlannedNode:
+        """What the planner needs of a dataflow's workload node (its ``kind``, ``backend``, and
+        ``inputs`` and ``outputs``: tensor ids, None for absent or unread)."""
+        return cls(
+            node.kind,
+            node.backend,
+            tuple(t for t in node.inputs if t is not None),
+            tuple(t for t in node.outputs if t is not None),
+        )
 
 
 def _concat_parts(

@@ -37,6 +37,10 @@ FUSED_ACTIVATION_KINDS = frozenset(
         "BatchNormalization",
     }
 )
+# Kinds whose constant weights it stores in float16 with reduce_fp32_to_fp16: the forms its
+# register tiles read (on CPUs without them BLAS multiplies float32 forms, as do the convs'
+# BLAS paths).
+FP16_WEIGHT_KINDS = frozenset({"Conv", "FusedConv", "Gemm", "MatMul", "MatMulBias"})
 
 
 class AccBackend:
@@ -58,6 +62,9 @@ class AccBackend:
             "zero_copy_host": True,
             "async_execution": False,
             "fp16": False,
+            # The layer kinds whose constant float32 weights it keeps as float16, computing in
+            # float32, when the network is optimized with reduce_fp32_to_fp16 (``half.py``).
+            "fp16_weights": FP16_WEIGHT_KINDS,
             "window_split": True,
             # Arenas may come from Runtime(allocators={"CpuAcc": ...}).
             "custom_allocator": True,

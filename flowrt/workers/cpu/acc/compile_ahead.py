@@ -132,7 +132,9 @@ def main() -> None:
         if stop.is_set() or os.getppid() != parent:
             break
         try:
-            factory.create_workload(workload_info(layer, network.options.fast_math)).prepare(job)
+            options = network.options
+            info = workload_info(layer, options.fast_math, options.reduce_fp32_to_fp16)
+            factory.create_workload(info).prepare(job)
         except Exception as e:  # cache_claims.Claimed, or a layer that fails here as it will there
             logger.debug("helper skips layer %r: %s", layer.name, e)
         finally:

@@ -16,6 +16,7 @@ import numpy as np
 from numba import njit
 
 from flowrt.workers.cpu.acc.calls import SliceFunction
+from flowrt.workers.cpu.acc.half import widen
 from flowrt.workers.cpu.acc.kernels.epilogue import activate_row
 
 # Vectors (images, rows of a Gemm's A) up to which one product per vector beats one GEMM of
@@ -38,10 +39,10 @@ def _dots4(w, r, x, out, bias):
     r0, r1, r2, r3 = np.uint64(r), np.uint64(r + 1), np.uint64(r + 2), np.uint64(r + 3)
     for k in range(np.uint64(x.shape[0])):
         v = x[k]
-        s0 += w[r0, k] * v
-        s1 += w[r1, k] * v
-        s2 += w[r2, k] * v
-        s3 += w[r3, k] * v
+        s0 += widen(w[r0, k]) * v
+        s1 += widen(w[r1, k]) * v
+        s2 += widen(w[r2, k]) * v
+        s3 += widen(w[r3, k]) * v
     out[r0] = s0 + bias[r0]
     out[r1] = s1 + bias[r1]
     out[r2] = s2 + bias[r2]
@@ -54,14 +55,15 @@ def _dot1(w, r, x, out, bias):
     s = np.float32(0)
     r = np.uint64(r)
     for k in range(np.uint64(x.shape[0])):
-        s += w[r, k] * x[k]
+        s += widen(w[r, k]) * x[k]
     out[r] = s + bias[r]
 
 
 @njit(nogil=True, cache=True)
 def gemv_rows(w, x, bias, out, r0, r1, code, alpha, beta):
     """``out[r] = activation(w[r] @ x + bias[r])`` for rows ``r0 .. r1``: ``w`` (M, K), ``x``
-    (K,), ``bias`` and ``out`` (M,), float32 and C-contiguous."""
+    (K,), ``bias`` and ``out`` (M,), float32 (``w`` float32 or float16 bits, ``half.py``) and
+    C-contiguous."""
     r = r0
     while r + 4 <= r1:
         _dots4(w, r, x, out, bias)

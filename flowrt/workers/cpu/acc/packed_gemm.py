@@ -24,6 +24,7 @@ from numba import njit
 from flowrt.engine.scheduler.window import SplitHint, split_bounds
 from flowrt.workers.cpu.acc.blas import leading_dimension, read_only
 from flowrt.workers.cpu.acc.calls import NATIVE, SliceFunction
+from flowrt.workers.cpu.acc.half import HALF_BITS, to_half
 from flowrt.workers.cpu.acc.kernels.epilogue import NONE, RELU, activate_late
 from flowrt.workers.cpu.acc.tile_ir import AVAILABLE, TILE_COLUMNS, TILE_ROWS, _row_tile, _row_tile_part
 
@@ -38,29 +39,31 @@ DEPTH = 256
 
 
 class PackedWeights(NamedTuple):
-    """Weights (K, N) packed as panels, and the bias (zeros where none) padded to them."""
+    """Weights (K, N) packed as panels, and the bias (zeros where none) padded to them. The
+    panels are float32, or float16 bits (``half.py``): the tiles widen them as they read."""
 
     panels: np.ndarray  # (ceil(N / TILE_COLUMNS), K, TILE_COLUMNS)
     bias: np.ndarray  # (panels * TILE_COLUMNS,)
     n: int
 
 
-def pack(w: np.ndarray, bias: np.ndarray | None = None) -> PackedWeights:
-    """``w`` (K, N) as panels (:class:`PackedWeights`); ``bias`` is (N,) or None."""
-    panels = column_panels(w)
+def pack(w: np.ndarray, bias: np.ndarray | None = None, half: bool = False) -> PackedWeights:
+    """``w`` (K, N) as panels (:class:`PackedWeights`), of float16 bits if ``half``; ``bias``
+    is (N,) or None."""
+    panels = column_panels(w, half)
     return PackedWeights(panels, column_bias(panels, bias), w.shape[1])
 
 
-def column_panels(w: np.ndarray) -> np.ndarray:
+def column_panels(w: np.ndarray, half: bool = False) -> np.ndarray:
     """``w`` (K, N) as read-only panels (ceil(N / TILE_COLUMNS), K, TILE_COLUMNS), the last
-    one padded with zero columns."""
+    one padded with zero columns; float16 bits (``half.to_half``) if ``half``."""
     k, n = w.shape
     count = -(-n // TILE_COLUMNS)
     # panel by panel: one copy of the weights, not a padded one and then the panels
-    panels = np.zeros((count, k, TILE_COLUMNS), np.float32)
+    panels = np.zeros((count, k, TILE_COLUMNS), HALF_BITS if half else np.float32)
     for p in range(count):
         block = w[:, p * TILE_COLUMNS : (p + 1) * TILE_COLUMNS]
-        panels[p, :, : block.shape[1]] = block
+        panels[p, :, : block.shape[1]] = to_half(block) if half else block
     return read_only(panels)
 
 

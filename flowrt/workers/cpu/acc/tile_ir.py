@@ -27,6 +27,7 @@ from numba import types
 from numba.core.extending import intrinsic
 
 from flowrt.errors import BackendError
+from flowrt.workers.cpu.acc.half import half_to_float
 
 
 def _tile_shape(choice: str | None) -> tuple[int, int, bool]:
@@ -130,7 +131,8 @@ def _emit_tile(
     row i is read down a column instead, step p from ``a_at + i + p * lda``. ``vectors``:
     vectors of ``LANES`` columns per row (1: a narrow tile, for a last block of few columns).
     ``by_offsets`` (:func:`_offset_tile`): ``b``'s step p is read from ``b_at +
-    offsets[off_at + p]``, the two arguments in ``ldb``'s place."""
+    offsets[off_at + p]``, the two arguments in ``ldb``'s place. ``a`` or ``b`` (the packed
+    weights) may be uint16, float16 bits (``half.py``): each value read is widened to float."""
     low = high = ahead = offsets = None
     if by_offsets:  # the offsets' first one read, then the arguments as _tile's (ldb unused)
         offsets = builder.gep(
@@ -189,6 +191,29 @@ def _emit_tile(
             return builder.call(load_masked, [at(ptr, v * LANES), ir.Constant(i32, 4), masks[v], zero])
         return builder.load(at(ptr, v * LANES), align=4)
 
+    # b may hold float16 bits (``half.py``): read as vectors of i16 and widened to float.
+    half_b = signature_args[2].dtype == types.uint16
+    b_size = 2 if half_b else 4  # bytes per element of b
+    if half_b:
+        bits = ir.VectorType(ir.IntType(16), LANES)
+        load_bits_masked = _intrinsic_function(
+            builder,
+            f"llvm.masked.load.v{LANES}i16.p0v{LANES}i16",
+            bits,
+            [bits.as_pointer(), i32, mask_type, bits],
+        )
+
+    def load_b(ptr, v):
+        if not half_b:
+            return load(ptr, v)
+        where = builder.bitcast(builder.gep(ptr, [ir.Constant(i64, v * LANES)]), bits.as_pointer())
+        if masked:
+            no_bits = ir.Constant(bits, [0] * LANES)
+            return half_to_float(
+                builder, builder.call(load_bits_masked, [where, ir.Constant(i32, 2), masks[v], no_bits])
+            )
+        return half_to_float(builder, builder.load(where, align=2))
+
     def store(value, ptr, v):
         if masked:
             builder.call(store_masked, [value, at(ptr, v * LANES), ir.Constant(i32, 4), masks[v]])
@@ -236,21 +261,33 @@ def _emit_tile(
         b_row = builder.gep(b_ptr, [builder.load(builder.gep(offsets, [step]))])
     else:
         b_row = builder.gep(b_ptr, [builder.mul(step, ldb)])
-    b_vecs = [load(b_row, v) for v in range(vectors)]
+    b_vecs = [load_b(b_row, v) for v in range(vectors)]
     if ahead is not None:  # the same step of the panel read next, into L2
         the_next = builder.bitcast(builder.gep(a_values[0], [ahead]), i8_ptr)
         builder.call(prefetch, [the_next, ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
     if rows_in_place:  # the packed panel further on, into L2
-        for line in range(0, TILE_COLUMNS * 4, 64):
-            further = builder.bitcast(builder.gep(b_row, [ir.Constant(i64, PANEL_AHEAD + line // 4)]), i8_ptr)
+        for line in range(0, TILE_COLUMNS * b_size, 64):
+            further = builder.gep(b_row, [ir.Constant(i64, PANEL_AHEAD + line // b_size)])
+            further = builder.bitcast(further, i8_ptr)
             builder.call(prefetch, [further, ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
     if not masked and not rows_in_place:  # a packed panel is read in order: no need
-        for line in range(0, TILE_COLUMNS * 4, 64):
-            soon = builder.bitcast(builder.gep(b_row, [ir.Constant(i64, PREFETCH_AHEAD + line // 4)]), i8_ptr)
+        for line in range(0, TILE_COLUMNS * b_size, 64):
+            soon = builder.gep(b_row, [ir.Constant(i64, PREFETCH_AHEAD + line // b_size)])
+            soon = builder.bitcast(soon, i8_ptr)
             builder.call(prefetch, [soon, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
     updated = []
+    half_a = signature_args[0].dtype == types.uint16  # float16 bits (``half.py``)
+    a_floats = None
+    if half_a and not by_columns and not rows_in_place:  # a packed panel's step: one vector
+        a_bits = ir.VectorType(ir.IntType(16), TILE_ROWS)
+        a_floats = half_to_float(builder, builder.load(builder.bitcast(a_row, a_bits.as_pointer()), align=2))
     for i in range(TILE_ROWS):
-        a_vec = broadcast(builder.load(a_values[i]))
+        if a_floats is not None:  # its lane i spread, not eight conversions a step
+            lane = ir.Constant(ir.VectorType(i32, LANES), [i] * LANES)
+            a_vec = builder.shuffle_vector(a_floats, ir.Constant(a_floats.type, ir.Undefined), lane)
+        else:
+            a_value = builder.load(a_values[i])
+            a_vec = broadcast(half_to_float(builder, a_value) if half_a else a_value)
         updated.append([builder.call(fmuladd, [a_vec, b_vecs[v], sums[i][v]]) for v in range(vectors)])
     tail = close_loop(builder, entry, step, k, sums, starts, updated, loop, done)
 

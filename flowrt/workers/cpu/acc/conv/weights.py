@@ -9,6 +9,7 @@ from flowrt.workers.cpu.acc.blas import read_only
 from flowrt.workers.cpu.acc.conv.winograd import winograd_weights
 from flowrt.workers.cpu.acc.conv.winograd4 import winograd4_weights
 from flowrt.workers.cpu.acc.conv.winograd_conv import winograd_panels
+from flowrt.workers.cpu.acc.half import to_half
 from flowrt.workers.cpu.acc.packed_gemm import column_bias, column_panels
 from flowrt.workers.cpu.acc.tile_ir import PANEL_LAYOUT
 from flowrt.workers.cpu.acc.tiles import pack_panels, pad_rows
@@ -20,11 +21,14 @@ class ConvWeights:
     they are an input, packed per call by :meth:`pack`). The forms an algorithm derives from
     them (one matrix per tap, Winograd transforms, register-tile panels) are kept for the
     constant weights, made on first use and shared with every other load of the same constant
-    (``flowrt.engine.memory.weights``); for others they are made per call."""
+    (``flowrt.engine.memory.weights``); for others they are made per call. With ``half`` the
+    register-tile panels of the constant weights hold float16 (``half.py``): half the bytes,
+    widened as the tiles read them; the forms BLAS reads stay float32."""
 
-    def __init__(self, groups: int, constant: np.ndarray | None) -> None:
+    def __init__(self, groups: int, constant: np.ndarray | None, half: bool = False) -> None:
         self.groups = groups
         self._constant = constant
+        self.half = half
         self.packed = (
             None
             if constant is None
@@ -76,14 +80,16 @@ class ConvWeights:
         if w is self.packed and tile in self._winograd_panels:
             return self._winograd_panels[tile]
 
-        def make() -> np.ndarray:
+        def make(half: bool = False) -> np.ndarray:
             u = (winograd_weights if tile == 2 else winograd4_weights)(w.reshape(w_shape))
-            return read_only(winograd_panels(u))
+            return to_half(winograd_panels(u)) if half else read_only(winograd_panels(u))
 
         if w is not self.packed:
             return make()
+        # F(4x4, 3x3)'s output transform multiplies the rounding of float16 transforms into
+        # errors of about 5e-3 of the output (F(2x2, 3x3): 5e-4): its panels stay float32.
         panels = self._winograd_panels[tile] = self._shared(
-            "conv.winograd_panels", (w_shape, tile, PANEL_LAYOUT), make
+            "conv.winograd_panels", (w_shape, tile, PANEL_LAYOUT), make, self.half and tile == 2
         )
         return panels
 
@@ -94,10 +100,14 @@ class ConvWeights:
             return self._panels
         groups, mg = w.shape[0], w.shape[1]
 
-        def make() -> np.ndarray:
-            return read_only(np.stack([pack_panels(w[g]) for g in range(groups)]))
+        def make(half: bool = False) -> np.ndarray:
+            panels = np.stack([pack_panels(w[g]) for g in range(groups)])
+            return to_half(panels) if half else read_only(panels)
 
-        panels = self._shared("conv.panels", (w.shape, PANEL_LAYOUT), make) if w is self.packed else make()
+        if w is self.packed:
+            panels = self._shared("conv.panels", (w.shape, PANEL_LAYOUT), make, self.half)
+        else:
+            panels = make()
         padded = np.stack([pad_rows(bias[g * mg : (g + 1) * mg]) for g in range(groups)])
         if constant:
             self._panels = (panels, padded)
@@ -110,12 +120,13 @@ class ConvWeights:
         if constant and self._columns is not None:
             return self._columns
 
-        def make() -> np.ndarray:
-            return column_panels(w[0].T)  # panel by panel from the rows of w: one copy
+        def make(half: bool = False) -> np.ndarray:
+            return column_panels(w[0].T, half)  # panel by panel from the rows of w: one copy
 
-        panels = (
-            self._shared("conv.column_panels", (w.shape, PANEL_LAYOUT), make) if w is self.packed else make()
-        )
+        if w is self.packed:
+            panels = self._shared("conv.column_panels", (w.shape, PANEL_LAYOUT), make, self.half)
+        else:
+            panels = make()
         columns = (panels, column_bias(panels, bias))
         if constant:
             self._columns = columns
@@ -126,11 +137,17 @@ class ConvWeights:
         constant weights are made already, by this load or another of the same constant."""
         if self._constant is None or self.packed is None:
             return False
-        return MANAGER.holds(self._constant, transform, (self.groups, (self.packed.shape, PANEL_LAYOUT)))
+        params = (self.packed.shape, PANEL_LAYOUT, *(("float16",) if self.half else ()))
+        return MANAGER.holds(self._constant, transform, (self.groups, params))
 
-    def _shared(self, transform: str, params: object, make) -> np.ndarray:
-        """``make()``, the ``transform`` of the layer's constant weights, shared with every
-        other load of the same constant, and kept on disk where the constant's file is
-        (``params`` name all it hangs on: the panels' layout too)."""
+    def _shared(self, transform: str, params: tuple, make, half: bool = False) -> np.ndarray:
+        """``make()`` (``make(True)``: its float16 form, where ``half``), the ``transform`` of
+        the layer's constant weights, shared with every other load of the same constant, and
+        kept on disk where the constant's file is (``params`` name all it hangs on: the
+        panels' layout and their precision too)."""
         assert self._constant is not None  # only the constant weights' forms are shared
-        return MANAGER.shared(self._constant, transform, (self.groups, params), make, lasting=True)
+        if half:
+            params, build = (*params, "float16"), lambda: make(True)
+        else:
+            build = make
+        return MANAGER.shared(self._constant, transform, (self.groups, params), build, lasting=True)

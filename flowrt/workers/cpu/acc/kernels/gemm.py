@@ -22,6 +22,7 @@ from flowrt.types import DataType
 from flowrt.workers.cpu.acc import gemv, packed_gemm
 from flowrt.workers.cpu.acc.blas import pin_scipy_blas, read_only, sgemm
 from flowrt.workers.cpu.acc.calls import SliceFunction
+from flowrt.workers.cpu.acc.half import to_half
 from flowrt.workers.cpu.acc.kernels import acc_kernel
 from flowrt.workers.cpu.acc.kernels.epilogue import NO_BIAS, NONE, activate_row, activation_args
 from flowrt.workers.cpu.acc.tile_ir import PANEL_LAYOUT
@@ -108,16 +109,24 @@ class _Packed:
     panels for more than ``gemv.MAX_VECTORS`` rows, by :func:`gemv.gemv` over the weights'
     rows for fewer. Each form is made on its first product (a network run at batch 1 never
     packs panels), and ``w`` itself is the layer's constant, or a view of it, not a copy:
-    vgg19's fully connected weights (0.5 GiB) were held four times at load."""
+    vgg19's fully connected weights (0.5 GiB) were held four times at load. With ``half``
+    the forms hold float16 (``half.py``): half the bytes, read and widened by the kernels."""
 
     def __init__(
-        self, w: np.ndarray, bias: np.ndarray | None, workers: int, source: np.ndarray, form: tuple
+        self,
+        w: np.ndarray,
+        bias: np.ndarray | None,
+        workers: int,
+        source: np.ndarray,
+        form: tuple,
+        half: bool = False,
     ) -> None:
         self.k, self.n = w.shape
         self.workers = workers
+        self.half = half
         # the layer's constant and how ``w`` is made of it: the panels and rows made of
         # ``w`` are shared with every other load of that constant (engine/memory/weights.py)
-        self._source, self._form = source, form
+        self._source, self._form = source, (*form, "float16") if half else form
         self._plans: dict[int, packed_gemm.Plan] = {}
         self._w, self._bias = w, bias
         self._panels: packed_gemm.PackedWeights | None = None
@@ -131,7 +140,7 @@ class _Packed:
                 self._source,
                 "gemm.panels",
                 (self._form, PANEL_LAYOUT),
-                lambda: packed_gemm.column_panels(self._w),
+                lambda: packed_gemm.column_panels(self._w, self.half),
                 lasting=True,
             )
             self._panels = packed_gemm.PackedWeights(
@@ -148,7 +157,7 @@ class _Packed:
                 self._source,
                 "gemm.rows",
                 self._form,
-                lambda: read_only(np.ascontiguousarray(self._w.T, np.float32)),
+                self._make_rows,
                 lasting=True,
             )
             bias = np.zeros(n, np.float32) if self._bias is None else np.broadcast_to(self._bias, (n,))
@@ -158,6 +167,15 @@ class _Packed:
                 gemv.row_bounds(n, self.k, self.workers),
             )
         return self._rows
+
+    def _make_rows(self) -> np.ndarray:
+        """The weights as (N, K) rows: float16 with ``half``, unless the float32 rows are the
+        constant itself (a Gemm's B with transB), which then serves as it is: a float16 copy
+        would be memory beside it, not instead of it."""
+        rows = self._w.T
+        if self.half and not (rows.flags.c_contiguous and rows.dtype == np.float32):
+            return to_half(rows)
+        return read_only(np.ascontiguousarray(rows, np.float32))
 
     def make_forms(self, m: int) -> None:
         """Make the form of the weights a product of ``m`` rows takes, without running."""
@@ -230,7 +248,8 @@ class GemmKernel:
         w = self.b.T if desc.transB else self.b  # float32 already (_matrix): a view, no copy
         if desc.alpha != 1:
             w = w * np.float32(desc.alpha)
-        return _Packed(w, bias, self.workers, self.b, ("gemm", desc.transB, desc.alpha))
+        form = ("gemm", desc.transB, desc.alpha)
+        return _Packed(w, bias, self.workers, self.b, form, info.fp16_weights)
 
     @staticmethod
     def _as_c(c) -> np.ndarray:
@@ -315,7 +334,12 @@ class MatMulKernel:
             and (bias is not None or not self.with_bias)
         ):
             self.packed = _Packed(
-                self.b, None if bias is None else _matrix(bias), workers, self.b, ("matmul",)
+                self.b,
+                None if bias is None else _matrix(bias),
+                workers,
+                self.b,
+                ("matmul",),
+                info.fp16_weights,
             )
             self.weights_shape, self.b = self.b.shape, None  # the packed copy serves every run
 
