@@ -12,7 +12,7 @@ import attrs
 from flowrt import bench as benchmark
 from flowrt import serialize
 from flowrt.cli import checks
-from flowrt.cli.model import open_model
+from flowrt.cli.model import open_model, optimizer_flags
 from flowrt.errors import InputError
 from flowrt.models import default_model
 
@@ -73,7 +73,7 @@ def command(args: argparse.Namespace) -> int:
     args.model = args.model or str(default_model())
     _check(args)
     start = time.perf_counter()
-    opt = open_model(args.model, args.backends, fast_math=args.fast_math)
+    opt = open_model(args.model, args.backends, flags=optimizer_flags(args))
     open_s = time.perf_counter() - start
     results = benchmark.run_bench(
         args.model,

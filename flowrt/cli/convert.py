@@ -8,7 +8,7 @@ from pathlib import Path
 
 from flowrt import serialize
 from flowrt.cli import checks
-from flowrt.cli.model import open_model
+from flowrt.cli.model import open_model, optimizer_flags
 from flowrt.errors import InputError
 
 
@@ -20,7 +20,7 @@ def command(args: argparse.Namespace) -> int:
     target = args.output or str(Path(args.model).with_suffix(".flowrt"))
     checks.output_file("--output", target)
     start = time.perf_counter()
-    opt = open_model(args.model, args.backends, fast_math=args.fast_math)
+    opt = open_model(args.model, args.backends, flags=optimizer_flags(args))
     with checks.writing("--output", target):
         serialize.save(opt, target)
     counts = ", ".join(f"{b}={n}" for b, n in opt.backend_counts().items())

@@ -10,7 +10,7 @@ import trio
 import flowrt
 from flowrt import serialize
 from flowrt.cli import checks
-from flowrt.cli.model import open_model
+from flowrt.cli.model import open_model, optimizer_flags
 from flowrt.engine.graph.report import format_details, format_summary
 from flowrt.errors import InputError
 from flowrt.models import default_model, pattern_input
@@ -97,7 +97,7 @@ def command(args: argparse.Namespace) -> int:
         path,
         args.backends,
         options=flowrt.OptimizerOptions(layer_backend_hints=hints),
-        fast_math=args.fast_math,
+        flags=optimizer_flags(args),
     )
     print(f"model: {path}")
     print(format_summary(opt))

@@ -11,7 +11,8 @@ GpuAcc where it cannot run is an error here, not a silent fallback to the next b
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import attrs
 import numpy as np
@@ -26,6 +27,13 @@ from flowrt.registry.dynamic import load_dynamic_backends
 from flowrt.types import TensorInfo
 
 GPU = defaults.GPU_BACKEND
+# The command line's optimizer switches: flag -> the OptimizerOptions field it turns on.
+OPTIMIZER_FLAGS = {"--fast-math": "fast_math", "--fp16": "reduce_fp32_to_fp16"}
+
+
+def optimizer_flags(args: Any) -> tuple[str, ...]:
+    """The OptimizerOptions fields the parsed command line turned on (:data:`OPTIMIZER_FLAGS`)."""
+    return tuple(field for field in OPTIMIZER_FLAGS.values() if getattr(args, field, False))
 
 
 def registry() -> BackendRegistry:
@@ -72,15 +80,17 @@ def open_model(
     *,
     default: list[str] | None = None,
     options: flowrt.OptimizerOptions | None = None,
-    fast_math: bool = False,
+    flags: Iterable[str] = (),
 ) -> flowrt.OptimizedNetwork:
-    """A .flowrt file as it was converted (``--backends`` and ``--fast-math`` only an error
-    when given and different), or an ONNX model optimized for ``backends`` (default:
-    ``default``, else ``flowrt.defaults.default_backends()``), with ``fast_math`` if asked."""
+    """A .flowrt file as it was converted (``--backends`` and the optimizer's ``flags`` only an
+    error when given and different), or an ONNX model optimized for ``backends`` (default:
+    ``default``, else ``flowrt.defaults.default_backends()``) with ``options`` and the options
+    ``flags`` names (:data:`OPTIMIZER_FLAGS`'s values) turned on."""
     known = registry()
     chosen = None if backends is None else parse_backends(backends, known)
     if chosen is not None:
         check_gpu(chosen, "--backends names")
+    flags = tuple(flags)
     if serialize.is_flowrt_file(path):
         opt = serialize.load(path, registry=known)
         if chosen is not None and chosen != opt.backends:
@@ -88,18 +98,19 @@ def open_model(
                 f"--backends {backends} differs from the backends {path} was converted for "
                 f"({','.join(opt.backends)}); leave --backends out, or convert the model again to change them"
             )
-        if fast_math and not opt.options.fast_math:
-            raise InputError(
-                f"--fast-math: {path} was converted without fast math; leave --fast-math out, "
-                "or convert the model again with --fast-math"
-            )
+        for flag, field in OPTIMIZER_FLAGS.items():
+            if field in flags and not getattr(opt.options, field):
+                raise InputError(
+                    f"{flag}: {path} was converted without {field}; leave {flag} out, "
+                    f"or convert the model again with {flag}"
+                )
         check_gpu(opt.backends, f"{path} was converted for")
         return opt
     if chosen is None:
         chosen = default or defaults.default_backends()
         check_gpu(chosen, f"the default backends ({','.join(chosen)}) include")
-    if fast_math:
-        options = attrs.evolve(options or flowrt.OptimizerOptions(), fast_math=True)
+    if flags:
+        options = attrs.evolve(options or flowrt.OptimizerOptions(), **dict.fromkeys(flags, True))
     return flowrt.optimize(flowrt.onnx.load(path), backends=chosen, options=options, registry=known)
 
 

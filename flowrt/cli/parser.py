@@ -42,12 +42,20 @@ def _threads(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _fast_math(parser: argparse.ArgumentParser) -> None:
+def _optimizer_flags(parser: argparse.ArgumentParser) -> None:
+    """``--fast-math`` and ``--fp16`` (``flowrt.cli.model.OPTIMIZER_FLAGS``)."""
     parser.add_argument(
         "--fast-math",
         action="store_true",
         help="let backends take faster, less exact algorithms (OptimizerOptions(fast_math=True); "
         "docs/performance.md says which and by how much; .onnx models, or a .flowrt converted with it)",
+    )
+    parser.add_argument(
+        "--fp16",
+        action="store_true",
+        dest="reduce_fp32_to_fp16",
+        help="keep weights as float16 where a backend can (OptimizerOptions(reduce_fp32_to_fp16=True): "
+        "CpuAcc halves its weights' bytes and computes in float32; .onnx models, or a .flowrt converted with it)",
     )
 
 
@@ -65,7 +73,7 @@ def _add_run(sub) -> None:
         "--output-dir", metavar="DIR", help="write each output as NAME.npy here (made if missing)"
     )
     run.add_argument("--backends", help=BACKENDS_HELP)
-    _fast_math(run)
+    _optimizer_flags(run)
     run.add_argument("--iterations", type=int, default=1, help="how many runs to time (default: 1)")
     run.add_argument(
         "--profile", metavar="TRACE.json", help="record every workload and write a Chrome trace here"
@@ -82,7 +90,7 @@ def _add_inspect(sub) -> None:
     )
     inspect.add_argument("model", nargs="?", help=MODEL_HELP)
     inspect.add_argument("--backends", help=BACKENDS_HELP)
-    _fast_math(inspect)
+    _optimizer_flags(inspect)
     inspect.add_argument(
         "--layers",
         action="store_true",
@@ -117,14 +125,14 @@ def _add_convert(sub) -> None:
     convert.add_argument("model", help="an .onnx file")
     convert.add_argument("-o", "--output", help="the .flowrt file to write (default: the model's, renamed)")
     convert.add_argument("--backends", help=BACKENDS_HELP.split("; a .flowrt")[0] + ")")
-    _fast_math(convert)
+    _optimizer_flags(convert)
 
 
 def _add_bench(sub) -> None:
     bench = _command(sub, "bench", "latency percentiles and throughput, optionally vs ONNX Runtime")
     bench.add_argument("model", nargs="?", help=MODEL_HELP)
     bench.add_argument("--backends", help=BACKENDS_HELP)
-    _fast_math(bench)
+    _optimizer_flags(bench)
     bench.add_argument("--iterations", type=int, default=50, help="requests to time per engine (default: 50)")
     bench.add_argument("--concurrency", type=int, default=1, help="requests in flight at once (default: 1)")
     bench.add_argument(

@@ -13,7 +13,7 @@ import trio
 import flowrt
 from flowrt import progress
 from flowrt.cli import checks
-from flowrt.cli.model import check_inputs, feeds_for, input_infos, open_model
+from flowrt.cli.model import check_inputs, feeds_for, input_infos, open_model, optimizer_flags
 from flowrt.models import default_model, expected_outputs, expected_tolerance
 from flowrt.profiling import top_layers, write_chrome_trace
 from flowrt.types import TensorInfo
@@ -112,7 +112,7 @@ def command(args: argparse.Namespace) -> int:
     args.model = args.model or str(default_model())
     given = _check(args)
     start = time.perf_counter()
-    opt = open_model(args.model, args.backends, fast_math=args.fast_math)
+    opt = open_model(args.model, args.backends, flags=optimizer_flags(args))
     check_inputs(opt, given)
     open_s = time.perf_counter() - start
     feeds = feeds_for(input_infos(opt), given)

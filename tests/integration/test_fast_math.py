@@ -73,7 +73,7 @@ def test_the_command_line_takes_fast_math_and_inspect_says_it_is_on(tmp_path, ca
     # a file converted without it cannot run with it: the choice was made at conversion
     assert main(["run", str(target), "--fast-math"]) != 0
     err = capsys.readouterr().err
-    assert f"--fast-math: {target} was converted without fast math" in err
+    assert f"--fast-math: {target} was converted without fast_math" in err
     assert "convert the model again with --fast-math" in err
 
 
@@ -83,6 +83,6 @@ def test_open_model_refuses_fast_math_on_a_file_converted_without_it(tmp_path):
     path, _ = _conv_model(tmp_path / "conv.onnx")
     target = tmp_path / "conv.flowrt"
     flowrt.save(flowrt.optimize(flowrt.onnx.load(path), backends=["CpuAcc"]), str(target))
-    with pytest.raises(InputError, match="was converted without fast math"):
-        open_model(str(target), None, fast_math=True)
-    assert open_model(path, "CpuAcc", fast_math=True).options.fast_math
+    with pytest.raises(InputError, match="was converted without fast_math"):
+        open_model(str(target), None, flags=("fast_math",))
+    assert open_model(path, "CpuAcc", flags=("fast_math",)).options.fast_math

@@ -8,12 +8,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import flowrt
+from flowrt.cli import main
 from flowrt.workers.cpu.acc import packed_gemm
 
-pytestmark = [
-    pytest.mark.trio,
-    pytest.mark.skipif(not packed_gemm.AVAILABLE, reason="no register tiles on this CPU: BLAS, float32"),
-]
+pytestmark = pytest.mark.skipif(not packed_gemm.AVAILABLE, reason="no register tiles on this CPU: BLAS, float32")
 
 
 def _mlp(path):
@@ -52,6 +50,7 @@ async def _run(opt, feeds):
         return outputs["y"], model.memory_report().get("CpuAcc", {}).get("weights_bytes", 0)
 
 
+@pytest.mark.trio
 async def test_cpuacc_keeps_gemm_and_matmul_weights_as_float16_when_reducing(tmp_path):
     path, feeds = _mlp(tmp_path / "mlp.onnx")
     network = flowrt.onnx.load(path)
@@ -79,3 +78,18 @@ async def test_cpuacc_keeps_gemm_and_matmul_weights_as_float16_when_reducing(tmp
     y_again, bytes_again = await _run(again, feeds)
     np.testing.assert_array_equal(y_again, y16)
     assert bytes_again == bytes16
+
+
+def test_the_command_line_takes_fp16_and_inspect_lists_what_it_changed(tmp_path, capsys):
+    path, _ = _mlp(tmp_path / "mlp.onnx")
+    assert main(["inspect", path, "--backends", "CpuAcc,CpuRef", "--fp16", "--layers"]) == 0
+    assert "CpuAcc keeps the weights of 3 Gemm/MatMulBias layers as float16" in capsys.readouterr().out
+    target = tmp_path / "mlp.flowrt"
+    assert main(["convert", path, "--backends", "CpuAcc,CpuRef", "--fp16", "-o", str(target)]) == 0
+    assert flowrt.load(str(target)).options.reduce_fp32_to_fp16
+    assert main(["run", str(target), "--fp16"]) == 0  # converted with it: the flag agrees
+    plain = tmp_path / "plain.flowrt"
+    assert main(["convert", path, "--backends", "CpuAcc,CpuRef", "-o", str(plain)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(plain), "--fp16"]) != 0
+    assert f"--fp16: {plain} was converted without reduce_fp32_to_fp16" in capsys.readouterr().err
