@@ -17,7 +17,8 @@ weight once.
 With --rss, instead the peak RSS of a fresh process per engine and model that loads the model
 and runs it three times: flowrt (``--backends``, default then CpuAcc,CpuRef, numba's kernel
 cache warmed by one discarded process first) against ONNX Runtime (CPU provider), and of a
-process that only imports each engine (flowrt also with CpuAcc's kernels imported). The
+process that only imports each engine (flowrt also with CpuAcc's kernels imported), and of
+flowrt's process again with ``reduce_fp32_to_fp16`` (CpuAcc's weights kept as float16). The
 target (issue: memory a user pays) is flowrt <= ONNX Runtime.
 """
 
@@ -78,13 +79,15 @@ async def _churn(runs: int, backends: list[str]) -> None:
             )
 
 
-# Each prints its own peak RSS in MiB as its last line; argv: model path, backends.
+# Each prints its own peak RSS in MiB as its last line; argv: model path, backends (flowrt),
+# "fp16" or "fp32" (flowrt: OptimizerOptions.reduce_fp32_to_fp16).
 _RSS_CHILD = {
     "flowrt": """
 import resource, sys, trio, flowrt
 from flowrt.models import pattern_input
 async def main():
-    opt = flowrt.optimize(flowrt.onnx.load(sys.argv[1]), backends=sys.argv[2].split(","))
+    options = flowrt.OptimizerOptions(reduce_fp32_to_fp16=sys.argv[3] == "fp16")
+    opt = flowrt.optimize(flowrt.onnx.load(sys.argv[1]), backends=sys.argv[2].split(","), options=options)
     async with flowrt.Runtime() as rt:
         model = await rt.load(opt)
         for _ in range(3):
@@ -115,22 +118,27 @@ def _peak_mib(code: str, *argv: str) -> float:
 
 def rss_report(models: list[str], backends: str) -> None:
     """Peak RSS per engine and model, each in a fresh process (see the module doc)."""
-    print(f"peak RSS MiB of a fresh process; flowrt on {backends}")
-    print("| process | flowrt | ONNX Runtime | flowrt / ORT |")
-    print("| --- | ---: | ---: | ---: |")
+    print(f"peak RSS MiB of a fresh process; flowrt on {backends}, and with float16 weights (--fp16)")
+    print("| process | flowrt | ONNX Runtime | flowrt / ORT | flowrt --fp16 | --fp16 / ORT |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     peak = "import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
     ort_import = _peak_mib(f"{_IMPORTS['import onnxruntime']}\n{peak}")
     for label in ("import flowrt", "import flowrt + CpuAcc kernels"):
         ours = _peak_mib(f"{_IMPORTS[label]}\n{peak}")
         print(
-            f"| {label} (ORT: import onnxruntime) | {ours:.0f} | {ort_import:.0f} | {ours / ort_import:.2f} |"
+            f"| {label} (ORT: import onnxruntime) | {ours:.0f} | {ort_import:.0f} | {ours / ort_import:.2f} | | |"
         )
     for name in models:
         path = str(light_model(name))
-        _peak_mib(_RSS_CHILD["flowrt"], path, backends)  # fills numba's cache, if it must
-        ours = _peak_mib(_RSS_CHILD["flowrt"], path, backends)
+        for precision in ("fp32", "fp16"):  # fills numba's cache, if it must
+            _peak_mib(_RSS_CHILD["flowrt"], path, backends, precision)
+        ours = _peak_mib(_RSS_CHILD["flowrt"], path, backends, "fp32")
+        half = _peak_mib(_RSS_CHILD["flowrt"], path, backends, "fp16")
         theirs = _peak_mib(_RSS_CHILD["onnxruntime"], path)
-        print(f"| {name}: load, 3 runs | {ours:.0f} | {theirs:.0f} | {ours / theirs:.2f} |")
+        print(
+            f"| {name}: load, 3 runs | {ours:.0f} | {theirs:.0f} | {ours / theirs:.2f} | {half:.0f} | "
+            f"{half / theirs:.2f} |"
+        )
 
 
 def _weights_of(model: flowrt.LoadedNetwork) -> tuple[int, int, int]:
