@@ -11,7 +11,9 @@ import flowrt
 from flowrt.cli import main
 from flowrt.workers.cpu.acc import packed_gemm
 
-pytestmark = pytest.mark.skipif(not packed_gemm.AVAILABLE, reason="no register tiles on this CPU: BLAS, float32")
+pytestmark = pytest.mark.skipif(
+    not packed_gemm.AVAILABLE, reason="no register tiles on this CPU: BLAS, float32"
+)
 
 
 def _mlp(path):
