@@ -84,11 +84,11 @@ class OptimizerOptions:
     quantized model (DequantizeLinear -> Conv, MatMul, Add or Mul -> QuantizeLinear) one
     QLinearConv, QLinearMatMul, QLinearAdd or QLinearMul where a backend with integer kernels
     takes it (``passes/fold_qdq.py``).
-    ``reduce_fp32_to_fp16`` runs float32 layers in float16 on the
-    backends that declare capability ``fp16`` (casts at their borders), and has those that
-    declare ``fp16_weights`` (CpuAcc) keep their layers' constant weights as float16,
-    computing in float32 (ignored, and reported, where no backend does either). ``layer_backend_hints`` (``{layer name: backend id}``)
-    puts a layer on a backend of the preference list whatever the order says; an
+    ``reduce_fp32_to_fp16`` runs float32 layers in float16 on the backends that declare
+    capability ``fp16`` (casts at their borders), and has those that declare ``fp16_weights``
+    (CpuAcc) keep their layers' constant weights as float16, computing in float32 (ignored,
+    and reported, where no backend does either). ``layer_backend_hints`` (``{layer name:
+    backend id}``) puts a layer on a backend of the preference list whatever the order says; an
     UnsupportedLayerError when that backend does not support it. ``memory_budget`` (bytes;
     None: half the machine's physical memory) bounds the network's constants with what
     constant folding makes; ResourceError, naming the layer, before a fold would pass it.

@@ -68,9 +68,7 @@ class ConvKernel:
         self.act = activation_args(info.activation)
         self.code = self.act[0]
         constants = tuple(info.constants) + (None,) * 3
-        self.weights = ConvWeights(
-            self.desc.group, constants[1], info.fp16_weights and constants[1] is not None
-        )
+        self.weights = ConvWeights(self.desc.group, constants[1], info.fp16_weights)
         self.bias = None if constants[2] is None else np.ascontiguousarray(constants[2], np.float32)
         # the bias every run passes when it is the layer's constant, or there is none: made once
         # (a call's own Python is most of a small conv's time: 1-2 us of about 10)
