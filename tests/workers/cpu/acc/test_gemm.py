@@ -12,6 +12,7 @@ from flowrt.registry import FusedActivation
 from flowrt.types import TensorInfo
 from flowrt.workers.cpu.acc import gemv, packed_gemm
 from flowrt.workers.cpu.acc.blas import SMALL_GEMM, sgemm
+from flowrt.workers.cpu.acc.kernels import epilogue
 from flowrt.workers.cpu.acc.kernels.gemm import MIN_PARALLEL_WORK
 from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
 
@@ -83,6 +84,23 @@ def test_gemm_splits_the_longer_side_across_workers(m, n, trans_b):
     close(got, expected)
     split = kernel._splits[(m, n)]
     assert (len(split.rows), len(split.cols)) == ((2, 3) if n > m else (3, 2))
+
+
+@pytest.mark.parametrize("vectors", [1, 2, 3, 4, 7])
+@pytest.mark.parametrize("rows", [37, 64])
+@pytest.mark.parametrize("code", [epilogue.NONE, epilogue.RELU])
+def test_matrix_vector_products_of_several_vectors_match_numpy(vectors, rows, code):
+    # vectors go through the weights four, then two, then one at a time; rows four at a time
+    # with a tail, in two slices
+    rng = np.random.default_rng(vectors * rows)
+    k = 1024
+    x, w, bias = _array(rng, (vectors, k)), _array(rng, (rows, k)), _array(rng, (rows,))
+    out = np.full((vectors, rows), np.nan, np.float32)
+    bounds = gemv.row_bounds(rows, k, 2)
+    assert len(bounds) == 3
+    gemv.gemv(w, x, bias, out, bounds, code, np.float32(0), np.float32(0))
+    want = x.astype(np.float64) @ w.T.astype(np.float64) + bias
+    close(out, np.maximum(want, 0) if code == epilogue.RELU else want)
 
 
 @pytest.mark.skipif(not packed_gemm.AVAILABLE, reason="no vector tiles on this machine")
