@@ -19,8 +19,9 @@ machine, as OpenVINO's ``LATENCY`` and ``THROUGHPUT`` hints choose streams and b
 The measurement takes place when ``rt.load(opt, hint="throughput")`` loads the model, or when
 the first stream with the hint opens, and is kept in a file of the cache directory
 (``FLOWRT_CACHE_DIR``, else ``~/.cache/flowrt``, under ``hints/``), keyed by the network's
-layers and shapes, its backends, the pools and the machine's cores: a second process does
-not measure again. Batch sizes measured and not chosen are unloaded again.
+layers and shapes, its backends, the pools, the machine's cores and flowrt's sources: a
+second process does not measure again, a newer flowrt does. Batch sizes measured and not
+chosen are unloaded again.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from flowrt import source_stamps
 from flowrt.defaults import cache_root
 from flowrt.errors import FlowrtError
 from flowrt.validate import check_choice
@@ -102,13 +104,15 @@ def throughput_choice(costs: Costs, pools: int, latency_budget: float | None) ->
 
 
 def cache_key(model: LoadedNetwork) -> str:
-    """What the costs depend on: layers, shapes and backends, pools, cores and the machine."""
+    """What the costs depend on: layers, shapes and backends, pools, cores and the machine, and
+    flowrt's sources (kernels that change change the costs)."""
     graph = model.unbatched.graph
     layers = [
         (layer.name, layer.kind, layer.backend, [str(o.info) for o in layer.outputs])
         for layer in graph.topological_order()
     ]
-    parts = [FORMAT, layers, model.pools.count, os.cpu_count(), platform.machine(), platform.processor()]
+    machine = (os.cpu_count(), platform.machine(), platform.processor())
+    parts = [FORMAT, layers, model.pools.count, *machine, source_stamps.flowrt_digest()]
     return hashlib.sha1(json.dumps(parts, default=str).encode()).hexdigest()
 
 

@@ -38,7 +38,6 @@ GEMM panels) are kept for the next process, which maps them instead of making th
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
@@ -81,10 +80,9 @@ def directory() -> Path:
     return cache_root() / "networks"
 
 
-@functools.cache
 def _flowrt_stamp() -> str:
     """flowrt's sources: an optimized network is what these sources made of it."""
-    return source_stamps.sources_digest(os.path.dirname(os.path.realpath(__file__)))
+    return source_stamps.flowrt_digest()
 
 
 class _Source:

@@ -3,6 +3,7 @@ that made them (numba's kernels of CpuAcc, the cache of optimized networks)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 
@@ -20,3 +21,10 @@ def sources_digest(root: str | os.PathLike[str]) -> str:
                 stat = os.stat(path)
                 files.append(f"{os.path.relpath(path, top)}:{stat.st_size}:{stat.st_mtime_ns};")
     return hashlib.sha1("".join(sorted(files)).encode()).hexdigest()
+
+
+@functools.cache
+def flowrt_digest() -> str:
+    """:func:`sources_digest` of flowrt itself, once per process: what a cache of what flowrt
+    made or measured (optimized networks, performance hints' costs) is only as good as."""
+    return sources_digest(os.path.dirname(os.path.realpath(__file__)))

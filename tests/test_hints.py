@@ -99,6 +99,14 @@ async def test_a_throughput_stream_measures_once_then_reads_the_cache(cache_dir,
         async with model.stream(hint="throughput") as s:
             assert s.choice == choice
 
+    # flowrt's sources changed (a newer version, other kernels): the costs are measured again
+    monkeypatch.setattr(hints.source_stamps, "flowrt_digest", lambda: "another flowrt")
+    async with flowrt.Runtime(cpu_workers=2) as rt:
+        model = await rt.load(opt)
+        with pytest.raises(AssertionError, match="measured again"):
+            async with model.stream(hint="throughput"):
+                pass
+
 
 async def test_settings_given_explicitly_win_over_the_hint():
     async with flowrt.Runtime(cpu_workers=2) as rt:
