@@ -187,14 +187,17 @@ class LoadedNetwork:
     ) -> Stream | BatchingStream:
         """A bounded stream of requests, results in submission order (see ``flowrt.stream``).
 
-        ``hint`` ("latency" or "throughput"; default: the hint the model was loaded with, if
-        any) has the stream choose its settings when it opens, from the model's measured cost
-        and the machine (see ``flowrt.hints``; ``stream.choice`` says what it chose and why);
-        ``latency_budget`` (seconds) bounds what the throughput hint lets a request wait.
-        Arguments given explicitly win over a hint's choice.
+        ``hint`` ("latency" or "throughput") has the stream choose its settings when it
+        opens, from the model's measured cost and the machine (see ``flowrt.hints``;
+        ``stream.choice`` says what it chose and why); ``latency_budget`` (seconds) bounds
+        what the throughput hint lets a request wait. Arguments given explicitly win over a
+        hint's choice. With no hint and none of ``max_in_flight``, ``max_batch`` and
+        ``max_delay``, the stream takes the hint the model was loaded with, else
+        "throughput" (measured when the first such stream of the network opens on this
+        machine, then read from the cache).
 
-        Without a hint: ``max_in_flight`` defaults to the number of memory pools the model
-        was loaded with (times ``max_batch``). With ``max_batch`` > 1, requests that arrive
+        Numbers without a hint: ``max_in_flight`` defaults to the number of memory pools the
+        model was loaded with (times ``max_batch``). With ``max_batch`` > 1, requests that arrive
         within ``max_delay`` seconds of the first waiting one are stacked along the batch
         dimension and run as one (see ``BatchingStream``); ShapeError at once when this
         network cannot be re-batched. ``priority`` is a ``Priority``, its value or its name
@@ -212,8 +215,8 @@ class LoadedNetwork:
             max_delay = check_seconds("max_delay", max_delay, allow_zero=True, where=where)
         if max_in_flight is not None:
             max_in_flight = check_int("max_in_flight", max_in_flight, where=where)
-        if hint is None and self.hint is not None and (max_in_flight, max_batch, max_delay) == (None,) * 3:
-            hint = self.hint
+        if hint is None and (max_in_flight, max_batch, max_delay) == (None,) * 3:
+            hint = self.hint or "throughput"
         if hint is not None:
             return HintedStream(self, priority, hint, latency_budget, max_in_flight, max_batch, max_delay)
         max_batch = 1 if max_batch is None else max_batch

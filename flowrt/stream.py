@@ -130,7 +130,8 @@ class BatchingStream(OrderedStream):
     wait for a pool, while the requests behind it could have joined it), then takes more
     until ``max_batch`` are taken or ``max_delay`` seconds have passed since that first one
     was sent (at once once the stream is closed), and starts the batch: as Triton's dynamic
-    batcher forms a batch when a model instance is free. Results come back per request, in
+    batcher forms a batch when a model instance is free. (A stream a hint configures waits
+    for more only while another batch runs: see ``starts_when_idle``.) Results come back per request, in
     submission order; ``max_in_flight`` bounds the requests held, as for any stream. A
     request whose feeds do not match the model fails alone, when sent; an error in a batched
     run reaches every request of that batch.
@@ -144,6 +145,12 @@ class BatchingStream(OrderedStream):
     traffic is light. Powers of two need about log2(``max_batch``) loads and never spend
     half of a run on padding. Loading at open keeps load time out of request latency.
     """
+
+    # Whether a batch formed while no other runs starts at once with the requests waiting
+    # then, rather than waiting ``max_delay`` for more: the cores would idle meanwhile, so a
+    # lone request pays no delay, and under load batches fill while others run. Off where
+    # ``max_delay`` was given (it is then Triton's queue delay), on where a hint chose it.
+    starts_when_idle = False
 
     def __init__(
         self, model: LoadedNetwork, max_in_flight: int, priority: Priority, max_batch: int, max_delay: float
@@ -201,7 +208,9 @@ class BatchingStream(OrderedStream):
             try:
                 await self._runs.acquire()  # released by _run_batch
                 acquired = True
-                await self._fill(batch, sent_at + self.max_delay)
+                alone = self._runs.value == self.model.pools.count - 1
+                now = self.starts_when_idle and alone
+                await self._fill(batch, trio.current_time() if now else sent_at + self.max_delay)
             except BaseException:
                 # Left the stream while forming it: the stream fails these requests as it closes.
                 if acquired:
@@ -252,7 +261,9 @@ class HintedStream(BatchingStream):
     """A stream whose settings a performance hint chooses when it opens (``flowrt.hints``):
     use via ``model.stream(hint=...)``. Settings given explicitly win; ``choice`` holds what
     was chosen and why once the stream is open. A model that cannot be re-batched streams
-    unbatched (the choice says so) unless ``max_batch`` > 1 was asked for explicitly."""
+    unbatched (the choice says so) unless ``max_batch`` > 1 was asked for explicitly. A
+    batch starts at once when no other runs (``starts_when_idle``), unless ``max_delay``
+    was given."""
 
     def __init__(
         self,
@@ -299,6 +310,7 @@ class HintedStream(BatchingStream):
         in_flight = choice.max_in_flight if choice.max_batch == batch else 2 * self.model.pools.count * batch
         in_flight = in_flight if given_in_flight is None else given_in_flight
         delay = (choice.max_delay if batch > 1 else 0.0) if given_delay is None else given_delay
+        self.starts_when_idle = given_delay is None
         self.max_in_flight, self._slots = in_flight, trio.Semaphore(in_flight)
         self.max_batch, self.max_delay, self._sizes = batch, delay, batch_sizes(batch)
         self.choice = attrs.evolve(

@@ -350,14 +350,14 @@ def test_an_asyncio_timeout_around_a_stream_cancels_its_requests_and_returns_eve
                 gate.release()
 
             with pytest.raises(TimeoutError):
-                async with asyncio.timeout(None) as budget, model.stream() as s:
+                async with asyncio.timeout(None) as budget, model.stream(max_in_flight=2) as s:
                     releaser = asyncio.create_task(release_once_cancelled(budget))
                     await s.send(ONE)
                     await s.send(ONE)
                     await asyncio.sleep(30)
             await releaser
             assert model.pools.free_count == 2
-            async with model.stream() as s:  # a new stream works
+            async with model.stream(max_in_flight=2) as s:  # a new stream works
                 assert (await s.submit(ONE))["y"][0] == 1.0
 
     try:

@@ -142,8 +142,10 @@ async def test_a_hint_at_load_measures_there_and_is_the_streams_default():
             assert s.choice.hint == "throughput"
         async with model.stream(max_batch=1) as s:  # explicit settings: no hint
             assert not hasattr(s, "choice")
+        # a model loaded without a hint: its streams default to the throughput hint
         plain = await rt.load(opt)
-        assert plain.hint is None and type(plain.stream()).__name__ == "Stream"
+        assert plain.hint is None and plain.stream().hint == "throughput"
+        assert type(plain.stream(max_in_flight=2)).__name__ == "Stream"
 
 
 async def test_bad_hints_are_refused_with_their_value():

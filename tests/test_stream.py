@@ -9,6 +9,7 @@ import trio.testing
 from fakes import PartialBackend, SleepyBackend
 
 import flowrt
+from flowrt import hints
 from flowrt.errors import FlowrtError, ResourceError, RunError, ShapeError
 from flowrt.registry import BackendRegistry
 from flowrt.types import TensorInfo
@@ -195,6 +196,26 @@ async def test_a_full_batch_runs_without_waiting_for_max_delay(autojump_clock):
             assert trio.current_time() - start < 60.0
     assert results == {0: 0, 1: 1}
     assert [seen[0].shape for seen in backend.inputs_seen] == [(2, 2)]
+
+
+async def test_a_hinted_stream_runs_a_lone_request_without_waiting_for_a_batch(autojump_clock):
+    backend = PartialBackend("B", {"Relu"})
+    registry, opt = _batchable_parts(backend)
+    async with flowrt.Runtime(registry, cpu_workers=2) as rt:
+        model = await rt.load(opt, max_in_flight=1)
+        # costs where batches pay: batch 4, max_delay a quarter of a lone run (10 s)
+        model.measured_costs = hints.Costs(40.0, {1: 40.0, 2: 16.0, 4: 8.0})
+        async with model.stream() as s:  # no arguments: the throughput hint
+            assert (s.max_batch, s.max_delay, s.starts_when_idle) == (4, 10.0, True)
+            start = trio.current_time()
+            assert int((await s.submit(_row(0)))["y"][0, 1]) == 0
+            assert trio.current_time() - start < 10.0  # nothing else ran: it started at once
+        async with model.stream(hint="throughput", max_delay=10.0) as s:
+            assert not s.starts_when_idle  # a delay given is Triton's queue delay
+            start = trio.current_time()
+            assert int((await s.submit(_row(1)))["y"][0, 1]) == 1
+            assert trio.current_time() - start >= 10.0
+    assert [seen[0].shape for seen in backend.inputs_seen] == [(1, 2), (1, 2)]
 
 
 async def test_requests_that_wait_for_a_free_run_join_one_batch():
