@@ -10,10 +10,10 @@ lanes. On one AVX2 EPYC core, a whole Conv layer: 576x144 78 -> 11 us (was regis
 1000x1024 275 -> 72 us (was BLAS), faster than OpenBLAS's own sgemv on one thread (82 us).
 
 A few vectors at once (a batch of 2 to 4 images, a Gemm of that many rows) go through the
-weights together, four or two vectors per pass: weights too large for the caches (AlexNet's
-first classifier layer, 9216x4096, 151 MB) stream from memory once per pass, not once per
-vector. On one Zen 5 core, that layer: one vector 5.4-5.7 ms; two 6.4-6.7 ms (10.8 one
-after the other); four 8.0 ms (21.5).
+weights together, four (or three) or two vectors per pass: weights too large for the caches
+(AlexNet's first classifier layer, 9216x4096, 151 MB) stream from memory once per pass, not
+once per vector. On one Zen 5 core, that layer: one vector 5.3-5.7 ms; two 6.4-6.7 ms (10.8
+one after the other); three 7.6 ms; four 8.0 ms (21.5).
 """
 
 from __future__ import annotations
@@ -89,13 +89,14 @@ def _dots4x2(w, r, x, n, out, bias):
 
 
 @njit(nogil=True, cache=True, fastmath=_SUMS)
-def _dots4x4(w, r, x, n, out, bias):
-    """:func:`_dots4x2` for the four vectors ``x[n .. n + 4]``."""
+def _dots4x4(w, r, x, n, last, out, bias):
+    """:func:`_dots4x2` for the vectors ``x[n]``, ``x[n + 1]``, ``x[n + 2]`` and ``x[last]``
+    (``n + 3``, or ``n + 2`` again where only three are left: its sums written twice)."""
     z = np.float32(0)
     s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = z
     s20 = s21 = s22 = s23 = s30 = s31 = s32 = s33 = z
     r0, r1, r2, r3 = np.uint64(r), np.uint64(r + 1), np.uint64(r + 2), np.uint64(r + 3)
-    n0, n1, n2, n3 = np.uint64(n), np.uint64(n + 1), np.uint64(n + 2), np.uint64(n + 3)
+    n0, n1, n2, n3 = np.uint64(n), np.uint64(n + 1), np.uint64(n + 2), np.uint64(last)
     for k in range(np.uint64(x.shape[1])):
         a, b, c, d = widen(w[r0, k]), widen(w[r1, k]), widen(w[r2, k]), widen(w[r3, k])
         v0, v1, v2, v3 = x[n0, k], x[n1, k], x[n2, k], x[n3, k]
@@ -126,15 +127,15 @@ def _dots4x4(w, r, x, n, out, bias):
 def gemv_rows(w, x, bias, out, r0, r1, code, alpha, beta):
     """``out[n, r] = activation(w[r] @ x[n] + bias[r])`` for rows ``r0 .. r1`` and every
     vector ``n``: ``w`` (M, K), ``x`` (N, K), ``bias`` (M,) and ``out`` (N, M), float32 (``w``
-    float32 or float16 bits, ``half.py``) and C-contiguous. Vectors go two at a time over
-    each four rows, so that weights too large for the caches stream in once per pair of
-    vectors, not once per vector."""
+    float32 or float16 bits, ``half.py``) and C-contiguous. Vectors go four (or the last
+    three) at a time over each four rows, then two, then one, so that weights too large for
+    the caches stream in once per four vectors, not once per vector."""
     vectors = x.shape[0]
     r = r0
     while r + 4 <= r1:
         n = 0
-        while n + 4 <= vectors:
-            _dots4x4(w, r, x, n, out, bias)
+        while n + 3 <= vectors:
+            _dots4x4(w, r, x, n, min(n + 3, vectors - 1), out, bias)
             n += 4
         while n + 2 <= vectors:
             _dots4x2(w, r, x, n, out, bias)
