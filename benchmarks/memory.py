@@ -30,6 +30,7 @@ import resource
 import subprocess
 import sys
 
+import numpy as np
 import trio
 
 import flowrt
@@ -162,14 +163,18 @@ async def _shared(name: str, backends: list[str]) -> None:
         "| load | RSS added MiB | arenas MiB | beyond arenas MiB | of weight bytes | transformed weights made / shared MiB |"
     )
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    inputs = {layer.name: layer.output_infos[0] for layer in opt.graph if layer.kind == "Input"}
     async with flowrt.Runtime() as rt:
 
-        async def measured(label: str, **kw) -> flowrt.LoadedNetwork:
+        async def measured(label: str, batch: int = 1) -> flowrt.LoadedNetwork:
+            # The caller's feeds are made first: their bytes are not what the load adds.
+            feeds = {n: np.concatenate([pattern_input(i)] * batch) for n, i in inputs.items()}
             before = _rss_mib()
-            model = await rt.load(opt, max_in_flight=1, **kw)
+            model = await rt.load(opt, max_in_flight=1, batch=batch)
             for _ in range(3):
-                await model.run({n: pattern_input(i) for n, i in model.inputs.items()})
+                await model.run(feeds)
             added = _rss_mib() - before
+            del feeds
             arena, made, shared = _weights_of(model)
             beyond = added - arena / mib
             print(
