@@ -102,6 +102,31 @@ async def test_a_batch_size_loaded_later_reads_the_forms_made_before_where_it_ca
         _close((await four.run({"x": x}))["y"], expected)
 
 
+def _strided_conv() -> flowrt.Network:
+    """A 3x3 stride-2 conv of 128 -> 256 channels at 28x28: by the column tiles at batch 1, by
+    one GEMM over the batch's pixels at batch 4 when loaded alone."""
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, 128, 28, 28)))
+    filters = _filters(np.random.default_rng(5), (256, 128, 3, 3))
+    conv = flowrt.descriptors.Conv(strides=(2, 2), pads=(1, 1, 1, 1))
+    net.add_output("y", net.add_layer("Conv", conv, [x, filters], name="conv"))
+    return net
+
+
+async def test_a_batch_size_loaded_beside_batch_1_runs_by_the_forms_batch_1_made():
+    opt = flowrt.optimize(_strided_conv(), backends=["CpuAcc"])
+    reference = flowrt.optimize(_strided_conv(), backends=["CpuRef"])
+    x = np.random.default_rng(6).standard_normal((4, 128, 28, 28)).astype(np.float32)
+    async with flowrt.Runtime() as rt:
+        expected = (await (await rt.load(reference, batch=4)).run({"x": x}))["y"]
+        one = await rt.load(opt)
+        made, _ = _weights(one)
+        four = await rt.load(opt, batch=4)
+        assert made > 0
+        assert _weights(four) == (0, made)
+        _close((await four.run({"x": x}))["y"], expected)
+
+
 async def test_the_forms_are_freed_with_their_last_user():
     gc.collect()
     before = MANAGER.held_bytes()

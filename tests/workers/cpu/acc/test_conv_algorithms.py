@@ -312,3 +312,25 @@ def test_winograd_gives_way_to_the_few_pixel_tiles_whose_panels_are_made(workers
     # a form made does not take a shape its algorithm does not apply to
     big = ConvGeometry.of(conv, (4, 512, 14, 14), w_shape, workers)
     assert choose(big, tuning, lambda form: True).name == "winograd"
+
+
+@pytest.mark.skipif(not TILES_AVAILABLE, reason="the column tiles' panels need AVX2 or AVX-512")
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize(
+    "channels, w_shape, pads",
+    [(256, (256, 256, 3, 3), (1, 1, 1, 1)), (512, (1024, 512, 1, 1), (0, 0, 0, 0))],
+)
+def test_the_batched_gemm_gives_way_to_the_column_tiles_whose_panels_are_made(
+    channels, w_shape, pads, workers
+):
+    # ResNet-50's stride-2 convs at 28x28: the column tiles at batch 1, one batched GEMM at
+    # batch 2 and more; the column tiles again where their panels of the weights exist already
+    # (a batch-1 load of the network made them), so that a batch variant makes no new form.
+    conv = flowrt.descriptors.Conv(strides=(2, 2), pads=pads)
+    tuning = ConvTuning()
+    assert choose(ConvGeometry.of(conv, (1, channels, 28, 28), w_shape, workers), tuning).name == "columns"
+    for batch in (2, 4, 8):
+        geometry = ConvGeometry.of(conv, (batch, channels, 28, 28), w_shape, workers)
+        assert choose(geometry, tuning).name == "batched"
+        assert choose(geometry, tuning, lambda form: form == "conv.panels").name == "columns"
+        assert choose(geometry, tuning, lambda form: form == "conv.column_panels").name == "batched"
