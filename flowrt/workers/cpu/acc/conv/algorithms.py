@@ -108,7 +108,7 @@ ALGORITHMS: tuple[type[ConvAlgorithm], ...] = (
 # (256 -> 256 3x3, 512 -> 1024 1x1) run by the column tiles at batch 1 and would run as one
 # batched GEMM at batch 2 and more, which reads the weights as a plain matrix (4 MiB more), runs
 # kernels only it uses (about 4 MiB of code loaded) and takes 7.7 MiB of scratch at batch 4: a
-# batch-4 load beside the batch-1 one added 16.4 MiB beyond its arenas, 0.6-1.5 with the column
+# batch-4 load beside the batch-1 one added 16.4 MiB beyond its arenas, 0.4-0.6 with the column
 # tiles. Two workers, the two layers at batch 8: 11.1-11.5 and 9.2-9.8 ms batched against
 # 11.8-14.0 and 10.7-12.3 by the column tiles (0.5-1% of the run); at batch 2 within 0.2 ms.
 GIVES_WAY: tuple[tuple[type[ConvAlgorithm], type[ConvAlgorithm], str], ...] = (
