@@ -9,7 +9,11 @@ its own, its temporaries the pool's scratch set (see ``scratch``), so every run 
 makes the same launches with the same arguments. So the executor records them once (the
 pool's second run of a segment, when the scratch buffers have grown to their size), each in
 a kernel object of its own with its arguments set, and later runs only enqueue those
-(``clEnqueueNDRangeKernel`` alone: a few microseconds).
+(``clEnqueueNDRangeKernel`` alone, called directly: see ``direct_enqueue``).
+
+A queue actor may cut a submission into chunks (see ``queues``): while one is enqueued it
+sets ``current_room`` to how many more commands go into the chunk, and the launches yield
+once per that many (the number they enqueued), not once per launch.
 
 Only launches are recorded: a workload that enqueues anything else while recording (a copy,
 an upload) calls :func:`refuse` and stays a step of its own, as does one reading a feed (its
@@ -29,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from flowrt.workers.gpu import direct_enqueue
 from flowrt.workers.gpu.device import cl
 from flowrt.workers.gpu.scratch import current_scratch
 
@@ -78,16 +83,29 @@ def refuse(reason: str) -> None:
         record.refused = reason
 
 
+class Room:
+    """How many more commands the chunk being enqueued takes (None: no limit)."""
+
+    __slots__ = ("commands",)
+
+    def __init__(self) -> None:
+        self.commands: int | None = None
+
+
+current_room: contextvars.ContextVar[Room | None] = contextvars.ContextVar("flowrt_gpu_room", default=None)
+
+
 class BoundLaunches:
     """A workload's recorded launches, each a kernel object of its own with its arguments
     set; valid with the scratch set they were recorded with (``scratch``)."""
 
-    __slots__ = ("launches", "scratch", "_keep")
+    __slots__ = ("_direct", "_keep", "launches", "scratch")
 
     def __init__(self, launches: list[tuple[Any, Any, Any]], scratch: Any, keep: list[tuple]) -> None:
         self.launches = launches
         self.scratch = scratch
         self._keep = keep  # the arguments' buffers, alive as long as the kernels that name them
+        self._direct = direct_enqueue.DirectLaunches(launches) if direct_enqueue.available() else None
 
     def ready(self) -> bool:
         """Whether the submission being enqueued has the scratch set the launches name (not
@@ -98,20 +116,29 @@ class BoundLaunches:
         """Enqueue the launches on ``queue``; False (nothing enqueued) unless ``ready``."""
         if current_scratch.get() is not self.scratch:
             return False
-        enqueue = cl.enqueue_nd_range_kernel
-        for kernel, global_size, local_size in self.launches:
-            enqueue(queue, kernel, global_size, local_size)
-        LAUNCHED[0] += len(self.launches)
+        self.enqueue_range(queue, 0, len(self.launches))
         return True
 
-    def enqueue_each(self, queue: Any) -> Iterator[None]:
-        """Enqueue the launches on ``queue``, yielding after each (the caller checked
-        ``ready``)."""
-        enqueue = cl.enqueue_nd_range_kernel
-        for kernel, global_size, local_size in self.launches:
-            enqueue(queue, kernel, global_size, local_size)
-            LAUNCHED[0] += 1
-            yield
+    def enqueue_each(self, queue: Any) -> Iterator[int]:
+        """Enqueue the launches on ``queue`` (the caller checked ``ready``), as many at a time
+        as ``current_room`` takes, yielding how many after each."""
+        room, total, done = current_room.get(), len(self.launches), 0
+        while done < total:
+            take = room.commands if room is not None and room.commands is not None else total
+            stop = min(total, done + max(1, take))
+            self.enqueue_range(queue, done, stop)
+            yield stop - done
+            done = stop
+
+    def enqueue_range(self, queue: Any, start: int, stop: int) -> None:
+        """Enqueue launches ``start`` to ``stop`` on ``queue``."""
+        if self._direct is not None:
+            self._direct.enqueue(queue, start, stop)
+        else:
+            enqueue = cl.enqueue_nd_range_kernel
+            for kernel, global_size, local_size in self.launches[start:stop]:
+                enqueue(queue, kernel, global_size, local_size)
+        LAUNCHED[0] += stop - start
 
     @classmethod
     def chain(cls, parts: Sequence[BoundLaunches]) -> BoundLaunches | None:

@@ -16,7 +16,8 @@ waiting one of the highest priority first: work queued at a low level waits behi
 high-priority run instead of filling the device ahead of it.
 
 Admission counts *chunks*. A submission may enqueue its commands through a generator that
-yields after each one (a run's device segment does); below HIGH priority the actor cuts it
+yields after each one, or after each few, yielding how many (a run's device segment does:
+recorded launches go as many at a time as ``launches.current_room`` says the chunk takes); below HIGH priority the actor cuts it
 into chunks of about ``CHUNK_S`` of device time, each admitted on its own and giving its
 place back when it completes, so a HIGH run that arrives is not queued behind whole runs;
 and a HIGH submission may take one place beyond the limit, so it goes to the device at once,
@@ -55,6 +56,7 @@ from flowrt.workers.gpu.device import (
     cl,
     priority_properties,
 )
+from flowrt.workers.gpu.launches import Room, current_room
 from flowrt.workers.gpu.scratch import ScratchSet, current_scratch
 
 PRIORITY_LEVELS = {
@@ -253,17 +255,28 @@ class QueueActor:
         cutting it into chunks (``Admission.commands_per_chunk``): at each cut, the chunk
         goes to the device and this waits for a place for the next one. A submission
         abandoned meanwhile stops at the next cut."""
+        room = Room()  # what is left of the chunk, for a generator that enqueues many at once
+        token = current_room.set(room)
+        try:
+            return await self._enqueue_chunks_in(submission, commands, room)
+        finally:
+            current_room.reset(token)
+
+    async def _enqueue_chunks_in(
+        self, submission: _Submission, commands: Generator[Any, Any, Any], room: Room
+    ) -> Any:
         per_chunk = self.admission.commands_per_chunk(self.priority, submission.owner)
         count = 0
         while True:
             if count == 0:
                 submission.chunk_started_at = time.perf_counter()
+            room.commands = None if per_chunk is None else per_chunk - count
             try:
-                next(commands)
+                enqueued = next(commands) or 1
             except StopIteration as end:
                 return end.value
-            submission.commands += 1
-            count += 1
+            submission.commands += enqueued
+            count += enqueued
             if per_chunk is None or count < per_chunk:
                 continue
             count = 0

@@ -21,26 +21,18 @@ from flowrt.workers.gpu.typed_kernel import TypedKernel
 def launch_counts(monkeypatch):
     """Launches made through a kernel's ``enqueue`` ("python") and replayed ("bound")."""
     counts = {"python": 0, "bound": 0}
-    call, enqueue = TypedKernel.__call__, launches.BoundLaunches.enqueue
-    enqueue_each = launches.BoundLaunches.enqueue_each
+    call, enqueue_range = TypedKernel.__call__, launches.BoundLaunches.enqueue_range
 
     def counting_call(self, *args, **kwargs):
         counts["python"] += 1
         return call(self, *args, **kwargs)
 
-    def counting_enqueue(self, queue):
-        replayed = enqueue(self, queue)
-        counts["bound"] += len(self.launches) if replayed else 0
-        return replayed
-
-    def counting_enqueue_each(self, queue):
-        for _ in enqueue_each(self, queue):
-            counts["bound"] += 1
-            yield
+    def counting_enqueue_range(self, queue, start, stop):
+        enqueue_range(self, queue, start, stop)
+        counts["bound"] += stop - start
 
     monkeypatch.setattr(TypedKernel, "__call__", counting_call)
-    monkeypatch.setattr(launches.BoundLaunches, "enqueue", counting_enqueue)
-    monkeypatch.setattr(launches.BoundLaunches, "enqueue_each", counting_enqueue_each)
+    monkeypatch.setattr(launches.BoundLaunches, "enqueue_range", counting_enqueue_range)
     return counts
 
 
@@ -304,3 +296,66 @@ def test_inspect_launches_prints_the_launches_a_run_by_kind(gpu, tmp_path, capsy
     rows = {line.split()[0]: int(line.split()[1]) for line in after if line.startswith("  ")}
     assert rows["Conv"] >= 1
     assert int(found.group(1)) == sum(rows.values())
+
+
+def _bound_adds(gpu, count: int):
+    """``count`` recorded launches, each adding 1 to every element of a 64-float buffer."""
+    import pyopencl as cl
+
+    program = cl.Program(
+        gpu.context, "__kernel void add1(__global float* a) { a[get_global_id(0)] += 1.0f; }"
+    ).build()
+    buffer = cl.Buffer(gpu.context, cl.mem_flags.READ_WRITE, 64 * 4)
+    cl.enqueue_copy(gpu.queue, buffer, np.zeros(64, np.float32), is_blocking=True)
+    record = launches.Recording()
+    kernel = cl.Kernel(program, "add1")
+    record.launches = [(kernel, (64,), (16,), (buffer,))] * count
+    bound = launches.bind(record, scratch=None)
+    assert bound is not None
+    return bound, buffer
+
+
+def _read(gpu, buffer) -> np.ndarray:
+    import pyopencl as cl
+
+    host = np.empty(64, np.float32)
+    cl.enqueue_copy(gpu.queue, host, buffer, is_blocking=True)
+    return host
+
+
+def test_recorded_launches_are_enqueued_directly_through_the_opencl_library(gpu):
+    from flowrt.workers.gpu import direct_enqueue
+
+    assert direct_enqueue.available()  # pyopencl's own library, found in the process
+    bound, buffer = _bound_adds(gpu, 5)
+    assert bound._direct is not None and len(bound._direct) == 5
+    before = launches.LAUNCHED[0]
+    bound.enqueue_range(gpu.queue, 1, 4)
+    np.testing.assert_array_equal(_read(gpu, buffer), np.full(64, 3, np.float32))
+    assert launches.LAUNCHED[0] - before == 3
+
+
+def test_recorded_launches_go_as_many_at_a_time_as_the_chunk_has_room_for(gpu):
+    bound, buffer = _bound_adds(gpu, 5)
+    room = launches.Room()
+    token = launches.current_room.set(room)
+    try:
+        room.commands = 2
+        assert list(bound.enqueue_each(gpu.queue)) == [2, 2, 1]
+        room.commands = None  # no cut coming: all at once
+        assert list(bound.enqueue_each(gpu.queue)) == [5]
+    finally:
+        launches.current_room.reset(token)
+    assert list(bound.enqueue_each(gpu.queue)) == [5]  # outside any queue actor
+    np.testing.assert_array_equal(_read(gpu, buffer), np.full(64, 15, np.float32))
+
+
+def test_a_launch_the_driver_refuses_raises_a_backend_error_naming_the_opencl_error(gpu):
+    from flowrt.errors import BackendError
+    from flowrt.workers.gpu.direct_enqueue import DirectLaunches
+
+    bound, _ = _bound_adds(gpu, 1)
+    too_large = int(gpu.device.max_work_group_size) * 2  # past every device's limit
+    direct = DirectLaunches([(bound.launches[0][0], (too_large,), (too_large,))])
+    with pytest.raises(BackendError, match=r"clEnqueueNDRangeKernel failed: .*WORK_GROUP_SIZE"):
+        direct.enqueue(gpu.queue)
