@@ -1,17 +1,23 @@
-"""torchvision models (resnet50 by default) on GpuAcc against PyTorch eager on CUDA, fp32.
+"""Models (resnet50 by default) on GpuAcc against PyTorch eager on CUDA, fp32 and fp16.
 
-    python benchmarks/gpu.py [--models resnet50,densenet121] [--batches 1,8] [--iterations 50]
-                             [--concurrency 1,2] [--record-launches on,off] [--load-times]
+    python benchmarks/gpu.py [--models resnet50,densenet121,vit_small,bert_small] [--batches 1,8]
+                             [--iterations 50] [--concurrency 1,2] [--record-launches on,off]
+                             [--load-times]
 
-Each torchvision model (``--models``, names of ``torchvision.models``) with random weights
-(seed 0) is exported to ONNX once per batch size
-and optimized for ``GpuAcc,CpuRef``; PyTorch runs the same module eagerly on CUDA with TF32
-off (``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32``), so
-both sides compute in fp32; PyTorch runs in a child process, so CUDA and the OpenCL driver never share one. For each batch size it prints the median latency and the
+Each model (``--models``) is built with random weights (seed 0): an architecture of the model
+zoo (``zoo_models.ZOO``: torchvision CNNs, a ViT, BERT-, GPT- and Llama-like encoders and
+decoders, with the zoo's inputs at the batch size asked), or any other name of
+``torchvision.models`` on 224x224 images. It is exported to ONNX once per batch size (opset
+17, the TorchScript exporter) and optimized for ``GpuAcc,CpuRef``; PyTorch runs the same
+module eagerly on CUDA with TF32 off (``torch.backends.cuda.matmul.allow_tf32`` and
+``torch.backends.cudnn.allow_tf32``), so both sides compute in fp32, and again under
+``torch.autocast("cuda", dtype=torch.float16)`` ("torch fp16 ms": PyTorch's mixed precision,
+the peer of GpuAcc's half-precision storage). PyTorch runs in a child process, so CUDA and
+the OpenCL driver never share one. For each batch size it prints the median latency and the
 throughput of each engine, flowrt's throughput as a fraction of PyTorch's, and the largest
-difference between their outputs. PyTorch is timed on an input already on the GPU, its output
-left there; "torch host ms" is PyTorch from the host array to a host array, as flowrt's
-``run`` is timed. ``--concurrency C`` keeps C flowrt runs in flight (C memory
+difference between their first outputs. PyTorch is timed on inputs already on the GPU, its
+output left there; "torch host ms" is PyTorch from the host arrays to a host array, as
+flowrt's ``run`` is timed. ``--concurrency C`` keeps C flowrt runs in flight (C memory
 pools), which overlaps one run's host work with another's device work.
 
 It also prints flowrt's kernel launches per run and the host time per launch (the time
@@ -28,6 +34,7 @@ program was built.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -35,7 +42,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import trio
@@ -45,7 +54,13 @@ import flowrt
 BACKENDS = ["GpuAcc", "CpuRef"]
 
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # zoo_models, beside this file
+
+from zoo_models import ZOO, make_feeds  # noqa: E402
+
+
 def _torch_model(name: str = "resnet50"):
+    """A torchvision model with random weights (seed 0), in eval mode."""
     import torch
     import torchvision
 
@@ -53,79 +68,86 @@ def _torch_model(name: str = "resnet50"):
     return getattr(torchvision.models, name)(weights=None).eval()
 
 
-def _export(model, batch: int, folder: Path, name: str = "resnet50") -> str:
+def _model_and_feeds(name: str, batch: int) -> tuple[Any, dict[str, np.ndarray]]:
+    """The module of ``name`` and seeded feeds at ``batch``: a zoo architecture with its inputs,
+    else a torchvision model on (batch, 3, 224, 224) images."""
+    if name in ZOO:
+        zoo = ZOO[name]
+        inputs = tuple(dataclasses.replace(spec, shape=(batch, *spec.shape[1:])) for spec in zoo.inputs)
+        return zoo.build(), make_feeds(inputs, seed=batch)
+    x = np.random.default_rng(batch).standard_normal((batch, 3, 224, 224), dtype=np.float32)
+    return _torch_model(name), {"data": x}
+
+
+def _export(model, batch: int, folder: Path, name: str = "resnet50", feeds: dict | None = None) -> str:
+    """``model`` exported to ``folder`` at ``batch`` (once): on ``feeds``, or on images."""
     import torch
 
     path = folder / f"{name}_b{batch}.onnx"
     if not path.exists():
-        x = torch.zeros(batch, 3, 224, 224)
-        try:
-            torch.onnx.export(model, (x,), str(path), input_names=["data"], output_names=["logits"],
+        feeds = feeds or {"data": np.zeros((batch, 3, 224, 224), np.float32)}
+        args = tuple(torch.from_numpy(v) for v in feeds.values())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(model, args, str(path), input_names=list(feeds), output_names=["output"],
                               opset_version=17, dynamo=False)  # fmt: skip
-        except TypeError:  # a torch without the dynamo switch
-            torch.onnx.export(model, (x,), str(path), input_names=["data"], output_names=["logits"],
-                              opset_version=17)  # fmt: skip
     return str(path)
 
 
-def _torch_latencies(model, x: np.ndarray, iterations: int) -> tuple[list[float], list[float], np.ndarray]:
-    """PyTorch's latencies on an input already on the GPU (the output left there), then from
-    the host array to the host array (as flowrt's ``run`` is timed), and its output."""
+def _first(out: Any) -> Any:
+    """A module's first output tensor (transformers' models return tuples of outputs)."""
+    return out if hasattr(out, "cpu") else out[0]
+
+
+def _torch_latencies(
+    model, feeds: dict[str, np.ndarray], iterations: int
+) -> tuple[list[float], list[float], list[float], np.ndarray]:
+    """PyTorch's latencies on inputs already on the GPU (the output left there), in fp32, then
+    under fp16 autocast, then in fp32 from the host arrays to a host array (as flowrt's
+    ``run`` is timed), and its fp32 output."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     gpu_model = model.cuda()
-    xt = torch.from_numpy(x).cuda()
-    times = []
-    with torch.inference_mode():
+    xs = [torch.from_numpy(v).cuda() for v in feeds.values()]
+
+    def timed(call) -> list[float]:
         for _ in range(5):
-            out = gpu_model(xt)
+            call()
         torch.cuda.synchronize()
+        times = []
         for _ in range(iterations):
             start = time.perf_counter()
-            out = gpu_model(xt)
+            call()
             torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
-        host_times = []
-        for _ in range(iterations):
-            start = time.perf_counter()
-            gpu_model(torch.from_numpy(x).cuda()).cpu()
-            host_times.append(time.perf_counter() - start)
-    result = out.cpu().numpy()
+        return times
+
+    def half() -> Any:
+        with torch.autocast("cuda", dtype=torch.float16):
+            return gpu_model(*xs)
+
+    with torch.inference_mode():
+        times = timed(lambda: gpu_model(*xs))
+        half_times = timed(half)
+        host_times = timed(
+            lambda: _first(gpu_model(*(torch.from_numpy(v).cuda() for v in feeds.values()))).cpu()
+        )
+        result = _first(gpu_model(*xs)).float().cpu().numpy()
     model.cpu()
-    return times, host_times, result
+    return times, half_times, host_times, result
 
 
 class _LaunchCounter:
-    """Counts GpuAcc's launches: through a layer's code, and recorded ones replayed."""
+    """Counts GpuAcc's launches: through a layer's code, and recorded ones replayed (the
+    process's count, ``flowrt.workers.gpu.launches.LAUNCHED``)."""
 
-    def __init__(self) -> None:
+    @property
+    def count(self) -> int:
         from flowrt.workers.gpu import launches
-        from flowrt.workers.gpu.typed_kernel import TypedKernel
 
-        self.count = 0
-        call, enqueue = TypedKernel.__call__, launches.BoundLaunches.enqueue
-        enqueue_each = launches.BoundLaunches.enqueue_each
-        counter = self
-
-        def counting_call(kernel, *args, **kwargs):
-            counter.count += 1
-            return call(kernel, *args, **kwargs)
-
-        def counting_enqueue(bound, queue):
-            replayed = enqueue(bound, queue)
-            counter.count += len(bound.launches) if replayed else 0
-            return replayed
-
-        def counting_enqueue_each(bound, queue):
-            for _ in enqueue_each(bound, queue):
-                counter.count += 1
-                yield
-
-        TypedKernel.__call__ = counting_call  # type: ignore[method-assign]
-        launches.BoundLaunches.enqueue = counting_enqueue  # type: ignore[method-assign]
-        launches.BoundLaunches.enqueue_each = counting_enqueue_each  # type: ignore[method-assign]
+        return launches.LAUNCHED[0]
 
 
 async def _host_per_launch(model, feeds, counter: _LaunchCounter, runs: int = 5) -> tuple[float, float]:
@@ -161,7 +183,7 @@ async def _host_per_launch(model, feeds, counter: _LaunchCounter, runs: int = 5)
 
 
 async def _flowrt_latencies(
-    path: str, x: np.ndarray, iterations: int, concurrency: int, counter: _LaunchCounter
+    path: str, feeds: dict[str, np.ndarray], iterations: int, concurrency: int, counter: _LaunchCounter
 ):
     start = time.perf_counter()
     opt = flowrt.optimize(flowrt.onnx.load(path), backends=BACKENDS)
@@ -169,8 +191,6 @@ async def _flowrt_latencies(
     async with flowrt.Runtime() as rt:
         model = await rt.load(opt, max_in_flight=concurrency)
         load_s = time.perf_counter() - start
-        (name,) = model.inputs
-        feeds = {name: x}
         for _ in range(3):  # every pool's first runs (its programs are made on them), outside the timing
             async with trio.open_nursery() as nursery:
                 for _ in range(concurrency):
@@ -193,27 +213,30 @@ async def _flowrt_latencies(
     return times, wall, next(iter(out.values())), load_s, off_gpu, launches, host_us
 
 
-def _torch_in_child(
-    name: str, batch: int, iterations: int, folder: Path
-) -> tuple[float, float, np.ndarray, np.ndarray]:
-    """PyTorch's median latencies (device to device, host to host), the input and the output at
-    ``batch``, measured in a process of its own (so CUDA and the OpenCL driver never share one)."""
-    x_path, y_path = folder / f"{name}_x_b{batch}.npy", folder / f"{name}_y_b{batch}.npy"
+def _torch_in_child(name: str, batch: int, iterations: int, folder: Path) -> tuple[dict, dict, np.ndarray]:
+    """PyTorch's median latencies (fp32 device to device, fp16 autocast, fp32 host to host),
+    the feeds and the output at ``batch``, measured in a process of its own (so CUDA and the
+    OpenCL driver never share one)."""
+    data = folder / f"{name}_b{batch}.npz"
     out = subprocess.run([sys.executable, __file__, "--torch-only", name, str(batch), str(iterations), str(folder)],
                          check=True, capture_output=True, text=True).stdout  # fmt: skip
     medians = json.loads(out.strip().splitlines()[-1])
-    return medians["median_s"], medians["host_median_s"], np.load(x_path), np.load(y_path)
+    with np.load(data) as saved:
+        feeds = {key[len("feed_") :]: saved[key] for key in saved.files if key.startswith("feed_")}
+        return medians, feeds, saved["output"]
 
 
 def torch_once(name: str, batch: int, iterations: int, folder: Path) -> None:
-    """Export model ``name`` at ``batch`` (once), time PyTorch eager on it, save the input and output."""
-    model = _torch_model(name)
-    _export(model, batch, folder, name)
-    x = np.random.default_rng(batch).standard_normal((batch, 3, 224, 224), dtype=np.float32)
-    times, host_times, y = _torch_latencies(model, x, iterations)
-    np.save(folder / f"{name}_x_b{batch}.npy", x)
-    np.save(folder / f"{name}_y_b{batch}.npy", y)
-    print(json.dumps({"median_s": statistics.median(times), "host_median_s": statistics.median(host_times)}))
+    """Export model ``name`` at ``batch`` (once), time PyTorch eager on it, save the feeds and
+    the output."""
+    model, feeds = _model_and_feeds(name, batch)
+    _export(model, batch, folder, name, feeds)
+    times, half_times, host_times, y = _torch_latencies(model, feeds, iterations)
+    np.savez(folder / f"{name}_b{batch}.npz", output=y, **{f"feed_{k}": v for k, v in feeds.items()})
+    medians = {
+        key: statistics.median(t) for key, t in (("fp32", times), ("fp16", half_times), ("host", host_times))
+    }
+    print(json.dumps(medians))
 
 
 def benchmark(
@@ -229,32 +252,38 @@ def benchmark(
     counter = _LaunchCounter()
     rows = []
     for name, batch in [(m, b) for m in models for b in batches]:
-        torch_s, torch_host_s, x, expected = _torch_in_child(name, batch, iterations, folder)
+        torch_s, feeds, expected = _torch_in_child(name, batch, iterations, folder)
         path = str(folder / f"{name}_b{batch}.onnx")
         for record in recording:
             os.environ[launches.ENV] = "1" if record == "on" else "0"
             for concurrency in concurrencies:
                 times, wall, got, load_s, off_gpu, per_run, host_us = trio.run(
-                    _flowrt_latencies, path, x, iterations, concurrency, counter
+                    _flowrt_latencies, path, feeds, iterations, concurrency, counter
                 )
-                ips = batch * len(times) / wall
+                per_s = batch * len(times) / wall
                 diff = float(np.max(np.abs(got - expected)) / max(1e-12, float(np.max(np.abs(expected)))))
-                rows.append((name, batch, record, concurrency, statistics.median(times) * 1e3, ips, torch_s * 1e3,
-                             batch / torch_s, torch_host_s * 1e3, diff, per_run, host_us))  # fmt: skip
+                rows.append((name, batch, record, concurrency, statistics.median(times) * 1e3, per_s,
+                             torch_s, diff, per_run, host_us))  # fmt: skip
+                off = f"{len(off_gpu)} ({', '.join(off_gpu[:6])}{', ...' if len(off_gpu) > 6 else ''})"
                 print(
                     f"{name} batch {batch}, recorded launches {record}, {concurrency} in flight: load {load_s:.2f} s, "
-                    f"layers off GpuAcc: {off_gpu or 'none'}"
+                    f"layers off GpuAcc: {off if off_gpu else 'none'}"
                 )
     print()
     print(
-        "| model | batch | recorded launches | in flight | flowrt ms | flowrt img/s | torch ms | torch img/s "
-        "| flowrt/torch img/s | torch host ms | max rel diff | launches/run | host us/launch |"
+        "| model | batch | recorded launches | in flight | flowrt ms | flowrt samples/s | torch ms | torch samples/s "
+        "| flowrt/torch | torch fp16 ms | flowrt/torch fp16 | torch host ms | max rel diff | launches/run "
+        "| host us/launch |"
     )
-    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for name, batch, record, conc, ms, ips, tms, tips, thms, diff, per_run, host_us in rows:
+    print(
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    )
+    for name, batch, record, conc, ms, per_s, torch_s, diff, per_run, host_us in rows:
+        torch_per_s, half_per_s = batch / torch_s["fp32"], batch / torch_s["fp16"]
         print(
-            f"| {name} | {batch} | {record} | {conc} | {ms:.2f} | {ips:.1f} | {tms:.2f} | {tips:.1f} | {ips / tips:.3f} "
-            f"| {thms:.2f} | {diff:.2e} | {per_run:.0f} | {host_us:.1f} |"
+            f"| {name} | {batch} | {record} | {conc} | {ms:.2f} | {per_s:.1f} | {torch_s['fp32'] * 1e3:.2f} "
+            f"| {torch_per_s:.1f} | {per_s / torch_per_s:.3f} | {torch_s['fp16'] * 1e3:.2f} | {per_s / half_per_s:.3f} "
+            f"| {torch_s['host'] * 1e3:.2f} | {diff:.2e} | {per_run:.0f} | {host_us:.1f} |"
         )
 
 
@@ -299,7 +328,9 @@ def main() -> None:
     parser.add_argument("--record-launches", default="on", help="on, off or on,off")
     parser.add_argument("--load-only", metavar="MODEL", help=argparse.SUPPRESS)
     parser.add_argument("--torch-only", nargs=4, help=argparse.SUPPRESS)
-    parser.add_argument("--models", default="resnet50", help="torchvision model names, comma-separated")
+    parser.add_argument(
+        "--models", default="resnet50", help="zoo or torchvision model names, comma-separated"
+    )
     parser.add_argument("--export-dir", help="where the ONNX exports go (default: a temporary folder)")
     args = parser.parse_args()
     if args.load_only:
