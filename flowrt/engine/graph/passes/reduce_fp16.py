@@ -86,6 +86,9 @@ def _convert_outputs(graph: Graph, layer: Layer, converted: set[str], place: Pla
             continue
         for destination in outside:
             out.disconnect(destination)
+        # The output becomes float16 (shape inference says so at the end): the Cast's backend
+        # is chosen for a float16 input.
+        out.info = _half(out.info)
         cast = _cast(graph, out, ONNX_FLOAT, f"{layer.name}/to_fp32")
         assert layer.backend is not None  # only assigned layers are converted
         place(cast, layer.backend)
