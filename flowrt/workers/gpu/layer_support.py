@@ -1,5 +1,6 @@
 """Which layers GpuAcc runs: float32 layers of static, non-empty shapes with a kernel that
-takes their attributes; none at all when the machine has no OpenCL device."""
+takes their attributes, and float16 ones (stored as half, computed in float) where the kernel
+takes them; none at all when the machine has no OpenCL device."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from flowrt.workers.gpu.device import unavailable_reason
 from flowrt.workers.gpu.kernels import load_all
 
 
-def _tensor_problem(info: TensorInfo, what: str) -> str:
-    if info.dtype is not DataType.FLOAT32:
-        return f"GpuAcc runs float32 only; {what} is {info.dtype.value}"
+def _tensor_problem(info: TensorInfo, what: str, half: bool) -> str:
+    if info.dtype is not DataType.FLOAT32 and not (half and info.dtype is DataType.FLOAT16):
+        kinds = "float32 and float16 (stored as half)" if half else "float32"
+        return f"GpuAcc runs {kinds} only; {what} is {info.dtype.value}"
     if info.shape is None or not info.is_static:
         return f"GpuAcc needs static shapes; {what} has shape {info.shape}"
     if info.num_elements == 0:
@@ -47,7 +49,7 @@ class GpuLayerSupport:
         for what, info in [*device_inputs, *((f"output {i}", t) for i, t in enumerate(outputs))]:
             if info is None:
                 continue
-            problem = _tensor_problem(info, what)
+            problem = _tensor_problem(info, what, kernel.half_storage)
             if problem:
                 return Support.no(problem)
         return kernel.supports(WorkloadInfo("", kind, descriptor, tuple(inputs), tuple(outputs)))  # type: ignore[arg-type]  # inferred outputs are never None

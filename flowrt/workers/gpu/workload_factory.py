@@ -51,10 +51,10 @@ class GpuWorkload:
         self.kernel.prepare()
         for i, value in enumerate(self.info.constants):
             if value is not None and i not in self.kernel.host_inputs:
-                self.device_constants[i] = self.context.upload(value)
+                self.device_constants[i] = self.context.upload(value, _stored(value))
         self.activation_kernel = None
         if self.info.activation is not None and not self.kernel.fuses_activation:
-            self.activation_kernel = self.context.kernel("elementwise", "activation")
+            self.activation_kernel = self.context.kernel("elementwise", "activation", self.kernel.storage)
         if self.kernel.tuner.tunes and not self.kernel.is_view:
             self._tune()
 
@@ -95,7 +95,10 @@ class GpuWorkload:
                 cl.enqueue_copy(queue, target.buffer, view.buffer, byte_count=target.nbytes,
                                 src_offset=view.offset, dst_offset=target.offset)  # fmt: skip
             return list(outputs)
-        targets = list(outputs) if outputs else [self.context.empty(s) for s in self.kernel.output_shapes]
+        targets = list(outputs or ()) or [
+            self.context.empty(shape, info.dtype.numpy)
+            for shape, info in zip(self.kernel.output_shapes, self.info.outputs)
+        ]
         with self.kernel.lock:
             self.kernel.enqueue(queue, args, targets)
             if self.activation_kernel is not None:
@@ -137,7 +140,8 @@ class GpuWorkload:
         if isinstance(value, GpuTensor):
             return value
         # A host array the caller did not upload (``execute`` from a test, say): a blocking copy.
-        return self.context.upload(np.asarray(value))
+        value = np.asarray(value)
+        return self.context.upload(value, _stored(value))
 
 
 class GpuWorkloadFactory:
@@ -154,3 +158,9 @@ class GpuWorkloadFactory:
         if kernel is None:
             raise BackendError(f"GpuAcc has no kernel for layer {info.layer_name!r} ({info.kind})")
         return GpuWorkload(kernel(info, self.context, self.tuner))
+
+
+def _stored(value: np.ndarray) -> Any:
+    """The dtype a host value goes to the device as: float16 stays half (a float16 layer's
+    weights), anything else is float32."""
+    return np.float16 if value.dtype == np.float16 else np.float32

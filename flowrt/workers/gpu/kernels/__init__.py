@@ -27,7 +27,7 @@ from flowrt.engine.graph.layer_kind import NO_ACTIVATION, activation_facts, acti
 from flowrt.errors import BackendError, ShapeError
 from flowrt.registry import FusedActivation, Support, WorkloadInfo
 from flowrt.registry.kernel_modules import import_kernel_modules
-from flowrt.types import TensorInfo, static_dims
+from flowrt.types import DataType, TensorInfo, static_dims
 from flowrt.workers.gpu.tensor import GpuTensor
 from flowrt.workers.gpu.tuner import DEFAULT_LOCAL_SIZE, Tuner
 
@@ -97,6 +97,9 @@ class GpuKernel:
     host_inputs: frozenset[int] = frozenset()
     fuses_activation = False
     is_view = False
+    # Whether the kernel takes a float16 layer (reduce_fp32_to_fp16): its tensors stored as
+    # half, its programs built with ``storage`` (common.cl's HALF_STORAGE), computing in float.
+    half_storage = False
 
     def __init__(self, info: WorkloadInfo, context: Any, tuner: Tuner | None = None) -> None:
         self.info = info
@@ -104,6 +107,13 @@ class GpuKernel:
         self.tuner = tuner or Tuner()
         self.lock = threading.Lock()
         self.output_shapes = [static_shape(o) for o in info.outputs]
+
+    @property
+    def storage(self) -> str:
+        """The build option of the layer's tensors' storage: `` -DHALF_STORAGE`` where they
+        are float16, else nothing."""
+        infos = [*self.info.inputs, *self.info.outputs]
+        return " -DHALF_STORAGE" if any(i is not None and i.dtype is DataType.FLOAT16 for i in infos) else ""
 
     def launch(self, kernel: Any, queue: Any, n: int, *args: Any) -> Any:
         """Enqueue the 1-D ``kernel(*args)`` over ``n`` work-items on ``queue`` in work-groups

@@ -38,8 +38,10 @@ def enqueue_activation(
 class ActivationKernel(GpuKernel):
     """One activation, elementwise; its alpha and beta as the activation table reads them."""
 
+    half_storage = True
+
     def prepare(self) -> None:
-        self.kernel = self.context.kernel("elementwise", "activation")
+        self.kernel = self.context.kernel("elementwise", "activation", self.storage)
         params = activation_facts()[self.info.kind].params(self.info.descriptor, self.info.constants)
         alpha, beta = params or (0.0, 0.0)
         self.activation = FusedActivation(self.info.kind, alpha, beta)
@@ -54,9 +56,10 @@ class ClipKernel(GpuKernel):
     before opset 11, else inputs 1 and 2, read on the host (absent: unbounded)."""
 
     host_inputs = frozenset({1, 2})
+    half_storage = True
 
     def prepare(self) -> None:
-        self.kernel = self.context.kernel("elementwise", "activation")
+        self.kernel = self.context.kernel("elementwise", "activation", self.storage)
 
     def bounds(self, inputs: Sequence[Any]) -> tuple[float, float]:
         desc = self.info.descriptor

@@ -9,6 +9,20 @@
 // pool's one buffer (GpuTensor.kernel_args), as the Compute Library passes each tensor's
 // offset_first_element_in_bytes. Sub-buffers would do the same, but NVIDIA's driver makes a
 // launch over sub-buffers that overlap others (a pool reuses its bytes) several times dearer.
+//
+// Tensors of float16 layers (reduce_fp32_to_fp16) are stored as half and computed in float:
+// a program built with HALF_STORAGE reads and writes its DATA tensors with vload_half and
+// vstore_half_rte (core OpenCL: no cl_khr_fp16 needed), through LOAD and STORE.
+#ifdef HALF_STORAGE
+#define DATA half
+#define LOAD(p, i) vload_half((i), (p))
+#define STORE(p, i, v) vstore_half_rte((v), (i), (p))
+#else
+#define DATA float
+#define LOAD(p, i) ((p)[i])
+#define STORE(p, i, v) ((p)[i] = (v))
+#endif
+
 #define ACT_NONE 0
 #define ACT_RELU 1
 #define ACT_LEAKY_RELU 2

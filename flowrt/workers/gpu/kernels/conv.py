@@ -28,6 +28,7 @@ class ConvKernel(GpuKernel):
     epilogue, before the activation."""
 
     fuses_activation = True
+    half_storage = True
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:

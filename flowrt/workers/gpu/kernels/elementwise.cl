@@ -1,10 +1,11 @@
-// Activations, broadcasting binary ops and unary functions, one work-item per output element.
+// Activations, broadcasting binary ops and unary functions, one work-item per output element,
+// over DATA tensors (see common.cl); and the casts between float and half storage.
 
-__kernel void activation(__global const float* x, int x_off, __global float* y, int y_off, int n,
+__kernel void activation(__global const DATA* x, int x_off, __global DATA* y, int y_off, int n,
                          int code, float alpha, float beta) {
     x += x_off; y += y_off;
     int i = get_global_id(0);
-    if (i < n) y[i] = activate(x[i], code, alpha, beta);
+    if (i < n) STORE(y, i, activate(LOAD(x, i), code, alpha, beta));
 }
 
 #define OP_ADD 0
@@ -14,14 +15,14 @@ __kernel void activation(__global const float* x, int x_off, __global float* y, 
 #define OP_POW 4
 
 // table: output dims, A's strides, B's strides (see strided_offset).
-__kernel void binary(__global const float* a, int a_off, __global const float* b, int b_off, __global float* y, int y_off,
+__kernel void binary(__global const DATA* a, int a_off, __global const DATA* b, int b_off, __global DATA* y, int y_off,
                      __constant const int* table, int n, int op,
                      int code, float alpha, float beta) {
     a += a_off; b += b_off; y += y_off;
     int i = get_global_id(0);
     if (i >= n) return;
-    float u = a[strided_offset(i, table, 1)];
-    float v = b[strided_offset(i, table, 2)];
+    float u = LOAD(a, strided_offset(i, table, 1));
+    float v = LOAD(b, strided_offset(i, table, 2));
     float r;
     switch (op) {
     case OP_ADD: r = u + v; break;
@@ -30,7 +31,7 @@ __kernel void binary(__global const float* a, int a_off, __global const float* b
     case OP_POW: r = pow(u, v); break;
     default: r = u / v; break;
     }
-    y[i] = activate(r, code, alpha, beta);
+    STORE(y, i, activate(r, code, alpha, beta));
 }
 
 // Unary functions; codes match UNARY_CODES in kernels/unary.py. alpha and beta are the
@@ -59,8 +60,20 @@ float unary_op(float v, int op, float alpha, float beta) {
     }
 }
 
-__kernel void unary(__global const float* x, int x_off, __global float* y, int y_off, int n, int op, float alpha, float beta) {
+__kernel void unary(__global const DATA* x, int x_off, __global DATA* y, int y_off, int n, int op, float alpha, float beta) {
     x += x_off; y += y_off;
     int i = get_global_id(0);
-    if (i < n) y[i] = unary_op(x[i], op, alpha, beta);
+    if (i < n) STORE(y, i, unary_op(LOAD(x, i), op, alpha, beta));
+}
+
+// The borders of float16 layers: float32 to half (rounded to nearest even, as numpy's astype)
+// and back. Built in any program: they name their storage themselves.
+__kernel void to_half(__global const float* x, int x_off, __global half* y, int y_off, int n) {
+    int i = get_global_id(0);
+    if (i < n) vstore_half_rte(x[x_off + i], y_off + i, y);
+}
+
+__kernel void from_half(__global const half* x, int x_off, __global float* y, int y_off, int n) {
+    int i = get_global_id(0);
+    if (i < n) y[y_off + i] = vload_half(x_off + i, x);
 }

@@ -48,9 +48,10 @@ class BinaryKernel(GpuKernel):
     """y = act(a op b), broadcasting; Sum folds its inputs pairwise, left to right."""
 
     fuses_activation = True
+    half_storage = True
 
     def prepare(self) -> None:
-        self.kernel = self.context.kernel("elementwise", "binary")
+        self.kernel = self.context.kernel("elementwise", "binary", self.storage)
         shapes = [static_shape(i) for i in self.info.inputs]
         if getattr(self.info.descriptor, "legacy", False):
             shapes[1] = static_dims(legacy_b_shape(shapes[0], shapes[1], self.info.descriptor))
@@ -79,7 +80,7 @@ class BinaryKernel(GpuKernel):
             last = i == len(self.steps) - 1
             # The fold's running results before the last are scratch, in two alternating slots
             # (a step reads the previous one's result and writes the other).
-            y = outputs[0] if last else self.context.scratch(out, slot=i % 2)
+            y = outputs[0] if last else self.context.scratch(out, slot=i % 2, dtype=outputs[0].dtype)
             act = activation_args(self.info.activation if last else None)
             event = self.launch(self.kernel, queue, y.size,
                 *result.kernel_args, *inputs[i + 1].kernel_args, *y.kernel_args, table, np.int32(y.size), self.op, *act,

@@ -21,6 +21,16 @@
 // channel k / (KH KW) of image b's group at kernel cell k % (KH KW) under output pixel n, or 0
 // in the padding; b_batch is one group's channels, H x W each. Without it the geometry
 // arguments are unused.
+//
+// Operands are DATA (common.cl: half with HALF_STORAGE), staged and multiplied in float. C is
+// DATA too, except a split K's partial products, which a PARTIAL_FLOAT build writes as float.
+#ifdef PARTIAL_FLOAT
+#define OUT float
+#define STORE_OUT(p, i, v) ((p)[i] = (v))
+#else
+#define OUT DATA
+#define STORE_OUT(p, i, v) STORE(p, i, v)
+#endif
 
 #ifndef TM
 #define TM 64
@@ -79,12 +89,12 @@
 
 __kernel __attribute__((reqd_work_group_size(RN, RM, 1)))
 void gemm(int M, int N, int K, int groups, int splits, int k_split,
-          __global const float* A, int A_off, int a_group, int a_rs, int a_cs,
-          __global const float* B, int B_off, int b_batch, int b_rs, int b_cs,
+          __global const DATA* A, int A_off, int a_group, int a_rs, int a_cs,
+          __global const DATA* B, int B_off, int b_batch, int b_rs, int b_cs,
           int H, int W, int KH, int KW, int OW, int SH, int SW, int PH, int PW, int DH, int DW,
-          __global float* C, int C_off, int c_batch,
-          __global const float* bias, int bias_off, int has_bias, int bias_group, int bias_rs, int bias_cs,
-          __global const float* R, int R_off, int has_res,
+          __global OUT* C, int C_off, int c_batch,
+          __global const DATA* bias, int bias_off, int has_bias, int bias_group, int bias_rs, int bias_cs,
+          __global const DATA* R, int R_off, int has_res,
           float alpha, float beta, int code, float act_alpha, float act_beta) {
     __local float As[TK][TM + PAD] __attribute__((aligned(16)));
     __local float Bs[TK][TN + PAD] __attribute__((aligned(16)));
@@ -110,7 +120,7 @@ void gemm(int M, int N, int K, int groups, int splits, int k_split,
         int m, k;                                                                        \
         SLICE_POS(tid + l * THREADS, a_k_fast, TM, m, k);                                \
         int gr = row0 + m, gk = (t) + k;                                                 \
-        ra[l] = (gr < M && gk < k1) ? A[gr * a_rs + gk * a_cs] : 0.0f;                   \
+        ra[l] = (gr < M && gk < k1) ? LOAD(A, gr * a_rs + gk * a_cs) : 0.0f;             \
     }
 #ifdef IMPLICIT
     // This work-item loads one column (output pixel) of every slice: rows k_row + l THREADS/TN.
@@ -124,7 +134,7 @@ void gemm(int M, int N, int K, int groups, int splits, int k_split,
         int c = gk / kcells, cell = gk - c * kcells, kh = cell / KW;                     \
         int ih = ih0 + kh * DH, iw = iw0 + (cell - kh * KW) * DW;                        \
         rb[l] = (in_columns && gk < k1 && (uint)ih < (uint)H && (uint)iw < (uint)W)      \
-                    ? B[(c * H + ih) * W + iw] : 0.0f;                                   \
+                    ? LOAD(B, (c * H + ih) * W + iw) : 0.0f;                             \
     }
 #define B_POS(l, n, k) do { n = b_col; k = k_row + (l) * (THREADS / TN); } while (0)
 #else
@@ -134,7 +144,7 @@ void gemm(int M, int N, int K, int groups, int splits, int k_split,
         int n, k;                                                                        \
         SLICE_POS(tid + l * THREADS, b_k_fast, TN, n, k);                                \
         int gc = col0 + n, gk = (t) + k;                                                 \
-        rb[l] = (gc < N && gk < k1) ? B[gk * b_rs + gc * b_cs] : 0.0f;                   \
+        rb[l] = (gc < N && gk < k1) ? LOAD(B, gk * b_rs + gc * b_cs) : 0.0f;             \
     }
 #define B_POS(l, n, k) SLICE_POS(tid + (l) * THREADS, b_k_fast, TN, n, k)
 #endif
@@ -191,11 +201,11 @@ void gemm(int M, int N, int K, int groups, int splits, int k_split,
             float v = acc[i][j];
             if (splits == 1) {
                 v *= alpha;
-                if (has_bias) v += beta * bias[group * bias_group + row * bias_rs + col * bias_cs];
-                if (has_res) v += R[row * N + col];
+                if (has_bias) v += beta * LOAD(bias, group * bias_group + row * bias_rs + col * bias_cs);
+                if (has_res) v += LOAD(R, row * N + col);
                 v = activate(v, code, act_alpha, act_beta);
             }
-            C[row * N + col] = v;
+            STORE_OUT(C, row * N + col, v);
         }
     }
 }
@@ -203,9 +213,9 @@ void gemm(int M, int N, int K, int groups, int splits, int k_split,
 // The end of a split-K GEMM: C[b] = act(alpha * sum of P's slices of batch b + beta * bias + R[b]),
 // one work-item per element of C (P holds batch b's `splits` slices of M x N at b * splits).
 __kernel void gemm_reduce(int M, int N, int groups, int splits, int total,
-                          __global const float* P, int P_off, __global float* C, int C_off, int c_batch,
-                          __global const float* bias, int bias_off, int has_bias, int bias_group,
-                          int bias_rs, int bias_cs, __global const float* R, int R_off, int has_res,
+                          __global const float* P, int P_off, __global DATA* C, int C_off, int c_batch,
+                          __global const DATA* bias, int bias_off, int has_bias, int bias_group,
+                          int bias_rs, int bias_cs, __global const DATA* R, int R_off, int has_res,
                           float alpha, float beta, int code, float act_alpha, float act_beta) {
     int i = get_global_id(0);
     if (i >= total) return;
@@ -215,7 +225,7 @@ __kernel void gemm_reduce(int M, int N, int groups, int splits, int total,
     for (int s = 0; s < splits; ++s) sum += P[s * mn];
     float v = alpha * sum;
     if (has_bias)
-        v += beta * bias[bias_off + (batch % groups) * bias_group + (e / N) * bias_rs + (e % N) * bias_cs];
-    if (has_res) v += R[R_off + batch * c_batch + e];
-    C[C_off + batch * c_batch + e] = activate(v, code, act_alpha, act_beta);
+        v += beta * LOAD(bias, bias_off + (batch % groups) * bias_group + (e / N) * bias_rs + (e % N) * bias_cs);
+    if (has_res) v += LOAD(R, R_off + batch * c_batch + e);
+    STORE(C, C_off + batch * c_batch + e, activate(v, code, act_alpha, act_beta));
 }

@@ -190,9 +190,12 @@ class Gemm:
         return plan
 
     def _kernels(self, plan: GemmPlan) -> tuple[Any, Any]:
-        defines = plan.tiling.defines + (" -DIMPLICIT" if self.implicit else "")
+        storage = self.owner.storage
+        defines = plan.tiling.defines + (" -DIMPLICIT" if self.implicit else "") + storage
+        if plan.splits > 1 and storage:  # the partial products stay float (gemm.cl's PARTIAL_FLOAT)
+            defines += " -DPARTIAL_FLOAT"
         kernel = self.owner.context.kernel("gemm", "gemm", defines)
-        reduce = self.owner.context.kernel("gemm", "gemm_reduce") if plan.splits > 1 else None
+        reduce = self.owner.context.kernel("gemm", "gemm_reduce", storage) if plan.splits > 1 else None
         return kernel, reduce
 
     def enqueue(
@@ -299,6 +302,7 @@ class GemmKernel(GpuKernel):
     """Y = act(alpha * A' @ B' + beta * C)."""
 
     fuses_activation = True
+    half_storage = True
 
     def prepare(self) -> None:
         (m, n) = self.output_shapes[0]

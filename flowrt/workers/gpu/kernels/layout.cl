@@ -1,19 +1,19 @@
 // Data movement: transpose through a stride table (output dims, then the input strides
-// permuted into output order; see strided_offset).
+// permuted into output order; see strided_offset). Tensors are DATA (see common.cl).
 
-__kernel void transpose(__global const float* x, int x_off, __global float* y, int y_off, __constant const int* table, int n) {
+__kernel void transpose(__global const DATA* x, int x_off, __global DATA* y, int y_off, __constant const int* table, int n) {
     x += x_off; y += y_off;
     int i = get_global_id(0);
-    if (i < n) y[i] = x[strided_offset(i, table, 1)];
+    if (i < n) STORE(y, i, LOAD(x, strided_offset(i, table, 1)));
 }
 
 // One input of a concat: x is `outer` slabs of `block` values; slab o lands at
 // y[o * pitch + start]. (A kernel rather than clEnqueueCopyBufferRect: one launch, whatever
 // the number of slabs, and PoCL 3.0 crashed on rectangular copies between sub-buffers.)
-__kernel void concat_slab(__global const float* x, int x_off, __global float* y, int y_off, int block, int pitch, int start, int n) {
+__kernel void concat_slab(__global const DATA* x, int x_off, __global DATA* y, int y_off, int block, int pitch, int start, int n) {
     x += x_off; y += y_off;
     int i = get_global_id(0);
-    if (i < n) y[(i / block) * pitch + start + i % block] = x[i];
+    if (i < n) STORE(y, (i / block) * pitch + start + i % block, LOAD(x, i));
 }
 
 // Up to CONCAT_INPUTS inputs of a concat that lie in one buffer, in one launch (a DenseNet
@@ -28,7 +28,7 @@ __kernel void concat_slab(__global const float* x, int x_off, __global float* y,
         if (r < block##j) { src = src##j; block = block##j; start = start##j; found = 1; } \
         else r -= block##j;                                                              \
     }
-__kernel void concat_many(__global const float* x, __global float* y, int y_off, int pitch, int total, int n,
+__kernel void concat_many(__global const DATA* x, __global DATA* y, int y_off, int pitch, int total, int n,
                           int count, CONCAT_PARAMS(0), CONCAT_PARAMS(1), CONCAT_PARAMS(2), CONCAT_PARAMS(3),
                           CONCAT_PARAMS(4), CONCAT_PARAMS(5), CONCAT_PARAMS(6), CONCAT_PARAMS(7),
                           CONCAT_PARAMS(8), CONCAT_PARAMS(9), CONCAT_PARAMS(10), CONCAT_PARAMS(11),
@@ -39,5 +39,5 @@ __kernel void concat_many(__global const float* x, __global float* y, int y_off,
     CONCAT_FIND(0) CONCAT_FIND(1) CONCAT_FIND(2) CONCAT_FIND(3) CONCAT_FIND(4) CONCAT_FIND(5)
     CONCAT_FIND(6) CONCAT_FIND(7) CONCAT_FIND(8) CONCAT_FIND(9) CONCAT_FIND(10) CONCAT_FIND(11)
     CONCAT_FIND(12) CONCAT_FIND(13) CONCAT_FIND(14) CONCAT_FIND(15)
-    y[y_off + o * pitch + start + r] = x[src + o * block + r];
+    STORE(y, y_off + o * pitch + start + r, LOAD(x, src + o * block + r));
 }

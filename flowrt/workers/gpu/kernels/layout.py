@@ -29,9 +29,11 @@ class ConcatKernel(GpuKernel):
     tensors do) are copied together, up to CONCAT_INPUTS a launch; an input its producer wrote
     in place is not copied."""
 
+    half_storage = True
+
     def prepare(self) -> None:
-        self.kernel = self.context.kernel("layout", "concat_slab")
-        self.many = self.context.kernel("layout", "concat_many")
+        self.kernel = self.context.kernel("layout", "concat_slab", self.storage)
+        self.many = self.context.kernel("layout", "concat_many", self.storage)
         out = self.output_shapes[0]
         axis = self.info.descriptor.concat_axis % len(out)
         self.inner = int(np.prod(out[axis + 1 :], dtype=np.int64))
@@ -76,6 +78,8 @@ class ConcatKernel(GpuKernel):
 class TransposeKernel(GpuKernel):
     """A gather through the permuted input strides."""
 
+    half_storage = True
+
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
         if len(static_shape(info.inputs[0])) > RANK:
@@ -83,7 +87,7 @@ class TransposeKernel(GpuKernel):
         return Support.yes()
 
     def prepare(self) -> None:
-        self.kernel = self.context.kernel("layout", "transpose")
+        self.kernel = self.context.kernel("layout", "transpose", self.storage)
         shape = static_shape(self.info.inputs[0])
         perm = transpose_perm(self.info.descriptor.perm, len(shape))
         strides = broadcast_strides(shape, shape)[RANK - len(shape) :]
@@ -104,6 +108,7 @@ class ViewKernel(GpuKernel):
 
     host_inputs = frozenset({1})  # Reshape's shape, Squeeze's and Unsqueeze's axes
     is_view = True
+    half_storage = True
 
     def view(self, inputs: Sequence[Any]) -> list[GpuTensor]:
         return [inputs[0].reshape(self.output_shapes[0])]

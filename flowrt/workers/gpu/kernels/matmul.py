@@ -39,6 +39,7 @@ class MatMulKernel(GpuKernel):
     """Y = A @ B, with batch dims."""
 
     fuses_activation = True
+    half_storage = True
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:

@@ -1,14 +1,15 @@
 // Per-channel scale and shift (inference batch normalization, folded on the host), local
 // response normalization across channels, and softmax along an axis.
 
-__kernel void scale_shift(__global const float* x, int x_off, __global float* y, int y_off,
+// x and y are DATA (see common.cl); the folded factor and shift stay float.
+__kernel void scale_shift(__global const DATA* x, int x_off, __global DATA* y, int y_off,
                           __global const float* factor, int factor_off, __global const float* shift, int shift_off,
                           int C, int inner, int total, int code, float alpha, float beta) {
     x += x_off; y += y_off; factor += factor_off; shift += shift_off;
     int i = get_global_id(0);
     if (i >= total) return;
     int c = (i / inner) % C;
-    y[i] = activate(mad(x[i], factor[c], shift[c]), code, alpha, beta);
+    STORE(y, i, activate(mad(LOAD(x, i), factor[c], shift[c]), code, alpha, beta));
 }
 
 // Channel c sums the squares of channels c - (size - 1) / 2 .. c + size / 2, clipped.

@@ -24,6 +24,7 @@ class BatchNormalizationKernel(GpuKernel):
 
     host_inputs = frozenset({1, 2, 3, 4})
     fuses_activation = True
+    half_storage = True
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
@@ -35,7 +36,7 @@ class BatchNormalizationKernel(GpuKernel):
         return Support.yes()
 
     def prepare(self) -> None:
-        self.kernel = self.context.kernel("normalization", "scale_shift")
+        self.kernel = self.context.kernel("normalization", "scale_shift", self.storage)
         params = [self.constant(i) for i in range(1, 5)]
         self.folded = self._fold(params) if all(p is not None for p in params) else None
 

@@ -15,6 +15,7 @@ from flowrt.workers.gpu.tensor import GpuTensor
 
 class _Pool(GpuKernel):
     function = ""
+    half_storage = True
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
@@ -25,7 +26,7 @@ class _Pool(GpuKernel):
         return Support.yes()
 
     def prepare(self) -> None:
-        self.kernel = self.context.kernel("pooling", self.function)
+        self.kernel = self.context.kernel("pooling", self.function, self.storage)
         x_shape = static_shape(self.info.inputs[0])
         desc = self.info.descriptor
         g = pool_geometry(desc, x_shape[2:])
@@ -62,8 +63,10 @@ class AveragePoolKernel(_Pool):
 class GlobalAveragePoolKernel(GpuKernel):
     """The mean of each channel's spatial cells."""
 
+    half_storage = True
+
     def prepare(self) -> None:
-        self.kernel = self.context.kernel("pooling", "global_average_pool")
+        self.kernel = self.context.kernel("pooling", "global_average_pool", self.storage)
 
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
         x, y = inputs[0], outputs[0]

@@ -37,6 +37,7 @@ class _Gather(GpuKernel):
     """Enqueues ``y[i] = x[first + strided_offset(i, table)]`` for each output."""
 
     kernel: Any  # layout.cl's transpose, made in prepare
+    half_storage = True
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
@@ -65,7 +66,7 @@ class SliceKernel(_Gather):
     host_inputs = frozenset({1, 2, 3, 4})
 
     def prepare(self) -> None:
-        self.kernel = self.context.kernel("layout", "transpose")
+        self.kernel = self.context.kernel("layout", "transpose", self.storage)
         self.shape = static_shape(self.info.inputs[0])
         self.tables: dict[tuple, tuple[int, Any]] = {}
         given = range(1, len(self.info.inputs))
@@ -110,7 +111,7 @@ class SplitKernel(_Gather):
     host_inputs = frozenset({1})
 
     def prepare(self) -> None:
-        self.kernel = self.context.kernel("layout", "transpose")
+        self.kernel = self.context.kernel("layout", "transpose", self.storage)
         shape = static_shape(self.info.inputs[0])
         axis = normalize_axis(self.info.descriptor.axis, len(shape), "Split")
         strides = _strides(shape)
@@ -157,7 +158,7 @@ class GatherKernel(_Gather):
         return Support.yes()
 
     def prepare(self) -> None:
-        self.kernel = self.context.kernel("layout", "transpose")
+        self.kernel = self.context.kernel("layout", "transpose", self.storage)
         shape = static_shape(self.info.inputs[0])
         self.axis = self.info.descriptor.axis % len(shape)
         self.dim = shape[self.axis]

@@ -23,8 +23,10 @@ UNARY_CODES = {
 class UnaryKernel(GpuKernel):
     """y = f(x), one work-item per element."""
 
+    half_storage = True
+
     def prepare(self) -> None:
-        self.kernel = self.context.kernel("elementwise", "unary")
+        self.kernel = self.context.kernel("elementwise", "unary", self.storage)
         desc = self.info.descriptor
         code = UNARY_CODES[self.info.kind]
         if self.info.kind == "Gelu" and desc.approximate == "tanh":
