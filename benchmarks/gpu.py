@@ -18,7 +18,10 @@ throughput of each engine, flowrt's throughput as a fraction of PyTorch's, and t
 difference between their first outputs. PyTorch is timed on inputs already on the GPU, its
 output left there; "torch host ms" is PyTorch from the host arrays to a host array, as
 flowrt's ``run`` is timed. ``--concurrency C`` keeps C flowrt runs in flight (C memory
-pools), which overlaps one run's host work with another's device work.
+pools), which overlaps one run's host work with another's device work. ``--storage fp32,fp16``
+(the default) runs flowrt as exported and with ``OptimizerOptions(reduce_fp32_to_fp16=True)``,
+where GpuAcc stores tensors and weights as half and computes in float ("fp16/fp32 flowrt":
+the second's throughput over the first's).
 
 It also prints flowrt's kernel launches per run and the host time per launch (the time
 the queue actor spends enqueueing a run's GPU segments, transfers included, over its
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import statistics
@@ -183,10 +187,16 @@ async def _host_per_launch(model, feeds, counter: _LaunchCounter, runs: int = 5)
 
 
 async def _flowrt_latencies(
-    path: str, feeds: dict[str, np.ndarray], iterations: int, concurrency: int, counter: _LaunchCounter
+    path: str,
+    feeds: dict[str, np.ndarray],
+    iterations: int,
+    concurrency: int,
+    counter: _LaunchCounter,
+    half: bool = False,
 ):
     start = time.perf_counter()
-    opt = flowrt.optimize(flowrt.onnx.load(path), backends=BACKENDS)
+    options = flowrt.OptimizerOptions(reduce_fp32_to_fp16=half)
+    opt = flowrt.optimize(flowrt.onnx.load(path), backends=BACKENDS, options=options)
     off_gpu = [name for name, bid in opt.assignments().items() if bid != "GpuAcc"]
     async with flowrt.Runtime() as rt:
         model = await rt.load(opt, max_in_flight=concurrency)
@@ -246,6 +256,7 @@ def benchmark(
     concurrencies: list[int],
     folder: Path,
     recording: list[str],
+    precisions: list[str],
 ) -> None:
     from flowrt.workers.gpu import launches
 
@@ -254,35 +265,35 @@ def benchmark(
     for name, batch in [(m, b) for m in models for b in batches]:
         torch_s, feeds, expected = _torch_in_child(name, batch, iterations, folder)
         path = str(folder / f"{name}_b{batch}.onnx")
-        for record in recording:
+        for record, precision, concurrency in itertools.product(recording, precisions, concurrencies):
             os.environ[launches.ENV] = "1" if record == "on" else "0"
-            for concurrency in concurrencies:
-                times, wall, got, load_s, off_gpu, per_run, host_us = trio.run(
-                    _flowrt_latencies, path, feeds, iterations, concurrency, counter
-                )
-                per_s = batch * len(times) / wall
-                diff = float(np.max(np.abs(got - expected)) / max(1e-12, float(np.max(np.abs(expected)))))
-                rows.append((name, batch, record, concurrency, statistics.median(times) * 1e3, per_s,
-                             torch_s, diff, per_run, host_us))  # fmt: skip
-                off = f"{len(off_gpu)} ({', '.join(off_gpu[:6])}{', ...' if len(off_gpu) > 6 else ''})"
-                print(
-                    f"{name} batch {batch}, recorded launches {record}, {concurrency} in flight: load {load_s:.2f} s, "
-                    f"layers off GpuAcc: {off if off_gpu else 'none'}"
-                )
+            times, wall, got, load_s, off_gpu, per_run, host_us = trio.run(
+                _flowrt_latencies, path, feeds, iterations, concurrency, counter, precision == "fp16"
+            )
+            per_s = batch * len(times) / wall
+            diff = float(np.max(np.abs(got - expected)) / max(1e-12, float(np.max(np.abs(expected)))))
+            rows.append((name, batch, record, precision, concurrency, statistics.median(times) * 1e3, per_s,
+                         torch_s, diff, per_run, host_us))  # fmt: skip
+            off = f"{len(off_gpu)} ({', '.join(off_gpu[:6])}{', ...' if len(off_gpu) > 6 else ''})"
+            print(
+                f"{name} batch {batch}, recorded launches {record}, {precision}, {concurrency} in flight: "
+                f"load {load_s:.2f} s, layers off GpuAcc: {off if off_gpu else 'none'}"
+            )
     print()
     print(
-        "| model | batch | recorded launches | in flight | flowrt ms | flowrt samples/s | torch ms | torch samples/s "
-        "| flowrt/torch | torch fp16 ms | flowrt/torch fp16 | torch host ms | max rel diff | launches/run "
-        "| host us/launch |"
+        "| model | batch | recorded launches | storage | in flight | flowrt ms | flowrt samples/s | torch ms "
+        "| torch samples/s | flowrt/torch | torch fp16 ms | flowrt/torch fp16 | fp16/fp32 flowrt | torch host ms "
+        "| max rel diff | launches/run | host us/launch |"
     )
-    print(
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-    )
-    for name, batch, record, conc, ms, per_s, torch_s, diff, per_run, host_us in rows:
+    print("| --- | ---: | --- | --- | ---: |" + " ---: |" * 12)
+    fp32_rate = {(r[0], r[1], r[2], r[4]): r[6] for r in rows if r[3] == "fp32"}
+    for name, batch, record, precision, conc, ms, per_s, torch_s, diff, per_run, host_us in rows:
         torch_per_s, half_per_s = batch / torch_s["fp32"], batch / torch_s["fp16"]
+        own = fp32_rate.get((name, batch, record, conc)) if precision == "fp16" else None
         print(
-            f"| {name} | {batch} | {record} | {conc} | {ms:.2f} | {per_s:.1f} | {torch_s['fp32'] * 1e3:.2f} "
-            f"| {torch_per_s:.1f} | {per_s / torch_per_s:.3f} | {torch_s['fp16'] * 1e3:.2f} | {per_s / half_per_s:.3f} "
+            f"| {name} | {batch} | {record} | {precision} | {conc} | {ms:.2f} | {per_s:.1f} "
+            f"| {torch_s['fp32'] * 1e3:.2f} | {torch_per_s:.1f} | {per_s / torch_per_s:.3f} "
+            f"| {torch_s['fp16'] * 1e3:.2f} | {per_s / half_per_s:.3f} | {f'{per_s / own:.3f}' if own else ''} "
             f"| {torch_s['host'] * 1e3:.2f} | {diff:.2e} | {per_run:.0f} | {host_us:.1f} |"
         )
 
@@ -326,6 +337,9 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,2")
     parser.add_argument("--load-times", action="store_true")
     parser.add_argument("--record-launches", default="on", help="on, off or on,off")
+    parser.add_argument(
+        "--storage", default="fp32,fp16", help="fp32 and/or fp16 (reduce_fp32_to_fp16: GpuAcc stores half)"
+    )
     parser.add_argument("--load-only", metavar="MODEL", help=argparse.SUPPRESS)
     parser.add_argument("--torch-only", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument(
@@ -349,7 +363,8 @@ def main() -> None:
         concurrencies = [int(c) for c in args.concurrency.split(",")]
         recording = [r for r in args.record_launches.split(",") if r in ("on", "off")]
         models = [m for m in args.models.split(",") if m]
-        benchmark(models, batches, args.iterations, concurrencies, folder, recording or ["on"])
+        precisions = [p for p in args.storage.split(",") if p in ("fp32", "fp16")] or ["fp32"]
+        benchmark(models, batches, args.iterations, concurrencies, folder, recording or ["on"], precisions)
 
 
 if __name__ == "__main__":
