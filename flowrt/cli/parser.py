@@ -55,7 +55,8 @@ def _optimizer_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         dest="reduce_fp32_to_fp16",
         help="keep weights as float16 where a backend can (OptimizerOptions(reduce_fp32_to_fp16=True): "
-        "CpuAcc halves its weights' bytes and computes in float32; .onnx models, or a .flowrt converted with it)",
+        "CpuAcc halves its weights' bytes and computes in float32, GpuAcc stores its layers' tensors and "
+        "weights as half and computes in float; .onnx models, or a .flowrt converted with it)",
     )
 
 
