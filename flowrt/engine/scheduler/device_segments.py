@@ -24,6 +24,7 @@ from typing import Any
 
 import attrs
 
+from flowrt.engine.memory.planner import VIEW_KINDS
 from flowrt.engine.memory.pool import MemoryPool
 from flowrt.engine.scheduler.dataflow import Segment, WorkloadNode, host_slots
 from flowrt.errors import RunError
@@ -64,6 +65,7 @@ class DeviceSegments:
     values: dict[int, Any]
     device_values: dict[int, Any]
     uploaded: set[int]
+    views: set[int]
     constants: Mapping[int, Any]
     bindings: Mapping[int, Any]
     direct: Mapping[int, Any]
@@ -225,11 +227,20 @@ class DeviceSegments:
         else:
             results = workload.enqueue(queue, args, targets)
         self._store(node, results, self.device_values)
+        if node.kind in VIEW_KINDS and node.inputs and self._same_each_run(node.inputs[0]):
+            self.views.update(t for t in node.outputs if t is not None)
 
     def _same_each_run(self, tid: int | None) -> bool:
-        """Whether tensor ``tid`` is the same object in every run in this pool: a constant,
-        or planned pool memory this run did not upload to (an upload is a new buffer)."""
-        return tid is None or tid in self.constants or (tid in self.bindings and tid not in self.uploaded)
+        """Whether tensor ``tid`` is the same in every run in this pool: a constant, planned
+        pool memory this run did not upload to (an upload is a new buffer), or a view of such
+        memory (a Reshape's output: the planner gives it no bytes of its own, and its layer
+        returns the same bytes each run) that this run made."""
+        return (
+            tid is None
+            or tid in self.constants
+            or (tid in self.bindings and tid not in self.uploaded)
+            or tid in self.views
+        )
 
     def _device_argument(self, tid: int | None, on_host: bool) -> Any:
         """A device workload's input: the device copy, except for slots it reads on the host

@@ -146,6 +146,7 @@ class _RunState(DeviceSegments):
             self.values[tid] = feeds[name]
         self.device_values: dict[int, Any] = {}
         self.uploaded: set[int] = set()  # tensors this run uploaded (new device buffers each run)
+        self.views: set[int] = set()  # views this run made of memory that is the same each run
         self.readers = dict(dataflow.readers)
         self.keep = set(dataflow.outputs.values())
         self.lock = threading.Lock()

@@ -84,6 +84,48 @@ async def test_later_runs_in_a_pool_enqueue_its_recorded_launches_with_cpurefs_r
         assert later["bound"] > later["python"]  # ...most of them recorded
 
 
+def _view_network() -> flowrt.Network:
+    """Conv, then a Reshape (a view: no bytes, no launch), a Transpose and a MatMul that read
+    the view's bytes, all on GpuAcc."""
+    rng = np.random.default_rng(2)
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, 3, 8, 8)))
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    conv = net.add_layer("Conv", flowrt.descriptors.Conv(pads=(1, 1, 1, 1)), [x, w], name="conv")
+    flat = net.add_layer("Reshape", inputs=[conv, np.array([1, 4, 64], np.int64)], name="reshape")
+    turned = net.add_layer(
+        "Transpose", flowrt.descriptors.Transpose(perm=(0, 2, 1)), [flat], name="transpose"
+    )
+    m = rng.standard_normal((4, 5)).astype(np.float32)
+    net.add_output("y", net.add_layer("MatMul", inputs=[turned, m], name="matmul"))
+    return net
+
+
+async def test_layers_reading_a_view_of_pool_memory_are_recorded_too(gpu, launch_counts):
+    """A Reshape's output is its input's planned bytes, the same in every run: the Transpose
+    and MatMul after it replay their launches; only the Conv reading the feed does not."""
+    feeds = [
+        {"x": np.random.default_rng(seed).standard_normal((1, 3, 8, 8)).astype(np.float32)}
+        for seed in range(5)
+    ]
+    expected = await _references(_view_network(), feeds)
+    opt = flowrt.optimize(_view_network(), backends=["GpuAcc", "CpuRef"])
+    assert {opt.assignments()[name] for name in ("conv", "reshape", "transpose", "matmul")} == {"GpuAcc"}
+    per_run = []
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        model = await rt.load(opt, max_in_flight=1)
+        for feed, want in zip(feeds, expected):
+            launch_counts.update(python=0, bound=0)
+            out = await model.run(feed)
+            np.testing.assert_allclose(out["y"], want["y"], rtol=1e-5, atol=1e-5)
+            per_run.append(dict(launch_counts))
+    conv_launches = per_run[-1]["python"]
+    assert conv_launches >= 1
+    for later in per_run[2:]:
+        assert later["bound"] >= 2  # the Transpose's and the MatMul's
+        assert later["python"] == conv_launches
+
+
 async def test_runs_in_flight_in_several_pools_each_enqueue_their_own_launches(
     gpu, conv_network, launch_counts
 ):
