@@ -7,7 +7,9 @@ The pool's first run of a segment runs the workloads as they are (the backend's 
 memory grows to its size), its second records them, and later runs take the segment's
 *program*: each run of consecutive recorded workloads is one step, a single object that
 enqueues all their launches (``chain``), after which their outputs (the pool's planned
-tensors) are published together — no Python per layer. A run that profiles takes the
+tensors) are published together — no Python per layer. A view layer (a Reshape) of memory
+that is the same each run joins the step too: its outputs, recorded once, are published with
+the step's, and the layers reading them record their launches. A run that profiles takes the
 recorded launches layer by layer, so that each layer is timed.
 
 ``enqueue_segment`` is a generator: it yields after each command it enqueues (an upload, a
@@ -39,6 +41,19 @@ class BoundGroup:
     launches: Any
     outputs: Mapping[int, Any]
     inputs: tuple[int | None, ...]
+
+
+@attrs.frozen
+class ViewOutputs:
+    """A view layer's outputs recorded in its pool (a Reshape of memory that is the same each
+    run): the same tensors every run, so a program publishes them with the recorded group
+    the view sits in and runs nothing for it."""
+
+    outputs: Mapping[int, Any]
+
+    def enqueue(self, queue: Any) -> bool:
+        """A view enqueues nothing: run layer by layer (profiled), it goes through its code."""
+        return False
 
 
 class RunStop:
@@ -132,14 +147,18 @@ class DeviceSegments:
         run: list[WorkloadNode] = []
 
         def close_run() -> None:
-            parts = [bound[node.layer] for node in run]
+            parts = [bound[node.layer] for node in run if type(bound[node.layer]) is not ViewOutputs]
             chain = getattr(type(parts[0]), "chain", None) if parts else None
             launches = chain(parts) if chain is not None else None
             if launches is None:
                 steps.extend(run)
             else:
-                outputs = {}
+                outputs: dict[int, Any] = {}
                 for node in run:
+                    part = bound[node.layer]
+                    if type(part) is ViewOutputs:  # its tensors, published with the group's
+                        outputs.update(part.outputs)
+                        continue
                     targets = self._targets(node) or []
                     outputs.update({t: v for t, v in zip(node.outputs, targets) if t is not None})
                 inputs = tuple(t for node in run for t in node.inputs)
@@ -227,8 +246,18 @@ class DeviceSegments:
         else:
             results = workload.enqueue(queue, args, targets)
         self._store(node, results, self.device_values)
-        if node.kind in VIEW_KINDS and node.inputs and self._same_each_run(node.inputs[0]):
-            self.views.update(t for t in node.outputs if t is not None)
+        # A view with no planned bytes of its own (the planner's alias) of memory that is the
+        # same each run (a view copied into planned bytes is a copy, every run).
+        if (
+            targets is None
+            and node.kind in VIEW_KINDS
+            and node.inputs
+            and self._same_each_run(node.inputs[0])
+        ):
+            outputs = [t for t in node.outputs if t is not None]
+            self.views.update(outputs)
+            if recorded is not None:
+                recorded[node.layer] = ViewOutputs({t: self.device_values[t] for t in outputs})
 
     def _same_each_run(self, tid: int | None) -> bool:
         """Whether tensor ``tid`` is the same in every run in this pool: a constant, planned

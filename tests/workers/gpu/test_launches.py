@@ -102,6 +102,8 @@ def _view_network() -> flowrt.Network:
 
 
 async def test_layers_reading_a_view_of_pool_memory_are_recorded_too(gpu, launch_counts):
+    from flowrt.engine.scheduler.device_segments import BoundGroup
+
     """A Reshape's output is its input's planned bytes, the same in every run: the Transpose
     and MatMul after it replay their launches; only the Conv reading the feed does not."""
     feeds = [
@@ -119,6 +121,13 @@ async def test_layers_reading_a_view_of_pool_memory_are_recorded_too(gpu, launch
             out = await model.run(feed)
             np.testing.assert_allclose(out["y"], want["y"], rtol=1e-5, atol=1e-5)
             per_run.append(dict(launch_counts))
+        programs = model.pools.pools[0].programs
+        (program,) = [v for k, v in programs.items() if isinstance(k, tuple) and k[0] == "device program"]
+    # the Reshape runs no code of its own: its tensor is published with the recorded group
+    steps = [
+        [n.layer for n in step.nodes] if isinstance(step, BoundGroup) else step.layer for step in program
+    ]
+    assert steps == ["conv", ["reshape", "transpose", "matmul"]]
     conv_launches = per_run[-1]["python"]
     assert conv_launches >= 1
     for later in per_run[2:]:
