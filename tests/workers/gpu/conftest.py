@@ -50,11 +50,8 @@ def gpu():
     return device_context(_device_to_name())
 
 
-@pytest.fixture(scope="session")
-def run_both(gpu):
-    """``run_both(kind, desc, inputs, constant=(...), activation=None)`` -> (GpuAcc outputs as
-    numpy, CpuRef outputs); asserts that GpuAcc's layer support takes the layer first.
-    ``constant`` names the input slots that are model constants."""
+def _layer_runner(gpu, half: bool):
+    """Runs one layer on GpuAcc and on CpuRef: see ``run_both`` and ``run_half``."""
     from flowrt.workers.gpu.layer_support import GpuLayerSupport
     from flowrt.workers.gpu.tensor import GpuTensor
     from flowrt.workers.gpu.workload_factory import GpuWorkloadFactory
@@ -63,10 +60,13 @@ def run_both(gpu):
     support = GpuLayerSupport()
 
     def run(kind, desc, inputs, constant=(), activation=None):
-        expected = ref_kernels()[kind](desc, *inputs)
+        if half:
+            inputs = [x.astype(np.float16) if x.dtype == np.float32 else x for x in inputs]
+        widened = [x.astype(np.float32) if x.dtype == np.float16 else x for x in inputs]
+        expected = ref_kernels()[kind](desc, *widened)
         expected = [np.asarray(e) for e in (expected if isinstance(expected, tuple) else (expected,))]
         in_infos = tuple(TensorInfo.of(x) for x in inputs)
-        out_infos = tuple(TensorInfo.of(e) for e in expected)
+        out_infos = tuple(TensorInfo.of(e.astype(np.float16) if half else e) for e in expected)
         answer = support.is_layer_supported(kind, desc, in_infos, out_infos)
         assert answer.supported, answer.reason
         constants = tuple(x if i in constant else None for i, x in enumerate(inputs))
@@ -76,9 +76,28 @@ def run_both(gpu):
         workload.prepare()
         got = workload.execute(inputs)
         assert all(isinstance(g, GpuTensor) for g in got)
+        if half:
+            assert all(g.dtype == np.float16 for g in got)  # stored as half
+            return [g.get().astype(np.float32) for g in got], expected
         return [g.get() for g in got], expected
 
     return run
+
+
+@pytest.fixture(scope="session")
+def run_both(gpu):
+    """``run_both(kind, desc, inputs, constant=(...), activation=None)`` -> (GpuAcc outputs as
+    numpy, CpuRef outputs); asserts that GpuAcc's layer support takes the layer first.
+    ``constant`` names the input slots that are model constants."""
+    return _layer_runner(gpu, half=False)
+
+
+@pytest.fixture(scope="session")
+def run_half(gpu):
+    """``run_both`` for a float16 layer (``reduce_fp32_to_fp16``): the float32 inputs rounded
+    to half, GpuAcc's half outputs widened to float32, CpuRef's float32 outputs on the same
+    rounded inputs."""
+    return _layer_runner(gpu, half=True)
 
 
 def _conv_network(channels: int = 8, size: int = 16) -> flowrt.Network:

@@ -10,7 +10,6 @@ import trio
 import flowrt
 from flowrt.registry import FusedActivation, WorkloadInfo
 from flowrt.types import DataType, TensorInfo
-from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
 from flowrt.workers.gpu.kernels import gemm as gemm_module
 from flowrt.workers.gpu.kernels.gemm import TILINGS, TK, GemmPlan
 from flowrt.workers.gpu.layer_support import GpuLayerSupport
@@ -21,34 +20,6 @@ F16 = np.float16
 
 def _normal(rng, *shape):
     return rng.standard_normal(shape).astype(np.float32)
-
-
-@pytest.fixture(scope="module")
-def run_half(gpu):
-    """``run_half(kind, desc, inputs, constant=(...), activation=None)`` -> (GpuAcc's float16
-    outputs as float32, CpuRef's float32 outputs on the same half-rounded inputs); asserts that
-    GpuAcc takes the layer in float16."""
-    factory = GpuWorkloadFactory(None, gpu)
-    support = GpuLayerSupport()
-
-    def run(kind, desc, inputs, constant=(), activation=None):
-        halves = [x.astype(F16) if x.dtype == np.float32 else x for x in inputs]
-        expected = ref_kernels()[kind](desc, *[h.astype(np.float32) if h.dtype == F16 else h for h in halves])
-        expected = [np.asarray(e) for e in (expected if isinstance(expected, tuple) else (expected,))]
-        in_infos = tuple(TensorInfo.of(x) for x in halves)
-        out_infos = tuple(TensorInfo.of(e.astype(F16)) for e in expected)
-        answer = support.is_layer_supported(kind, desc, in_infos, out_infos)
-        assert answer.supported, answer.reason
-        constants = tuple(x if i in constant else None for i, x in enumerate(halves))
-        workload = factory.create_workload(
-            WorkloadInfo("layer", kind, desc, in_infos, out_infos, constants, activation)
-        )
-        workload.prepare()
-        got = [g.get() for g in workload.execute(halves)]
-        assert all(g.dtype == F16 for g in got)  # stored as half
-        return [g.astype(np.float32) for g in got], expected
-
-    return run
 
 
 def _close(got, expected):
