@@ -64,9 +64,7 @@ class GpuBackendContext:
         return LAUNCHED[0]
 
     def upload(self, queue: Any, array: np.ndarray) -> tuple[GpuTensor, Any]:
-        # A float16 tensor (a host backend's, read by a float16 layer) stays half.
-        dtype = np.float16 if array.dtype == np.float16 else np.float32
-        return self.device.enqueue_upload(queue, array, dtype)
+        return self.device.enqueue_upload(queue, array)
 
     def download(self, queue: Any, tensor: GpuTensor) -> tuple[np.ndarray, Any]:
         return self.device.enqueue_download(queue, tensor)

@@ -73,19 +73,25 @@ class DeviceContext:
         lent = current_scratch.get()
         return lent if lent is not None and lent.context is self.context else None
 
-    def upload(self, array: Any, dtype: Any = np.float32) -> GpuTensor:
-        """A device copy of a host array, as ``dtype``; blocks until the copy is done."""
+    def upload(self, array: Any, dtype: Any = None) -> GpuTensor:
+        """A device copy of a host array, as ``dtype`` (see ``enqueue_upload``); blocks until
+        the copy is done."""
         tensor, event = self.enqueue_upload(self.queue, array, dtype)
         if event is not None:
             event.wait()
         return tensor
 
-    def enqueue_upload(self, queue: Any, array: Any, dtype: Any = np.float32) -> tuple[GpuTensor, Any]:
+    def enqueue_upload(self, queue: Any, array: Any, dtype: Any = None) -> tuple[GpuTensor, Any]:
         """A device copy of a host array, as ``dtype``, enqueued on ``queue`` without waiting;
         returns it and the copy's event (None when there was nothing to copy). Keep the event
-        until it completes: it holds the host bytes the copy reads."""
+        until it completes: it holds the host bytes the copy reads. By default float16 stays
+        half (a float16 layer's weights, or a host backend's tensor it reads) and anything
+        else goes as float32."""
         refuse("an upload")
-        host = np.ascontiguousarray(array, dtype=dtype)
+        source = np.asarray(array)
+        if dtype is None:
+            dtype = np.float16 if source.dtype == np.float16 else np.float32
+        host = np.ascontiguousarray(source, dtype=dtype)
         lent = self._lent_scratch()
         if not host.size:
             return self.empty(host.shape, host.dtype), None

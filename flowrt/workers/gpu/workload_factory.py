@@ -51,7 +51,7 @@ class GpuWorkload:
         self.kernel.prepare()
         for i, value in enumerate(self.info.constants):
             if value is not None and i not in self.kernel.host_inputs:
-                self.device_constants[i] = self.context.upload(value, _stored(value))
+                self.device_constants[i] = self.context.upload(value)
         self.activation_kernel = None
         if self.info.activation is not None and not self.kernel.fuses_activation:
             self.activation_kernel = self.context.kernel("elementwise", "activation", self.kernel.storage)
@@ -140,8 +140,7 @@ class GpuWorkload:
         if isinstance(value, GpuTensor):
             return value
         # A host array the caller did not upload (``execute`` from a test, say): a blocking copy.
-        value = np.asarray(value)
-        return self.context.upload(value, _stored(value))
+        return self.context.upload(np.asarray(value))
 
 
 class GpuWorkloadFactory:
@@ -158,9 +157,3 @@ class GpuWorkloadFactory:
         if kernel is None:
             raise BackendError(f"GpuAcc has no kernel for layer {info.layer_name!r} ({info.kind})")
         return GpuWorkload(kernel(info, self.context, self.tuner))
-
-
-def _stored(value: np.ndarray) -> Any:
-    """The dtype a host value goes to the device as: float16 stays half (a float16 layer's
-    weights), anything else is float32."""
-    return np.float16 if value.dtype == np.float16 else np.float32
