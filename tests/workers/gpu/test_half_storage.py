@@ -22,7 +22,7 @@ def _normal(rng, *shape):
     return rng.standard_normal(shape).astype(np.float32)
 
 
-def _close(got, expected):
+def _assert_close(got, expected):
     """Within half's rounding of the result (and of float sums in another order)."""
     scale = float(np.abs(expected).max()) or 1.0
     np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-3 * scale)
@@ -41,16 +41,16 @@ def test_conv_and_gemm_store_half_and_a_split_k_sums_in_float(run_half, monkeypa
         "FusedConv", flowrt.descriptors.Conv(group=2, pads=(1, 1, 1, 1)), [x, w, b, residual], constant=(1, 2),
         activation=FusedActivation("Relu"),
     )  # fmt: skip
-    _close(got, np.maximum(expected, 0))
+    _assert_close(got, np.maximum(expected, 0))
     a, bt, c = _normal(rng, 100, 37), _normal(rng, 75, 100) * 0.1, _normal(rng, 37, 75)
     (got,), (expected,) = run_half(
         "Gemm", flowrt.descriptors.Gemm(transA=1, transB=1, alpha=0.5, beta=2.0), [a, bt, c], constant=(1, 2)
     )
-    _close(got, expected)
+    _assert_close(got, expected)
     (got,), (expected,) = run_half(
         "MatMul", flowrt.descriptors.MatMul(), [_normal(rng, 3, 33, 64), _normal(rng, 64, 20)]
     )
-    _close(got, expected)
+    _assert_close(got, expected)
 
 
 def test_pooling_elementwise_and_layout_kernels_store_half(run_half):
@@ -76,7 +76,7 @@ def test_pooling_elementwise_and_layout_kernels_store_half(run_half):
     for kind, desc, inputs in cases:
         outputs, expected = run_half(kind, desc, inputs)
         for got, want in zip(outputs, expected):
-            _close(got, want)
+            _assert_close(got, want)
 
 
 def test_a_cast_rounds_to_the_nearest_half_as_numpy_does_and_back_exactly(gpu):
