@@ -123,16 +123,23 @@ void gemm(int M, int N, int K, int groups, int splits, int k_split,
         ra[l] = (gr < M && gk < k1) ? LOAD(A, gr * a_rs + gk * a_cs) : 0.0f;             \
     }
 #ifdef IMPLICIT
+#ifdef WINDOW_W  // the kernel window built in: its divisions become multiplications
+#define KWIDTH WINDOW_W
+#define KCELLS (WINDOW_H * WINDOW_W)
+#else
+#define KWIDTH KW
+#define KCELLS (KH * KW)
+#endif
     // This work-item loads one column (output pixel) of every slice: rows k_row + l THREADS/TN.
-    const int b_col = tid % TN, k_row = tid / TN, kcells = KH * KW;
+    const int b_col = tid % TN, k_row = tid / TN, kcells = KCELLS;
     const int out_pixel = col0 + b_col, in_columns = out_pixel < N;
     const int ih0 = (out_pixel / OW) * SH - PH, iw0 = (out_pixel % OW) * SW - PW;
 #define LOAD_SLICE(t)                                                                    \
     LOAD_A(t)                                                                            \
     for (int l = 0; l < B_LOADS; ++l) {                                                  \
         int gk = (t) + k_row + l * (THREADS / TN);                                       \
-        int c = gk / kcells, cell = gk - c * kcells, kh = cell / KW;                     \
-        int ih = ih0 + kh * DH, iw = iw0 + (cell - kh * KW) * DW;                        \
+        int c = gk / kcells, cell = gk - c * kcells, kh = cell / KWIDTH;                 \
+        int ih = ih0 + kh * DH, iw = iw0 + (cell - kh * KWIDTH) * DW;                    \
         rb[l] = (in_columns && gk < k1 && (uint)ih < (uint)H && (uint)iw < (uint)W)      \
                     ? LOAD(B, (c * H + ih) * W + iw) : 0.0f;                             \
     }

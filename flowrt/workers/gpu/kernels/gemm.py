@@ -191,7 +191,9 @@ class Gemm:
 
     def _kernels(self, plan: GemmPlan) -> tuple[Any, Any]:
         storage = self.owner.storage
-        defines = plan.tiling.defines + (" -DIMPLICIT" if self.implicit else "") + storage
+        defines = plan.tiling.defines + storage
+        if self.implicit:  # the kernel window built in (image holds H, W, KH, KW, ...)
+            defines += f" -DIMPLICIT -DWINDOW_H={self.image[2]} -DWINDOW_W={self.image[3]}"
         if plan.splits > 1 and storage:  # the partial products stay float (gemm.cl's PARTIAL_FLOAT)
             defines += " -DPARTIAL_FLOAT"
         kernel = self.owner.context.kernel("gemm", "gemm", defines)
