@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from flowrt.workers.gpu.arena_cache import ArenaCache
-from flowrt.workers.gpu.device import choose_device, cl, takes_priority_hints
+from flowrt.workers.gpu.device import choose_device, cl, has_tensor_cores, takes_priority_hints
 from flowrt.workers.gpu.launches import refuse
 from flowrt.workers.gpu.program import ProgramCache
 from flowrt.workers.gpu.scratch import ScratchSet, ScratchSets, current_scratch
@@ -46,6 +46,11 @@ class DeviceContext:
         if self._priority_hints is None:
             self._priority_hints = takes_priority_hints(self.device, self.context)
         return self._priority_hints
+
+    @property
+    def tensor_cores(self) -> bool:
+        """Whether half GEMMs run on this device's tensor cores (``has_tensor_cores``)."""
+        return has_tensor_cores(self.device)
 
     def kernel(self, program: str, name: str, defines: str = "") -> TypedKernel:
         """A new kernel object for ``name`` in ``program`` built with ``defines`` (a

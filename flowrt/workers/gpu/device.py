@@ -210,6 +210,18 @@ def takes_priority_hints(device: Any, context: Any = None) -> bool:
     return True
 
 
+def has_tensor_cores(device: Any) -> bool:
+    """Whether GpuAcc multiplies half operands on ``device``'s tensor cores: an NVIDIA GPU of
+    compute capability 8.0 or later (Ampere, Hopper), whose OpenCL compiler takes PTX's
+    ``mma.sync`` inline (gemm.cl's TENSOR_CORES build). Read from the NVIDIA attribute query."""
+    if not (device.type & cl.device_type.GPU) or "cl_nv_device_attribute_query" not in device.extensions:
+        return False
+    try:
+        return int(device.compute_capability_major_nv) >= 8
+    except (cl.Error, AttributeError):
+        return False
+
+
 @attrs.frozen
 class DeviceDescription:
     """One OpenCL device as ``flowrt backends`` shows it."""
@@ -221,6 +233,7 @@ class DeviceDescription:
     driver_version: str
     global_memory_bytes: int
     priority_hints: bool
+    tensor_cores: bool = False  # half GEMMs on the tensor cores (has_tensor_cores)
     build_failure: str = ""  # why its compiler builds no kernel; "" when it does
     chosen: bool = False  # the one GpuAcc takes with no opencl_device given (if any)
 
@@ -245,6 +258,7 @@ def _descriptions(chosen: int | None) -> list[DeviceDescription]:
             driver_version=device.driver_version,
             global_memory_bytes=int(device.global_mem_size),
             priority_hints=takes_priority_hints(device),
+            tensor_cores=has_tensor_cores(device),
             build_failure=build_failure(device),
             chosen=device.int_ptr == chosen,
         )

@@ -106,7 +106,7 @@ def test_every_tiling_and_k_split_matches_cpuref(run_both, monkeypatch, tiling, 
     """Each build of gemm.cl, whole or with K split and reduced, on shapes no tile divides:
     a grouped convolution with bias and a fused ReLU, and a Gemm of transposed operands."""
 
-    def forced(shape, batches, units, cpu=False):
+    def forced(shape, batches, units, cpu=False, tilings=TILINGS):
         k = shape[2]
         return GemmPlan(TILINGS[tiling], splits, -(-k // splits // TK) * TK)
 
@@ -144,7 +144,7 @@ def test_fused_conv_adds_its_residual_before_the_activation(run_both, monkeypatc
     planned = gemm_module.plan_gemm
     monkeypatch.setattr(
         gemm_module, "plan_gemm",
-        lambda shape, batches, units, cpu=False: attrs.evolve(
+        lambda shape, batches, units, cpu=False, tilings=TILINGS: attrs.evolve(
             planned(shape, batches, units), splits=splits, k_split=-(-shape[2] // splits // TK) * TK
         ),
     )  # fmt: skip

@@ -185,7 +185,8 @@ async def test_kernel_temporaries_come_from_their_pools_scratch_set_that_later_r
     feeds, expected = conv_net_reference
     planned = gemm_module.plan_gemm
 
-    def split_k(shape, batches, units, cpu=False):  # partial sums in scratch, as on a large device
+    # partial sums in scratch, as on a large device
+    def split_k(shape, batches, units, cpu=False, tilings=gemm_module.TILINGS):
         plan = planned(shape, batches, units)
         k_split = -(-shape[2] // 2 // gemm_module.TK) * gemm_module.TK
         return attrs.evolve(plan, splits=-(-shape[2] // k_split), k_split=k_split)

@@ -30,8 +30,8 @@ def _assert_close(got, expected):
 
 @pytest.mark.parametrize("splits", [1, 3])
 def test_conv_and_gemm_store_half_and_a_split_k_sums_in_float(run_half, monkeypatch, splits):
-    def forced(shape, batches, units, cpu=False):
-        return GemmPlan(TILINGS["64x64"], splits, -(-shape[2] // splits // TK) * TK)
+    def forced(shape, batches, units, cpu=False, tilings=TILINGS):
+        return GemmPlan(tilings["64x64"], splits, -(-shape[2] // splits // TK) * TK)
 
     monkeypatch.setattr(gemm_module, "plan_gemm", forced)
     rng = np.random.default_rng(3)

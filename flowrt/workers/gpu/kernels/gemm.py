@@ -46,6 +46,9 @@ class Tiling:
     efficiency: float
     blocked: bool = False
     depth: int = 16  # the K slice staged in local memory at a time (gemm.cl's TK)
+    # On the tensor cores (gemm.cl's MMA build): ``item_rows`` x ``item_cols`` is then one
+    # warp's block of m16n8k16 products, and a work-group is one warp per block of the tile.
+    mma: bool = False
 
     @property
     def name(self) -> str:
@@ -53,12 +56,17 @@ class Tiling:
 
     @property
     def defines(self) -> str:
+        if self.mma:
+            warps = f"-DWARPS_M={self.rows // self.item_rows} -DWARPS_N={self.cols // self.item_cols}"
+            return f"-DMMA {warps} -DFRAG_M={self.item_rows // 16} -DFRAG_N={self.item_cols // 8} -DTK={self.depth}"
         blocked = " -DBLOCKED" if self.blocked else ""
         sizes = f"-DTM={self.rows} -DTN={self.cols} -DWPTM={self.item_rows} -DWPTN={self.item_cols} -DTK={self.depth}"
         return sizes + blocked
 
     @property
     def local_size(self) -> tuple[int, int, int]:
+        if self.mma:
+            return (32 * (self.rows // self.item_rows) * (self.cols // self.item_cols), 1, 1)
         return (self.cols // self.item_cols, self.rows // self.item_rows, 1)
 
 
@@ -78,7 +86,24 @@ TILINGS = {
         Tiling(32, 32, 2, 2, resident=4, efficiency=0.44, blocked=True),
     )
 }
-TK = 16  # a K split's slices are whole steps of this many (every tiling's depth divides it)
+# The tensor cores' builds, for half operands on a device that has them (has_tensor_cores):
+# warps of 32 x 32 blocks of C, two to sixteen warps a work-group. Their residency and
+# efficiency (in the FMA tilings' unit) are fitted to device timings of resnet50's
+# convolutions at batch 1 and 8 on an H200, every tiling and split of 1, 2, 4 and 8: the
+# plans they give take 2.58 and 1.26 ms in all, against 2.49 and 1.25 for the best of each
+# shape (the FMA builds' best: 3.89 and 1.48). Loading the slices, not multiplying them,
+# bounds these kernels (20-37 TFLOP/s at batch 8), so larger tiles, which load less per
+# product, pay where there are enough of them.
+MMA_TILINGS = {
+    t.name: t
+    for t in (
+        Tiling(128, 128, 32, 32, resident=1, efficiency=1.5, depth=32, mma=True),
+        Tiling(128, 64, 32, 32, resident=2, efficiency=0.9, depth=32, mma=True),
+        Tiling(64, 64, 32, 32, resident=2, efficiency=0.8, depth=32, mma=True),
+        Tiling(32, 64, 32, 32, resident=4, efficiency=0.8, depth=32, mma=True),
+    )
+}
+TK = 16  # a K split's slices are whole steps of this many (every FMA tiling's depth divides it)
 _SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 # A split-K reduction's fixed cost (its launch) and its cost per float read, in the unit of
 # _cost: cycles of one compute unit. The launch is priced at what the host pays to enqueue one
@@ -108,14 +133,16 @@ def _cost(m: int, n: int, k: int, batches: int, units: int, tiling: Tiling, spli
     return cycles
 
 
-def ranked_plans(shape: tuple[int, int, int], batches: int, units: int) -> list[GemmPlan]:
+def ranked_plans(
+    shape: tuple[int, int, int], batches: int, units: int, tilings: dict[str, Tiling] = TILINGS
+) -> list[GemmPlan]:
     """Every tiling and K split of an (M, N, K) GEMM of ``batches`` batches, cheapest first on
     a device of ``units`` compute units by :func:`_cost`: large tiles where there are enough
     of them to fill the device, smaller ones or a split K where there are not (a batch-1
     convolution of a deep layer has a few dozen pixels and thousands of K)."""
     m, n, k = shape
     candidates = []
-    for index, tiling in enumerate(TILINGS.values()):
+    for index, tiling in enumerate(tilings.values()):
         for splits in _SPLITS:
             plan = _plan(tiling, splits, k)
             if plan is not None and (splits == 1 or k >= splits * 8 * TK):
@@ -134,13 +161,20 @@ def _plan(tiling: Tiling, splits: int, k: int) -> GemmPlan | None:
 CPU_TILING = "64x64"
 
 
-def plan_gemm(shape: tuple[int, int, int], batches: int, units: int, cpu: bool = False) -> GemmPlan:
-    """The plan :func:`ranked_plans` ranks first; on a CPU device, CPU_TILING with K whole."""
+def plan_gemm(
+    shape: tuple[int, int, int],
+    batches: int,
+    units: int,
+    cpu: bool = False,
+    tilings: dict[str, Tiling] = TILINGS,
+) -> GemmPlan:
+    """The plan :func:`ranked_plans` ranks first among ``tilings``; on a CPU device, its
+    CPU_TILING with K whole."""
     if cpu:
-        whole = _plan(TILINGS[CPU_TILING], 1, shape[2])
+        whole = _plan(tilings[CPU_TILING], 1, shape[2])
         assert whole is not None  # one split always fits
         return whole
-    return ranked_plans(shape, batches, units)[0]
+    return ranked_plans(shape, batches, units, tilings)[0]
 
 
 class Gemm:
@@ -155,7 +189,10 @@ class Gemm:
 
     With ``image`` (a convolution's (H, W, KH, KW, OW, SH, SW, PH, PW, DH, DW)), B is the
     convolution's column matrix read from the image itself (gemm.cl's IMPLICIT build): B's
-    operand is the image, its ``step`` one group's channels, its strides unused."""
+    operand is the image, its ``step`` one group's channels, its strides unused.
+
+    A layer stored as half on a device with tensor cores (``DeviceContext.tensor_cores``)
+    plans among MMA_TILINGS, gemm.cl's MMA builds, and tunes under its own name."""
 
     def __init__(
         self,
@@ -169,19 +206,24 @@ class Gemm:
         self.batches = batches
         self.image = ints(*(image or (0,) * 11))
         self.implicit = image is not None
-        self.name = "gemm_implicit" if image else "gemm"
+        # Half operands go to the tensor cores where the device has them.
+        self.mma = bool(owner.storage) and owner.context.tensor_cores
+        self.tilings = MMA_TILINGS if self.mma else TILINGS
+        self.name = ("gemm_implicit" if image else "gemm") + ("_mma" if self.mma else "")
         self.device = owner.context.device
         tuned = owner.tuner.plan(self.device, self.name, (*shape, batches))
         plan = self._tuned_plan(tuned) if tuned is not None else None
         self.tuned = plan is not None
         self.cpu = bool(self.device.type & cl.device_type.CPU)
-        self.plan = plan or plan_gemm(shape, batches, int(self.device.max_compute_units), self.cpu)
+        self.plan = plan or plan_gemm(
+            shape, batches, int(self.device.max_compute_units), self.cpu, tilings=self.tilings
+        )
         self.kernel, self.reduce = self._kernels(self.plan)
 
     def _tuned_plan(self, tuned: tuple[int, ...]) -> GemmPlan | None:
         """The tuning file's (tile rows, tile columns, splits) as a plan; None, logged, when
         it names no tiling of this version or a split K does not take."""
-        tiling = TILINGS.get(f"{tuned[0]}x{tuned[1]}") if len(tuned) == 3 else None
+        tiling = self.tilings.get(f"{tuned[0]}x{tuned[1]}") if len(tuned) == 3 else None
         plan = _plan(tiling, tuned[2], self.shape[2]) if tiling is not None and tuned[2] >= 1 else None
         if plan is None:
             logger.warning(
@@ -194,6 +236,8 @@ class Gemm:
         defines = plan.tiling.defines + storage
         if self.implicit:  # the kernel window built in (image holds H, W, KH, KW, ...)
             defines += f" -DIMPLICIT -DWINDOW_H={self.image[2]} -DWINDOW_W={self.image[3]}"
+        if self.mma and not self.cpu:  # a CPU device computes the warps' products without them
+            defines += " -DTENSOR_CORES"
         if plan.splits > 1 and storage:  # the partial products stay float (gemm.cl's PARTIAL_FLOAT)
             defines += " -DPARTIAL_FLOAT"
         kernel = self.owner.context.kernel("gemm", "gemm", defines)
@@ -241,7 +285,7 @@ class Gemm:
 
             return run
 
-        ranked = ranked_plans(self.shape, self.batches, int(self.device.max_compute_units))
+        ranked = ranked_plans(self.shape, self.batches, int(self.device.max_compute_units), self.tilings)
         if self.cpu:  # one tiling there (see CPU_TILING): its splits only
             ranked = [p for p in ranked if p.tiling.name == CPU_TILING]
         by_key: dict[tuple[int, ...], GemmPlan] = {
