@@ -27,7 +27,7 @@ def _print_opencl_devices() -> None:
         print(
             f" {'*' if d.chosen else ' '} {d.index}  {d.name}  [{d.type}]  {d.platform}, driver "
             f"{d.driver_version}  memory {d.global_memory_bytes / 2**30:.1f} GiB  queue priority hints: {hints}"
-            f"{broken}"
+            f"  tensor cores: {'yes' if d.tensor_cores else 'no'}{broken}"
         )
 
 

@@ -56,7 +56,8 @@ def _optimizer_flags(parser: argparse.ArgumentParser) -> None:
         dest="reduce_fp32_to_fp16",
         help="keep weights as float16 where a backend can (OptimizerOptions(reduce_fp32_to_fp16=True): "
         "CpuAcc halves its weights' bytes and computes in float32, GpuAcc stores its layers' tensors and "
-        "weights as half and computes in float; .onnx models, or a .flowrt converted with it)",
+        "weights as half and computes in float, multiplying halves on tensor cores where the GPU has them; "
+        ".onnx models, or a .flowrt converted with it)",
     )
 
 

@@ -157,6 +157,20 @@ def test_flowrt_backends_lists_opencl_devices_with_memory_and_priority_hints(gpu
     (line,) = [line for line in out.splitlines() if line.startswith(" * 0:0")]
     assert gpu.device.name.strip() in line and " GiB " in line
     assert f"queue priority hints: {'yes' if gpu.priority_hints else 'no'}" in line
+    assert f"tensor cores: {'yes' if gpu.tensor_cores else 'no'}" in line
+
+
+def test_tensor_cores_are_an_nvidia_gpu_of_compute_capability_8_or_later():
+    class Fake:
+        def __init__(self, kind, extensions, major):
+            self.type, self.extensions, self.compute_capability_major_nv = kind, extensions, major
+
+    gpu, cpu = device.cl.device_type.GPU, device.cl.device_type.CPU
+    nv = "cl_khr_fp64 cl_nv_device_attribute_query"
+    assert device.has_tensor_cores(Fake(gpu, nv, 9)) and device.has_tensor_cores(Fake(gpu, nv, 8))
+    assert not device.has_tensor_cores(Fake(gpu, nv, 7))  # Volta's and Turing's mma shapes differ
+    assert not device.has_tensor_cores(Fake(gpu, "cl_khr_fp64", 9))  # not NVIDIA's driver
+    assert not device.has_tensor_cores(Fake(cpu, nv, 9))
 
 
 def test_flowrt_backends_says_why_there_is_no_opencl_device(monkeypatch, capsys):
