@@ -128,9 +128,10 @@ def infer_matmul(desc, inputs, consts):
 @layer_kind("MatMulBias", NoDescriptor, min_inputs=3, max_inputs=3)
 def infer_matmul_bias(desc, inputs, consts):
     """flowrt's own: ``MatMul(A, B) + bias`` with B a matrix and bias a vector along its
-    columns (what the optimizer fuses a Linear layer on a sequence into)."""
+    columns (what the optimizer fuses a Linear layer on a sequence into); float32, or float16
+    where a backend stores half (reduce_fp32_to_fp16)."""
     a, b, bias = inputs
-    expect_types([a, b, bias], frozenset({D.FLOAT32}), "MatMulBias")
+    expect_types([a, b, bias], frozenset({D.FLOAT32, D.FLOAT16}), "MatMulBias")
     if b.shape is not None and len(b.shape) != 2:
         raise ShapeError(f"MatMulBias expects B of rank 2, got {b.format_shape()}")
     if bias.shape is not None and (

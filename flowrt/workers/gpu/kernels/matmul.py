@@ -1,4 +1,4 @@
-"""MatMul with numpy's batch rules on gemm.cl's tiled GEMM (through :class:`Gemm`).
+"""MatMul with numpy's batch rules, and MatMulBias, on gemm.cl's tiled GEMM (through :class:`Gemm`).
 
 A (..., M, K) @ B (..., K, N): when only A has batch dims they fold into M (one GEMM of
 batch * M rows); when only B has them, each batch multiplies the one A; when both have the
@@ -65,4 +65,19 @@ class MatMulKernel(GpuKernel):
         return self.gemm.enqueue(
             queue, Operand(a, k, 1, m * k), Operand(b, n, 1, k * n), outputs[0],
             groups=batches if a_batches > 1 else 1, activation=self.info.activation,
+        )  # fmt: skip
+
+
+@gpu_kernel("MatMulBias")
+class MatMulBiasKernel(MatMulKernel):
+    """Y = A @ B + bias: the rows of A (any rank) by the matrix B, plus a vector along the
+    columns, added in the GEMM's epilogue (a transformer's projections, fused from MatMul +
+    Add)."""
+
+    def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
+        a, b, bias = inputs[:3]
+        m, n, k, *_ = self.plan
+        return self.gemm.enqueue(
+            queue, Operand(a, k, 1, m * k), Operand(b, n, 1, k * n), outputs[0], Operand(bias, 0, 1),
+            activation=self.info.activation,
         )  # fmt: skip
