@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from flowrt.engine.graph.passes.fusions import conv_residual, offer_fusions
+from flowrt.engine.graph.passes.pattern_fusions import PATTERN_FUSIONS
 from flowrt.engine.memory.manager import MemoryManager
 from flowrt.errors import BackendError
 from flowrt.registry import OptimizationViews
@@ -19,7 +20,19 @@ from flowrt.workers.gpu.workload_factory import GpuWorkloadFactory
 
 # Kernels that apply a fused activation in their own store; other kinds would need a pass more.
 FUSED_ACTIVATION_KINDS = frozenset(
-    {"Conv", "FusedConv", "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Sum", "BatchNormalization"}
+    {
+        "Conv",
+        "FusedConv",
+        "Gemm",
+        "MatMul",
+        "MatMulBias",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Sum",
+        "BatchNormalization",
+    }
 )
 
 
@@ -69,14 +82,16 @@ class GpuAccBackend:
         return GpuLayerSupport()
 
     def optimize_subgraph(self, view: Any) -> OptimizationViews:
-        """MatMul + bias Add (+ activation) as one Gemm, Conv + residual Add (+ activation) as
-        one FusedConv, and an activation fused into the layer before it (Conv + bias + Relu as
-        one Conv; the activations of common.cl's ``activate``): see ``offer_fusions``."""
+        """MatMul + bias Add (+ activation) as one Gemm or MatMulBias, Conv + residual Add
+        (+ activation) as one FusedConv, an activation fused into the layer before it (Conv +
+        bias + Relu as one Conv; the activations of common.cl's ``activate``), and the
+        activations and normalizations written out of small ops that GpuAcc runs as one layer
+        (``PATTERN_FUSIONS``: Gelu, LayerNormalization): see ``offer_fusions``."""
         return offer_fusions(
             view,
             self.layer_support(),
             FUSED_ACTIVATION_KINDS,
-            patterns=(conv_residual,),
+            patterns=(*PATTERN_FUSIONS, conv_residual),
             activations=activation_codes(),
         )
 

@@ -85,22 +85,34 @@ def encoder_block() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-async def _run(model: onnx.ModelProto, backends, x):
-    opt = flowrt.optimize(flowrt.onnx.load(model), backends=backends)
+async def _run(model: onnx.ModelProto, backends, x, half=False):
+    options = flowrt.OptimizerOptions(reduce_fp32_to_fp16=half)
+    opt = flowrt.optimize(flowrt.onnx.load(model), backends=backends, options=options)
     async with flowrt.Runtime(cpu_workers=1) as rt:
         loaded = await rt.load(opt, max_in_flight=1)
         return opt, (await loaded.run({"x": x}))["y"]
 
 
-def test_encoder_block_runs_entirely_on_gpuacc_and_matches_cpuref(gpu):
+@pytest.mark.parametrize("half", [False, True])
+def test_encoder_block_runs_entirely_on_gpuacc_in_fused_layers_and_matches_cpuref(gpu, half):
+    """Each Linear (MatMul + Add) is one MatMulBias, the feed-forward's Gelu (written out
+    with Erf) is applied in the first one's epilogue, the LayerNormalization written out of
+    ReduceMean, Pow and Sqrt is one layer; in float16 too (reduce_fp32_to_fp16)."""
     model = encoder_block()
     x = np.random.default_rng(1).standard_normal((1, SEQ, HIDDEN)).astype(np.float32)
-    opt, got = trio.run(_run, model, ["GpuAcc", "CpuRef"], x)
-    kinds = {layer.kind for layer in opt.graph if layer.backend}
-    assert {"MatMul", "Softmax", "Transpose", "LayerNormalization", "Erf", "ReduceMean", "Pow"} <= kinds
+    opt, got = trio.run(_run, model, ["GpuAcc", "CpuRef"], x, half)
+    layers = [layer for layer in opt.graph if layer.backend]
+    kinds = {layer.kind for layer in layers}
+    assert {"MatMulBias", "MatMul", "Softmax", "Transpose", "LayerNormalization"} <= kinds
+    assert not kinds & {"Erf", "ReduceMean", "Pow", "Sqrt"}, kinds
+    linears = [layer for layer in layers if layer.kind == "MatMulBias"]
+    assert len(linears) == 6 and [layer.activation.kind for layer in linears if layer.activation] == ["Gelu"]
     assert set(opt.assignments().values()) == {"GpuAcc"}, opt.assignments()
+    if half:
+        assert {layer.outputs[0].info.dtype for layer in linears} == {flowrt.types.DataType.FLOAT16}
     _, expected = trio.run(_run, model, ["CpuRef"], x)
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    tolerance = 1e-2 * float(np.abs(expected).max()) if half else 1e-4
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=tolerance)
 
 
 @st.composite

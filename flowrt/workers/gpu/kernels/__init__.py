@@ -38,8 +38,8 @@ RANK = 6  # the largest rank strided_offset handles
 
 
 # The activation table's curves (fused only by the backends that offer them) that GpuAcc
-# applies too: MobileNetV3's.
-GPU_CURVES = frozenset({"HardSigmoid", "HardSwish"})
+# applies too: MobileNetV3's, and the transformers' Gelu (its exact, erf form).
+GPU_CURVES = frozenset({"HardSigmoid", "HardSwish", "Gelu"})
 
 
 @functools.cache

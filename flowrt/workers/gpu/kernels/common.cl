@@ -31,6 +31,7 @@
 #define ACT_TANH 5
 #define ACT_HARD_SIGMOID 6
 #define ACT_HARD_SWISH 7
+#define ACT_GELU 10
 
 float activate(float v, int code, float alpha, float beta) {
     switch (code) {
@@ -45,6 +46,7 @@ float activate(float v, int code, float alpha, float beta) {
     case ACT_TANH: return tanh(v);
     case ACT_HARD_SIGMOID: return clamp(v * alpha + beta, 0.0f, 1.0f);
     case ACT_HARD_SWISH: return v * clamp(v * (1.0f / 6.0f) + 0.5f, 0.0f, 1.0f);
+    case ACT_GELU: return 0.5f * v * (1.0f + erf(v * 0.70710678118654752f));  // the exact (erf) form
     default: return v;
     }
 }
