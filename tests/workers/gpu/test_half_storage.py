@@ -67,6 +67,9 @@ def test_pooling_elementwise_and_layout_kernels_store_half(run_half):
         ("Sum", None, [x, x * 2, _normal(rng, 9)]),
         ("Concat", flowrt.descriptors.Concat(axis=1), [x, _normal(rng, 2, 3, 9, 9)]),
         ("Transpose", flowrt.descriptors.Transpose(perm=(0, 2, 3, 1)), [x]),
+        ("Softmax", flowrt.descriptors.Softmax(axis=-1), [x * 3]),
+        ("Softmax", flowrt.descriptors.Softmax(axis=1), [x * 3]),
+        ("LayerNormalization", flowrt.descriptors.LayerNormalization(axis=-1), [x, *_normal(rng, 2, 9)]),
         (
             "BatchNormalization",
             flowrt.descriptors.BatchNormalization(),
@@ -115,16 +118,16 @@ def test_gpuacc_takes_no_cast_it_cannot_do_and_no_float16_layer_its_kernel_does_
     support = GpuLayerSupport()
     ints = TensorInfo((4,), DataType.INT64)
     floats = TensorInfo((4,), DataType.FLOAT32)
-    halves = TensorInfo((4,), DataType.FLOAT16)
     answer = support.is_layer_supported("Cast", flowrt.descriptors.Cast(to=1), [ints], [floats])
     assert not answer.supported and "GpuAcc runs float32 and float16 (stored as half) only" in answer.reason
-    answer = support.is_layer_supported("Softmax", flowrt.descriptors.Softmax(axis=0), [halves], [halves])
+    images = TensorInfo((1, 4, 2, 2), DataType.FLOAT16)
+    answer = support.is_layer_supported("LRN", flowrt.descriptors.LRN(size=3), [images], [images])
     assert not answer.supported and "GpuAcc runs float32 only; input 0 is float16" in answer.reason
 
 
 def test_a_cnn_reduced_to_float16_runs_its_layers_and_casts_on_gpuacc_close_to_cpuref(gpu, conv_network):
-    """Through the public API: every layer with a half kernel converted and on GpuAcc, the
-    Casts at the borders on GpuAcc too, half the activation bytes of the float32 plan, and
+    """Through the public API: every layer converted (each has a half kernel) and on GpuAcc,
+    the Casts at the borders on GpuAcc too, half the activation bytes of the float32 plan, and
     outputs within 1e-2 of CpuRef's, not equal to float32's (the rounding shows)."""
     x = np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype(np.float32)
 
@@ -142,12 +145,21 @@ def test_a_cnn_reduced_to_float16_runs_its_layers_and_casts_on_gpuacc_close_to_c
     _, full, full_memory = trio.run(run, ["GpuAcc", "CpuRef"], False)
     opt, half, half_memory = trio.run(run, ["GpuAcc", "CpuRef"], True)
     reduced = {p.split("'")[1] for p in opt.passes if p.startswith("reduced ")}
-    assert reduced == {"conv1", "MaxPool", "conv2", "concat", "GlobalAveragePool", "Flatten", "gemm"}
+    assert reduced == {
+        "conv1",
+        "MaxPool",
+        "conv2",
+        "concat",
+        "GlobalAveragePool",
+        "Flatten",
+        "gemm",
+        "softmax",
+    }
     layers = {layer.name: layer for layer in opt.graph}
     assert all(layers[name].backend == "GpuAcc" for name in reduced)
     casts = [layer for layer in opt.graph if layer.kind == "Cast"]
-    assert len(casts) == 2 and all(c.backend == "GpuAcc" for c in casts)  # in, and out to Softmax
-    assert layers["softmax"].outputs[0].info.dtype is DataType.FLOAT32  # no half kernel: float32
+    assert len(casts) == 2 and all(c.backend == "GpuAcc" for c in casts)  # in, and out to the output
+    assert layers["softmax"].outputs[0].info.dtype is DataType.FLOAT16
     assert half.dtype == np.float32
     np.testing.assert_allclose(full, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(half, want, rtol=0, atol=1e-2 * np.abs(want).max())

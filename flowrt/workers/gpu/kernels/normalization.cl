@@ -29,23 +29,23 @@ __kernel void lrn(__global const float* x, int x_off, __global float* y, int y_o
     y[i] = x[i] / pow(bias + alpha_over_size * sum, beta);
 }
 
-// One work-item per row: a row is axis_len values inner apart; shifted by its max.
-__kernel void softmax(__global const float* x, int x_off, __global float* y, int y_off, int axis_len, int inner, int rows) {
+// One work-item per row: a row is axis_len values inner apart; shifted by its max. x and y
+// are DATA (common.cl); each exponential is computed again for the last pass, so a half y
+// is rounded once.
+__kernel void softmax(__global const DATA* x, int x_off, __global DATA* y, int y_off, int axis_len, int inner, int rows) {
     x += x_off; y += y_off;
     int r = get_global_id(0);
     if (r >= rows) return;
     int base = (r / inner) * axis_len * inner + r % inner;
     float top = -INFINITY;
-    for (int k = 0; k < axis_len; ++k) top = fmax(top, x[base + k * inner]);
+    for (int k = 0; k < axis_len; ++k) top = fmax(top, LOAD(x, base + k * inner));
     // Compensated (Kahan) sum: a plain running sum of a long row drifts by up to
     // axis_len * FLT_EPSILON, where numpy's pairwise sum stays near the exact value.
     float sum = 0.0f, lost = 0.0f;
     for (int k = 0; k < axis_len; ++k) {
-        float e = exp(x[base + k * inner] - top);
-        y[base + k * inner] = e;
-        float term = e - lost, next = sum + term;
+        float term = exp(LOAD(x, base + k * inner) - top) - lost, next = sum + term;
         lost = (next - sum) - term;
         sum = next;
     }
-    for (int k = 0; k < axis_len; ++k) y[base + k * inner] /= sum;
+    for (int k = 0; k < axis_len; ++k) STORE(y, base + k * inner, exp(LOAD(x, base + k * inner) - top) / sum);
 }

@@ -73,8 +73,10 @@ class LRNKernel(GpuKernel):
 class SoftmaxKernel(GpuKernel):
     """Softmax along an axis (through the 2-D view before opset 13), shifted by the row max."""
 
+    half_storage = True
+
     def prepare(self) -> None:
-        self.kernel = self.context.kernel("normalization", "softmax")
+        self.kernel = self.context.kernel("normalization", "softmax", self.storage)
         shape = self.output_shapes[0]
         desc = self.info.descriptor
         axis = desc.resolved_axis(len(shape), "Softmax")
@@ -95,6 +97,8 @@ class LayerNormalizationKernel(GpuKernel):
     """Each row of the dims from ``axis`` on standardized, then scaled and shifted; the
     optional Mean and InvStdDev outputs hold each row's statistics."""
 
+    half_storage = True
+
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
         shape = static_shape(info.inputs[0])
@@ -109,7 +113,7 @@ class LayerNormalizationKernel(GpuKernel):
         return Support.yes()
 
     def prepare(self) -> None:
-        self.kernel = self.context.kernel("reduction", "layer_norm")
+        self.kernel = self.context.kernel("reduction", "layer_norm", self.storage)
         shape = static_shape(self.info.inputs[0])
         axis = self.info.descriptor.axis % len(shape)
         self.size = int(np.prod(shape[axis:], dtype=np.int64))

@@ -71,28 +71,28 @@ __kernel void reduce(__global const float* x, int x_off, __global float* y, int 
 // + bias, scale and bias read along the row with steps of 1 (0 when they are one value); the
 // row's mean goes to mean_out when stats > 0, its 1 / sqrt(var + eps) to inv_std_out when
 // stats > 1 (LayerNormalization's optional outputs).
-__kernel void layer_norm(__global const float* x, int x_off, __global float* y, int y_off,
-                         __global const float* scale, int scale_off, int scale_step,
-                         __global const float* bias, int bias_off, int bias_step, int has_bias,
-                         __global float* mean_out, int mean_out_off, __global float* inv_std_out, int inv_std_out_off, int stats,
+__kernel void layer_norm(__global const DATA* x, int x_off, __global DATA* y, int y_off,
+                         __global const DATA* scale, int scale_off, int scale_step,
+                         __global const DATA* bias, int bias_off, int bias_step, int has_bias,
+                         __global DATA* mean_out, int mean_out_off, __global DATA* inv_std_out, int inv_std_out_off, int stats,
                          int size, int rows, float epsilon) {
     x += x_off; y += y_off; scale += scale_off; bias += bias_off; mean_out += mean_out_off; inv_std_out += inv_std_out_off;
     int r = get_global_id(0);
     if (r >= rows) return;
-    __global const float* row = x + r * size;
+    __global const DATA* row = x + r * size;
     float mean = 0.0f;
-    for (int k = 0; k < size; ++k) mean += row[k];
+    for (int k = 0; k < size; ++k) mean += LOAD(row, k);
     mean /= (float)size;
     float var = 0.0f;
     for (int k = 0; k < size; ++k) {
-        float d = row[k] - mean;
+        float d = LOAD(row, k) - mean;
         var = mad(d, d, var);
     }
     float inv_std = 1.0f / sqrt(var / (float)size + epsilon);
     for (int k = 0; k < size; ++k) {
-        float v = (row[k] - mean) * inv_std * scale[k * scale_step];
-        y[r * size + k] = has_bias ? v + bias[k * bias_step] : v;
+        float v = (LOAD(row, k) - mean) * inv_std * LOAD(scale, k * scale_step);
+        STORE(y, r * size + k, has_bias ? v + LOAD(bias, k * bias_step) : v);
     }
-    if (stats > 0) mean_out[r] = mean;
-    if (stats > 1) inv_std_out[r] = inv_std;
+    if (stats > 0) STORE(mean_out, r, mean);
+    if (stats > 1) STORE(inv_std_out, r, inv_std);
 }
