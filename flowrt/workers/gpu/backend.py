@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flowrt.engine.graph.passes.fusions import conv_residual, offer_fusions
+from flowrt.engine.graph.passes.fusions import EPILOGUE_ACTIVATION_KINDS, conv_residual, offer_fusions
 from flowrt.engine.graph.passes.pattern_fusions import PATTERN_FUSIONS
 from flowrt.engine.memory.manager import MemoryManager
 from flowrt.errors import BackendError
@@ -18,22 +18,9 @@ from flowrt.workers.gpu.layer_support import GpuLayerSupport
 from flowrt.workers.gpu.tuner import Tuner
 from flowrt.workers.gpu.workload_factory import GpuWorkloadFactory
 
-# Kernels that apply a fused activation in their own store; other kinds would need a pass more.
-FUSED_ACTIVATION_KINDS = frozenset(
-    {
-        "Conv",
-        "FusedConv",
-        "Gemm",
-        "MatMul",
-        "MatMulBias",
-        "Add",
-        "Sub",
-        "Mul",
-        "Div",
-        "Sum",
-        "BatchNormalization",
-    }
-)
+# The kinds whose kernels apply a fused activation in their own store (gemm.cl's epilogue,
+# elementwise.cl's): the same as CpuAcc's.
+FUSED_ACTIVATION_KINDS = EPILOGUE_ACTIVATION_KINDS
 
 
 class GpuAccBackend:

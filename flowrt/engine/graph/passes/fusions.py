@@ -33,6 +33,25 @@ from flowrt.types import DataType, static_dims
 
 Fusion = tuple[list[Layer], ReplacementLayer]
 
+# The kinds whose kernels apply a fused activation as they store their result, on both built-in
+# accelerated backends (CpuAcc's numba epilogues, GpuAcc's activate()): the ``activation_kinds``
+# each passes to :func:`offer_fusions`. Other kinds would need a pass more.
+EPILOGUE_ACTIVATION_KINDS = frozenset(
+    {
+        "Conv",
+        "FusedConv",
+        "Gemm",
+        "MatMul",
+        "MatMulBias",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Sum",
+        "BatchNormalization",
+    }
+)
+
 
 def _only_reader(layer: Layer, members: set[str]) -> Layer | None:
     """The one layer of the subgraph reading ``layer``'s only output, float32, if so."""

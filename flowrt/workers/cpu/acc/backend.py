@@ -11,6 +11,7 @@ import contextlib
 import functools
 from typing import TYPE_CHECKING, Any
 
+from flowrt.engine.graph.passes.fusions import EPILOGUE_ACTIVATION_KINDS
 from flowrt.engine.memory.manager import MemoryManager
 from flowrt.registry import DefaultRank
 
@@ -22,21 +23,8 @@ if TYPE_CHECKING:
 # In the default list on every machine, after GpuAcc and before CpuRef.
 DEFAULT_RANK = DefaultRank(20)
 
-FUSED_ACTIVATION_KINDS = frozenset(
-    {
-        "Conv",
-        "FusedConv",
-        "Gemm",
-        "MatMul",
-        "MatMulBias",
-        "Add",
-        "Sub",
-        "Mul",
-        "Div",
-        "Sum",
-        "BatchNormalization",
-    }
-)
+# The kinds whose numba kernels apply a fused activation in their epilogue: the same as GpuAcc's.
+FUSED_ACTIVATION_KINDS = EPILOGUE_ACTIVATION_KINDS
 # Kinds whose constant weights it stores in float16 with reduce_fp32_to_fp16: the forms its
 # register tiles read (on CPUs without them BLAS multiplies float32 forms, as do the convs'
 # BLAS paths).
