@@ -158,3 +158,24 @@ def matmul_chain():
     """Makes a chain of MatMul layers (x: (rows, width)) that takes PoCL a tenth of a second or
     more per run: work long enough to be caught in flight."""
     return _matmul_chain
+
+
+@pytest.fixture
+def force_gemm_plan(monkeypatch):
+    """``force_gemm_plan(tiling, splits)``: every GEMM planned from then on takes the tiling of
+    that name (among the tilings it plans from: the FMA builds', or the tensor cores') with K
+    in ``splits`` slices; returns the list of those tilings dicts, one per GEMM planned."""
+    from flowrt.workers.gpu.kernels import gemm as gemm_module
+
+    planned = []
+
+    def force(tiling: str, splits: int) -> list:
+        def forced(shape, batches, units, cpu=False, tilings=gemm_module.TILINGS):
+            planned.append(tilings)
+            k_split = -(-shape[2] // splits // gemm_module.TK) * gemm_module.TK
+            return gemm_module.GemmPlan(tilings[tiling], splits, k_split)
+
+        monkeypatch.setattr(gemm_module, "plan_gemm", forced)
+        return planned
+
+    return force

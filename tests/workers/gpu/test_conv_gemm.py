@@ -11,7 +11,7 @@ import flowrt
 from flowrt.registry import FusedActivation
 from flowrt.types import TensorInfo
 from flowrt.workers.gpu.kernels import gemm as gemm_module
-from flowrt.workers.gpu.kernels.gemm import TILINGS, TK, GemmPlan, plan_gemm
+from flowrt.workers.gpu.kernels.gemm import TILINGS, TK, plan_gemm
 from flowrt.workers.gpu.program import EXTRA_OPTIONS_ENV
 
 
@@ -102,15 +102,10 @@ def test_matmul_matches_cpuref(run_both):
 
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("tiling", sorted(TILINGS))
-def test_every_tiling_and_k_split_matches_cpuref(run_both, monkeypatch, tiling, splits):
+def test_every_tiling_and_k_split_matches_cpuref(run_both, monkeypatch, force_gemm_plan, tiling, splits):
     """Each build of gemm.cl, whole or with K split and reduced, on shapes no tile divides:
     a grouped convolution with bias and a fused ReLU, and a Gemm of transposed operands."""
-
-    def forced(shape, batches, units, cpu=False, tilings=TILINGS):
-        k = shape[2]
-        return GemmPlan(TILINGS[tiling], splits, -(-k // splits // TK) * TK)
-
-    monkeypatch.setattr(gemm_module, "plan_gemm", forced)
+    force_gemm_plan(tiling, splits)
     # Unoptimized builds of their own: PoCL spends seconds optimizing each tiling it would not run.
     monkeypatch.setenv(EXTRA_OPTIONS_ENV, "-cl-opt-disable")
     rng = np.random.default_rng(11)

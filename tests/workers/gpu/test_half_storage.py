@@ -1,7 +1,8 @@
 """GpuAcc's half-precision storage: with ``reduce_fp32_to_fp16`` the layers whose kernels take
 float16 keep their tensors and weights as half on the device (vload_half / vstore_half_rte),
-computing in float; Casts on GpuAcc at their borders. Checked layer by layer against CpuRef on
-the same half-rounded values, and through the public API on a whole CNN."""
+computing in float (the GEMMs on tensor cores where the device has them); Casts on GpuAcc at
+their borders. Checked layer by layer against CpuRef on the same half-rounded values, and
+through the public API on a whole CNN."""
 
 import numpy as np
 import pytest
@@ -10,8 +11,8 @@ import trio
 import flowrt
 from flowrt.registry import FusedActivation, WorkloadInfo
 from flowrt.types import DataType, TensorInfo
-from flowrt.workers.gpu.kernels import gemm as gemm_module
-from flowrt.workers.gpu.kernels.gemm import TILINGS, TK, GemmPlan
+from flowrt.workers.gpu.context import DeviceContext
+from flowrt.workers.gpu.kernels.gemm import MMA_TILINGS, TILINGS
 from flowrt.workers.gpu.layer_support import GpuLayerSupport
 from flowrt.workers.gpu.workload_factory import GpuWorkloadFactory
 
@@ -28,13 +29,23 @@ def _assert_close(got, expected):
     np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-3 * scale)
 
 
-@pytest.mark.parametrize("splits", [1, 3])
-def test_conv_and_gemm_store_half_and_a_split_k_sums_in_float(run_half, monkeypatch, splits):
-    def forced(shape, batches, units, cpu=False, tilings=TILINGS):
-        return GemmPlan(tilings["64x64"], splits, -(-shape[2] // splits // TK) * TK)
-
-    monkeypatch.setattr(gemm_module, "plan_gemm", forced)
+@pytest.mark.parametrize(
+    ("tensor_cores", "tiling", "splits"),
+    [(False, "64x64", 1), (False, "64x64", 3), (True, "64x64", 1), (True, "128x64", 3), (True, "32x64", 1),
+     (True, "128x128", 2)],
+)  # fmt: skip
+def test_half_convolutions_and_products_match_cpuref_on_float_units_and_tensor_cores(
+    run_half, force_gemm_plan, monkeypatch, tensor_cores, tiling, splits
+):
+    """Conv, Gemm and MatMul stored as half, on each tiling of the float units' build and
+    of the tensor cores' (gemm.cl's MMA build: on a device without them, PoCL's on CI, each
+    warp's m16n8k16 product is computed from the fragments it would hand the tensor cores, so
+    their layout is checked everywhere), K whole or split (the partial sums stay float)."""
+    if tensor_cores:
+        monkeypatch.setattr(DeviceContext, "tensor_cores", property(lambda self: True))
+    planned = force_gemm_plan(tiling, splits)
     rng = np.random.default_rng(3)
+    # a grouped 3x3 convolution (implicit GEMM) with bias, residual and ReLU; no tile divides it
     x, w, b = _normal(rng, 2, 40, 9, 11), _normal(rng, 70, 20, 3, 3) * 0.2, _normal(rng, 70)
     residual = _normal(rng, 2, 70, 9, 11)
     (got,), (expected,) = run_half(
@@ -42,6 +53,19 @@ def test_conv_and_gemm_store_half_and_a_split_k_sums_in_float(run_half, monkeypa
         activation=FusedActivation("Relu"),
     )  # fmt: skip
     _assert_close(got, np.maximum(expected, 0))
+    # a strided 7x7 window, and a 1x1 convolution read as a plain GEMM over the image
+    x = _normal(rng, 1, 3, 20, 20)
+    (got,), (expected,) = run_half(
+        "Conv", flowrt.descriptors.Conv(strides=(2, 2), pads=(3, 3, 3, 3)), [x, _normal(rng, 24, 3, 7, 7) * 0.2],
+        constant=(1,),
+    )  # fmt: skip
+    _assert_close(got, expected)
+    x = _normal(rng, 2, 48, 6, 7)
+    (got,), (expected,) = run_half(
+        "Conv", flowrt.descriptors.Conv(), [x, _normal(rng, 33, 48, 1, 1) * 0.2], constant=(1,)
+    )
+    _assert_close(got, expected)
+    # transposed operands, alpha and beta; a batched MatMul
     a, bt, c = _normal(rng, 100, 37), _normal(rng, 75, 100) * 0.1, _normal(rng, 37, 75)
     (got,), (expected,) = run_half(
         "Gemm", flowrt.descriptors.Gemm(transA=1, transB=1, alpha=0.5, beta=2.0), [a, bt, c], constant=(1, 2)
@@ -51,6 +75,17 @@ def test_conv_and_gemm_store_half_and_a_split_k_sums_in_float(run_half, monkeypa
         "MatMul", flowrt.descriptors.MatMul(), [_normal(rng, 3, 33, 64), _normal(rng, 64, 20)]
     )
     _assert_close(got, expected)
+    assert len(planned) == 5 and all(t is (MMA_TILINGS if tensor_cores else TILINGS) for t in planned)
+
+
+def test_float32_products_stay_off_the_tensor_cores(run_both, force_gemm_plan, monkeypatch):
+    monkeypatch.setattr(DeviceContext, "tensor_cores", property(lambda self: True))
+    planned = force_gemm_plan("64x64", 1)
+    rng = np.random.default_rng(6)
+    a, b = _normal(rng, 20, 30), _normal(rng, 30, 10)
+    (got,), (expected,) = run_both("MatMul", flowrt.descriptors.MatMul(), [a, b])
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    assert planned == [TILINGS]
 
 
 def test_pooling_elementwise_and_layout_kernels_store_half(run_half):
