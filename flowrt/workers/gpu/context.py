@@ -39,6 +39,7 @@ class DeviceContext:
         # NVIDIA's driver wait until the device is idle (every queue's work, other runs' too).
         self.upload_buffers = ArenaCache()
         self._priority_hints: bool | None = None
+        self._tensor_cores: bool | None = None
 
     @property
     def priority_hints(self) -> bool:
@@ -49,8 +50,11 @@ class DeviceContext:
 
     @property
     def tensor_cores(self) -> bool:
-        """Whether half GEMMs run on this device's tensor cores (``has_tensor_cores``)."""
-        return has_tensor_cores(self.device)
+        """Whether half GEMMs run on this device's tensor cores (``has_tensor_cores``, read
+        once: every GEMM a load makes asks)."""
+        if self._tensor_cores is None:
+            self._tensor_cores = has_tensor_cores(self.device)
+        return self._tensor_cores
 
     def kernel(self, program: str, name: str, defines: str = "") -> TypedKernel:
         """A new kernel object for ``name`` in ``program`` built with ``defines`` (a

@@ -29,7 +29,8 @@
 // work-items multiply the half slices staged in local memory with PTX's mma.sync
 // (m16n8k16, float accumulators), written inline, which NVIDIA's OpenCL compiler takes;
 // loads, splits and the epilogue are the FMA build's. The products of halves are exact in
-// float, so only the order of the sums differs from the FMA build.
+// float and summed in float: the order of the sums, and the tensor cores' own rounding of
+// them, differ from the FMA build.
 #ifdef PARTIAL_FLOAT
 #define OUT float
 #define STORE_OUT(p, i, v) ((p)[i] = (v))
@@ -199,8 +200,8 @@
 #endif
 
 // Stage the slice of K from t, held in ra and rb, in local memory (As and Bs) once every
-// work-item is done with the previous one, then start loading the next. LAYOUT(i, k) is
-// where element (i, k) of a tile goes: K_MAJOR for the FMA build, K_MINOR for the tensor
+// work-item is done with the previous one, then start loading the next. LAYOUT(tile, i, k)
+// is where element (i, k) of a tile goes: K_MAJOR for the FMA build, K_MINOR for the tensor
 // cores' (K contiguous, as their fragments are read).
 #define K_MAJOR(tile, i, k) tile[k][i]
 #define K_MINOR(tile, i, k) tile[i][k]
@@ -283,7 +284,7 @@ void gemm(GEMM_ARGS) {
         for (int j = 0; j < FRAG_N; ++j)
             for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
 
-    ushort ra[A_LOADS], rb[B_LOADS];  // the next slice, on its way from global memory
+    STAGED ra[A_LOADS], rb[B_LOADS];  // the next slice, on its way from global memory
     LOAD_SLICE(k0)
     for (int s = k0; s < k1; s += TK) {
         STAGE_SLICE(s, K_MINOR)
@@ -326,7 +327,7 @@ void gemm(GEMM_ARGS) {
     for (int i = 0; i < WPTM; ++i)
         for (int j = 0; j < WPTN; ++j) acc[i][j] = 0.0f;
 
-    float ra[A_LOADS], rb[B_LOADS];  // the next slice, on its way from global memory
+    STAGED ra[A_LOADS], rb[B_LOADS];  // the next slice, on its way from global memory
     LOAD_SLICE(k0)
     for (int t = k0; t < k1; t += TK) {
         STAGE_SLICE(t, K_MAJOR)
