@@ -12,7 +12,7 @@
 // group b % groups: the groups of a grouped convolution share one weight tensor, and a plain
 // GEMM has groups = 1. With splits > 1, K is cut into `splits` slices of k_split: work-group z
 // of dim 2 computes slice z % splits of batch z / splits and writes its raw partial product to
-// C at z * c_batch; gemm_reduce then sums the slices, adds the bias and applies the activation.
+// C at z * c_batch; gemm_reduce.cl then sums the slices, adds the bias and applies the activation.
 // With has_res, R (laid out as C) is added before the activation: a residual connection.
 // Each matrix is a buffer and the offset of its first element in it (see common.cl).
 //
@@ -364,23 +364,3 @@ void gemm(GEMM_ARGS) {
     }
 }
 #endif
-
-// The end of a split-K GEMM: C[b] = act(alpha * sum of P's slices of batch b + beta * bias + R[b]),
-// one work-item per element of C (P holds batch b's `splits` slices of M x N at b * splits).
-__kernel void gemm_reduce(int M, int N, int groups, int splits, int total,
-                          __global const float* P, int P_off, __global DATA* C, int C_off, int c_batch,
-                          __global const DATA* bias, int bias_off, int has_bias, int bias_group,
-                          int bias_rs, int bias_cs, __global const DATA* R, int R_off, int has_res,
-                          float alpha, float beta, int code, float act_alpha, float act_beta) {
-    int i = get_global_id(0);
-    if (i >= total) return;
-    const int mn = M * N, batch = i / mn, e = i % mn;
-    P += P_off + batch * splits * mn + e;
-    float sum = 0.0f;
-    for (int s = 0; s < splits; ++s) sum += P[s * mn];
-    float v = alpha * sum;
-    if (has_bias)
-        v += beta * LOAD(bias, bias_off + (batch % groups) * bias_group + (e / N) * bias_rs + (e % N) * bias_cs);
-    if (has_res) v += LOAD(R, R_off + batch * c_batch + e);
-    STORE(C, C_off + batch * c_batch + e, activate(v, code, act_alpha, act_beta));
-}

@@ -241,7 +241,7 @@ class Gemm:
         if plan.splits > 1 and storage:  # the partial products stay float (gemm.cl's PARTIAL_FLOAT)
             defines += " -DPARTIAL_FLOAT"
         kernel = self.owner.context.kernel("gemm", "gemm", defines)
-        reduce = self.owner.context.kernel("gemm", "gemm_reduce", storage) if plan.splits > 1 else None
+        reduce = self.owner.context.kernel("gemm_reduce", "gemm_reduce", storage) if plan.splits > 1 else None
         return kernel, reduce
 
     def enqueue(
