@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from flowrt.engine.graph.passes.fusions import EPILOGUE_ACTIVATION_KINDS, conv_residual, offer_fusions
@@ -95,6 +97,17 @@ class GpuAccBackend:
         context = device_context(self.opencl_device)
         self.tuner.check_device(context.device)
         return GpuBackendContext(context)
+
+    @contextlib.contextmanager
+    def compile_ahead(self, network: Any, job: Any = None) -> Iterator[None]:
+        """Around the building of a load's workloads: the programs their kernels ask for build
+        in the background meanwhile (``ProgramCache.request``), and the load waits for every
+        one of them at the end, so that a build that fails fails the load (BackendError naming
+        the program and its options)."""
+        programs = device_context(self.opencl_device).programs
+        with programs.collecting() as asked:
+            yield
+        programs.wait(asked)
 
     def create_memory_manager(self) -> MemoryManager:
         """One device buffer per pool arena, tensors at the device's base-address alignment."""

@@ -59,8 +59,11 @@ class DeviceContext:
     def kernel(self, program: str, name: str, defines: str = "") -> TypedKernel:
         """A new kernel object for ``name`` in ``program`` built with ``defines`` (a
         ``cl.Kernel`` whose scalar argument types are declared at its first launch): its
-        arguments are its own, so the caller must not share it between threads without a lock."""
-        return TypedKernel(cl.Kernel(self.programs.get(program, defines), name))
+        arguments are its own, so the caller must not share it between threads without a lock.
+        The program builds in the background (``ProgramCache.request``); the kernel object is
+        made when first used, waiting for the build then."""
+        key = self.programs.request(program, defines)
+        return TypedKernel(lambda: cl.Kernel(self.programs.get_key(key), name))
 
     def empty(self, shape: tuple[int, ...], dtype: Any = np.float32) -> GpuTensor:
         """An uninitialized device tensor."""

@@ -10,6 +10,7 @@ and ``np.float32``, buffers elsewhere), so the types are read off the first call
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,26 +19,38 @@ from flowrt.workers.gpu.launches import LAUNCHED, current_recording
 
 
 class TypedKernel:
-    """Wraps a ``cl.Kernel``: calls declare the scalar argument types at the first launch;
-    every other attribute is the kernel's own."""
+    """Wraps a ``cl.Kernel``, made by ``make`` when first used (its program may still be
+    building): calls declare the scalar argument types at the first launch; every other
+    attribute is the kernel's own."""
 
-    __slots__ = ("kernel", "_typed")
+    __slots__ = ("_kernel", "_make", "_typed")
 
-    def __init__(self, kernel: Any) -> None:
-        self.kernel = kernel
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._kernel: Any = None
+        self._make: Callable[[], Any] | None = make
         self._typed = False
 
+    @property
+    def kernel(self) -> Any:
+        """The ``cl.Kernel``, made at the first ask."""
+        if self._kernel is None:
+            assert self._make is not None
+            self._kernel = self._make()
+            self._make = None
+        return self._kernel
+
     def __call__(self, queue: Any, global_size: Any, local_size: Any, *args: Any, **kwargs: Any) -> Any:
+        kernel = self.kernel
         if not self._typed:
-            self.kernel.set_scalar_arg_dtypes([a.dtype if isinstance(a, np.generic) else None for a in args])
+            kernel.set_scalar_arg_dtypes([a.dtype if isinstance(a, np.generic) else None for a in args])
             self._typed = True
         record = current_recording.get()
         if record is not None:
             if kwargs:  # wait_for and the like: not a launch a bound kernel repeats as it is
                 record.refused = record.refused or "a launch with options"
-            record.launches.append((self.kernel, global_size, local_size, args))
+            record.launches.append((kernel, global_size, local_size, args))
         LAUNCHED[0] += 1
-        return self.kernel(queue, global_size, local_size, *args, **kwargs)
+        return kernel(queue, global_size, local_size, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.kernel, name)

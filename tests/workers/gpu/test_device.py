@@ -3,8 +3,10 @@
 import logging
 import subprocess
 import sys
+import threading
 
 import pytest
+import trio
 
 import flowrt
 from flowrt.errors import BackendError
@@ -189,3 +191,46 @@ def test_program_binaries_are_written_for_a_gpu_only_by_default(gpu, tmp_path, m
     on_gpu = bool(gpu.device.type & flowrt.workers.gpu.device.cl.device_type.GPU)
     assert cache.store_binaries is on_gpu
     assert len(list((tmp_path / "opencl").glob("pad--*.bin"))) == int(on_gpu)
+
+
+def test_programs_build_on_build_threads_while_kernels_are_made(gpu, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLOWRT_CACHE_DIR", str(tmp_path))
+    cache = ProgramCache(gpu.context, gpu.device)
+    release, events = threading.Event(), []
+    build = cache._build
+
+    def held(name, key, options):
+        events.append(("build starts", threading.current_thread().name))
+        release.wait(10)
+        return build(name, key, options)
+
+    monkeypatch.setattr(cache, "_build", held)
+    with cache.collecting() as asked:
+        keys = [cache.request("pad"), cache.request("pad", "-DUNUSED=3"), cache.request("pad")]
+    events.append(("asked", keys))
+    release.set()
+    cache.wait(asked)
+    assert asked == {"pad", "pad -DUNUSED=3"} and keys[0] == keys[2]
+    assert events[-1] == ("asked", keys)  # nothing waited for a build
+    assert sorted(name.split("_")[0] for _, name in events[:-1]) == ["flowrt-opencl-build"] * 2
+    assert cache.builds == {"pad": "source", "pad -DUNUSED=3": "source"}
+
+
+def test_a_program_that_fails_to_build_fails_the_load_and_builds_again_when_asked(gpu, monkeypatch):
+    path = light_model("squeezenet")
+    opt = flowrt.optimize(flowrt.onnx.load(path), backends=["GpuAcc", "CpuRef"])
+    # every program's source then fails to compile; the option is part of each program's key
+    monkeypatch.setenv("FLOWRT_OPENCL_BUILD_OPTIONS", "-Dfloat=no_such_type")
+
+    async def load() -> None:
+        async with flowrt.Runtime() as rt:
+            await rt.load(opt)
+
+    with pytest.raises(BackendError, match=r"GpuAcc failed to build \w+\.cl \(.*-Dfloat=no_such_type"):
+        trio.run(load)
+    key = gpu.programs.request("pad")
+    with pytest.raises(BackendError, match=r"failed to build pad\.cl"):
+        gpu.programs.get_key(key)
+    monkeypatch.delenv("FLOWRT_OPENCL_BUILD_OPTIONS")
+    trio.run(load)
+
