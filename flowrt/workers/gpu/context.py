@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from flowrt.workers.gpu.arena_cache import ArenaCache
-from flowrt.workers.gpu.device import choose_device, cl, has_tensor_cores, takes_priority_hints
+from flowrt.workers.gpu.device import choose_device, cl, has_tensor_cores, new_context, takes_priority_hints
 from flowrt.workers.gpu.launches import refuse
 from flowrt.workers.gpu.program import ProgramCache
 from flowrt.workers.gpu.scratch import ScratchSet, ScratchSets, current_scratch
@@ -28,7 +28,7 @@ class DeviceContext:
 
     def __init__(self, device: Any) -> None:
         self.device = device
-        self.context = cl.Context([device])
+        self.context = new_context(device)  # the build probe's, where it made one
         self.queue = cl.CommandQueue(self.context, device)
         self.programs = ProgramCache(self.context, device)
         # Arena buffers no pool holds any more, for the next load (see ``allocator``).

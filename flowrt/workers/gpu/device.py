@@ -84,6 +84,9 @@ def _devices() -> list[tuple[int, int, Any]]:
 # A kernel every OpenCL C compiler builds: what build_failure asks a device's compiler to do.
 _PROBE_SOURCE = "__kernel void probe(__global float *x) { x[get_global_id(0)] *= 2.0f; }"
 _build_failures: dict[int, str] = {}
+# The context each successful probe made, by device, for the device's DeviceContext to take: a
+# context costs 1-2 s on NVIDIA's driver (an H200's CUDA context), paid once rather than twice.
+_probe_contexts: dict[int, Any] = {}
 
 
 def build_failure(device: Any) -> str:
@@ -95,7 +98,8 @@ def build_failure(device: Any) -> str:
     key = device.int_ptr
     if key not in _build_failures:
         try:
-            cl.Program(cl.Context([device]), _PROBE_SOURCE).build()
+            context = cl.Context([device])
+            cl.Program(context, _PROBE_SOURCE).build()
         except (cl.Error, RuntimeError) as e:
             text = str(e)
             errors = [line.strip() for line in text.splitlines() if "error" in line.lower()]
@@ -103,7 +107,15 @@ def build_failure(device: Any) -> str:
             _build_failures[key] = detail or text.splitlines()[0]
         else:
             _build_failures[key] = ""
+            _probe_contexts[key] = context
     return _build_failures[key]
+
+
+def new_context(device: Any) -> Any:
+    """An OpenCL context on ``device``: the one its :func:`build_failure` probe made, the
+    first time it is asked for, else a new one."""
+    found = _probe_contexts.pop(device.int_ptr, None)
+    return found if found is not None else cl.Context([device])
 
 
 def unavailable_reason() -> str:
@@ -249,6 +261,7 @@ def describe_devices() -> list[DeviceDescription]:
 
 def _descriptions(chosen: int | None) -> list[DeviceDescription]:
     """Every device's description; ``chosen``: the pointer of the one GpuAcc takes."""
+    failures = {device.int_ptr: build_failure(device) for _, _, device in _devices()}  # probed first
     return [
         DeviceDescription(
             index=f"{p}:{d}",
@@ -257,9 +270,10 @@ def _descriptions(chosen: int | None) -> list[DeviceDescription]:
             type=cl.device_type.to_string(device.type),  # type: ignore[operator]  # pyopencl's stubs: not callable
             driver_version=device.driver_version,
             global_memory_bytes=int(device.global_mem_size),
-            priority_hints=takes_priority_hints(device),
+            # on the probe's context where it made one (a context costs seconds on some drivers)
+            priority_hints=takes_priority_hints(device, _probe_contexts.get(device.int_ptr)),
             tensor_cores=has_tensor_cores(device),
-            build_failure=build_failure(device),
+            build_failure=failures[device.int_ptr],
             chosen=device.int_ptr == chosen,
         )
         for p, d, device in _devices()

@@ -234,3 +234,21 @@ def test_a_program_that_fails_to_build_fails_the_load_and_builds_again_when_aske
     monkeypatch.delenv("FLOWRT_OPENCL_BUILD_OPTIONS")
     trio.run(load)
 
+
+def test_a_device_context_takes_the_context_its_build_probe_made(gpu, monkeypatch):
+    from flowrt.workers.gpu.context import DeviceContext
+
+    monkeypatch.setattr(device, "_build_failures", {})
+    monkeypatch.setattr(device, "_probe_contexts", {})
+    made = []
+    real = device.cl.Context
+
+    def counted(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(device.cl, "Context", counted)
+    assert device.build_failure(gpu.device) == ""
+    first = DeviceContext(gpu.device)
+    assert len(made) == 1 and first.context is made[0]
+    assert DeviceContext(gpu.device).context is made[1]  # handed over once: a second makes its own
