@@ -28,8 +28,8 @@ the queue actor spends enqueueing a run's GPU segments, transfers included, over
 launches, from five runs). ``--record-launches on,off`` runs flowrt with GpuAcc's recorded launches
 (the default, see ``flowrt.workers.gpu.launches``) and without, in the same process.
 
-``--load-times`` starts two fresh processes one after the other, sharing an empty program
-cache (``FLOWRT_CACHE_DIR``): the first builds GpuAcc's programs from source (cold), the
+``--load-times`` starts two fresh processes one after the other (the first model of
+``--models``, batch 1), sharing an empty program cache (``FLOWRT_CACHE_DIR``): the first builds GpuAcc's programs from source (cold), the
 second from the cached binaries (warm). Each prints its optimize + load time and how every
 program was built.
 """
@@ -313,8 +313,9 @@ def load_once(path: str) -> None:
     print(json.dumps(trio.run(main)))
 
 
-def load_times(folder: Path) -> None:
-    path = _export(_torch_model(), 1, folder)  # exported here; torch's CUDA is never started
+def load_times(folder: Path, name: str = "resnet50") -> None:
+    model, feeds = _model_and_feeds(name, 1)  # the model the benchmark runs under that name
+    path = _export(model, 1, folder, name, feeds)  # exported here; torch's CUDA is never started
     cache = tempfile.mkdtemp(prefix="flowrt-cache-")  # empty: the first process builds from source
     env = dict(os.environ, FLOWRT_CACHE_DIR=cache)
     for label in ("cold", "warm"):
@@ -357,12 +358,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.export_dir or tmp)
         folder.mkdir(parents=True, exist_ok=True)
+        models = [m for m in args.models.split(",") if m]
         if args.load_times:
-            load_times(folder)
+            load_times(folder, models[0])
         batches = [int(b) for b in args.batches.split(",")]
         concurrencies = [int(c) for c in args.concurrency.split(",")]
         recording = [r for r in args.record_launches.split(",") if r in ("on", "off")]
-        models = [m for m in args.models.split(",") if m]
         precisions = [p for p in args.storage.split(",") if p in ("fp32", "fp16")] or ["fp32"]
         benchmark(models, batches, args.iterations, concurrencies, folder, recording or ["on"], precisions)
 
