@@ -1,23 +1,21 @@
 """OpenCL event completion as something a trio task can await.
 
-This is the one place GpuAcc uses ``trio.lowlevel``, because there is no other way: an
-OpenCL driver reports that a command finished by calling back from a thread of its own, and
-that thread must not block (it may be the driver's only one). ``TrioToken.run_sync_soon`` is
-trio's call for exactly this — safe from any thread, never blocking — whereas
-``trio.from_thread.run_sync`` would hold the driver's thread until trio got round to it. So
-no thread waits per kernel and nothing polls: the driver's callback schedules one wake-up.
+Each queue actor has a :class:`CompletionWaiter`: one long-lived thread that waits for its
+submissions' events in the order they were enqueued (``clWaitForEvents``; an in-order queue
+completes them in that order) and hands each completion to the trio run. This is the one
+place GpuAcc uses ``trio.lowlevel``: ``TrioToken.run_sync_soon`` is trio's call for a thread
+that must not wait for trio, whereas ``trio.from_thread.run_sync`` would hold the waiter
+until trio got round to it (and the next completion behind it). So no thread waits per
+kernel and nothing polls: one thread per queue, one wake-up per completion.
 
-A callback can come late, though: NVIDIA's driver delivers callbacks for commands still
-running when they were attached up to 20 ms after the commands finish (measured on an H100:
-a kernel of 0.3 ms was reported after 16 ms), while ``clWaitForEvents`` returns at once. So
-each queue actor also has a :class:`CompletionWaiter`, one long-lived thread that waits for
-its submissions' last events in order; whichever of the two reports first wakes the task.
-
-A callback still to come when the process exits is called into an interpreter that is
-shutting down, and NVIDIA's driver then aborts the process ("terminate called without an
-active exception", exit status 134, in about one exit in four once runs were fast). So the
-callbacks not yet delivered are counted (:data:`PENDING`), and a waiter's ``stop`` (when a
-runtime closes) waits for them, a second at most.
+Driver callbacks (``clSetEventCallback``) are not used. NVIDIA's driver delivers them up to
+20 ms after the command finished (measured on an H100: a kernel of 0.3 ms was reported after
+16 ms) while ``clWaitForEvents`` returns at once; attaching one cost the enqueueing thread
+tens of microseconds a submission, and each woke the trio run a second time; and one still
+to come when the process exits calls into an interpreter that is shutting down, which made
+NVIDIA's driver abort the process ("terminate called without an active exception", exit
+status 134). ``clWaitForEvents`` also flushes the queue, so the waiter never waits for work
+the device was not given.
 """
 
 from __future__ import annotations
@@ -28,38 +26,6 @@ import time
 from typing import Any
 
 import trio
-
-from flowrt.workers.gpu.device import cl
-
-
-class PendingCallbacks:
-    """How many driver callbacks were attached and have not run yet, process-wide."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._lock = threading.Lock()
-        self._none = threading.Event()
-        self._none.set()
-
-    def add(self) -> None:
-        with self._lock:
-            self.count += 1
-            self._none.clear()
-
-    def done(self) -> None:
-        with self._lock:
-            self.count -= 1
-            if self.count == 0:
-                self._none.set()
-
-    def wait(self, timeout: float) -> bool:
-        """Block until none is pending (True), or ``timeout`` seconds (False)."""
-        return self._none.wait(timeout)
-
-
-PENDING = PendingCallbacks()
-# The longest a closing runtime waits for callbacks still to come (they come <= 20 ms late).
-CALLBACK_GRACE_S = 1.0
 
 
 class EventCompletion:
@@ -74,30 +40,15 @@ class EventCompletion:
         self._token = trio.lowlevel.current_trio_token()
         self._done = trio.Event()
         self.status: int | None = None
-        self.done_at: float | None = None  # when first reported complete (time.perf_counter)
+        self.done_at: float | None = None  # when the waiter saw it complete (time.perf_counter)
 
-    def attach(self, event: Any, waiter: CompletionWaiter | None = None) -> None:
-        """Report ``event``'s completion by its callback, and by ``waiter`` when given."""
-        PENDING.add()
-        try:
-            event.set_callback(cl.command_execution_status.COMPLETE, self._on_callback)
-        except BaseException:
-            PENDING.done()
-            raise
-        if waiter is not None:
-            waiter.inbox.put((event, self))
-
-    def _on_callback(self, status: int) -> None:
-        # The driver's callback (the waiter calls _on_complete itself).
-        try:
-            self._on_complete(status)
-        finally:
-            PENDING.done()
+    def attach(self, event: Any, waiter: CompletionWaiter) -> None:
+        """Report ``event``'s completion through ``waiter`` (its queue's)."""
+        waiter.inbox.put((event, self))
 
     def _on_complete(self, status: int) -> None:
-        # In a driver thread: hand the wake-up to the trio loop and return at once.
-        if self.done_at is None:  # the callback and the waiter: either time will do
-            self.done_at = time.perf_counter()
+        # In the waiter's thread: hand the wake-up to the trio loop and return at once.
+        self.done_at = time.perf_counter()
         try:
             self._token.run_sync_soon(self._deliver, status)
         except trio.RunFinishedError:
@@ -109,7 +60,7 @@ class EventCompletion:
         self._deliver(status)
 
     def _deliver(self, status: int) -> None:
-        if not self._done.is_set():  # the callback and the waiter both report
+        if not self._done.is_set():  # fail() may have come first
             self.status = status
             self._done.set()
 
@@ -133,12 +84,10 @@ class CompletionWaiter:
         self.thread.start()
 
     async def stop(self) -> None:
-        """End the thread, then let the driver's callbacks still to come arrive (see the
-        module doc)."""
+        """End the thread once the events put before have completed."""
         self.inbox.put(None)
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(self.thread.join)
-            await trio.to_thread.run_sync(PENDING.wait, CALLBACK_GRACE_S)
 
     def _serve(self) -> None:
         while (job := self.inbox.get()) is not None:

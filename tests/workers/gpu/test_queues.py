@@ -78,30 +78,21 @@ async def test_work_cancelled_before_the_actor_reaches_it_is_dropped(gpu):
     assert called == []
 
 
-async def test_a_closed_runtime_has_let_every_driver_callback_arrive(gpu, conv_network, conv_net_reference):
-    from flowrt.workers.gpu import completion
-
+async def test_runs_complete_through_the_waiters_which_end_with_the_runtime(
+    gpu, conv_network, conv_net_reference
+):
     feeds, expected = conv_net_reference
     opt = flowrt.optimize(conv_network(), backends=["GpuAcc", "CpuRef"])
+    before = set(threading.enumerate())
     async with flowrt.Runtime(cpu_workers=1) as rt:
         model = await rt.load(opt)
+        waiters = [t for t in set(threading.enumerate()) - before if t.name.startswith("flowrt-gpu-")]
+        assert sorted(t.name for t in waiters) == [
+            "flowrt-gpu-high-completion",
+            "flowrt-gpu-low-completion",
+            "flowrt-gpu-medium-completion",
+        ]
         for _ in range(3):
             out = await model.run(feeds)
         np.testing.assert_allclose(out["y"], expected["y"], rtol=1e-5, atol=1e-6)
-    # a callback arriving after this would call into an interpreter that may be exiting
-    assert completion.PENDING.count == 0
-
-
-def test_pending_callbacks_are_waited_for_with_a_limit():
-    from flowrt.workers.gpu.completion import PendingCallbacks
-
-    pending = PendingCallbacks()
-    assert pending.wait(0) is True
-    pending.add()
-    pending.add()
-    assert pending.wait(0.01) is False  # two to come
-    pending.done()
-    timer = threading.Timer(0.05, pending.done)
-    timer.start()
-    assert pending.wait(5.0) is True and pending.count == 0
-    timer.join()
+    assert not any(t.is_alive() for t in waiters)
