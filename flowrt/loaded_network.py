@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Mapping
+import numbers
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -22,12 +23,12 @@ from flowrt.engine.scheduler.dataflow import Dataflow
 from flowrt.engine.scheduler.executor import Binding, DeviceRunner, HostRunner, execute
 from flowrt.engine.scheduler.feeds import check_feeds, check_output_buffers
 from flowrt.engine.scheduler.outputs import large_outputs
-from flowrt.errors import FlowrtError, ShapeError
+from flowrt.errors import BackendError, FlowrtError, ShapeError
 from flowrt.hints import Costs, check_hint
 from flowrt.profiling import ProfileRecord
 from flowrt.stream import BatchingStream, HintedStream, Stream, request_rows
 from flowrt.types import Priority, TensorInfo, static_dims
-from flowrt.validate import check_bool, check_int, check_priority, check_seconds
+from flowrt.validate import argument_error, check_bool, check_int, check_priority, check_seconds
 
 if TYPE_CHECKING:
     from flowrt.runtime import Runtime
@@ -157,6 +158,36 @@ class LoadedNetwork:
             if self._in_flight == 0 and self._drained is not None:
                 self._drained.set()
         return results
+
+    def pinned_array(self, shape: Any, dtype: Any = np.float32) -> np.ndarray:
+        """A new array (uninitialized, C-contiguous) in page-locked host memory of the device
+        this network's GpuAcc layers run on, for feeds and for outputs bound with
+        ``outputs=``: GpuAcc uploads such a feed straight from it and downloads such an output
+        straight into it, where an ordinary array crosses through a copy into the run's pinned
+        staging memory (a batch of eight 224x224 images, 4.8 MB: about 0.5 ms of the host's
+        time an upload on an H200's host). The memory stays page-locked while the array, or a
+        view of it, lives. Do not write a feed's array while a run that reads it is in flight.
+
+        BackendError where none of the network's layers runs on such a device; ArgumentError
+        for a shape that is not a sequence of ints >= 0 or a dtype numpy does not know.
+        """
+        where = "LoadedNetwork.pinned_array"
+        if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+            shape = (shape,)
+        if isinstance(shape, str | bytes) or not isinstance(shape, Sequence):
+            raise argument_error("shape", "a sequence of ints >= 0", shape, where)
+        dims = tuple(check_int("shape", d, minimum=0, where=where) for d in shape)
+        try:
+            kind = np.dtype(dtype)
+        except TypeError:
+            raise argument_error("dtype", "a numpy dtype", dtype, where) from None
+        runners = [r for r in self._devices.values() if hasattr(r, "pinned_array")]
+        if not runners:
+            raise BackendError(
+                f"{where}: network {self.network_id} runs no layer on a device with pinned host "
+                f"memory (GpuAcc); its layers run on {', '.join(sorted(set(self.optimized.assignments().values())))}"
+            )
+        return runners[0].pinned_array(dims, kind)
 
     def _recorder(self, run: int):
         def record(node, worker: str, start_ns: int, end_ns: int, launches: int = 0) -> None:

@@ -71,3 +71,7 @@ class GpuBackendContext:
 
     def download_into(self, queue: Any, tensor: GpuTensor, array: np.ndarray) -> Any:
         return self.device.enqueue_download(queue, tensor, into=array)[1]
+
+    def pinned_array(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """A new array of the device's page-locked host memory (``DeviceContext.pinned_array``)."""
+        return self.device.pinned_array(shape, dtype)

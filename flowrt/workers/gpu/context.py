@@ -12,7 +12,7 @@ from flowrt.workers.gpu.arena_cache import ArenaCache
 from flowrt.workers.gpu.device import choose_device, cl, has_tensor_cores, new_context, takes_priority_hints
 from flowrt.workers.gpu.launches import refuse
 from flowrt.workers.gpu.program import ProgramCache
-from flowrt.workers.gpu.scratch import ScratchSet, ScratchSets, current_scratch
+from flowrt.workers.gpu.scratch import ScratchSet, ScratchSets, current_scratch, map_pinned
 from flowrt.workers.gpu.tensor import GpuTensor
 from flowrt.workers.gpu.typed_kernel import TypedKernel
 
@@ -40,6 +40,8 @@ class DeviceContext:
         self.upload_buffers = ArenaCache()
         self._priority_hints: bool | None = None
         self._tensor_cores: bool | None = None
+        # The page-locked arrays ``pinned_array`` made, by id, while they live (see ``is_pinned``).
+        self._pinned: dict[int, weakref.ref] = {}
 
     @property
     def priority_hints(self) -> bool:
@@ -64,6 +66,28 @@ class DeviceContext:
         made when first used, waiting for the build then."""
         key = self.programs.request(program, defines)
         return TypedKernel(lambda: cl.Kernel(self.programs.get_key(key), name))
+
+    def pinned_array(self, shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+        """A new C-contiguous array of page-locked host memory (``map_pinned``): a feed in it is
+        uploaded, and an output bound to it downloaded, with no copy through staging."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        root = map_pinned(self.context, self.queue, nbytes)
+        key = id(root)
+
+        def forget(_: Any) -> None:
+            self._pinned.pop(key, None)
+
+        self._pinned[key] = weakref.ref(root, forget)
+        return root[:nbytes].view(dtype).reshape(shape)
+
+    def is_pinned(self, array: np.ndarray) -> bool:
+        """Whether ``array`` is (a view of) one of this device's ``pinned_array`` arrays."""
+        root = array
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        found = self._pinned.get(id(root))
+        return found is not None and found() is root
 
     def empty(self, shape: tuple[int, ...], dtype: Any = np.float32) -> GpuTensor:
         """An uninitialized device tensor."""
@@ -98,7 +122,8 @@ class DeviceContext:
         returns it and the copy's event (None when there was nothing to copy). Keep the event
         until it completes: it holds the host bytes the copy reads. By default float16 stays
         half (a float16 layer's weights, or a host backend's tensor it reads) and anything
-        else goes as float32."""
+        else goes as float32. Inside a submission, an array of ``pinned_array`` (of the right
+        dtype) is read where it is; any other is copied into pinned staging first."""
         refuse("an upload")
         source = np.asarray(array)
         if dtype is None:
@@ -117,6 +142,8 @@ class DeviceContext:
         # Back to the cache (never released) when the tensor is dropped: the executor keeps it
         # with the copy's event until the submission has finished, so no command reads it then.
         weakref.finalize(tensor, self.upload_buffers.give, buffer, {})
+        if self.is_pinned(host):  # page-locked already: the device reads it where it is
+            return tensor, cl.enqueue_copy(queue, tensor.buffer, host, is_blocking=False)
         staged = lent.stage(host.nbytes)
         np.copyto(staged, host.reshape(-1).view(np.uint8))
         return tensor, cl.enqueue_copy(queue, tensor.buffer, staged, is_blocking=False)  # its own: offset 0
@@ -131,6 +158,10 @@ class DeviceContext:
         lent = self._lent_scratch()
         if lent is None or not tensor.size:
             return tensor.enqueue_read(queue, into)
+        if into is not None and self.is_pinned(into):  # page-locked: the device writes it directly
+            return into, cl.enqueue_copy(
+                queue, into, tensor.buffer, src_offset=tensor.offset, is_blocking=False
+            )
         host = np.empty(tensor.shape, tensor.dtype) if into is None else into
         staged = lent.stage(tensor.nbytes)
         event = cl.enqueue_copy(queue, staged, tensor.buffer, src_offset=tensor.offset, is_blocking=False)

@@ -42,6 +42,23 @@ current_scratch: contextvars.ContextVar[ScratchSet | None] = contextvars.Context
 )
 
 
+def map_pinned(context: Any, queue: Any, nbytes: int) -> np.ndarray:
+    """``nbytes`` (at least one) of page-locked host memory as a uint8 array: a buffer made
+    with ``ALLOC_HOST_PTR`` and mapped on ``queue`` (idle: the map blocks). The mapping and the
+    buffer live as long as the array."""
+    flags = cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR
+    buffer = cl.Buffer(context, flags, max(nbytes, 1))
+    mapped, _ = cl.enqueue_map_buffer(
+        queue,
+        buffer,
+        cl.map_flags.READ | cl.map_flags.WRITE,  # type: ignore[arg-type]  # pyopencl's stubs: OR-ed flags are ints
+        0,
+        (max(nbytes, 1),),
+        np.dtype(np.uint8),
+    )
+    return mapped
+
+
 class ScratchSet:
     """One buffer per slot, for the kernels of one submission at a time."""
 
@@ -77,17 +94,7 @@ class ScratchSet:
         return self.staging[index][:nbytes]
 
     def _pinned(self, nbytes: int) -> np.ndarray:
-        flags = cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR
-        buffer = cl.Buffer(self.context, flags, max(nbytes, 1))
-        mapped, _ = cl.enqueue_map_buffer(
-            self.map_queue,
-            buffer,
-            cl.map_flags.READ | cl.map_flags.WRITE,  # type: ignore[arg-type]  # pyopencl's stubs: OR-ed flags are ints
-            0,
-            (max(nbytes, 1),),
-            np.dtype(np.uint8),
-        )
-        return mapped  # the mapping (and the buffer) live as long as this array
+        return map_pinned(self.context, self.map_queue, nbytes)
 
     def copy_after(self, target: np.ndarray, staged: np.ndarray) -> None:
         """Copy ``staged`` into ``target`` once the submission's commands have finished."""
