@@ -2,6 +2,7 @@
 
     python benchmarks/gpu.py [--models resnet50,densenet121,vit_small,bert_small] [--batches 1,8]
                              [--iterations 50] [--concurrency 1,2] [--record-launches on,off]
+                             [--feeds host,pinned]
                              [--load-times]
 
 Each model (``--models``) is built with random weights (seed 0): an architecture of the model
@@ -18,7 +19,10 @@ throughput of each engine, flowrt's throughput as a fraction of PyTorch's, and t
 difference between their first outputs. PyTorch is timed on inputs already on the GPU, its
 output left there; "torch host ms" is PyTorch from the host arrays to a host array, as
 flowrt's ``run`` is timed. ``--concurrency C`` keeps C flowrt runs in flight (C memory
-pools), which overlaps one run's host work with another's device work. ``--storage fp32,fp16``
+pools), which overlaps one run's host work with another's device work. ``--feeds host,pinned``
+runs flowrt also with its feeds and outputs in page-locked arrays (``model.pinned_array``:
+copied to and from the device with no staging copy on the host; the feeds are copied there
+once, before the timing). ``--storage fp32,fp16``
 (the default) runs flowrt as exported and with ``OptimizerOptions(reduce_fp32_to_fp16=True)``,
 where GpuAcc stores tensors and weights as half and computes in float ("fp16/fp32 flowrt":
 the second's throughput over the first's).
@@ -193,6 +197,7 @@ async def _flowrt_latencies(
     concurrency: int,
     counter: _LaunchCounter,
     half: bool = False,
+    pinned: bool = False,
 ):
     start = time.perf_counter()
     options = flowrt.OptimizerOptions(reduce_fp32_to_fp16=half)
@@ -201,6 +206,11 @@ async def _flowrt_latencies(
     async with flowrt.Runtime() as rt:
         model = await rt.load(opt, max_in_flight=concurrency)
         load_s = time.perf_counter() - start
+        bound: list[dict[str, np.ndarray] | None] = [None] * concurrency
+        if pinned:  # the feeds copied into page-locked arrays once; each client's outputs its own
+            feeds = {n: _pinned_copy(model, v) for n, v in feeds.items()}
+            shapes = {n: (i.shape, i.dtype.numpy) for n, i in model.outputs.items() if i is not None}
+            bound = [{n: model.pinned_array(*s) for n, s in shapes.items()} for _ in range(concurrency)]
         for _ in range(3):  # every pool's first runs (its programs are made on them), outside the timing
             async with trio.open_nursery() as nursery:
                 for _ in range(concurrency):
@@ -208,19 +218,25 @@ async def _flowrt_latencies(
         out = await model.run(feeds)
         times: list[float] = []
 
-        async def client(count: int) -> None:
+        async def client(count: int, outputs: dict[str, np.ndarray] | None) -> None:
             for _ in range(count):
                 t0 = time.perf_counter()
-                await model.run(feeds)
+                await model.run(feeds, outputs=outputs)
                 times.append(time.perf_counter() - t0)
 
         wall = time.perf_counter()
         async with trio.open_nursery() as nursery:
-            for _ in range(concurrency):
-                nursery.start_soon(client, iterations // concurrency)
+            for c in range(concurrency):
+                nursery.start_soon(client, iterations // concurrency, bound[c])
         wall = time.perf_counter() - wall
         launches, host_us = await _host_per_launch(model, feeds, counter)
     return times, wall, next(iter(out.values())), load_s, off_gpu, launches, host_us
+
+
+def _pinned_copy(model, value: np.ndarray) -> np.ndarray:
+    array = model.pinned_array(value.shape, value.dtype)
+    array[...] = value
+    return array
 
 
 def _torch_in_child(name: str, batch: int, iterations: int, folder: Path) -> tuple[dict, dict, np.ndarray]:
@@ -257,6 +273,7 @@ def benchmark(
     folder: Path,
     recording: list[str],
     precisions: list[str],
+    ios: list[str],
 ) -> None:
     from flowrt.workers.gpu import launches
 
@@ -265,33 +282,42 @@ def benchmark(
     for name, batch in [(m, b) for m in models for b in batches]:
         torch_s, feeds, expected = _torch_in_child(name, batch, iterations, folder)
         path = str(folder / f"{name}_b{batch}.onnx")
-        for record, precision, concurrency in itertools.product(recording, precisions, concurrencies):
+        for record, precision, io, concurrency in itertools.product(
+            recording, precisions, ios, concurrencies
+        ):
             os.environ[launches.ENV] = "1" if record == "on" else "0"
             times, wall, got, load_s, off_gpu, per_run, host_us = trio.run(
-                _flowrt_latencies, path, feeds, iterations, concurrency, counter, precision == "fp16"
+                _flowrt_latencies,
+                path,
+                feeds,
+                iterations,
+                concurrency,
+                counter,
+                precision == "fp16",
+                io == "pinned",
             )
             per_s = batch * len(times) / wall
             diff = float(np.max(np.abs(got - expected)) / max(1e-12, float(np.max(np.abs(expected)))))
-            rows.append((name, batch, record, precision, concurrency, statistics.median(times) * 1e3, per_s,
+            rows.append((name, batch, record, precision, io, concurrency, statistics.median(times) * 1e3, per_s,
                          torch_s, diff, per_run, host_us))  # fmt: skip
             off = f"{len(off_gpu)} ({', '.join(off_gpu[:6])}{', ...' if len(off_gpu) > 6 else ''})"
             print(
-                f"{name} batch {batch}, recorded launches {record}, {precision}, {concurrency} in flight: "
+                f"{name} batch {batch}, recorded launches {record}, {precision}, {io} feeds, {concurrency} in flight: "
                 f"load {load_s:.2f} s, layers off GpuAcc: {off if off_gpu else 'none'}"
             )
     print()
     print(
-        "| model | batch | recorded launches | storage | in flight | flowrt ms | flowrt samples/s | torch ms "
+        "| model | batch | recorded launches | storage | feeds | in flight | flowrt ms | flowrt samples/s | torch ms "
         "| torch samples/s | flowrt/torch | torch fp16 ms | flowrt/torch fp16 | fp16/fp32 flowrt | torch host ms "
         "| max rel diff | launches/run | host us/launch |"
     )
-    print("| --- | ---: | --- | --- | ---: |" + " ---: |" * 12)
-    fp32_rate = {(r[0], r[1], r[2], r[4]): r[6] for r in rows if r[3] == "fp32"}
-    for name, batch, record, precision, conc, ms, per_s, torch_s, diff, per_run, host_us in rows:
+    print("| --- | ---: | --- | --- | --- | ---: |" + " ---: |" * 12)
+    fp32_rate = {(r[0], r[1], r[2], r[4], r[5]): r[7] for r in rows if r[3] == "fp32"}
+    for name, batch, record, precision, io, conc, ms, per_s, torch_s, diff, per_run, host_us in rows:
         torch_per_s, half_per_s = batch / torch_s["fp32"], batch / torch_s["fp16"]
-        own = fp32_rate.get((name, batch, record, conc)) if precision == "fp16" else None
+        own = fp32_rate.get((name, batch, record, io, conc)) if precision == "fp16" else None
         print(
-            f"| {name} | {batch} | {record} | {precision} | {conc} | {ms:.2f} | {per_s:.1f} "
+            f"| {name} | {batch} | {record} | {precision} | {io} | {conc} | {ms:.2f} | {per_s:.1f} "
             f"| {torch_s['fp32'] * 1e3:.2f} | {torch_per_s:.1f} | {per_s / torch_per_s:.3f} "
             f"| {torch_s['fp16'] * 1e3:.2f} | {per_s / half_per_s:.3f} | {f'{per_s / own:.3f}' if own else ''} "
             f"| {torch_s['host'] * 1e3:.2f} | {diff:.2e} | {per_run:.0f} | {host_us:.1f} |"
@@ -341,6 +367,9 @@ def main() -> None:
     parser.add_argument(
         "--storage", default="fp32,fp16", help="fp32 and/or fp16 (reduce_fp32_to_fp16: GpuAcc stores half)"
     )
+    parser.add_argument(
+        "--feeds", default="host", help="host and/or pinned (feeds and outputs in LoadedNetwork.pinned_array)"
+    )
     parser.add_argument("--load-only", metavar="MODEL", help=argparse.SUPPRESS)
     parser.add_argument("--torch-only", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument(
@@ -365,7 +394,10 @@ def main() -> None:
         concurrencies = [int(c) for c in args.concurrency.split(",")]
         recording = [r for r in args.record_launches.split(",") if r in ("on", "off")]
         precisions = [p for p in args.storage.split(",") if p in ("fp32", "fp16")] or ["fp32"]
-        benchmark(models, batches, args.iterations, concurrencies, folder, recording or ["on"], precisions)
+        ios = [f for f in args.feeds.split(",") if f in ("host", "pinned")] or ["host"]
+        benchmark(
+            models, batches, args.iterations, concurrencies, folder, recording or ["on"], precisions, ios
+        )
 
 
 if __name__ == "__main__":
