@@ -25,28 +25,31 @@ def staged(monkeypatch):
     return calls
 
 
+@pytest.mark.parametrize("half", [False, True], ids=["float32", "half storage"])
 async def test_pinned_feeds_and_outputs_cross_with_no_staging_copy(
-    gpu, conv_network, conv_net_reference, staged
+    gpu, conv_network, conv_net_reference, staged, half
 ):
     feeds, expected = conv_net_reference
-    opt = flowrt.optimize(conv_network(), backends=["GpuAcc", "CpuRef"])
+    options = flowrt.OptimizerOptions(reduce_fp32_to_fp16=half)
+    opt = flowrt.optimize(conv_network(), backends=["GpuAcc", "CpuRef"], options=options)
+    tolerance = {"rtol": 1e-2, "atol": 1e-3} if half else {"rtol": 1e-5, "atol": 1e-6}
     async with flowrt.Runtime(cpu_workers=1) as rt:
         model = await rt.load(opt)
         out = await model.run(feeds)  # ordinary arrays: both cross through staging
         assert len(staged) == 2
-        np.testing.assert_allclose(out["y"], expected["y"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out["y"], expected["y"], **tolerance)
         x = model.pinned_array(feeds["x"].shape)
         y = model.pinned_array(expected["y"].shape, expected["y"].dtype)
         assert x.flags.c_contiguous and x.dtype == np.float32 and x.shape == feeds["x"].shape
+        reference = await rt.load(flowrt.optimize(conv_network(), backends=["CpuRef"]))
         for scale in (1.0, -1.0):  # the same arrays again, with new values
             staged.clear()
             x[...] = feeds["x"] * scale
-            out = await model.run({"x": x}, outputs={"y": y})
-            assert out["y"] is y and staged == []
-            reference = await (await rt.load(flowrt.optimize(conv_network(), backends=["CpuRef"]))).run(
-                {"x": x}
-            )
-            np.testing.assert_allclose(y, reference["y"], rtol=1e-5, atol=1e-6)
+            got = await model.run({"x": x}, outputs={"y": y})
+            assert got["y"] is y and staged == []
+            if scale == 1.0:
+                np.testing.assert_array_equal(y, out["y"])  # the same bytes as through staging
+            np.testing.assert_allclose(y, (await reference.run({"x": x}))["y"], **tolerance)
 
 
 async def test_a_view_of_a_pinned_array_is_pinned_and_the_memory_goes_with_the_array(gpu):
