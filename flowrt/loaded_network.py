@@ -164,9 +164,9 @@ class LoadedNetwork:
         this network's GpuAcc layers run on, for feeds and for outputs bound with
         ``outputs=``: GpuAcc uploads such a feed straight from it and downloads such an output
         straight into it, where an ordinary array crosses through a copy into the run's pinned
-        staging memory (a batch of eight 224x224 images, 4.8 MB: about 0.5 ms of the host's
-        time an upload on an H200's host). The memory stays page-locked while the array, or a
-        view of it, lives. Do not write a feed's array while a run that reads it is in flight.
+        staging memory (4.8 MB for a batch of eight 224x224 images: about 0.45 ms of an H200
+        host's time an upload). The memory stays page-locked while the array, or a view of
+        it, lives. Do not write a feed's array while a run that reads it is in flight.
 
         BackendError where none of the network's layers runs on such a device; ArgumentError
         for a shape that is not a sequence of ints >= 0 or a dtype numpy does not know.
