@@ -142,11 +142,26 @@ class DeviceContext:
         # Back to the cache (never released) when the tensor is dropped: the executor keeps it
         # with the copy's event until the submission has finished, so no command reads it then.
         weakref.finalize(tensor, self.upload_buffers.give, buffer, {})
-        if self.is_pinned(host):  # page-locked already: the device reads it where it is
-            return tensor, cl.enqueue_copy(queue, tensor.buffer, host, is_blocking=False)
-        staged = lent.stage(host.nbytes)
-        np.copyto(staged, host.reshape(-1).view(np.uint8))
-        return tensor, cl.enqueue_copy(queue, tensor.buffer, staged, is_blocking=False)  # its own: offset 0
+        return tensor, self._from_host(queue, tensor, host, lent)
+
+    def enqueue_write(self, queue: Any, tensor: GpuTensor, array: np.ndarray) -> Any:
+        """Copy the host ``array`` (C-contiguous, as many bytes as ``tensor``) into ``tensor``,
+        enqueued on ``queue``; returns the copy's event. Inside a submission as a feed's upload
+        goes, outside one a blocking copy."""
+        refuse("an upload")
+        lent = self._lent_scratch()
+        if lent is None:
+            return cl.enqueue_copy(queue, tensor.buffer, array, dst_offset=tensor.offset, is_blocking=True)
+        return self._from_host(queue, tensor, array, lent)
+
+    def _from_host(self, queue: Any, tensor: GpuTensor, host: np.ndarray, lent: ScratchSet) -> Any:
+        """A submission's copy of ``host`` into ``tensor``: straight from a ``pinned_array``
+        array, else through the submission's pinned staging."""
+        source = host
+        if not self.is_pinned(host):
+            source = lent.stage(host.nbytes)
+            np.copyto(source, host.reshape(-1).view(np.uint8))
+        return cl.enqueue_copy(queue, tensor.buffer, source, dst_offset=tensor.offset, is_blocking=False)
 
     def enqueue_download(
         self, queue: Any, tensor: GpuTensor, into: np.ndarray | None = None

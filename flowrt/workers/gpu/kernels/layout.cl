@@ -41,3 +41,14 @@ __kernel void concat_many(__global const DATA* x, __global DATA* y, int y_off, i
     CONCAT_FIND(12) CONCAT_FIND(13) CONCAT_FIND(14) CONCAT_FIND(15)
     STORE(y, y_off + o * pitch + start + r, LOAD(x, src + o * block + r));
 }
+
+// A Gather: y[o, k, s] = x[o, idx[k], s] for o < outer (the dims before the axis), k < count
+// (the indices, made non-negative on the host) and s < slab (the dims after it); x holds `dim`
+// slabs per o. One work-item per output value.
+__kernel void gather_rows(__global const DATA* x, int x_off, __global DATA* y, int y_off,
+                          __global const int* idx, int idx_off, int count, int slab, int dim, int n) {
+    int i = get_global_id(0);
+    if (i >= n) return;
+    int s = i % slab, k = (i / slab) % count, o = i / (slab * count);
+    STORE(y, y_off + i, LOAD(x, x_off + (o * dim + idx[idx_off + k]) * slab + s));
+}

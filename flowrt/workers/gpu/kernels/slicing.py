@@ -1,6 +1,6 @@
-"""Slice, Split and Gather: the output read through the input's strides (times the steps)
-from the first element it takes, by layout.cl's ``transpose`` gather with the input's offset
-moved there. Each output is one launch (a Gather's, one per index)."""
+"""Slice and Split: the output read through the input's strides (times the steps) from the
+first element it takes, by layout.cl's ``transpose`` gather with the input's offset moved
+there, one launch an output; Gather: layout.cl's ``gather_rows``, one launch."""
 
 from __future__ import annotations
 
@@ -128,66 +128,60 @@ class SplitKernel(_Gather):
         return event
 
 
-# A Gather's indices are this many launches at most (one each).
-GATHER_INDICES = 16
+# The scratch slot a Gather's indices read at each run go to (see ``DeviceContext.scratch``).
+GATHER_SLOT = 2
 
 
 @gpu_kernel("Gather")
-class GatherKernel(_Gather):
-    """Gather along an axis, each index's slab one launch: a scalar index (Swin's and ViT's
-    ``qkv[0]``), or up to GATHER_INDICES along an axis with nothing before it, where each
-    slab lies whole in the output. The indices are read on the host: a constant once at
-    load, others at each run (those runs' launches are then not recorded)."""
+class GatherKernel(GpuKernel):
+    """Gather along any axis, one launch (layout.cl's ``gather_rows``) whatever the number of
+    indices: a scalar index (ViT's ``qkv[0]``), a token embedding's lookup of a sequence. The
+    indices are checked on the host and given to the kernel as an int32 buffer: a constant's
+    once at load, others each run, written into the submission's scratch (those runs'
+    launches are then not recorded)."""
 
     host_inputs = frozenset({1})
+    half_storage = True
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
-        found = super().supports(info)
-        if not found.supported:
-            return found
-        shape, indices = static_shape(info.inputs[0]), info.inputs[1]
+        indices = info.inputs[1]
         if indices is None or indices.shape is None or not indices.is_static:
             return Support.no("GpuAcc gathers by indices of a static shape")
-        count = int(np.prod(static_shape(indices), dtype=np.int64))
-        axis = info.descriptor.axis % len(shape)
-        if count > GATHER_INDICES:
-            return Support.no(f"GpuAcc gathers {GATHER_INDICES} indices at most, found {count}")
-        if count > 1 and any(d != 1 for d in shape[:axis]):
-            return Support.no("GpuAcc gathers several indices only along an axis with nothing before it")
         return Support.yes()
 
     def prepare(self) -> None:
-        self.kernel = self.context.kernel("layout", "transpose", self.storage)
+        self.kernel = self.context.kernel("layout", "gather_rows", self.storage)
         shape = static_shape(self.info.inputs[0])
-        self.axis = self.info.descriptor.axis % len(shape)
+        self.axis = normalize_axis(self.info.descriptor.axis, len(shape), "Gather")
         self.dim = shape[self.axis]
-        strides = _strides(shape)
-        self.step = strides[self.axis]
-        slab = [d for i, d in enumerate(shape) if i != self.axis]
-        read = [s for i, s in enumerate(strides) if i != self.axis]
-        self.slab = int(np.prod(slab, dtype=np.int64))
-        self.table = stride_table(self.context, slab, _padded(read))
+        self.slab = int(np.prod(shape[self.axis + 1 :], dtype=np.int64))
+        self.count = int(np.prod(static_shape(self.info.inputs[1]), dtype=np.int64))
         constant = self.constant(1)
-        self.fixed = None if constant is None else self._indices(constant)
+        self.fixed = None if constant is None else self.context.upload(self._indices(constant), np.int32)
 
     def _indices(self, given: Any) -> np.ndarray:
+        """The indices as int32, each made non-negative; ShapeError for one out of range."""
         indices = np.asarray(given).astype(np.int64, copy=False).reshape(-1)
         indices = np.where(indices < 0, indices + self.dim, indices)
         if indices.size and (indices.min() < 0 or indices.max() >= self.dim):
+            found = np.asarray(given).reshape(-1)
+            bad = found[(found < -self.dim) | (found >= self.dim)]
             raise ShapeError(
                 f"Gather: indices must lie in [-{self.dim}, {self.dim}) along axis {self.axis}, "
-                f"found {np.asarray(given).reshape(-1).tolist()}"
+                f"found {bad[:8].tolist()}{' ...' if bad.size > 8 else ''}"
             )
-        return indices
+        return indices.astype(np.int32)
 
     def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
         indices = self.fixed
         if indices is None:
             refuse("Gather indices read at each run")
-            indices = self._indices(inputs[1])
-        event = None
-        for k, index in enumerate(indices):
-            first = int(index) * self.step
-            event = self.gather(queue, inputs[0], outputs[0], first, self.table, k * self.slab, self.slab)
-        return event
+            host = self._indices(inputs[1])
+            indices = self.context.scratch((self.count,), slot=GATHER_SLOT, dtype=np.int32)
+            self.context.enqueue_write(queue, indices, host)
+        x, y = inputs[0], outputs[0]
+        return self.launch(
+            self.kernel, queue, y.size, *x.kernel_args, *y.kernel_args, *indices.kernel_args,
+            np.int32(self.count), np.int32(self.slab), np.int32(self.dim), np.int32(y.size),
+        )  # fmt: skip
