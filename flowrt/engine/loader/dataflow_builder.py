@@ -5,6 +5,7 @@ described in ``flowrt.engine.scheduler.dataflow``).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 
 import attrs
@@ -92,7 +93,11 @@ def build_dataflow(
         for tid in node.inputs:
             if tid is not None and tid not in constants:
                 readers[tid] = readers.get(tid, 0) + 1
-    segments = _branch_segments(nodes) if parallel_branches else _serial_segments(nodes, device_backends)
+    if parallel_branches:
+        segments = _branch_segments(nodes)
+    else:
+        nodes = _grouped_by_placement(nodes, device_backends)
+        segments = _serial_segments(nodes, device_backends)
     return Dataflow(
         _place(segments, device_backends, set(constants), set(outputs.values())),
         constants,
@@ -108,6 +113,46 @@ def build_dataflow(
 
 def _compute_producers(layer: Layer) -> list[Layer]:
     return [p for p in dict.fromkeys(layer.producers()) if p.kind not in ("Constant", "Input")]
+
+
+def _grouped_by_placement(
+    nodes: list[tuple[Layer, WorkloadNode]], device_backends: frozenset[str]
+) -> list[tuple[Layer, WorkloadNode]]:
+    """``nodes`` (in topological order) in a topological order that stays on one placement (the
+    host, or one device backend) while it can: of the nodes whose producers have all come, the
+    first (in the given order) of the placement of the node before, else the first of any.
+    Independent chains on the host and on a device (a transformer's attention mask beside its
+    embeddings) then form a segment each, where the given order interleaved them into a
+    segment per layer, each device one a submission; a network on one placement keeps its
+    order."""
+    if not device_backends:
+        return nodes
+    position = {layer.name: i for i, (layer, _) in enumerate(nodes)}
+    waiting: dict[str, int] = {}
+    consumers: dict[str, list[int]] = {}
+    for i, (layer, _) in enumerate(nodes):
+        producers = [p.name for p in _compute_producers(layer) if p.name in position]
+        waiting[layer.name] = len(producers)
+        for name in producers:
+            consumers.setdefault(name, []).append(i)
+    places = [node.backend if node.backend in device_backends else None for _, node in nodes]
+    ready: dict[str | None, list[int]] = {}
+    for i, (layer, _) in enumerate(nodes):
+        if waiting[layer.name] == 0:
+            heapq.heappush(ready.setdefault(places[i], []), i)
+    ordered: list[tuple[Layer, WorkloadNode]] = []
+    current = places[0] if nodes else None
+    while len(ordered) < len(nodes):
+        if not ready.get(current):
+            current = min((heap[0], place) for place, heap in ready.items() if heap)[1]
+        i = heapq.heappop(ready[current])
+        ordered.append(nodes[i])
+        for j in consumers.get(nodes[i][0].name, ()):
+            name = nodes[j][0].name
+            waiting[name] -= 1
+            if waiting[name] == 0:
+                heapq.heappush(ready.setdefault(places[j], []), j)
+    return ordered
 
 
 def _serial_segments(

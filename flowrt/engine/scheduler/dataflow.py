@@ -5,7 +5,10 @@ A *segment* is a list of workloads that one worker runs back to back: one task i
 nursery and one crossing into a worker thread. Two ways to cut them:
 
 - serial (the default): workloads in topological order, consecutive ones of the same
-  placement in one segment, each segment after the one before. Kernels split their own
+  placement in one segment, each segment after the one before. Where a network has a device
+  placement, the order stays on one placement while the dependencies allow (a transformer's
+  attention mask on the host beside its embeddings on the device: a segment each, not a
+  segment per layer). Kernels split their own
   windows across the workers, so an all-host network is one segment and a run needs no more
   than one crossing — as the Compute Library runs a graph, layer after layer, each layer
   spread over every core.

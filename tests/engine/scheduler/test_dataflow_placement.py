@@ -76,3 +76,37 @@ def test_parallel_branch_segments_are_placed_too():
     assert placed["relu"].downloads == (dataflow.order[0].outputs[0],)
     # add reads relu's output on the device: the segment it runs in comes after relu's
     assert dataflow.order[0].outputs[0] not in placed["add"].uploads
+
+
+def _two_chains():
+    """relu(x) -> sigmoid (Dev) beside exp(m) -> exp (CpuRef), added on Dev; inserted
+    alternately, so that the graph's own order interleaves the two chains."""
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((2, 3)))
+    m = net.add_input("m", TensorInfo((2, 3)))
+    relu = net.add_layer("Relu", inputs=[x], name="relu")
+    exp1 = net.add_layer("Exp", inputs=[m], name="exp1")
+    sigmoid = net.add_layer("Sigmoid", inputs=[relu], name="sigmoid")
+    exp2 = net.add_layer("Exp", inputs=[exp1], name="exp2")
+    net.add_output("y", net.add_layer("Add", inputs=[sigmoid, exp2], name="add"))
+    registry = BackendRegistry()
+    registry.register("CpuRef", RefBackend)
+    registry.register("Dev", lambda: PartialBackend("Dev", {"Relu", "Sigmoid", "Add"}))
+    return flowrt.optimize(net, backends=["Dev", "CpuRef"], registry=registry)
+
+
+def test_independent_chains_on_the_host_and_a_device_form_a_segment_each():
+    opt = _two_chains()
+    assert [layer.name for layer in opt.graph.topological_order() if layer.backend] == [
+        "relu", "exp1", "sigmoid", "exp2", "add"
+    ]  # fmt: skip
+    dataflow = _build(opt, frozenset({"Dev"}))
+    assert [[n.layer for n in s.nodes] for s in dataflow.segments] == [
+        ["relu", "sigmoid"],
+        ["exp1", "exp2"],
+        ["add"],
+    ]
+    assert [s.device for s in dataflow.segments] == [True, False, True]
+    assert [n.layer for n in dataflow.order] == ["relu", "sigmoid", "exp1", "exp2", "add"]
+    # On one placement (no device backend) the graph's order stays as it is.
+    assert [n.layer for n in _build(opt).order] == ["relu", "exp1", "sigmoid", "exp2", "add"]

@@ -96,3 +96,31 @@ async def test_runs_complete_through_the_waiters_which_end_with_the_runtime(
             out = await model.run(feeds)
         np.testing.assert_allclose(out["y"], expected["y"], rtol=1e-5, atol=1e-6)
     assert not any(t.is_alive() for t in waiters)
+
+
+async def test_a_host_chain_beside_a_device_chain_runs_as_one_segment_each(gpu):
+    # A float chain GpuAcc takes, beside a bool one it does not (CpuRef), inserted alternately:
+    # in the graph's order they interleave, a device submission per float layer.
+    net = flowrt.Network()
+    x = net.add_input("x", flowrt.types.TensorInfo((4, 8)))
+    m = net.add_input("m", flowrt.types.TensorInfo((4, 8), "int64"))
+    relu = net.add_layer("Relu", inputs=[x], name="relu")
+    flag = net.add_layer("Cast", flowrt.descriptors.Cast(to=9), [m], name="to_bool")
+    sigmoid = net.add_layer("Sigmoid", inputs=[relu], name="sigmoid")
+    negated = net.add_layer("Not", inputs=[flag], name="not")
+    tanh = net.add_layer("Tanh", inputs=[sigmoid], name="tanh")
+    mask = net.add_layer("Cast", flowrt.descriptors.Cast(to=1), [negated], name="to_float")
+    net.add_output("y", net.add_layer("Add", inputs=[tanh, mask], name="add"))
+    opt = flowrt.optimize(net, backends=["GpuAcc", "CpuRef"])
+    placed = opt.assignments()
+    assert [placed[n] for n in ("relu", "sigmoid", "tanh", "add")] == ["GpuAcc"] * 4
+    assert [placed[n] for n in ("to_bool", "not", "to_float")] == ["CpuRef"] * 3
+    rng = np.random.default_rng(5)
+    feeds = {"x": rng.standard_normal((4, 8)).astype(np.float32), "m": rng.integers(0, 2, (4, 8))}
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        model = await rt.load(opt)
+        segments = [[n.layer for n in s.nodes] for s in model.dataflow.segments]
+        assert segments == [["relu", "sigmoid", "tanh"], ["to_bool", "not", "to_float"], ["add"]]
+        got = await model.run(feeds)
+        want = await (await rt.load(flowrt.optimize(net, backends=["CpuRef"]))).run(feeds)
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-6, atol=1e-6)
