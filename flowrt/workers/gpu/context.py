@@ -83,6 +83,8 @@ class DeviceContext:
 
     def is_pinned(self, array: np.ndarray) -> bool:
         """Whether ``array`` is (a view of) one of this device's ``pinned_array`` arrays."""
+        if not self._pinned:  # none made: every feed and output of a run asks
+            return False
         root = array
         while isinstance(root.base, np.ndarray):
             root = root.base
@@ -171,12 +173,9 @@ class DeviceContext:
         array is ``into`` (C-contiguous, of the tensor's shape and dtype) when given, else new."""
         refuse("a download")
         lent = self._lent_scratch()
-        if lent is None or not tensor.size:
+        # Outside a submission, or into a page-locked array: the device writes it directly.
+        if lent is None or not tensor.size or (into is not None and self.is_pinned(into)):
             return tensor.enqueue_read(queue, into)
-        if into is not None and self.is_pinned(into):  # page-locked: the device writes it directly
-            return into, cl.enqueue_copy(
-                queue, into, tensor.buffer, src_offset=tensor.offset, is_blocking=False
-            )
         host = np.empty(tensor.shape, tensor.dtype) if into is None else into
         staged = lent.stage(tensor.nbytes)
         event = cl.enqueue_copy(queue, staged, tensor.buffer, src_offset=tensor.offset, is_blocking=False)
