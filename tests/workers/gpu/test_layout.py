@@ -37,6 +37,20 @@ def test_transpose_matches_cpuref(run_both, shape, data):
     np.testing.assert_array_equal(got, expected)
 
 
+@settings(max_examples=20, deadline=None)
+@given(shape=hnp.array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=4), data=st.data())
+def test_expand_matches_cpuref(run_both, shape, data):
+    """Each dim of size 1 may grow, and leading dims may be added; the target may also name 1
+    where the input is larger (ONNX's Expand broadcasts both ways)."""
+    source = tuple(data.draw(st.sampled_from([s, 1])) for s in shape)
+    target = [data.draw(st.sampled_from([s, 1])) if source[i] == s else s for i, s in enumerate(shape)]
+    target = data.draw(st.lists(st.integers(1, 3), max_size=6 - len(shape))) + target
+    x = np.arange(int(np.prod(source)), dtype=np.float32).reshape(source) - 5
+    (got,), (expected,) = run_both("Expand", None, [x, np.array(target, np.int64)], (1,))
+    assert got.shape == np.broadcast_shapes(source, tuple(target))
+    np.testing.assert_array_equal(got, expected)
+
+
 def test_reshape_and_flatten_are_views_of_the_input(gpu, run_both):
     x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
     (got,), (expected,) = run_both("Reshape", flowrt.descriptors.Reshape(), [x, np.array([4, -1])], (1,))

@@ -1,5 +1,6 @@
 // Data movement: transpose through a stride table (output dims, then the input strides
-// permuted into output order; see strided_offset). Tensors are DATA (see common.cl).
+// permuted into output order, or an Expand's broadcast strides; see strided_offset). Tensors
+// are DATA (see common.cl).
 
 __kernel void transpose(__global const DATA* x, int x_off, __global DATA* y, int y_off, __constant const int* table, int n) {
     x += x_off; y += y_off;

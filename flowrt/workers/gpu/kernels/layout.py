@@ -1,4 +1,4 @@
-"""Concat, Transpose, and the view kinds (Reshape, Flatten, Squeeze, Unsqueeze)."""
+"""Concat, Transpose, Expand, and the view kinds (Reshape, Flatten, Squeeze, Unsqueeze)."""
 
 from __future__ import annotations
 
@@ -96,6 +96,34 @@ class TransposeKernel(GpuKernel):
         self.table = stride_table(self.context, self.output_shapes[0], permuted)
 
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
+        x, y = inputs[0], outputs[0]
+        return self.launch(
+            self.kernel, queue, y.size, *x.kernel_args, *y.kernel_args, self.table, np.int32(y.size)
+        )
+
+
+@gpu_kernel("Expand")
+class ExpandKernel(GpuKernel):
+    """A gather through the input's broadcast strides (0 along every dim it repeats): the
+    transpose kernel with the strides of broadcasting in place of a permutation. The target
+    shape is read at load (the output's static shape)."""
+
+    host_inputs = frozenset({1})  # the target shape
+    half_storage = True
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        if len(static_shape(info.outputs[0])) > RANK:
+            return Support.no(f"GpuAcc expands to tensors of rank {RANK} or less")
+        return Support.yes()
+
+    def prepare(self) -> None:
+        self.kernel = self.context.kernel("layout", "transpose", self.storage)
+        out = self.output_shapes[0]
+        strides = broadcast_strides(static_shape(self.info.inputs[0]), out)
+        self.table = stride_table(self.context, out, strides)
+
+    def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
         x, y = inputs[0], outputs[0]
         return self.launch(
             self.kernel, queue, y.size, *x.kernel_args, *y.kernel_args, self.table, np.int32(y.size)
