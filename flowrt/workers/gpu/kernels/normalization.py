@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from flowrt.registry import Support, WorkloadInfo
-from flowrt.workers.gpu.kernels import GpuKernel, activation_args, gpu_kernel, ints, static_shape
+from flowrt.workers.gpu.kernels import GpuKernel, activation_args, gpu_kernel, ints, row_group, static_shape
 from flowrt.workers.gpu.tensor import GpuTensor
 
 
@@ -76,7 +77,6 @@ class SoftmaxKernel(GpuKernel):
     half_storage = True
 
     def prepare(self) -> None:
-        self.kernel = self.context.kernel("normalization", "softmax", self.storage)
         shape = self.output_shapes[0]
         desc = self.info.descriptor
         axis = desc.resolved_axis(len(shape), "Softmax")
@@ -85,10 +85,20 @@ class SoftmaxKernel(GpuKernel):
         else:
             length, inner = shape[axis], int(np.prod(shape[axis + 1 :], dtype=np.int64))
         self.rows = int(np.prod(shape, dtype=np.int64)) // max(length, 1)
-        self.args = ints(length, inner, self.rows)
+        # A row of the last axis is contiguous: a work-group per row where it is long enough.
+        self.group = row_group(length, self.context.device) if inner == 1 else None
+        if self.group is not None:
+            self.kernel = self.context.kernel("reduction", "softmax_rows", self.storage)
+            self.args = ints(length, self.rows)
+        else:
+            self.kernel = self.context.kernel("normalization", "softmax", self.storage)
+            self.args = ints(length, inner, self.rows)
 
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
         x, y = inputs[0], outputs[0]
+        if self.group is not None:
+            size = (self.rows * self.group,)
+            return self.kernel(queue, size, (self.group,), *x.kernel_args, *y.kernel_args, *self.args)
         return self.launch(self.kernel, queue, self.rows, *x.kernel_args, *y.kernel_args, *self.args)
 
 
@@ -113,19 +123,25 @@ class LayerNormalizationKernel(GpuKernel):
         return Support.yes()
 
     def prepare(self) -> None:
-        self.kernel = self.context.kernel("reduction", "layer_norm", self.storage)
         shape = static_shape(self.info.inputs[0])
         axis = self.info.descriptor.axis % len(shape)
         self.size = int(np.prod(shape[axis:], dtype=np.int64))
         self.rows = int(np.prod(shape[:axis], dtype=np.int64))
+        self.group = row_group(self.size, self.context.device)
+        name = "layer_norm" if self.group is None else "layer_norm_rows"
+        self.kernel = self.context.kernel("reduction", name, self.storage)
 
     def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
         x, scale, *rest = inputs
         bias = rest[0] if rest else None
         y, stats = outputs[0], list(outputs[1:3])
         mean, inv_std = (stats + [y, y])[:2]
-        return self.launch(
-            self.kernel, queue, self.rows, *x.kernel_args, *y.kernel_args,
+        if self.group is None:
+            launch = functools.partial(self.launch, self.kernel, queue, self.rows)
+        else:
+            launch = functools.partial(self.kernel, queue, (self.rows * self.group,), (self.group,))
+        return launch(
+            *x.kernel_args, *y.kernel_args,
             *scale.kernel_args, np.int32(scale.size > 1),
             *(scale if bias is None else bias).kernel_args, np.int32(bias is not None and bias.size > 1), np.int32(bias is not None),
             *mean.kernel_args, *inv_std.kernel_args, np.int32(len(stats)),

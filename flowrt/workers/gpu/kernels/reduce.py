@@ -2,7 +2,9 @@
 
 Each output value starts at the input offset of its kept coordinates and reads the reduced
 ones through a second stride table; when the reduced axes are the trailing ones the values
-are contiguous and the kernel skips the table.
+are contiguous and the kernel skips the table, and where there are enough of them (a
+transformer's RMSNorm reduces rows of hundreds) a work-group takes each output
+(``reduce_rows``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 from flowrt.engine.graph.layers.reduce import reduce_axes
 from flowrt.engine.graph.layers.reshape import const_ints
 from flowrt.errors import BackendError
-from flowrt.workers.gpu.kernels import RANK, GpuKernel, gpu_kernel, ints, static_shape
+from flowrt.workers.gpu.kernels import RANK, GpuKernel, gpu_kernel, ints, row_group, static_shape
 from flowrt.workers.gpu.kernels.elementwise import broadcast_strides, stride_table
 from flowrt.workers.gpu.tensor import GpuTensor
 
@@ -70,9 +72,17 @@ class ReduceKernel(GpuKernel):
         trailing = tuple(axes) == tuple(range(len(shape) - len(axes), len(shape)))
         self.contiguous = np.int32(trailing)
         self.op = np.int32(REDUCE_CODES[self.info.kind])
+        self.group = row_group(self.count, self.context.device) if trailing else None
+        if self.group is not None:
+            self.kernel = self.context.kernel("reduction", "reduce_rows")
 
     def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
         x, y = inputs[0], outputs[0]
+        if self.group is not None:
+            return self.kernel(
+                queue, (y.size * self.group,), (self.group,), *x.kernel_args, *y.kernel_args, self.kept,
+                *ints(self.count, y.size), self.op,
+            )  # fmt: skip
         return self.launch(
             self.kernel, queue, y.size, *x.kernel_args, *y.kernel_args, self.kept, self.reduced,
             *ints(self.count), self.contiguous, *ints(y.size), self.op,
