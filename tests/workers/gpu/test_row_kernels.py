@@ -125,3 +125,70 @@ def test_half_storage_layer_normalization_and_softmax_by_rows(run_half, groups):
     (got,), (expected,) = run_half("Softmax", flowrt.descriptors.Softmax(axis=-1), [x])
     np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-4)
     assert groups == [64, 64]
+
+
+@pytest.mark.parametrize("length", [5, *LENGTHS])
+def test_rms_normalization_matches_cpuref(run_both, groups, length):
+    rng = np.random.default_rng(length)
+    x = (rng.standard_normal((4, 3, length)) * 3 + 1).astype(np.float32)
+    scale = rng.standard_normal(length).astype(np.float32)
+    desc = flowrt.descriptors.RMSNormalization(epsilon=1e-6)
+    (got,), (expected,) = run_both("RMSNormalization", desc, [x, scale], constant=(1,))
+    assert groups == [row_group(length, _Device(ROW_GROUP_MAX))]  # None: one work-item per row
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_rms_normalization_over_two_axes_in_half_storage(run_half, groups):
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((5, 4, 96)).astype(np.float32)
+    scale = rng.standard_normal((4, 96)).astype(np.float32)
+    desc = flowrt.descriptors.RMSNormalization(axis=1)
+    (got,), (expected,) = run_half("RMSNormalization", desc, [x, scale], constant=(1,))
+    assert groups == [64]  # rows of 384
+    np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-2)
+
+
+def test_llamas_norm_written_out_is_one_rms_normalization_on_gpuacc():
+    """transformers' LlamaRMSNorm as exported (Pow, ReduceMean, Add, Sqrt, Reciprocal, Mul,
+    Mul): GpuAcc takes the fused layer, one launch, and matches ONNX Runtime."""
+    import onnxruntime as ort
+    import trio
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(8)
+    gamma = rng.standard_normal(256).astype(np.float32)
+    nodes = [
+        helper.make_node("Pow", ["x", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=1),
+        helper.make_node("Add", ["ms", "eps"], ["mse"]),
+        helper.make_node("Sqrt", ["mse"], ["rms"]),
+        helper.make_node("Reciprocal", ["rms"], ["inv"]),
+        helper.make_node("Mul", ["x", "inv"], ["normed"]),
+        helper.make_node("Mul", ["gamma", "normed"], ["y"]),
+    ]
+    constants = {
+        "two": np.float32(2.0),
+        "axes": np.array([-1], np.int64),
+        "eps": np.float32(1e-6),
+        "gamma": gamma,
+    }
+    graph = helper.make_graph(
+        nodes,
+        "llama_norm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 128, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 128, 256])],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in constants.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    opt = flowrt.optimize(flowrt.onnx.load(model), backends=["GpuAcc", "CpuRef"])
+    (record,) = opt.substitutions
+    assert (record.backend, record.kind) == ("GpuAcc", "RMSNormalization")
+    assert opt.assignments() == {record.layer: "GpuAcc"}
+    x = rng.standard_normal((2, 128, 256)).astype(np.float32)
+
+    async def main():
+        async with flowrt.Runtime(cpu_workers=1) as rt:
+            return (await (await rt.load(opt, max_in_flight=1)).run({"x": x}))["y"]
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(trio.run(main), session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)

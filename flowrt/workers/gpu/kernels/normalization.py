@@ -1,4 +1,4 @@
-"""BatchNormalization (inference), LRN, Softmax and LayerNormalization."""
+"""BatchNormalization (inference), LRN, Softmax, LayerNormalization and RMSNormalization."""
 
 from __future__ import annotations
 
@@ -108,6 +108,7 @@ class LayerNormalizationKernel(GpuKernel):
     optional Mean and InvStdDev outputs hold each row's statistics."""
 
     half_storage = True
+    center = True  # subtract each row's mean (RMSNormalization does not)
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
@@ -117,8 +118,7 @@ class LayerNormalizationKernel(GpuKernel):
         for what, param in zip(("scale", "bias"), info.inputs[1:], strict=False):
             if param is not None and param.num_elements not in (1, size):
                 return Support.no(
-                    f"GpuAcc's LayerNormalization takes a {what} of 1 or {size} values, "
-                    f"got shape {param.shape}"
+                    f"GpuAcc's {info.kind} takes a {what} of 1 or {size} values, got shape {param.shape}"
                 )
         return Support.yes()
 
@@ -145,5 +145,24 @@ class LayerNormalizationKernel(GpuKernel):
             *scale.kernel_args, np.int32(scale.size > 1),
             *(scale if bias is None else bias).kernel_args, np.int32(bias is not None and bias.size > 1), np.int32(bias is not None),
             *mean.kernel_args, *inv_std.kernel_args, np.int32(len(stats)),
-            *ints(self.size, self.rows), np.float32(self.info.descriptor.epsilon),
+            *ints(self.center, self.size, self.rows), np.float32(self.info.descriptor.epsilon),
         )  # fmt: skip
+
+
+@gpu_kernel("RMSNormalization")
+class RMSNormalizationKernel(LayerNormalizationKernel):
+    """Each row of the dims from ``axis`` on divided by its root mean square, then scaled:
+    LayerNormalization's kernels without the mean (the fused form of LLaMA's and T5's norms,
+    see ``norm_fusions``)."""
+
+    center = False
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        x, scale = info.inputs[:2]
+        if x is not None and scale is not None and x.dtype is not scale.dtype:
+            return Support.no(
+                f"GpuAcc's RMSNormalization takes a scale of its input's type ({x.dtype.value}), "
+                f"got {scale.dtype.value}"
+            )
+        return super().supports(info)

@@ -95,19 +95,22 @@ __kernel void reduce(__global const float* x, int x_off, __global float* y, int 
 // One work-item per row of `size` contiguous values: y = (x - mean) / sqrt(var + eps) * scale
 // + bias, scale and bias read along the row with steps of 1 (0 when they are one value); the
 // row's mean goes to mean_out when stats > 0, its 1 / sqrt(var + eps) to inv_std_out when
-// stats > 1 (LayerNormalization's optional outputs).
+// stats > 1 (LayerNormalization's optional outputs). With center 0 the mean is taken as 0:
+// x / sqrt(mean(x^2) + eps) * scale, RMSNormalization.
 __kernel void layer_norm(__global const DATA* x, int x_off, __global DATA* y, int y_off,
                          __global const DATA* scale, int scale_off, int scale_step,
                          __global const DATA* bias, int bias_off, int bias_step, int has_bias,
                          __global DATA* mean_out, int mean_out_off, __global DATA* inv_std_out, int inv_std_out_off, int stats,
-                         int size, int rows, float epsilon) {
+                         int center, int size, int rows, float epsilon) {
     x += x_off; y += y_off; scale += scale_off; bias += bias_off; mean_out += mean_out_off; inv_std_out += inv_std_out_off;
     int r = get_global_id(0);
     if (r >= rows) return;
     __global const DATA* row = x + r * size;
     float mean = 0.0f;
-    for (int k = 0; k < size; ++k) mean += LOAD(row, k);
-    mean /= (float)size;
+    if (center) {
+        for (int k = 0; k < size; ++k) mean += LOAD(row, k);
+        mean /= (float)size;
+    }
     float var = 0.0f;
     for (int k = 0; k < size; ++k) {
         float d = LOAD(row, k) - mean;
@@ -144,20 +147,23 @@ __kernel void reduce_rows(__global const float* x, int x_off, __global float* y,
     if (lid == 0) y[i] = reduce_finish(acc, op, count, shift);
 }
 
-// layer_norm with one work-group per row.
+// layer_norm (and RMSNormalization) with one work-group per row.
 __kernel void layer_norm_rows(__global const DATA* x, int x_off, __global DATA* y, int y_off,
                               __global const DATA* scale, int scale_off, int scale_step,
                               __global const DATA* bias, int bias_off, int bias_step, int has_bias,
                               __global DATA* mean_out, int mean_out_off, __global DATA* inv_std_out, int inv_std_out_off, int stats,
-                              int size, int rows, float epsilon) {
+                              int center, int size, int rows, float epsilon) {
     __local float part[ROW_GROUP_MAX];
     x += x_off; y += y_off; scale += scale_off; bias += bias_off; mean_out += mean_out_off; inv_std_out += inv_std_out_off;
     int r = get_group_id(0), lid = get_local_id(0), step = get_local_size(0);
     if (r >= rows) return;
     __global const DATA* row = x + r * size;
-    float sum = 0.0f;
-    for (int k = lid; k < size; k += step) sum += LOAD(row, k);
-    float mean = group_combine(sum, part, R_SUM) / (float)size;
+    float mean = 0.0f;
+    if (center) {  // the same in every work-item of the group: each meets the barriers
+        float sum = 0.0f;
+        for (int k = lid; k < size; k += step) sum += LOAD(row, k);
+        mean = group_combine(sum, part, R_SUM) / (float)size;
+    }
     float var = 0.0f;
     for (int k = lid; k < size; k += step) {
         float d = LOAD(row, k) - mean;
