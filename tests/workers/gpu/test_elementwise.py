@@ -58,6 +58,7 @@ def test_sum_folds_three_broadcasting_inputs(run_both):
         FusedActivation("Tanh"),
         FusedActivation("HardSigmoid", alpha=0.3, beta=0.4),
         FusedActivation("HardSwish"),
+        FusedActivation("Swish", alpha=1.5),
     ],
 )
 def test_fused_activation_applies_to_the_output(run_both, activation):
@@ -70,6 +71,7 @@ def test_fused_activation_applies_to_the_output(run_both, activation):
     else:
         params = {"LeakyRelu": {"alpha": activation.alpha}}
         params["HardSigmoid"] = {"alpha": activation.alpha, "beta": activation.beta}
+        params["Swish"] = {"alpha": activation.alpha}
         desc = getattr(flowrt.descriptors, kind)(**params.get(kind, {}))
         expected = ref_kernels()[kind](desc, added)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
@@ -79,6 +81,35 @@ def test_sigmoid_saturates_without_overflow(run_both):
     x = np.array([-1e4, -100, 0, 100, 1e4], np.float32)
     (got,), _ = run_both("Sigmoid", flowrt.descriptors.Sigmoid(), [x])
     np.testing.assert_allclose(got, [0, 0, 0.5, 1, 1], atol=1e-30)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1.702])
+def test_swish_matches_cpuref_and_saturates_without_overflow(run_both, alpha):
+    x = np.concatenate([np.linspace(-20, 20, 81), [-1e4, -100, 100, 1e4]]).astype(np.float32)
+    (got,), (expected,) = run_both("Swish", flowrt.descriptors.Swish(alpha=alpha), [x])
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got[-4:], [0, 0, 100, 1e4], atol=1e-30)
+
+
+async def test_llamas_gate_matmul_then_silu_is_one_gpuacc_layer(gpu):
+    """Sigmoid(x) * x after a MatMul (a feed-forward gate, as exported) is fused into Swish and
+    applied in the MatMul's epilogue: one launch."""
+    rng = np.random.default_rng(4)
+    net = flowrt.Network()
+    x = net.add_input("x", flowrt.types.TensorInfo((1, 16, 32)))
+    w = rng.standard_normal((32, 48)).astype(np.float32) * 0.3
+    gate = net.add_layer("MatMul", inputs=[x, w], name="gate")
+    sigmoid = net.add_layer("Sigmoid", inputs=[gate], name="sigmoid")
+    net.add_output("y", net.add_layer("Mul", inputs=[gate, sigmoid], name="silu"))
+    opt = flowrt.optimize(net, backends=["GpuAcc", "CpuRef"])
+    layers = [layer for layer in opt.graph if layer.kind not in ("Input", "Output", "Constant")]
+    assert [(layer.kind, layer.backend) for layer in layers] == [("MatMul", "GpuAcc")]
+    assert layers[0].activation.kind == "Swish"
+    feeds = {"x": rng.standard_normal((1, 16, 32)).astype(np.float32)}
+    async with flowrt.Runtime(cpu_workers=1) as rt:
+        got = await (await rt.load(opt)).run(feeds)
+        want = await (await rt.load(flowrt.optimize(net, backends=["CpuRef"]))).run(feeds)
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-5)
 
 
 def test_hard_sigmoid_takes_its_slope_and_offset_from_the_layer(run_both):

@@ -38,8 +38,9 @@ RANK = 6  # the largest rank strided_offset handles
 
 
 # The activation table's curves (fused only by the backends that offer them) that GpuAcc
-# applies too: MobileNetV3's, and the transformers' Gelu (its exact, erf form).
-GPU_CURVES = frozenset({"HardSigmoid", "HardSwish", "Gelu"})
+# applies too: MobileNetV3's, the transformers' Gelu (its exact, erf form), and Swish (SiLU
+# with alpha 1: LLaMA's feed-forward gate).
+GPU_CURVES = frozenset({"HardSigmoid", "HardSwish", "Gelu", "Swish"})
 
 
 @functools.cache

@@ -1,4 +1,4 @@
-"""Relu, LeakyRelu, Sigmoid, Tanh, HardSwish and Clip: common.cl's activate() over every
+"""Relu, LeakyRelu, Sigmoid, Tanh, HardSwish, Swish and Clip: common.cl's activate() over every
 element (HardSigmoid alone is one of unary.py's functions).
 
 :func:`enqueue_activation` is also how a workload applies a fused activation that its own
@@ -34,7 +34,7 @@ def enqueue_activation(
     )
 
 
-@gpu_kernel("Relu", "LeakyRelu", "Sigmoid", "Tanh", "HardSwish")
+@gpu_kernel("Relu", "LeakyRelu", "Sigmoid", "Tanh", "HardSwish", "Swish")
 class ActivationKernel(GpuKernel):
     """One activation, elementwise; its alpha and beta as the activation table reads them."""
 

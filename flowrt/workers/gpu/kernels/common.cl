@@ -32,6 +32,7 @@
 #define ACT_HARD_SIGMOID 6
 #define ACT_HARD_SWISH 7
 #define ACT_GELU 10
+#define ACT_SWISH 12
 
 float activate(float v, int code, float alpha, float beta) {
     switch (code) {
@@ -47,6 +48,10 @@ float activate(float v, int code, float alpha, float beta) {
     case ACT_HARD_SIGMOID: return clamp(v * alpha + beta, 0.0f, 1.0f);
     case ACT_HARD_SWISH: return v * clamp(v * (1.0f / 6.0f) + 0.5f, 0.0f, 1.0f);
     case ACT_GELU: return 0.5f * v * (1.0f + erf(v * 0.70710678118654752f));  // the exact (erf) form
+    case ACT_SWISH: {  // v * sigmoid(alpha * v), exp seeing only -|alpha * v|
+        float u = alpha * v, e = exp(-fabs(u));
+        return v * (u >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e));
+    }
     default: return v;
     }
 }
