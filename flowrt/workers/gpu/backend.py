@@ -6,7 +6,12 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from flowrt.engine.graph.passes.fusions import EPILOGUE_ACTIVATION_KINDS, conv_residual, offer_fusions
+from flowrt.engine.graph.passes.fusions import (
+    EPILOGUE_ACTIVATION_KINDS,
+    conv_residual,
+    matmul_residual,
+    offer_fusions,
+)
 from flowrt.engine.graph.passes.pattern_fusions import PATTERN_FUSIONS
 from flowrt.engine.memory.manager import MemoryManager
 from flowrt.errors import BackendError
@@ -72,7 +77,8 @@ class GpuAccBackend:
 
     def optimize_subgraph(self, view: Any) -> OptimizationViews:
         """MatMul + bias Add (+ activation) as one Gemm or MatMulBias, Conv + residual Add
-        (+ activation) as one FusedConv, an activation fused into the layer before it (Conv +
+        (+ activation) as one FusedConv, MatMul or MatMulBias + residual Add as one MatMulBias
+        with Z (a transformer's residual connections, added in the GEMM's epilogue), an activation fused into the layer before it (Conv +
         bias + Relu as one Conv; the activations of common.cl's ``activate``), and the
         activations and normalizations written out of small ops that GpuAcc runs as one layer
         (``PATTERN_FUSIONS``: Gelu, LayerNormalization): see ``offer_fusions``."""
@@ -80,7 +86,7 @@ class GpuAccBackend:
             view,
             self.layer_support(),
             FUSED_ACTIVATION_KINDS,
-            patterns=(*PATTERN_FUSIONS, conv_residual),
+            patterns=(*PATTERN_FUSIONS, conv_residual, matmul_residual),
             activations=activation_codes(),
         )
 

@@ -125,22 +125,34 @@ def infer_matmul(desc, inputs, consts):
     return [TensorInfo(matmul_shape(a, b, "MatMul"), a.dtype)]
 
 
-@layer_kind("MatMulBias", NoDescriptor, min_inputs=3, max_inputs=3)
+@layer_kind("MatMulBias", NoDescriptor, min_inputs=2, max_inputs=4)
 def infer_matmul_bias(desc, inputs, consts):
-    """flowrt's own: ``MatMul(A, B) + bias`` with B a matrix and bias a vector along its
-    columns (what the optimizer fuses a Linear layer on a sequence into); float32, or float16
-    where a backend stores half (reduce_fp32_to_fp16)."""
-    a, b, bias = inputs
-    expect_types([a, b, bias], frozenset({D.FLOAT32, D.FLOAT16}), "MatMulBias")
+    """flowrt's own: ``MatMul(A, B) + bias [+ Z]`` with B a matrix, bias a vector along its
+    columns (what the optimizer fuses a Linear layer on a sequence into; optional: None) and
+    Z a tensor of the output's shape (a residual connection, where a backend offers that
+    fusion: GpuAcc adds it in its GEMM's epilogue); float32, or float16 where a backend
+    stores half (reduce_fp32_to_fp16)."""
+    a, b, bias, z = (list(inputs) + [None, None])[:4]
+    expect_types([t for t in (a, b, bias) if t is not None], frozenset({D.FLOAT32, D.FLOAT16}), "MatMulBias")
     if b.shape is not None and len(b.shape) != 2:
         raise ShapeError(f"MatMulBias expects B of rank 2, got {b.format_shape()}")
-    if bias.shape is not None and (
-        len(bias.shape) != 1 or (b.shape is not None and not _same_dim(bias.shape[0], b.shape[1]))
+    if (
+        bias is not None
+        and bias.shape is not None
+        and (len(bias.shape) != 1 or (b.shape is not None and not _same_dim(bias.shape[0], b.shape[1])))
     ):
         raise ShapeError(
             f"MatMulBias expects a bias of B's {b.shape[1] if b.shape else 'N'} columns, got {bias.format_shape()}"
         )
-    return [TensorInfo(matmul_shape(a, b, "MatMulBias"), a.dtype)]
+    shape = matmul_shape(a, b, "MatMulBias")
+    if z is not None and (
+        z.dtype != a.dtype or (shape is not None and z.shape is not None and tuple(z.shape) != tuple(shape))
+    ):
+        raise ShapeError(
+            f"MatMulBias expects Z of its output's shape {shape} and type {a.dtype.value}, "
+            f"got {z.format_shape()} {z.dtype.value}"
+        )
+    return [TensorInfo(shape, a.dtype)]
 
 
 @layer_kind("MatMulInteger", NoDescriptor, min_inputs=2, max_inputs=4)

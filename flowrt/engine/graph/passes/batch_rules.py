@@ -272,10 +272,15 @@ def gemm(layer: Layer, axes: list[Axis]) -> Carried:
     return Interleaved(0, given.inner) if isinstance(given, Interleaved) else 0
 
 
-@batch_rule("MatMul", "MatMulBias")
+@batch_rule("MatMul")
 def matmul(layer: Layer, axes: list[Axis]) -> Axis:
     """The batch on a row axis of A or on a broadcast (leading) axis of A, of B or of both
     (attention's Q K^T), never on the axis contracted."""
+    return _matmul(layer, axes)
+
+
+def _matmul(layer: Layer, axes: list[Axis]) -> Axis:
+    """MatMul's rule (MatMulBias's for its A and B)."""
     only_batched(axes, 0, 1)
     a, b = input_shape(layer, 0), input_shape(layer, 1)
     if axes[1] is None:
@@ -298,6 +303,22 @@ def matmul(layer: Layer, axes: list[Axis]) -> Axis:
             raise Refused(
                 f"input {i} has {shape[at]} on the batch axis {axis}; 1 is expected, so that it broadcasts"
             )
+    return axis
+
+
+@batch_rule("MatMulBias")
+def matmul_bias(layer: Layer, axes: list[Axis]) -> Axis:
+    """MatMul's rule for A and B (the bias never carries the batch); a residual Z (input 3)
+    carries it where the output does, each sample's Z added to its own rows: a Z the same for
+    every sample would not have the re-batched output's shape."""
+    given = (axes + [None] * 4)[:4]
+    only_batched(given, 0, 1, 3)
+    axis = _matmul(layer, [*given[:2], None, None])
+    if len(layer.inputs) > 3 and layer.inputs[3].source is not None:
+        if given[3] != axis:
+            found = "no axis" if given[3] is None else f"axis {given[3]}"
+            raise Refused(f"its residual Z must carry the batch on the output's axis {axis}, found {found}")
+        same_fold(layer, [(i, a) for i, a in enumerate(given) if isinstance(a, int)])
     return axis
 
 

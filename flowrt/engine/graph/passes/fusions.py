@@ -8,7 +8,8 @@ is handed, each answered as a substitution by one fused layer (Arm NN's backend-
 - a layer of ``activation_kinds`` (Conv, Gemm, ...) + the activation reading it -> that
   layer with the activation fused (Conv + bias + Relu is one Conv);
 - Conv + a residual Add (+ an activation) -> one ``FusedConv``, where a backend passes
-  :func:`conv_residual` among its patterns (GpuAcc adds Z in its GEMM's epilogue);
+  :func:`conv_residual` among its patterns (GpuAcc adds Z in its GEMM's epilogue), and MatMul
+  or MatMulBias + a residual Add -> one ``MatMulBias`` with Z (:func:`matmul_residual`);
 - the ``patterns`` a backend passes, tried first (CpuAcc's ``PATTERN_FUSIONS``: SiLU, GELU,
   HardSwish, LayerNormalization and RMSNormalization written out of small ops -> one layer).
 
@@ -24,7 +25,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 import numpy as np
 
 from flowrt.engine.graph import layer_kind
-from flowrt.engine.graph.graph import Layer, constant_value
+from flowrt.engine.graph.graph import Layer, OutputSlot, constant_value
 from flowrt.engine.graph.layer_kind import NoDescriptor
 from flowrt.engine.graph.layers.gemm import GemmDescriptor
 from flowrt.engine.graph.passes.fuse_activation import as_fused_activation
@@ -142,16 +143,10 @@ def conv_residual(
     this among its ``patterns``."""
     if layer.kind != "Conv" or layer.activation is not None:
         return None
-    add = _only_reader(layer, members)
-    if add is None or add.kind != "Add" or len(add.inputs) != 2 or getattr(add.descriptor, "legacy", False):
+    found = _residual_of(layer, members)
+    if found is None:
         return None
-    out = layer.outputs[0]
-    z = next((s.source for s in add.inputs if s.source is not out), None)
-    info = out.info
-    if z is None or z.info is None or info is None or not info.is_static:
-        return None
-    if z.info.dtype is not DataType.FLOAT32 or z.info.shape != info.shape or add.outputs[0].info != info:
-        return None  # a broadcast Add is not a residual
+    add, z = found
     activation, fused = add.activation, [layer, add]
     if activation is None:
         after = _only_reader(add, members)
@@ -161,6 +156,49 @@ def conv_residual(
     x, w, *bias = (s.source for s in layer.inputs)
     sources = (x, w, bias[0] if bias else None, z)
     return fused, ReplacementLayer("FusedConv", layer.descriptor, sources, activation, layer.name)
+
+
+def _residual_of(layer: Layer, members: set[str]) -> tuple[Layer, OutputSlot] | None:
+    """The Add that is ``layer``'s only reader and the other tensor it adds, when that tensor
+    has ``layer``'s output shape and type (a residual connection; a broadcast Add is not one)."""
+    add = _only_reader(layer, members)
+    if add is None or add.kind != "Add" or len(add.inputs) != 2 or getattr(add.descriptor, "legacy", False):
+        return None
+    out = layer.outputs[0]
+    z = next((s.source for s in add.inputs if s.source is not out), None)
+    info = out.info
+    if z is None or z.info is None or info is None or not info.is_static:
+        return None
+    if z.info.dtype is not DataType.FLOAT32 or z.info.shape != info.shape or add.outputs[0].info != info:
+        return None
+    return add, z
+
+
+def matmul_residual(
+    layer: Layer, members: set[str], activations: Collection[str] | None = None
+) -> Fusion | None:
+    """MatMul or MatMulBias (A by a matrix) + Add of a tensor of its output's shape (a
+    transformer's residual connection) [+ the activation] -> one MatMulBias with that tensor
+    as its Z (``act(A @ B + bias + Z)``, the bias absent after a MatMul). A backend offers it
+    by passing this among its ``patterns``."""
+    if layer.kind not in ("MatMul", "MatMulBias") or layer.activation is not None or len(layer.inputs) > 3:
+        return None
+    b = layer.input_infos[1] if len(layer.inputs) > 1 else None
+    if b is None or b.shape is None or len(b.shape) != 2:
+        return None
+    found = _residual_of(layer, members)
+    if found is None:
+        return None
+    add, z = found
+    activation, fused = add.activation, [layer, add]
+    if activation is None:
+        after = _only_reader(add, members)
+        activation = _activation_of(after, activations)
+        if after is not None and activation is not None:
+            fused.append(after)
+    bias = layer.inputs[2].source if layer.kind == "MatMulBias" else None
+    sources = (layer.inputs[0].source, layer.inputs[1].source, bias, z)
+    return fused, ReplacementLayer("MatMulBias", NoDescriptor(), sources, activation, layer.name)
 
 
 def fused_activation(

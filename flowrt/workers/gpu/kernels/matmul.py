@@ -70,14 +70,14 @@ class MatMulKernel(GpuKernel):
 
 @gpu_kernel("MatMulBias")
 class MatMulBiasKernel(MatMulKernel):
-    """Y = A @ B + bias: the rows of A (any rank) by the matrix B, plus a vector along the
-    columns, added in the GEMM's epilogue (a transformer's projections, fused from MatMul +
-    Add)."""
+    """Y = A @ B + bias [+ Z]: the rows of A (any rank) by the matrix B, plus a vector along
+    the columns (absent: None) and a residual Z of Y's shape, added in the GEMM's epilogue (a
+    transformer's projections and residual connections, fused from MatMul + Add + Add)."""
 
     def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
-        a, b, bias = inputs[:3]
+        a, b, bias, z = (list(inputs) + [None, None])[:4]
         m, n, k, *_ = self.plan
         return self.gemm.enqueue(
-            queue, Operand(a, k, 1, m * k), Operand(b, n, 1, k * n), outputs[0], Operand(bias, 0, 1),
-            activation=self.info.activation,
+            queue, Operand(a, k, 1, m * k), Operand(b, n, 1, k * n), outputs[0],
+            None if bias is None else Operand(bias, 0, 1), activation=self.info.activation, residual=z,
         )  # fmt: skip

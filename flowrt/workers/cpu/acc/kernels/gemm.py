@@ -307,7 +307,7 @@ class _Batches(NamedTuple):
     rows: int  # rows of each entry's product: A's batch rows folded in when B is one matrix
 
 
-@acc_kernel("MatMul", "MatMulBias")
+@acc_kernel("MatMul")
 class MatMulKernel:
     """numpy's matmul: 1-D operands promoted, batch dims broadcast. MatMulBias (A by a
     matrix, plus a vector along its columns) is one with the bias added as it is stored."""
@@ -406,3 +406,15 @@ class MatMulKernel:
             self.with_bias or self.code != NONE, self.code, self.act_a, self.act_b,
         )  # fmt: skip
         return [out]
+
+
+@acc_kernel("MatMulBias")
+class MatMulBiasKernel(MatMulKernel):
+    """MatMul's kernel with the bias added as each product is stored (A, B and a bias: a
+    residual Z, which GpuAcc fuses, is not added here)."""
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        if len(info.inputs) != 3 or info.inputs[2] is None:
+            return Support.no("CpuAcc MatMulBias takes A, B and a bias, no residual Z")
+        return _float32_only(info, "MatMulBias")

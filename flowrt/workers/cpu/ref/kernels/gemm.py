@@ -33,8 +33,13 @@ def matmul(desc, a, b):
 
 
 @ref_kernel("MatMulBias")
-def matmul_bias(desc, a, b, bias):
-    return (np.matmul(a, b) + bias).astype(a.dtype, copy=False)
+def matmul_bias(desc, a, b, bias=None, z=None):
+    """A @ B, plus the bias along the columns and the residual Z where given."""
+    y = np.matmul(a, b)
+    for term in (bias, z):
+        if term is not None:
+            y = y + term
+    return y.astype(a.dtype, copy=False)
 
 
 def _per_row(values: np.ndarray, a: np.ndarray) -> np.ndarray:
