@@ -78,10 +78,11 @@ class GpuAccBackend:
     def optimize_subgraph(self, view: Any) -> OptimizationViews:
         """MatMul + bias Add (+ activation) as one Gemm or MatMulBias, Conv + residual Add
         (+ activation) as one FusedConv, MatMul or MatMulBias + residual Add as one MatMulBias
-        with Z (a transformer's residual connections, added in the GEMM's epilogue), an activation fused into the layer before it (Conv +
-        bias + Relu as one Conv; the activations of common.cl's ``activate``), and the
-        activations and normalizations written out of small ops that GpuAcc runs as one layer
-        (``PATTERN_FUSIONS``: Gelu, LayerNormalization): see ``offer_fusions``."""
+        with Z (a transformer's residual connections, added in the GEMM's epilogue), an
+        activation fused into the layer before it (Conv + bias + Relu as one Conv; the
+        activations of common.cl's ``activate``), and the activations and normalizations
+        written out of small ops that GpuAcc runs as one layer (``PATTERN_FUSIONS``: Gelu,
+        Swish, LayerNormalization, RMSNormalization): see ``offer_fusions``."""
         return offer_fusions(
             view,
             self.layer_support(),
