@@ -143,24 +143,21 @@ def conv_residual(
     this among its ``patterns``."""
     if layer.kind != "Conv" or layer.activation is not None:
         return None
-    found = _residual_of(layer, members)
+    found = _with_residual(layer, members, activations)
     if found is None:
         return None
-    add, z = found
-    activation, fused = add.activation, [layer, add]
-    if activation is None:
-        after = _only_reader(add, members)
-        activation = _activation_of(after, activations)
-        if after is not None and activation is not None:
-            fused.append(after)
+    fused, z, activation = found
     x, w, *bias = (s.source for s in layer.inputs)
     sources = (x, w, bias[0] if bias else None, z)
     return fused, ReplacementLayer("FusedConv", layer.descriptor, sources, activation, layer.name)
 
 
-def _residual_of(layer: Layer, members: set[str]) -> tuple[Layer, OutputSlot] | None:
-    """The Add that is ``layer``'s only reader and the other tensor it adds, when that tensor
-    has ``layer``'s output shape and type (a residual connection; a broadcast Add is not one)."""
+def _with_residual(
+    layer: Layer, members: set[str], activations: Collection[str] | None
+) -> tuple[list[Layer], OutputSlot, FusedActivation | None] | None:
+    """(the layers fused, Z, the activation) where ``layer``'s only reader is an Add of a
+    tensor Z of ``layer``'s output shape and type (a residual connection; a broadcast Add is
+    not one), the activation the Add's own or that of the layer reading it (then fused too)."""
     add = _only_reader(layer, members)
     if add is None or add.kind != "Add" or len(add.inputs) != 2 or getattr(add.descriptor, "legacy", False):
         return None
@@ -171,7 +168,13 @@ def _residual_of(layer: Layer, members: set[str]) -> tuple[Layer, OutputSlot] | 
         return None
     if z.info.dtype is not DataType.FLOAT32 or z.info.shape != info.shape or add.outputs[0].info != info:
         return None
-    return add, z
+    activation, fused = add.activation, [layer, add]
+    if activation is None:
+        after = _only_reader(add, members)
+        activation = _activation_of(after, activations)
+        if after is not None and activation is not None:
+            fused.append(after)
+    return fused, z, activation
 
 
 def matmul_residual(
@@ -186,16 +189,10 @@ def matmul_residual(
     b = layer.input_infos[1] if len(layer.inputs) > 1 else None
     if b is None or b.shape is None or len(b.shape) != 2:
         return None
-    found = _residual_of(layer, members)
+    found = _with_residual(layer, members, activations)
     if found is None:
         return None
-    add, z = found
-    activation, fused = add.activation, [layer, add]
-    if activation is None:
-        after = _only_reader(add, members)
-        activation = _activation_of(after, activations)
-        if after is not None and activation is not None:
-            fused.append(after)
+    fused, z, activation = found
     bias = layer.inputs[2].source if layer.kind == "MatMulBias" else None
     sources = (layer.inputs[0].source, layer.inputs[1].source, bias, z)
     return fused, ReplacementLayer("MatMulBias", NoDescriptor(), sources, activation, layer.name)

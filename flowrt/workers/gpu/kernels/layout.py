@@ -103,13 +103,12 @@ class TransposeKernel(GpuKernel):
 
 
 @gpu_kernel("Expand")
-class ExpandKernel(GpuKernel):
+class ExpandKernel(TransposeKernel):
     """A gather through the input's broadcast strides (0 along every dim it repeats): the
     transpose kernel with the strides of broadcasting in place of a permutation. The target
     shape is read at load (the output's static shape)."""
 
     host_inputs = frozenset({1})  # the target shape
-    half_storage = True
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
@@ -122,12 +121,6 @@ class ExpandKernel(GpuKernel):
         out = self.output_shapes[0]
         strides = broadcast_strides(static_shape(self.info.inputs[0]), out)
         self.table = stride_table(self.context, out, strides)
-
-    def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
-        x, y = inputs[0], outputs[0]
-        return self.launch(
-            self.kernel, queue, y.size, *x.kernel_args, *y.kernel_args, self.table, np.int32(y.size)
-        )
 
 
 @gpu_kernel("Reshape", "Flatten", "Squeeze", "Unsqueeze")
