@@ -141,6 +141,14 @@ class GpuKernel:
         of the tuned local size (see ``flowrt.workers.gpu.tuner``); returns the event."""
         return self.tuner.enqueue(kernel, queue, self.context.device, n, args)
 
+    def launch_rows(self, kernel: Any, queue: Any, rows: int, group: int | None, *args: Any) -> Any:
+        """Enqueue a row kernel (reduction.cl's ``*_rows``) over ``rows`` rows, one work-group of
+        ``group`` work-items each (see :func:`row_group`); with ``group`` None, ``kernel`` is
+        the one-work-item-per-row kind, launched as :meth:`launch` does. Returns the event."""
+        if group is None:
+            return self.launch(kernel, queue, rows, *args)
+        return kernel(queue, (rows * group,), (group,), *args)
+
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
         """Whether this kernel takes the layer (types and static shapes are checked before)."""

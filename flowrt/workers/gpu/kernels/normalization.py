@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -96,10 +95,9 @@ class SoftmaxKernel(GpuKernel):
 
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
         x, y = inputs[0], outputs[0]
-        if self.group is not None:
-            size = (self.rows * self.group,)
-            return self.kernel(queue, size, (self.group,), *x.kernel_args, *y.kernel_args, *self.args)
-        return self.launch(self.kernel, queue, self.rows, *x.kernel_args, *y.kernel_args, *self.args)
+        return self.launch_rows(
+            self.kernel, queue, self.rows, self.group, *x.kernel_args, *y.kernel_args, *self.args
+        )
 
 
 @gpu_kernel("LayerNormalization")
@@ -136,12 +134,8 @@ class LayerNormalizationKernel(GpuKernel):
         bias = rest[0] if rest else None
         y, stats = outputs[0], list(outputs[1:3])
         mean, inv_std = (stats + [y, y])[:2]
-        if self.group is None:
-            launch = functools.partial(self.launch, self.kernel, queue, self.rows)
-        else:
-            launch = functools.partial(self.kernel, queue, (self.rows * self.group,), (self.group,))
-        return launch(
-            *x.kernel_args, *y.kernel_args,
+        return self.launch_rows(
+            self.kernel, queue, self.rows, self.group, *x.kernel_args, *y.kernel_args,
             *scale.kernel_args, np.int32(scale.size > 1),
             *(scale if bias is None else bias).kernel_args, np.int32(bias is not None and bias.size > 1), np.int32(bias is not None),
             *mean.kernel_args, *inv_std.kernel_args, np.int32(len(stats)),

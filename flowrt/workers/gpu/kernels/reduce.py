@@ -79,8 +79,8 @@ class ReduceKernel(GpuKernel):
     def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
         x, y = inputs[0], outputs[0]
         if self.group is not None:
-            return self.kernel(
-                queue, (y.size * self.group,), (self.group,), *x.kernel_args, *y.kernel_args, self.kept,
+            return self.launch_rows(
+                self.kernel, queue, y.size, self.group, *x.kernel_args, *y.kernel_args, self.kept,
                 *ints(self.count, y.size), self.op,
             )  # fmt: skip
         return self.launch(
