@@ -193,6 +193,7 @@ KIND_MODULES = {
     "GatherElements": "slice",
     "GatherND": "slice",
     "Slice": "slice",
+    "AttentionSoftmax": "softmax",
     "Hardmax": "softmax",
     "LogSoftmax": "softmax",
     "Softmax": "softmax",

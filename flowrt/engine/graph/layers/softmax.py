@@ -54,3 +54,44 @@ def _softmax_infer(name: str):
 
 for _name in ("Softmax", "LogSoftmax", "Hardmax"):
     layer_kind(_name, SoftmaxDescriptor)(_softmax_infer(_name))
+
+
+@attrs.frozen
+class AttentionSoftmaxDescriptor:
+    """AttentionSoftmax: ``softmax(scale * X + mask)`` along the last axis."""
+
+    scale: float = 1.0
+
+
+@layer_kind("AttentionSoftmax", AttentionSoftmaxDescriptor, min_inputs=1, max_inputs=2)
+def infer_attention_softmax(desc, inputs, consts):
+    """flowrt's own: attention's scores scaled, masked and normalized in one layer,
+    ``softmax(scale * X + mask)`` along X's last axis, the mask (optional: None) added to X
+    and broadcast to its shape, as numpy broadcasts (what the optimizer fuses a Mul by a
+    scalar, an Add and a Softmax into, where a backend offers that fusion)."""
+    x, mask = (list(inputs) + [None])[:2]
+    expect_dtype(x, FLOAT_TYPES, "AttentionSoftmax")
+    if x.shape is not None and len(x.shape) == 0:
+        raise ShapeError("AttentionSoftmax expects X of rank 1 or more, got a scalar")
+    if mask is not None:
+        if mask.dtype != x.dtype:
+            raise ShapeError(
+                f"AttentionSoftmax expects a mask of X's type {x.dtype.value}, got {mask.dtype.value}"
+            )
+        if x.shape is not None and mask.shape is not None and not _broadcasts_to(mask.shape, x.shape):
+            raise ShapeError(
+                f"AttentionSoftmax expects a mask that broadcasts to X's shape {x.format_shape()}, "
+                f"got {mask.format_shape()}"
+            )
+    return [TensorInfo(x.shape, x.dtype)]
+
+
+def _broadcasts_to(shape, target) -> bool:
+    """Whether ``shape`` broadcasts to ``target`` (dims of 1 or equal, from the right); a dim
+    not known statically is taken as fitting."""
+    if len(shape) > len(target):
+        return False
+    return all(
+        not isinstance(d, int) or not isinstance(t, int) or d in (1, t)
+        for d, t in zip(reversed(shape), reversed(target), strict=False)
+    )

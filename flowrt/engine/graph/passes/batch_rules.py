@@ -171,6 +171,11 @@ BROADCASTING = (
 def broadcasting(layer: Layer, axes: list[Axis]) -> Axis:
     """Numpy broadcasting: batched inputs agree on the (right-aligned) batch axis, and the other
     inputs have 1 there (or no dim at all), so they broadcast over the samples."""
+    return broadcast_axis(layer, axes)
+
+
+def broadcast_axis(layer: Layer, axes: list[Axis]) -> int:
+    """The batch axis of ``layer``'s output under numpy broadcasting (``broadcasting``)."""
     if getattr(layer.descriptor, "legacy", False) and getattr(layer.descriptor, "broadcast", 0):
         raise Refused("pre-opset-7 broadcasting along an axis is not re-batched")
     present = [i for i, slot in enumerate(layer.inputs) if slot.source is not None]
@@ -200,6 +205,18 @@ def softmax(layer: Layer, axes: list[Axis]) -> Axis:
         raise Refused(f"before opset 13 it normalizes over axes {along} and on, which hold the batch")
     not_along(batch, along, "along")
     return batch
+
+
+@batch_rule("AttentionSoftmax")
+def attention_softmax(layer: Layer, axes: list[Axis]) -> Axis:
+    """The scores X carry the batch, not on the last axis (the one normalized); the mask
+    carries it on the same axis, right-aligned, or broadcasts over the samples (numpy's rule,
+    as an Add's)."""
+    if axes[0] is None:
+        raise Refused("its scores X must carry the batch; a mask alone carrying it would grow X")
+    axis = broadcast_axis(layer, axes)
+    not_along(axis, len(input_shape(layer, 0)) - 1, "along")
+    return axis
 
 
 @batch_rule("LpNormalization", "CumSum", "CumProd")

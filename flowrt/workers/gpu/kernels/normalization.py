@@ -1,4 +1,5 @@
-"""BatchNormalization (inference), LRN, Softmax, LayerNormalization and RMSNormalization."""
+"""BatchNormalization (inference), LRN, Softmax, AttentionSoftmax, LayerNormalization and
+RMSNormalization."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from typing import Any
 import numpy as np
 
 from flowrt.registry import Support, WorkloadInfo
-from flowrt.workers.gpu.kernels import GpuKernel, activation_args, gpu_kernel, ints, row_group, static_shape
+from flowrt.workers.gpu.kernels import (
+    ROW_GROUP_MIN,
+    GpuKernel,
+    activation_args,
+    gpu_kernel,
+    ints,
+    row_group,
+    static_shape,
+)
 from flowrt.workers.gpu.tensor import GpuTensor
 
 
@@ -97,6 +106,84 @@ class SoftmaxKernel(GpuKernel):
         x, y = inputs[0], outputs[0]
         return self.launch_rows(
             self.kernel, queue, self.rows, self.group, *x.kernel_args, *y.kernel_args, *self.args
+        )
+
+
+def mask_layout(x_shape: Sequence[int], mask_shape: Sequence[int]) -> tuple[list[int], list[int], int] | None:
+    """How a mask broadcast to ``x_shape`` is read row by row: (the sizes and the mask's
+    element strides of three leading dims, whose product is x's rows; the stride along a row,
+    0 or 1); None where its leading dims do not collapse to three. A broadcast dim has stride 0."""
+    padded = (1,) * (len(x_shape) - len(mask_shape)) + tuple(mask_shape)
+    strides, step = [], 1
+    for size in reversed(padded):
+        strides.append(step if size > 1 else 0)
+        step *= size
+    strides.reverse()
+    dims: list[list[int]] = []
+    for size, stride in zip(x_shape[:-1], strides[:-1], strict=True):
+        if size == 1:
+            continue
+        if dims and dims[-1][1] == stride * size:  # contiguous with the dim before (or both broadcast)
+            dims[-1] = [dims[-1][0] * size, stride]
+        else:
+            dims.append([size, stride])
+    if len(dims) > 3:
+        return None
+    dims = [[1, 0]] * (3 - len(dims)) + dims
+    return [d[0] for d in dims], [d[1] for d in dims], strides[-1]
+
+
+@gpu_kernel("AttentionSoftmax")
+class AttentionSoftmaxKernel(GpuKernel):
+    """softmax(scale * X + mask) along the last axis: a work-group per row, the mask read
+    through broadcast strides (:func:`mask_layout`)."""
+
+    half_storage = True
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        if len(info.inputs) > 1 and info.inputs[1] is not None:
+            x, mask = static_shape(info.inputs[0]), static_shape(info.inputs[1])
+            if mask_layout(x, mask) is None:
+                return Support.no(
+                    f"GpuAcc's AttentionSoftmax reads a mask whose broadcast over X's leading dims "
+                    f"folds into three runs of strides; got a mask of shape {mask} for X of shape {x}"
+                )
+        return Support.yes()
+
+    def prepare(self) -> None:
+        shape = static_shape(self.info.inputs[0])
+        length = shape[-1]
+        self.rows = int(np.prod(shape[:-1], dtype=np.int64))
+        # Every row takes a work-group: a short row one of the power of two at most its length.
+        short = 1 << (max(min(length, ROW_GROUP_MIN - 1), 1).bit_length() - 1)
+        self.group = row_group(length, self.context.device) or short
+        self.kernel = self.context.kernel("reduction", "attention_softmax_rows", self.storage)
+        has_mask = len(self.info.inputs) > 1 and self.info.inputs[1] is not None
+        sizes, strides, along = [1, 1, 1], [0, 0, 0], 0
+        if has_mask:
+            layout = mask_layout(shape, static_shape(self.info.inputs[1]))
+            assert layout is not None  # supports() declines the others
+            sizes, strides, along = layout
+        self.has_mask = has_mask
+        self.args = (
+            *ints(int(has_mask), sizes[1], sizes[2], *strides, along),
+            np.float32(self.info.descriptor.scale),
+            *ints(length, self.rows),
+        )
+
+    def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
+        x, y = inputs[0], outputs[0]
+        mask = inputs[1] if self.has_mask else x
+        return self.launch_rows(
+            self.kernel,
+            queue,
+            self.rows,
+            self.group,
+            *x.kernel_args,
+            *y.kernel_args,
+            *mask.kernel_args,
+            *self.args,
         )
 
 

@@ -194,3 +194,28 @@ __kernel void softmax_rows(__global const DATA* x, int x_off, __global DATA* y, 
     sum = group_combine(sum, part, R_SUM);
     for (int k = lid; k < axis_len; k += step) STORE(y, base + k, exp(LOAD(x, base + k) - top) / sum);
 }
+
+// AttentionSoftmax: softmax(scale * x + mask) along the last axis, one work-group per row.
+// Row r is (i0, i1, i2) of the leading dims (sizes d1, d2 of the inner two); the mask's row
+// lies at i0 * s0 + i1 * s1 + i2 * s2 and its values mcol apart (a stride of 0 where it
+// broadcasts); without a mask (has_mask 0) m is not read.
+__kernel void attention_softmax_rows(__global const DATA* x, int x_off, __global DATA* y, int y_off,
+                                     __global const DATA* m, int m_off, int has_mask, int d1, int d2,
+                                     int s0, int s1, int s2, int mcol, float scale, int axis_len, int rows) {
+    __local float part[ROW_GROUP_MAX];
+    x += x_off; y += y_off; m += m_off;
+    int r = get_group_id(0), lid = get_local_id(0), step = get_local_size(0);
+    if (r >= rows) return;
+    int base = r * axis_len;
+    int i2 = r % d2, i1 = (r / d2) % d1, i0 = r / d2 / d1;
+    __global const DATA* mrow = m + i0 * s0 + i1 * s1 + i2 * s2;
+#define SCORE(k) mad(LOAD(x, base + (k)), scale, has_mask ? LOAD(mrow, (k) * mcol) : 0.0f)
+    float top = -INFINITY;
+    for (int k = lid; k < axis_len; k += step) top = reduce_step(top, SCORE(k), R_MAX, 0.0f);
+    top = group_combine(top, part, R_MAX);
+    float sum = 0.0f;
+    for (int k = lid; k < axis_len; k += step) sum += exp(SCORE(k) - top);
+    sum = group_combine(sum, part, R_SUM);
+    for (int k = lid; k < axis_len; k += step) STORE(y, base + k, exp(SCORE(k) - top) / sum);
+#undef SCORE
+}

@@ -63,3 +63,12 @@ def log_softmax(desc, x):
 @ref_kernel("Hardmax")
 def hardmax(desc, x):
     return along_axis(desc, x, "Hardmax", _nonempty(_hardmax))
+
+
+@ref_kernel("AttentionSoftmax")
+def attention_softmax(desc, x, mask=None):
+    """softmax(scale * x + mask) along the last axis, in float32 for float16 inputs."""
+    work = x.astype(np.promote_types(x.dtype, np.float32), copy=False) * np.float32(desc.scale)
+    if mask is not None:
+        work = work + mask.astype(work.dtype, copy=False)
+    return _nonempty(_softmax)(work, x.ndim - 1).astype(x.dtype, copy=False)

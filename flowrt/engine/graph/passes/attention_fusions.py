@@ -1,0 +1,76 @@
+"""Attention's scores scaled, masked and normalized as one layer: ``Softmax(X * scale +
+mask)`` along the last axis -> ``AttentionSoftmax`` (``softmax(scale * X + mask)``), for a
+backend that offers it among its patterns (GpuAcc: one row kernel instead of three launches).
+
+Exporters write the scale as ``Mul`` by a constant or ``Div`` by one, on either side (read as
+a :class:`~flowrt.engine.graph.passes.pattern_match.Monomial`); the mask is any float tensor
+that broadcasts to the scores' shape (BERT's padding mask, GPT's and LLaMA's causal one); a
+Softmax after the scale alone, or after the mask alone, is fused too.
+"""
+
+from __future__ import annotations
+
+from flowrt.engine.graph.graph import Layer, OutputSlot
+from flowrt.engine.graph.layers.softmax import AttentionSoftmaxDescriptor
+from flowrt.engine.graph.passes.fusions import Fusion
+from flowrt.engine.graph.passes.pattern_match import Monomial, accept, monomial, producer, sources
+from flowrt.errors import ShapeError
+from flowrt.registry import ReplacementLayer
+
+
+def _scores(slot: OutputSlot | None, members: set[str]) -> Monomial | None:
+    """``slot`` read as ``scale * X``, else None."""
+    read = monomial(slot, members)
+    return read if len(read.num) == 1 and not read.den and read.num[0] is not None else None
+
+
+def _on_last_axis(softmax: Layer) -> bool:
+    info = softmax.outputs[0].info if softmax.outputs else None
+    if info is None or info.shape is None or len(info.shape) == 0:
+        return False
+    rank = len(info.shape)
+    try:
+        return softmax.descriptor.resolved_axis(rank, "Softmax") == rank - 1
+    except ShapeError:  # an axis out of range: the layer's own check reports it
+        return False
+
+
+def attention_softmax(layer: Layer, members: set[str]) -> Fusion | None:
+    """Softmax (last axis) of ``scale * X + mask``, ``scale * X`` or ``X + mask`` -> one
+    AttentionSoftmax reading X and the mask."""
+    if layer.kind != "Softmax" or layer.activation is not None or not _on_last_axis(layer):
+        return None
+    below = sources(layer)[0]
+    add = producer(below, members, "Add")
+    if add is None:
+        read = _scores(below, members)
+        if read is None or not read.layers:
+            return None  # a plain Softmax
+        return _fusion([*read.layers], layer, read, None, members)
+    if len(add.inputs) != 2 or add.activation is not None:
+        return None
+    a, b = sources(add)
+    candidates = [(_scores(x, members), mask) for x, mask in ((a, b), (b, a))]
+    # The operand that is a product is the scores; else either may be (a mask of X's shape).
+    candidates.sort(key=lambda c: c[0] is None or not c[0].layers)
+    for read, mask in candidates:
+        if read is not None and mask is not None:
+            fusion = _fusion([*read.layers, add], layer, read, mask, members)
+            if fusion is not None:
+                return fusion
+    return None
+
+
+def _fusion(
+    layers: list[Layer], softmax: Layer, read: Monomial, mask: OutputSlot | None, members: set[str]
+) -> Fusion | None:
+    if any(other.activation is not None for other in layers):
+        return None
+    replacement = ReplacementLayer(
+        "AttentionSoftmax",
+        AttentionSoftmaxDescriptor(float(read.scale)),
+        (read.num[0], mask),
+        None,
+        softmax.name,
+    )
+    return accept([*layers, softmax], softmax, replacement, members)
