@@ -39,6 +39,7 @@ PLUMBING = {"Input", "Output"}
 FLOWRT_KINDS = {
     "MatMulBias": "flowrt's own: MatMul + bias Add, made by substitution",
     "AttentionSoftmax": "flowrt's own: Softmax of scaled scores plus a mask, made by substitution",
+    "TransposedMatMul": "flowrt's own: MatMul of transposed operands, made by substitution",
     "FusedConv": "flowrt's own: Conv + residual Add, as ONNX Runtime's com.microsoft FusedConv with Z; made by substitution",
 }
 CHECK = "✓"

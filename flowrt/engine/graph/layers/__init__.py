@@ -108,6 +108,7 @@ KIND_MODULES = {
     "MatMulInteger": "gemm",
     "QLinearMatMul": "gemm",
     "QGemm": "gemm",
+    "TransposedMatMul": "gemm",
     "AffineGrid": "grid",
     "GridSample": "grid",
     "If": "if_else",

@@ -1,5 +1,6 @@
-"""Matrix products: Gemm (alpha * A' B' + beta * C), MatMul with numpy's broadcasting, and the
-quantized MatMulInteger, QLinearMatMul and ONNX Runtime's QGemm."""
+"""Matrix products: Gemm (alpha * A' B' + beta * C), MatMul with numpy's broadcasting (and
+flowrt's MatMulBias and TransposedMatMul), and the quantized MatMulInteger, QLinearMatMul and
+ONNX Runtime's QGemm."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from flowrt.engine.graph.layer_kind import NoDescriptor, layer_kind
+from flowrt.engine.graph.layer_kind import NoDescriptor, as_tuple, layer_kind
 from flowrt.engine.graph.shapes import broadcast_shapes
 from flowrt.errors import DataTypeError, GraphError, ShapeError
 from flowrt.types import DataType, Dim, TensorInfo
@@ -153,6 +154,39 @@ def infer_matmul_bias(desc, inputs, consts):
             f"got {z.format_shape()} {z.dtype.value}"
         )
     return [TensorInfo(shape, a.dtype)]
+
+
+@attrs.frozen
+class TransposedMatMulDescriptor:
+    """TransposedMatMul: A and B are read transposed by ``perm_a`` and ``perm_b`` (None: as
+    they are), as Transpose's ``perm`` would give them."""
+
+    perm_a: tuple[int, ...] | None = attrs.field(default=None, converter=as_tuple)
+    perm_b: tuple[int, ...] | None = attrs.field(default=None, converter=as_tuple)
+
+
+def permuted(info: TensorInfo, perm: tuple[int, ...] | None, what: str) -> TensorInfo:
+    """``info`` as Transpose by ``perm`` gives it (unchanged for None); ShapeError when
+    ``perm`` is not a permutation of its dims."""
+    if perm is None or info.shape is None:
+        return info
+    if sorted(perm) != list(range(len(info.shape))):
+        raise ShapeError(f"{what} expects a permutation of 0..{len(info.shape) - 1}, got {list(perm)}")
+    return TensorInfo(tuple(info.shape[p] for p in perm), info.dtype)
+
+
+@layer_kind("TransposedMatMul", TransposedMatMulDescriptor, min_inputs=2, max_inputs=2)
+def infer_transposed_matmul(desc, inputs, consts):
+    """flowrt's own: ``Transpose(A, perm_a) @ Transpose(B, perm_b)`` with numpy's matmul
+    rules, the operands read through permuted strides where a backend offers that fusion
+    (GpuAcc: attention's head splits feed its GEMMs with no transpose pass)."""
+    a, b = inputs
+    expect_types([a, b], frozenset({D.FLOAT32, D.FLOAT16}), "TransposedMatMul")
+    a, b = (
+        permuted(a, desc.perm_a, "TransposedMatMul's perm_a"),
+        permuted(b, desc.perm_b, "TransposedMatMul's perm_b"),
+    )
+    return [TensorInfo(matmul_shape(a, b, "TransposedMatMul"), a.dtype)]
 
 
 @layer_kind("MatMulInteger", NoDescriptor, min_inputs=2, max_inputs=4)

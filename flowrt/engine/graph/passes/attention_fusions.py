@@ -1,21 +1,29 @@
-"""Attention's scores scaled, masked and normalized as one layer: ``Softmax(X * scale +
-mask)`` along the last axis -> ``AttentionSoftmax`` (``softmax(scale * X + mask)``), for a
-backend that offers it among its patterns (GpuAcc: one row kernel instead of three launches).
+"""Attention's layers fused, for a backend that offers these among its patterns (GpuAcc):
 
-Exporters write the scale as ``Mul`` by a constant or ``Div`` by one, on either side (read as
-a :class:`~flowrt.engine.graph.passes.pattern_match.Monomial`); the mask is any float tensor
-that broadcasts to the scores' shape (BERT's padding mask, GPT's and LLaMA's causal one); a
-Softmax after the scale alone, or after the mask alone, is fused too.
+- its scores scaled, masked and normalized as one layer: ``Softmax(X * scale + mask)`` along
+  the last axis -> ``AttentionSoftmax`` (``softmax(scale * X + mask)``; one row kernel
+  instead of three launches). Exporters write the scale as ``Mul`` by a constant or ``Div``
+  by one, on either side (read as a :class:`~flowrt.engine.graph.passes.pattern_match.Monomial`);
+  the mask is any float tensor that broadcasts to the scores' shape (BERT's padding mask,
+  GPT's and LLaMA's causal one); a Softmax after the scale alone, or after the mask alone, is
+  fused too;
+- its head splits read in place: a MatMul of tensors (not of constant weights) one or both
+  of which a Transpose makes, read by that MatMul only -> ``TransposedMatMul``, which reads
+  the Transposes' inputs through permuted strides (Q K^T and P V straight from the
+  (batch, seq, heads, depth) tensors the projections' Reshapes give; no transpose pass).
 """
 
 from __future__ import annotations
 
-from flowrt.engine.graph.graph import Layer, OutputSlot
+from flowrt.engine.graph.graph import Layer, OutputSlot, constant_value
+from flowrt.engine.graph.layers.gemm import TransposedMatMulDescriptor
 from flowrt.engine.graph.layers.softmax import AttentionSoftmaxDescriptor
+from flowrt.engine.graph.layers.transpose import transpose_perm
 from flowrt.engine.graph.passes.fusions import Fusion
 from flowrt.engine.graph.passes.pattern_match import Monomial, accept, monomial, producer, sources
 from flowrt.errors import ShapeError
 from flowrt.registry import ReplacementLayer
+from flowrt.types import DataType
 
 
 def _scores(slot: OutputSlot | None, members: set[str]) -> Monomial | None:
@@ -74,3 +82,34 @@ def _fusion(
         softmax.name,
     )
     return accept([*layers, softmax], softmax, replacement, members)
+
+
+def transposed_matmul(layer: Layer, members: set[str]) -> Fusion | None:
+    """MatMul of tensors, one or both made by a Transpose that only it reads -> one
+    TransposedMatMul reading the Transposes' inputs with their permutations."""
+    if layer.kind != "MatMul" or layer.activation is not None or len(layer.inputs) != 2:
+        return None
+    slots = sources(layer)
+    if any(slot is None or constant_value(slot) is not None for slot in slots):
+        return None  # a product by weights: matmul_add's and matmul_residual's
+    perms: list[tuple[int, ...] | None] = []
+    reads: list[OutputSlot | None] = []
+    fused: list[Layer] = []
+    for slot in slots:
+        assert slot is not None  # checked above
+        transpose = producer(slot, members, "Transpose")
+        info = transpose.input_infos[0] if transpose is not None else None
+        if transpose is None or len(slot.connections) != 1 or info is None or info.shape is None:
+            perms.append(None)
+            reads.append(slot)
+            continue
+        perms.append(tuple(transpose_perm(transpose.descriptor.perm, len(info.shape))))
+        reads.append(transpose.inputs[0].source)
+        fused.append(transpose)
+    out = layer.outputs[0].info
+    if not fused or out is None or out.dtype is not DataType.FLOAT32:
+        return None
+    replacement = ReplacementLayer(
+        "TransposedMatMul", TransposedMatMulDescriptor(perms[0], perms[1]), tuple(reads), None, layer.name
+    )
+    return [*fused, layer], replacement

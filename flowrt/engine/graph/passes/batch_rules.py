@@ -101,11 +101,14 @@ def batched_first(axes: list[Axis], at: int | None = None) -> int:
     return axis
 
 
-def same_fold(layer: Layer, batched: list[tuple[int, int]]) -> None:
+def same_fold(
+    layer: Layer, batched: list[tuple[int, int]], shapes: Sequence[tuple[Dim, ...]] | None = None
+) -> None:
     """Inputs that carry the batch hold it with the same size per sample (1, or the rows a
     Reshape folded into it: ``batch_rules_reshape``); a size of 1 would broadcast one
-    sample's row over another sample's rows."""
-    sizes = {input_shape(layer, i)[axis] for i, axis in batched}
+    sample's row over another sample's rows. ``shapes``: the inputs' shapes as the layer
+    reads them, where not as given."""
+    sizes = {(shapes[i] if shapes else input_shape(layer, i))[axis] for i, axis in batched}
     if len(sizes) > 1:
         raise Refused(
             f"its inputs hold {sorted(sizes, key=str)} rows of each sample on the batch axis; one size is expected"
@@ -296,10 +299,11 @@ def matmul(layer: Layer, axes: list[Axis]) -> Axis:
     return _matmul(layer, axes)
 
 
-def _matmul(layer: Layer, axes: list[Axis]) -> Axis:
-    """MatMul's rule (MatMulBias's for its A and B)."""
+def _matmul(layer: Layer, axes: list[Axis], shapes: Sequence[tuple[Dim, ...]] | None = None) -> Axis:
+    """MatMul's rule (MatMulBias's for its A and B; TransposedMatMul's on ``shapes``, its
+    operands as read)."""
     only_batched(axes, 0, 1)
-    a, b = input_shape(layer, 0), input_shape(layer, 1)
+    a, b = shapes or (input_shape(layer, 0), input_shape(layer, 1))
     if axes[1] is None:
         batch = batched_first(axes)
         if len(a) < 2 or batch == len(a) - 1:
@@ -313,7 +317,7 @@ def _matmul(layer: Layer, axes: list[Axis]) -> Axis:
     if len(aligned) != 1:
         raise Refused(f"its inputs carry the batch on axes {axes[:2]}, not on one broadcast axis")
     axis = aligned.pop()
-    same_fold(layer, [(i, given) for i in (0, 1) if (given := axes[i]) is not None])
+    same_fold(layer, [(i, given) for i in (0, 1) if (given := axes[i]) is not None], [a, b])
     for i, shape in enumerate((a, b)):
         at = axis - (rank - len(shape))
         if axes[i] is None and len(shape) > 1 and 0 <= at < len(shape) - 2 and shape[at] != 1:
@@ -337,6 +341,22 @@ def matmul_bias(layer: Layer, axes: list[Axis]) -> Axis:
             raise Refused(f"its residual Z must carry the batch on the output's axis {axis}, found {found}")
         same_fold(layer, [(i, a) for i, a in enumerate(given) if isinstance(a, int)])
     return axis
+
+
+@batch_rule("TransposedMatMul")
+def transposed_matmul(layer: Layer, axes: list[Axis]) -> Axis:
+    """MatMul's rule on the operands as read: each one's batch axis where its permutation
+    moves it."""
+    only_batched(axes, 0, 1)
+    moved: list[Axis] = []
+    shapes = []
+    for i, perm in enumerate((layer.descriptor.perm_a, layer.descriptor.perm_b)):
+        shape, given = input_shape(layer, i), axes[i]
+        if isinstance(given, Interleaved):
+            raise Refused(f"input {i} carries the batch interleaved with other rows on axis {given.axis}")
+        moved.append(given if perm is None or given is None else list(perm).index(given))
+        shapes.append(shape if perm is None else tuple(shape[p] for p in perm))
+    return _matmul(layer, moved, shapes)
 
 
 # -- layout -------------------------------------------------------------------------------

@@ -81,6 +81,30 @@ def ints(*values: int) -> list[np.int32]:
     return [np.int32(v) for v in values]
 
 
+def fold_dims(sizes: Sequence[int], strides: Sequence[int]) -> list[tuple[int, int]]:
+    """Dims read through element strides, as few runs as they make: (size, stride) of each,
+    outermost first, a dim merged into the one before it where that one steps over it whole
+    (dims of size 1 dropped; two dims of stride 0 merge too)."""
+    runs: list[tuple[int, int]] = []
+    for size, stride in zip(sizes, strides, strict=True):
+        if size == 1:
+            continue
+        if runs and runs[-1][1] == stride * size:
+            runs[-1] = (runs[-1][0] * size, stride)
+        else:
+            runs.append((size, stride))
+    return runs
+
+
+def contiguous_strides(shape: Sequence[int]) -> list[int]:
+    """The element strides of a row-major tensor of ``shape``."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return strides[::-1]
+
+
 ROW_GROUP_MAX = 256  # reduction.cl's: the largest local size of its *_rows kernels
 ROW_GROUP_MIN = 32  # rows shorter than this run one work-item each
 

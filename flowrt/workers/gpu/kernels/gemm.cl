@@ -14,6 +14,10 @@
 // of dim 2 computes slice z % splits of batch z / splits and writes its raw partial product to
 // C at z * c_batch; gemm_reduce.cl then sums the slices, adds the bias and applies the activation.
 // With has_res, R (laid out as C) is added before the activation: a residual connection.
+// A batch (or group) index may step at two levels, an outer and an inner one of `heads` steps:
+// A's group g lies at (g / a_heads) * a_group + (g % a_heads) * a_head (B's batch alike), so
+// that attention's heads are read where a head split left them, (batch, seq, heads, depth),
+// with no transpose; one level (heads 1) for every other GEMM.
 // Each matrix is a buffer and the offset of its first element in it (see common.cl).
 //
 // Built with IMPLICIT, B is the column matrix of a 2-D convolution, read from the NCHW image
@@ -100,8 +104,8 @@
 // The arguments of both builds of gemm (below): the FMA tiling's and, with MMA, the tensor cores'.
 #define GEMM_ARGS                                                                                            \
     int M, int N, int K, int groups, int splits, int k_split,                                                \
-    __global const DATA* A, int A_off, int a_group, int a_rs, int a_cs,                                      \
-    __global const DATA* B, int B_off, int b_batch, int b_rs, int b_cs,                                      \
+    __global const DATA* A, int A_off, int a_group, int a_heads, int a_head, int a_rs, int a_cs,             \
+    __global const DATA* B, int B_off, int b_batch, int b_heads, int b_head, int b_rs, int b_cs,             \
     int H, int W, int KH, int KW, int OW, int SH, int SW, int PH, int PW, int DH, int DW,                    \
     __global OUT* C, int C_off, int c_batch,                                                                 \
     __global const DATA* bias, int bias_off, int has_bias, int bias_group, int bias_rs, int bias_cs,         \
@@ -113,8 +117,8 @@
     const int z = get_global_id(2), batch = z / splits, group = batch % groups;          \
     const int k0 = (z % splits) * k_split, k1 = min(K, k0 + k_split);                    \
     const int a_k_fast = a_cs == 1 || a_rs != 1, b_k_fast = b_rs == 1 && b_cs != 1;      \
-    A += A_off + group * a_group;                                                        \
-    B += B_off + batch * b_batch;                                                        \
+    A += A_off + (group / a_heads) * a_group + (group % a_heads) * a_head;               \
+    B += B_off + (batch / b_heads) * b_batch + (batch % b_heads) * b_head;               \
     C += C_off + z * c_batch;                                                            \
     R += R_off + z * c_batch; /* read only when splits == 1, where z is the batch */     \
     bias += bias_off;

@@ -21,12 +21,15 @@ logger = logging.getLogger(__name__)
 class Operand:
     """A matrix read through strides: element (r, c) is ``tensor[r * rows + c * cols]`` (of
     its bytes, flat); ``step`` is how far apart consecutive batches (or groups, for A and the
-    bias) lie."""
+    bias) lie, or, with ``heads`` > 1 (A and B only), consecutive runs of ``heads`` batches,
+    the batches within a run ``head_step`` apart."""
 
     tensor: GpuTensor
     rows: int
     cols: int
     step: int = 0
+    heads: int = 1
+    head_step: int = 0
 
 
 @attrs.frozen
@@ -313,8 +316,8 @@ class Gemm:
             kernel(
                 queue, size, tiling.local_size,
                 *ints(m, n, k, groups, splits, plan.k_split),
-                *a.tensor.kernel_args, *ints(a.step, a.rows, a.cols),
-                *b.tensor.kernel_args, *ints(b.step, b.rows, b.cols), *self.image,
+                *a.tensor.kernel_args, *ints(a.step, a.heads, a.head_step, a.rows, a.cols),
+                *b.tensor.kernel_args, *ints(b.step, b.heads, b.head_step, b.rows, b.cols), *self.image,
                 *partial.kernel_args, np.int32(m * n),
                 *epilogue,
             )

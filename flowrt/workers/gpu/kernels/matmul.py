@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from flowrt.registry import Support, WorkloadInfo
-from flowrt.workers.gpu.kernels import GpuKernel, gpu_kernel, static_shape
+from flowrt.workers.gpu.kernels import GpuKernel, contiguous_strides, fold_dims, gpu_kernel, static_shape
 from flowrt.workers.gpu.kernels.gemm import Gemm, Operand
 from flowrt.workers.gpu.tensor import GpuTensor
 
@@ -80,4 +80,90 @@ class MatMulBiasKernel(MatMulKernel):
         return self.gemm.enqueue(
             queue, Operand(a, k, 1, m * k), Operand(b, n, 1, k * n), outputs[0],
             None if bias is None else Operand(bias, 0, 1), activation=self.info.activation, residual=z,
+        )  # fmt: skip
+
+
+def _as_read(shape: Sequence[int], perm: Sequence[int] | None) -> tuple[list[int], list[int]]:
+    """(the shape, the element strides) of a row-major tensor of ``shape`` read transposed by
+    ``perm`` (None: as it is)."""
+    strides = contiguous_strides(shape)
+    order = list(perm) if perm is not None else list(range(len(shape)))
+    return [shape[p] for p in order], [strides[p] for p in order]
+
+
+def transposed_layout(
+    a_shape: Sequence[int], perm_a: Sequence[int] | None, b_shape: Sequence[int], perm_b: Sequence[int] | None
+) -> tuple[tuple[int, int, int, int, int], tuple[int, ...], tuple[int, ...]] | str:
+    """How gemm.cl reads ``Transpose(A, perm_a) @ Transpose(B, perm_b)``: ((M, N, K, batches,
+    groups), A's and B's operand strides (rows, cols, step, heads, head_step)); else why it
+    cannot (each operand's batch dims must fold into two levels of steps, and A's rows, where its
+    batch folds into them, into one)."""
+    (a, ta), (b, tb) = _as_read(a_shape, perm_a), _as_read(b_shape, perm_b)
+    if len(a) < 2 or len(b) < 2:
+        return f"operands of rank 2 or more, read as {a} and {b}"
+    plan = matmul_plan(a, b)
+    if plan is None:
+        return f"equal batch dims or batch dims on one side only, read as {a} and {b}"
+    m, n, k, batches, a_batches, _ = plan
+
+    def batched(shape: list[int], strides: list[int], what: str) -> tuple[int, ...] | str:
+        runs = fold_dims(shape[:-2], strides[:-2])
+        if len(runs) > 2:
+            return (
+                f"{what}'s batch dims {shape[:-2]} in at most two runs of strides, read with {strides[:-2]}"
+            )
+        if len(runs) == 2:  # the outer run's step, then the inner run's count and step
+            (_, step), (heads, head_step) = runs
+            return (strides[-2], strides[-1], step, heads, head_step)
+        return (strides[-2], strides[-1], runs[0][1] if runs else 0, 1, 0)
+
+    if batches == 1:  # A's batch dims, if any, fold into its rows
+        rows = fold_dims(a[:-1], ta[:-1])
+        if len(rows) > 1:
+            return f"A's batch dims and rows {a[:-1]} in one run of strides, read with {ta[:-1]}"
+        a_read: tuple[int, ...] | str = (rows[0][1] if rows else 0, ta[-1], 0, 1, 0)
+        b_read: tuple[int, ...] | str = (tb[-2], tb[-1], 0, 1, 0)
+    else:
+        a_read = batched(a, ta, "A") if a_batches > 1 else (ta[-2], ta[-1], 0, 1, 0)
+        b_read = batched(b, tb, "B")
+    for read in (a_read, b_read):
+        if isinstance(read, str):
+            return read
+    groups = batches if batches > 1 and a_batches > 1 else 1  # A read per batch, or one A for all
+    return (m, n, k, batches, groups), a_read, b_read  # type: ignore[return-value]  # both tuples by now
+
+
+@gpu_kernel("TransposedMatMul")
+class TransposedMatMulKernel(GpuKernel):
+    """Transpose(A, perm_a) @ Transpose(B, perm_b) in one GEMM launch, A and B read through
+    their permuted strides (:func:`transposed_layout`): attention's Q K^T and P V straight
+    from the head splits' (batch, seq, heads, depth) tensors."""
+
+    fuses_activation = True
+    half_storage = True
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        desc = info.descriptor
+        layout = transposed_layout(
+            static_shape(info.inputs[0]), desc.perm_a, static_shape(info.inputs[1]), desc.perm_b
+        )
+        if isinstance(layout, str):
+            return Support.no(f"GpuAcc's TransposedMatMul reads {layout}")
+        return Support.yes()
+
+    def prepare(self) -> None:
+        desc = self.info.descriptor
+        layout = transposed_layout(
+            static_shape(self.info.inputs[0]), desc.perm_a, static_shape(self.info.inputs[1]), desc.perm_b
+        )
+        assert not isinstance(layout, str)  # supports() declines the others
+        (m, n, k, batches, self.groups), self.a_read, self.b_read = layout
+        self.gemm = Gemm(self, (m, n, k), batches)
+
+    def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
+        a, b = inputs[:2]
+        return self.gemm.enqueue(
+            queue, Operand(a, *self.a_read), Operand(b, *self.b_read), outputs[0],
+            groups=self.groups, activation=self.info.activation,
         )  # fmt: skip

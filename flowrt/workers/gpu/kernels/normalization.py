@@ -13,6 +13,8 @@ from flowrt.workers.gpu.kernels import (
     ROW_GROUP_MIN,
     GpuKernel,
     activation_args,
+    contiguous_strides,
+    fold_dims,
     gpu_kernel,
     ints,
     row_group,
@@ -114,23 +116,14 @@ def mask_layout(x_shape: Sequence[int], mask_shape: Sequence[int]) -> tuple[list
     element strides of three leading dims, whose product is x's rows; the stride along a row,
     0 or 1); None where its leading dims do not collapse to three. A broadcast dim has stride 0."""
     padded = (1,) * (len(x_shape) - len(mask_shape)) + tuple(mask_shape)
-    strides, step = [], 1
-    for size in reversed(padded):
-        strides.append(step if size > 1 else 0)
-        step *= size
-    strides.reverse()
-    dims: list[list[int]] = []
-    for size, stride in zip(x_shape[:-1], strides[:-1], strict=True):
-        if size == 1:
-            continue
-        if dims and dims[-1][1] == stride * size:  # contiguous with the dim before (or both broadcast)
-            dims[-1] = [dims[-1][0] * size, stride]
-        else:
-            dims.append([size, stride])
-    if len(dims) > 3:
+    strides = [
+        0 if size == 1 else stride for size, stride in zip(padded, contiguous_strides(padded), strict=True)
+    ]
+    runs = fold_dims(x_shape[:-1], strides[:-1])
+    if len(runs) > 3:
         return None
-    dims = [[1, 0]] * (3 - len(dims)) + dims
-    return [d[0] for d in dims], [d[1] for d in dims], strides[-1]
+    runs = [(1, 0)] * (3 - len(runs)) + runs
+    return [size for size, _ in runs], [stride for _, stride in runs], strides[-1]
 
 
 @gpu_kernel("AttentionSoftmax")

@@ -1,0 +1,197 @@
+"""Attention's head splits read in place: a MatMul of Transposes as one TransposedMatMul on
+GpuAcc, its operands read through permuted strides in two levels of batch steps. The layout,
+the kernel against CpuRef, and the fusion through the public API against ONNX Runtime,
+batched and saved."""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import trio
+from onnx import TensorProto, helper, numpy_helper
+
+import flowrt
+from flowrt.errors import ShapeError
+from flowrt.types import TensorInfo
+from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
+from flowrt.workers.gpu.kernels.matmul import transposed_layout
+
+SEQ, HEADS, DEPTH = 10, 3, 4
+WIDTH = HEADS * DEPTH
+SPLIT, KEYS = (0, 2, 1, 3), (0, 2, 3, 1)  # (batch, seq, heads, depth) -> heads first; K^T
+
+
+def test_the_layout_reads_head_splits_in_two_levels_of_batch_steps():
+    # Q K^T of one sample: the heads are one run of steps (DEPTH apart), rows WIDTH apart.
+    (plan, a, b) = transposed_layout((1, SEQ, HEADS, DEPTH), SPLIT, (1, SEQ, HEADS, DEPTH), KEYS)
+    assert plan == (SEQ, SEQ, DEPTH, HEADS, HEADS)
+    assert a == (WIDTH, 1, DEPTH, 1, 0) and b == (1, WIDTH, DEPTH, 1, 0)
+    # Two samples: the samples' run (SEQ * WIDTH apart) outside the heads' run.
+    (plan, a, b) = transposed_layout((2, SEQ, HEADS, DEPTH), SPLIT, (2, HEADS, SEQ, DEPTH), None)
+    assert plan == (SEQ, DEPTH, DEPTH, 2 * HEADS, 2 * HEADS)
+    assert a == (WIDTH, 1, SEQ * WIDTH, HEADS, DEPTH) and b == (DEPTH, 1, SEQ * DEPTH, 1, 0)
+    # A's batch folds into its rows where B has none, where the rows make one run of strides;
+    # A transposed by (1, 0, 2) has rows 6 and 24 apart, which do not.
+    assert transposed_layout((4, 5, 6), None, (7, 6), (1, 0)) == (
+        (20, 7, 6, 1, 1),
+        (6, 1, 0, 1, 0),
+        (1, 6, 0, 1, 0),
+    )
+    why = transposed_layout((5, 4, 6), (1, 0, 2), (6, 7), None)
+    assert why == "A's batch dims and rows [4, 5] in one run of strides, read with [6, 24]"
+    why = transposed_layout((2, 3, 4, 5, 6), (1, 0, 2, 3, 4), (2, 3, 4, 6, 5), (1, 0, 2, 3, 4))
+    assert isinstance(why, str) and "at most two runs" in why
+
+
+def test_cpuref_multiplies_the_operands_as_transposed():
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((2, SEQ, HEADS, DEPTH)), rng.standard_normal((2, SEQ, HEADS, DEPTH))
+    desc = flowrt.descriptors.TransposedMatMul(perm_a=SPLIT, perm_b=KEYS)
+    got = ref_kernels()["TransposedMatMul"](desc, a, b)
+    np.testing.assert_allclose(got, np.transpose(a, SPLIT) @ np.transpose(b, KEYS), rtol=1e-12)
+
+
+def _run_layer(run, a_shape, perm_a, b_shape, perm_b, seed=0):
+    rng = np.random.default_rng(seed)
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in (a_shape, b_shape))
+    desc = flowrt.descriptors.TransposedMatMul(perm_a=perm_a, perm_b=perm_b)
+    (got,), (expected,) = run("TransposedMatMul", desc, [a, b])
+    return got, expected
+
+
+CASES = {
+    "scores": ((1, SEQ, HEADS, DEPTH), SPLIT, (1, SEQ, HEADS, DEPTH), KEYS),
+    "scores_batch3": ((3, SEQ, HEADS, DEPTH), SPLIT, (3, SEQ, HEADS, DEPTH), KEYS),
+    "context_batch2": ((2, HEADS, SEQ, SEQ), None, (2, SEQ, HEADS, DEPTH), SPLIT),
+    "a_only": ((SEQ, 2, DEPTH), (1, 0, 2), (2, DEPTH, 5), None),
+    "rows_folded": ((4, 5, 6), None, (6, 7), (0, 1)),
+    "b_transposed": ((SEQ, 6), None, (7, 6), (1, 0)),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_kernel_matches_cpuref(run_both, case):
+    got, expected = _run_layer(run_both, *CASES[case])
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_kernel_stores_half(run_half):
+    got, expected = _run_layer(run_half, *CASES["scores_batch3"], seed=1)
+    np.testing.assert_allclose(got, expected, rtol=1e-2, atol=2e-2)
+
+
+def test_a_perm_that_is_not_one_is_a_shape_error():
+    net = flowrt.Network()
+    a, b = net.add_input("a", TensorInfo((2, 3, 4))), net.add_input("b", TensorInfo((2, 4, 5)))
+    desc = flowrt.descriptors.TransposedMatMul(perm_a=(0, 0, 1))
+    net.add_output("y", net.add_layer("TransposedMatMul", desc, [a, b]))
+    with pytest.raises(ShapeError, match=r"perm_a expects a permutation of 0\.\.2, got \[0, 0, 1\]"):
+        flowrt.optimize(net, backends=["CpuRef"])
+
+
+def _attention() -> bytes:
+    """x (1, seq, width) -> multi-head self-attention as exporters write it: projections,
+    Reshape to heads, Transpose, Q K^T / sqrt(depth), Softmax, P V, Transpose back, Reshape."""
+    rng = np.random.default_rng(0)
+    inits = {f"w{n}": rng.standard_normal((WIDTH, WIDTH)).astype(np.float32) * 0.3 for n in "qkv"}
+    inits["heads"] = np.array([1, SEQ, HEADS, DEPTH], np.int64)
+    inits["merged"] = np.array([1, SEQ, WIDTH], np.int64)
+    inits["root"] = np.float32(np.sqrt(DEPTH))
+    nodes = []
+    for n, perm in (("q", SPLIT), ("k", KEYS), ("v", SPLIT)):
+        nodes += [
+            helper.make_node("MatMul", ["x", f"w{n}"], [f"{n}p"]),
+            helper.make_node("Reshape", [f"{n}p", "heads"], [f"{n}r"]),
+            helper.make_node("Transpose", [f"{n}r"], [f"{n}t"], perm=list(perm)),
+        ]
+    nodes += [
+        helper.make_node("MatMul", ["qt", "kt"], ["s"]),
+        helper.make_node("Div", ["s", "root"], ["scaled"]),
+        helper.make_node("Softmax", ["scaled"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "vt"], ["c"]),
+        helper.make_node("Transpose", ["c"], ["ct"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["ct", "merged"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, SEQ, WIDTH])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, SEQ, WIDTH])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def _feeds(seed: int) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(seed).standard_normal((1, SEQ, WIDTH)).astype(np.float32)}
+
+
+def test_head_splits_feed_the_products_with_no_transpose_and_match_onnxruntime(gpu):
+    model = _attention()
+    opt = flowrt.optimize(flowrt.onnx.load(model), backends=["GpuAcc", "CpuRef"])
+    products = [layer for layer in opt.graph if layer.kind == "TransposedMatMul"]
+    assert [(p.descriptor.perm_a, p.descriptor.perm_b) for p in products] == [(SPLIT, KEYS), (None, SPLIT)]
+    assert {p.backend for p in products} == {"GpuAcc"}
+    # The merge Transpose after P V stays (its reader is a Reshape); the projections stay MatMuls.
+    (merge,) = [layer for layer in opt.graph if layer.kind == "Transpose"]
+    assert merge.descriptor.perm == (0, 2, 1, 3)
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+
+    async def main():
+        async with flowrt.Runtime(cpu_workers=1) as rt:
+            loaded = await rt.load(opt, max_in_flight=1)
+            return [(await loaded.run(_feeds(seed)))["out"] for seed in range(3)]
+
+    for seed, got in enumerate(trio.run(main)):
+        np.testing.assert_allclose(got, session.run(None, _feeds(seed))[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_batching_stream_reads_each_samples_heads_in_two_levels_of_steps(gpu):
+    opt = flowrt.optimize(flowrt.onnx.load(_attention()), backends=["GpuAcc", "CpuRef"])
+    feeds = [_feeds(seed) for seed in range(4)]
+
+    async def main():
+        async with flowrt.Runtime(cpu_workers=1) as rt:
+            loaded = await rt.load(opt)
+            alone = [(await loaded.run(f))["out"] for f in feeds]
+            got: list = [None] * 4
+            async with loaded.stream(max_batch=4, max_delay=0.5) as stream:
+                async with trio.open_nursery() as nursery:
+                    for i, f in enumerate(feeds):
+
+                        async def one(i=i, f=f):
+                            got[i] = (await stream.submit(f))["out"]
+
+                        nursery.start_soon(one)
+            return alone, got, stream.batch_counts
+
+    alone, batched, counts = trio.run(main)
+    assert counts[4] == 1  # the four ran as one batch of the re-batched network
+    for a, b in zip(alone, batched, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_the_fused_layer_round_trips_through_a_flowrt_file(gpu, tmp_path):
+    opt = flowrt.optimize(flowrt.onnx.load(_attention()), backends=["GpuAcc", "CpuRef"])
+    flowrt.save(opt, tmp_path / "attention.flowrt")
+    again = flowrt.load(tmp_path / "attention.flowrt")
+    products = [layer for layer in again.graph if layer.kind == "TransposedMatMul"]
+    assert [p.descriptor.perm_b for p in products] == [KEYS, SPLIT]
+
+    async def main():
+        async with flowrt.Runtime(cpu_workers=1) as rt:
+            return [(await (await rt.load(o)).run(_feeds(5)))["out"] for o in (opt, again)]
+
+    first, second = trio.run(main)
+    np.testing.assert_array_equal(first, second)
+
+
+def test_a_transpose_before_constant_weights_is_left_to_the_bias_fusion(gpu):
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((SEQ, 1, WIDTH)))
+    t = net.add_layer("Transpose", flowrt.descriptors.Transpose(perm=(1, 0, 2)), [x])
+    w = np.ones((WIDTH, 5), np.float32)
+    product = net.add_layer("MatMul", None, [t, w])
+    net.add_output("y", net.add_layer("Add", None, [product, np.zeros(5, np.float32)]))
+    opt = flowrt.optimize(net, backends=["GpuAcc", "CpuRef"])
+    kinds = sorted(layer.kind for layer in opt.graph if layer.backend)
+    assert "TransposedMatMul" not in kinds and "MatMulBias" in kinds, kinds
