@@ -35,6 +35,15 @@ def broadcast_shapes(*shapes: Sequence[Dim] | None, where: str = "") -> tuple[Di
     return tuple(out)
 
 
+def broadcasts_to(shape: Sequence[Dim], target: Sequence[Dim]) -> bool:
+    """Whether ``shape`` broadcasts to ``target`` unchanged (numpy's rule one way: dims of 1 or
+    equal, from the right); a dim not known statically is taken as fitting."""
+    return len(shape) <= len(target) and all(
+        not isinstance(d, int) or not isinstance(t, int) or d in (1, t)
+        for d, t in zip(reversed(shape), reversed(target), strict=False)
+    )
+
+
 def normalize_axis(axis: int, rank: int, where: str = "") -> int:
     """An axis in [-rank, rank) made non-negative; ShapeError when out of range."""
     if not -rank <= axis < rank:

@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from flowrt.engine.graph.passes.attention_fusions import attention_softmax, transposed_matmul
+from flowrt.engine.graph.passes.attention_fusions import ATTENTION_FUSIONS
 from flowrt.engine.graph.passes.fusions import (
     EPILOGUE_ACTIVATION_KINDS,
     conv_residual,
@@ -84,13 +84,13 @@ class GpuAccBackend:
         activations of common.cl's ``activate``), and the activations and normalizations
         written out of small ops that GpuAcc runs as one layer (``PATTERN_FUSIONS``: Gelu,
         Swish, LayerNormalization, RMSNormalization), attention's scale, mask and Softmax as
-        one AttentionSoftmax and its head splits read in place by a TransposedMatMul: see
-        ``offer_fusions``."""
+        one AttentionSoftmax, its head splits read in place by a TransposedMatMul and its rotary
+        embedding as one ApplyRotary (``ATTENTION_FUSIONS``): see ``offer_fusions``."""
         return offer_fusions(
             view,
             self.layer_support(),
             FUSED_ACTIVATION_KINDS,
-            patterns=(*PATTERN_FUSIONS, conv_residual, matmul_residual, attention_softmax, transposed_matmul),
+            patterns=(*PATTERN_FUSIONS, conv_residual, matmul_residual, *ATTENTION_FUSIONS),
             activations=activation_codes(),
         )
 

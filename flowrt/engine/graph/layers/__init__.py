@@ -170,6 +170,7 @@ KIND_MODULES = {
     "Unsqueeze": "reshape",
     "Resize": "resize",
     "Upsample": "resize",
+    "ApplyRotary": "rotary",
     "RotaryEmbedding": "rotary",
     "Scan": "scan",
     "Scatter": "scatter",

@@ -1,4 +1,5 @@
-"""RotaryEmbedding (opset 23): rotary position embedding of attention's queries or keys."""
+"""RotaryEmbedding (opset 23): rotary position embedding of attention's queries or keys; and
+flowrt's ApplyRotary, the same rotation as exported models write it out."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import attrs
 from flowrt.engine.graph.layer_kind import layer_kind
 from flowrt.engine.graph.layers.detection import expect_dims
 from flowrt.engine.graph.layers.elementwise import expect_dtype
+from flowrt.engine.graph.shapes import broadcasts_to
 from flowrt.errors import DataTypeError, ShapeError
 from flowrt.types import DataType, Dim, TensorInfo
 
@@ -80,3 +82,26 @@ def infer_rotary_embedding(desc: RotaryEmbeddingDescriptor, inputs, consts):
     if cos.shape is not None and sin.shape is not None:
         expect_dims(sin, cos.shape, "sin_cache (as cos_cache)", where)
     return [x]
+
+
+@layer_kind("ApplyRotary", min_inputs=3, max_inputs=3)
+def infer_apply_rotary(desc, inputs, consts):
+    """flowrt's own: ``X * cos + rotate_half(X) * sin``, ``rotate_half(X)`` being
+    ``concat(-X[..., D/2:], X[..., :D/2])`` along X's last axis of D values (even), cos and
+    sin broadcast to X's shape: rotary position embedding as Hugging Face's LLaMA applies it,
+    which exporters write as Slice, Neg, Concat, Mul, Mul and Add (what the optimizer fuses
+    into it, where a backend offers that fusion)."""
+    x, cos, sin = inputs
+    where = "ApplyRotary"
+    expect_dtype(x, frozenset({DataType.FLOAT32, DataType.FLOAT16}), where)
+    shape = x.shape
+    if shape is not None and (not shape or (isinstance(shape[-1], int) and shape[-1] % 2)):
+        raise ShapeError(f"{where} expects X whose last dim is even, got {x.format_shape()}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.dtype != x.dtype:
+            raise DataTypeError(f"{where} expects {name} of X's type {x.dtype.value}, got {t.dtype.value}")
+        if shape is not None and t.shape is not None and not broadcasts_to(t.shape, shape):
+            raise ShapeError(
+                f"{where} expects {name} that broadcasts to X's shape {x.format_shape()}, got {t.format_shape()}"
+            )
+    return [TensorInfo(shape, x.dtype)]

@@ -11,7 +11,7 @@ import attrs
 
 from flowrt.engine.graph.layer_kind import layer_kind
 from flowrt.engine.graph.layers.elementwise import FLOAT_TYPES, expect_dtype
-from flowrt.engine.graph.shapes import normalize_axis
+from flowrt.engine.graph.shapes import broadcasts_to, normalize_axis
 from flowrt.errors import ShapeError
 from flowrt.types import TensorInfo
 
@@ -78,20 +78,9 @@ def infer_attention_softmax(desc, inputs, consts):
             raise ShapeError(
                 f"AttentionSoftmax expects a mask of X's type {x.dtype.value}, got {mask.dtype.value}"
             )
-        if x.shape is not None and mask.shape is not None and not _broadcasts_to(mask.shape, x.shape):
+        if x.shape is not None and mask.shape is not None and not broadcasts_to(mask.shape, x.shape):
             raise ShapeError(
                 f"AttentionSoftmax expects a mask that broadcasts to X's shape {x.format_shape()}, "
                 f"got {mask.format_shape()}"
             )
     return [TensorInfo(x.shape, x.dtype)]
-
-
-def _broadcasts_to(shape, target) -> bool:
-    """Whether ``shape`` broadcasts to ``target`` (dims of 1 or equal, from the right); a dim
-    not known statically is taken as fitting."""
-    if len(shape) > len(target):
-        return False
-    return all(
-        not isinstance(d, int) or not isinstance(t, int) or d in (1, t)
-        for d, t in zip(reversed(shape), reversed(target), strict=False)
-    )

@@ -10,17 +10,30 @@
 - its head splits read in place: a MatMul of tensors (not of constant weights) one or both
   of which a Transpose makes, read by that MatMul only -> ``TransposedMatMul``, which reads
   the Transposes' inputs through permuted strides (Q K^T and P V straight from the
-  (batch, seq, heads, depth) tensors the projections' Reshapes give; no transpose pass).
+  (batch, seq, heads, depth) tensors the projections' Reshapes give; no transpose pass);
+- its rotary position embedding as exported from Hugging Face's LLaMA, ``X * cos +
+  concat(-X[..., D/2:], X[..., :D/2]) * sin`` (Slice, Slice, Neg, Concat, Mul, Mul, Add, in
+  any operand order) -> ``ApplyRotary(X, cos, sin)``.
 """
 
 from __future__ import annotations
 
 from flowrt.engine.graph.graph import Layer, OutputSlot, constant_value
+from flowrt.engine.graph.layer_kind import NoDescriptor
 from flowrt.engine.graph.layers.gemm import TransposedMatMulDescriptor
+from flowrt.engine.graph.layers.reshape import const_ints
+from flowrt.engine.graph.layers.slice import slice_params
 from flowrt.engine.graph.layers.softmax import AttentionSoftmaxDescriptor
 from flowrt.engine.graph.layers.transpose import transpose_perm
 from flowrt.engine.graph.passes.fusions import Fusion
-from flowrt.engine.graph.passes.pattern_match import Monomial, accept, monomial, producer, sources
+from flowrt.engine.graph.passes.pattern_match import (
+    Monomial,
+    accept,
+    monomial,
+    other_operand,
+    producer,
+    sources,
+)
 from flowrt.errors import ShapeError
 from flowrt.registry import ReplacementLayer
 from flowrt.types import DataType
@@ -113,3 +126,70 @@ def transposed_matmul(layer: Layer, members: set[str]) -> Fusion | None:
         "TransposedMatMul", TransposedMatMulDescriptor(perms[0], perms[1]), tuple(reads), None, layer.name
     )
     return [*fused, layer], replacement
+
+
+def _slice_range(layer: Layer, rank: int, length: int) -> tuple[int, int] | None:
+    """[start, end) that a Slice of constant parameters takes along the last axis (of
+    ``length`` values, in a tensor of ``rank``), clamped as ONNX clamps; None for any other."""
+    try:
+        params = slice_params(
+            layer.descriptor, [const_ints(constant_value(s.source)) for s in layer.inputs[1:]]
+        )
+    except ShapeError:
+        return None
+    if params is None or len(params[0]) != 1 or params[3] != [1] or params[2][0] % rank != rank - 1:
+        return None
+    start, end = (v + length if v < 0 else v for v in (params[0][0], params[1][0]))
+    return min(max(start, 0), length), min(max(end, 0), length)
+
+
+def _rotate_half(slot: OutputSlot | None, members: set[str]) -> tuple[OutputSlot, list[Layer]] | None:
+    """(X, the layers) where ``slot`` is ``concat(-X[..., D/2:], X[..., :D/2])`` along the last
+    axis, else None."""
+    concat = producer(slot, members, "Concat")
+    if concat is None or len(concat.inputs) != 2:
+        return None
+    neg = producer(concat.inputs[0].source, members, "Neg")
+    low = producer(concat.inputs[1].source, members, "Slice")
+    high = producer(neg.inputs[0].source, members, "Slice") if neg is not None else None
+    if neg is None or low is None or high is None or high.inputs[0].source is not low.inputs[0].source:
+        return None
+    x = low.inputs[0].source
+    shape = x.info.shape if x is not None and x.info is not None else None
+    if x is None or not shape or not isinstance(shape[-1], int) or shape[-1] % 2:
+        return None
+    rank, length = len(shape), shape[-1]
+    if concat.descriptor.axis is None or concat.descriptor.axis % rank != rank - 1:
+        return None
+    half = length // 2
+    if _slice_range(high, rank, length) != (half, length) or _slice_range(low, rank, length) != (0, half):
+        return None
+    return x, [high, low, neg, concat]
+
+
+def apply_rotary(layer: Layer, members: set[str]) -> Fusion | None:
+    """``X * cos + rotate_half(X) * sin`` (each product's operands, and the sum's, in either
+    order) -> one ApplyRotary(X, cos, sin)."""
+    if layer.kind != "Add" or len(layer.inputs) != 2 or layer.activation is not None:
+        return None
+    a, b = sources(layer)
+    for plain_slot, mixed_slot in ((a, b), (b, a)):
+        plain, mixed = producer(plain_slot, members, "Mul"), producer(mixed_slot, members, "Mul")
+        if plain is None or mixed is None:
+            continue
+        m0, m1 = sources(mixed)
+        for rotated, sin in ((m0, m1), (m1, m0)):
+            found = _rotate_half(rotated, members)
+            cos = other_operand(plain, found[0]) if found is not None else None
+            if found is None or cos is None or sin is None:
+                continue
+            x, layers = found
+            replacement = ReplacementLayer("ApplyRotary", NoDescriptor(), (x, cos, sin), None, layer.name)
+            fusion = accept([*layers, plain, mixed, layer], layer, replacement, members)
+            if fusion is not None:
+                return fusion
+    return None
+
+
+# Every finder of this module, for a backend's ``offer_fusions`` patterns.
+ATTENTION_FUSIONS = (attention_softmax, transposed_matmul, apply_rotary)

@@ -210,13 +210,13 @@ def softmax(layer: Layer, axes: list[Axis]) -> Axis:
     return batch
 
 
-@batch_rule("AttentionSoftmax")
-def attention_softmax(layer: Layer, axes: list[Axis]) -> Axis:
-    """The scores X carry the batch, not on the last axis (the one normalized); the mask
-    carries it on the same axis, right-aligned, or broadcasts over the samples (numpy's rule,
-    as an Add's)."""
+@batch_rule("AttentionSoftmax", "ApplyRotary")
+def along_last_axis_broadcasting(layer: Layer, axes: list[Axis]) -> Axis:
+    """X carries the batch, not on the last axis (the one normalized or rotated); the other
+    inputs (the mask; cos and sin) carry it on the same axis, right-aligned, or broadcast over
+    the samples (numpy's rule, as an Add's)."""
     if axes[0] is None:
-        raise Refused("its scores X must carry the batch; a mask alone carrying it would grow X")
+        raise Refused("its input X must carry the batch; another input alone carrying it would grow X")
     axis = broadcast_axis(layer, axes)
     not_along(axis, len(input_shape(layer, 0)) - 1, "along")
     return axis

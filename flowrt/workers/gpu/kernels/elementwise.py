@@ -1,4 +1,5 @@
-"""Add, Sub, Mul, Div, Pow and Sum with numpy broadcasting (and the pre-opset-7 legacy rule)."""
+"""Add, Sub, Mul, Div, Pow and Sum with numpy broadcasting (and the pre-opset-7 legacy rule), and
+ApplyRotary."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from flowrt.engine.graph.layers.elementwise import legacy_b_shape
+from flowrt.registry import Support, WorkloadInfo
 from flowrt.types import static_dims
 from flowrt.workers.gpu.device import cl
 from flowrt.workers.gpu.kernels import (
@@ -87,3 +89,31 @@ class BinaryKernel(GpuKernel):
             )  # fmt: skip
             result = y
         return event
+
+
+@gpu_kernel("ApplyRotary")
+class ApplyRotaryKernel(GpuKernel):
+    """y = x * cos + rotate_half(x) * sin: one launch for the six of an exported rotary
+    embedding, cos and sin read through their broadcast strides."""
+
+    half_storage = True
+
+    @classmethod
+    def supports(cls, info: WorkloadInfo) -> Support:
+        if len(static_shape(info.inputs[0])) > RANK:
+            return Support.no(f"GpuAcc applies rotary embeddings to tensors of rank {RANK} or less")
+        return Support.yes()
+
+    def prepare(self) -> None:
+        self.kernel = self.context.kernel("elementwise", "apply_rotary", self.storage)
+        out = static_shape(self.info.inputs[0])
+        cos, sin = (static_shape(i) for i in self.info.inputs[1:3])
+        self.table = stride_table(self.context, out, broadcast_strides(cos, out), broadcast_strides(sin, out))
+        self.length = np.int32(out[-1])
+
+    def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
+        x, cos, sin = inputs
+        y = outputs[0]
+        return self.launch(self.kernel, queue, y.size, *x.kernel_args, *cos.kernel_args, *sin.kernel_args,
+            *y.kernel_args, self.table, self.length, np.int32(y.size),
+        )  # fmt: skip

@@ -1,6 +1,8 @@
-"""RotaryEmbedding kernel."""
+"""RotaryEmbedding and ApplyRotary kernels."""
 
 from __future__ import annotations
+
+import numpy as np
 
 from flowrt.engine.graph.layers.rotary import rotary_layout
 from flowrt.errors import ShapeError
@@ -47,3 +49,11 @@ def rotary_embedding(desc, x, cos_cache, sin_cache, position_ids=None):
     real, imaginary = cos * first - sin * second, sin * first + cos * second
     first[...], second[...] = real, imaginary
     return out.reshape(x.shape)
+
+
+@ref_kernel("ApplyRotary")
+def apply_rotary(desc, x, cos, sin):
+    """X * cos + rotate_half(X) * sin, rotate_half(X) = concat(-X[..., D/2:], X[..., :D/2])."""
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return (x * cos + rotated * sin).astype(x.dtype, copy=False)
