@@ -38,6 +38,7 @@ PLUMBING = {"Input", "Output"}
 # Kinds that are flowrt's own, not ONNX operators: made by the optimizer, never imported.
 FLOWRT_KINDS = {
     "MatMulBias": "flowrt's own: MatMul + bias Add, made by substitution",
+    "ApplyRotary": "flowrt's own: a rotary embedding as exported (x * cos + rotate_half(x) * sin), made by substitution",
     "AttentionSoftmax": "flowrt's own: Softmax of scaled scores plus a mask, made by substitution",
     "TransposedMatMul": "flowrt's own: MatMul of transposed operands, made by substitution",
     "FusedConv": "flowrt's own: Conv + residual Add, as ONNX Runtime's com.microsoft FusedConv with Z; made by substitution",
