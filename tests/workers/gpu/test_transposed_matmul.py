@@ -45,9 +45,9 @@ def test_the_layout_reads_head_splits_in_two_levels_of_batch_steps():
 def test_cpuref_multiplies_the_operands_as_transposed():
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((2, SEQ, HEADS, DEPTH)), rng.standard_normal((2, SEQ, HEADS, DEPTH))
-    desc = flowrt.descriptors.TransposedMatMul(perm_a=SPLIT, perm_b=KEYS)
+    desc = flowrt.descriptors.TransposedMatMul(perm_a=SPLIT, perm_b=KEYS, alpha=0.5)
     got = ref_kernels()["TransposedMatMul"](desc, a, b)
-    np.testing.assert_allclose(got, np.transpose(a, SPLIT) @ np.transpose(b, KEYS), rtol=1e-12)
+    np.testing.assert_allclose(got, 0.5 * np.transpose(a, SPLIT) @ np.transpose(b, KEYS), rtol=1e-12)
 
 
 def _run_layer(run, a_shape, perm_a, b_shape, perm_b, seed=0):
@@ -195,3 +195,52 @@ def test_a_transpose_before_constant_weights_is_left_to_the_bias_fusion(gpu):
     opt = flowrt.optimize(net, backends=["GpuAcc", "CpuRef"])
     kinds = sorted(layer.kind for layer in opt.graph if layer.backend)
     assert "TransposedMatMul" not in kinds and "MatMulBias" in kinds, kinds
+
+
+def _scaled_scores(shared: bool) -> bytes:
+    """q and k (1, heads, seq, depth) each scaled by depth ** -0.25 before q @ k^T, as
+    torchvision's ViT writes it; ``shared``: the scaled q is an output too."""
+    inits = [numpy_helper.from_array(np.float32(DEPTH**-0.25), "s")]
+    nodes = [
+        helper.make_node("Mul", ["q", "s"], ["qs"]),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("Mul", ["kt", "s"], ["ks"]),
+        helper.make_node("MatMul", ["qs", "ks"], ["scores"]),
+    ]
+    dims = [1, HEADS, SEQ, DEPTH]
+    outputs = [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, HEADS, SEQ, SEQ])]
+    if shared:
+        outputs.append(helper.make_tensor_value_info("qs", TensorProto.FLOAT, dims))
+    graph = helper.make_graph(
+        nodes,
+        "scores",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims) for n in "qk"],
+        outputs,
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_scales_of_the_operands_become_the_products_alpha_and_match_onnxruntime(gpu, shared):
+    model = _scaled_scores(shared)
+    opt = flowrt.optimize(flowrt.onnx.load(model), backends=["GpuAcc", "CpuRef"])
+    (product,) = [layer for layer in opt.graph if layer.kind == "TransposedMatMul"]
+    muls = [layer for layer in opt.graph if layer.kind == "Mul"]
+    if shared:  # q's scale stays a layer of its own, read by the output: only k's is folded
+        assert len(muls) == 1 and product.descriptor.alpha == pytest.approx(DEPTH**-0.25)
+    else:
+        assert not muls and product.descriptor.alpha == pytest.approx(DEPTH**-0.5)
+    assert product.descriptor.perm_b == (0, 1, 3, 2)
+    rng = np.random.default_rng(3)
+    feeds = {n: rng.standard_normal((1, HEADS, SEQ, DEPTH)).astype(np.float32) for n in "qk"}
+    expected = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+    async def main():
+        async with flowrt.Runtime(cpu_workers=1) as rt:
+            return await (await rt.load(opt)).run(feeds)
+
+    got = trio.run(main)
+    np.testing.assert_allclose(got["scores"], expected[0], rtol=1e-5, atol=1e-5)
+    if shared:
+        np.testing.assert_allclose(got["qs"], expected[1], rtol=1e-6)

@@ -159,10 +159,11 @@ def infer_matmul_bias(desc, inputs, consts):
 @attrs.frozen
 class TransposedMatMulDescriptor:
     """TransposedMatMul: A and B are read transposed by ``perm_a`` and ``perm_b`` (None: as
-    they are), as Transpose's ``perm`` would give them."""
+    they are), as Transpose's ``perm`` would give them, and their product scaled by ``alpha``."""
 
     perm_a: tuple[int, ...] | None = attrs.field(default=None, converter=as_tuple)
     perm_b: tuple[int, ...] | None = attrs.field(default=None, converter=as_tuple)
+    alpha: float = 1.0
 
 
 def permuted(info: TensorInfo, perm: tuple[int, ...] | None, what: str) -> TensorInfo:
@@ -177,7 +178,7 @@ def permuted(info: TensorInfo, perm: tuple[int, ...] | None, what: str) -> Tenso
 
 @layer_kind("TransposedMatMul", TransposedMatMulDescriptor, min_inputs=2, max_inputs=2)
 def infer_transposed_matmul(desc, inputs, consts):
-    """flowrt's own: ``Transpose(A, perm_a) @ Transpose(B, perm_b)`` with numpy's matmul
+    """flowrt's own: ``alpha * Transpose(A, perm_a) @ Transpose(B, perm_b)`` with numpy's matmul
     rules, the operands read through permuted strides where a backend offers that fusion
     (GpuAcc: attention's head splits feed its GEMMs with no transpose pass)."""
     a, b = inputs

@@ -8,9 +8,10 @@
   GPT's and LLaMA's causal one); a Softmax after the scale alone, or after the mask alone, is
   fused too;
 - its head splits read in place: a MatMul of tensors (not of constant weights) one or both
-  of which a Transpose makes, read by that MatMul only -> ``TransposedMatMul``, which reads
-  the Transposes' inputs through permuted strides (Q K^T and P V straight from the
-  (batch, seq, heads, depth) tensors the projections' Reshapes give; no transpose pass);
+  of which a Transpose makes, or a Mul by a constant scales, read by that MatMul only ->
+  ``TransposedMatMul``, which reads the Transposes' inputs through permuted strides (Q K^T
+  and P V straight from the (batch, seq, heads, depth) tensors the projections' Reshapes
+  give; no transpose pass) and applies the scales as its alpha;
 - its rotary position embedding as exported from Hugging Face's LLaMA, ``X * cos +
   concat(-X[..., D/2:], X[..., :D/2]) * sin`` (Slice, Slice, Neg, Concat, Mul, Mul, Add, in
   any operand order) -> ``ApplyRotary(X, cos, sin)``.
@@ -97,9 +98,22 @@ def _fusion(
     return accept([*layers, softmax], softmax, replacement, members)
 
 
+def _scaled(slot: OutputSlot, members: set[str]) -> tuple[float, OutputSlot, list[Layer]]:
+    """``slot`` read as ``scale * X`` (Muls and Divs by constants that only the next reads),
+    as (scale, X, those layers); (1, slot, []) where it is not one."""
+    read = monomial(slot, members)
+    if read.layers and len(read.num) == 1 and not read.den and read.num[0] is not None:
+        if len(slot.connections) == 1 and all(
+            len(layer.outputs[0].connections) == 1 for layer in read.layers
+        ):
+            return read.scale, read.num[0], list(read.layers)
+    return 1.0, slot, []
+
+
 def transposed_matmul(layer: Layer, members: set[str]) -> Fusion | None:
-    """MatMul of tensors, one or both made by a Transpose that only it reads -> one
-    TransposedMatMul reading the Transposes' inputs with their permutations."""
+    """MatMul of tensors, each maybe scaled by a constant and maybe made by a Transpose, where
+    only it reads them -> one TransposedMatMul reading the Transposes' inputs with their
+    permutations, the scales its alpha (ViT's attention scales Q and K before their product)."""
     if layer.kind != "MatMul" or layer.activation is not None or len(layer.inputs) != 2:
         return None
     slots = sources(layer)
@@ -108,8 +122,12 @@ def transposed_matmul(layer: Layer, members: set[str]) -> Fusion | None:
     perms: list[tuple[int, ...] | None] = []
     reads: list[OutputSlot | None] = []
     fused: list[Layer] = []
+    alpha = 1.0
     for slot in slots:
         assert slot is not None  # checked above
+        scale, slot, scaling = _scaled(slot, members)
+        alpha *= scale
+        fused += scaling
         transpose = producer(slot, members, "Transpose")
         info = transpose.input_infos[0] if transpose is not None else None
         if transpose is None or len(slot.connections) != 1 or info is None or info.shape is None:
@@ -122,10 +140,13 @@ def transposed_matmul(layer: Layer, members: set[str]) -> Fusion | None:
     out = layer.outputs[0].info
     if not fused or out is None or out.dtype is not DataType.FLOAT32:
         return None
-    replacement = ReplacementLayer(
-        "TransposedMatMul", TransposedMatMulDescriptor(perms[0], perms[1]), tuple(reads), None, layer.name
-    )
-    return [*fused, layer], replacement
+    infos = [f.outputs[0].info for f in fused]
+    if any(f.activation is not None for f in fused) or any(
+        i is None or i.dtype is not DataType.FLOAT32 for i in infos
+    ):
+        return None
+    descriptor = TransposedMatMulDescriptor(perms[0], perms[1], alpha)
+    return [*fused, layer], ReplacementLayer("TransposedMatMul", descriptor, tuple(reads), None, layer.name)
 
 
 def _slice_range(layer: Layer, rank: int, length: int) -> tuple[int, int] | None:

@@ -135,7 +135,7 @@ def transposed_layout(
 
 @gpu_kernel("TransposedMatMul")
 class TransposedMatMulKernel(GpuKernel):
-    """Transpose(A, perm_a) @ Transpose(B, perm_b) in one GEMM launch, A and B read through
+    """alpha * Transpose(A, perm_a) @ Transpose(B, perm_b) in one GEMM launch, A and B read through
     their permuted strides (:func:`transposed_layout`): attention's Q K^T and P V straight
     from the head splits' (batch, seq, heads, depth) tensors."""
 
@@ -165,5 +165,5 @@ class TransposedMatMulKernel(GpuKernel):
         a, b = inputs[:2]
         return self.gemm.enqueue(
             queue, Operand(a, *self.a_read), Operand(b, *self.b_read), outputs[0],
-            groups=self.groups, activation=self.info.activation,
+            groups=self.groups, alpha=self.info.descriptor.alpha, activation=self.info.activation,
         )  # fmt: skip

@@ -44,10 +44,11 @@ def matmul_bias(desc, a, b, bias=None, z=None):
 
 @ref_kernel("TransposedMatMul")
 def transposed_matmul(desc, a, b):
-    """Transpose(A, perm_a) @ Transpose(B, perm_b)."""
+    """alpha * Transpose(A, perm_a) @ Transpose(B, perm_b)."""
     work = compute_dtype(a.dtype)
     a, b = (x if perm is None else np.transpose(x, perm) for x, perm in ((a, desc.perm_a), (b, desc.perm_b)))
-    return np.matmul(a.astype(work, copy=False), b.astype(work, copy=False)).astype(a.dtype, copy=False)
+    y = np.matmul(a.astype(work, copy=False), b.astype(work, copy=False))
+    return (y * work.type(desc.alpha) if desc.alpha != 1 else y).astype(a.dtype, copy=False)
 
 
 def _per_row(values: np.ndarray, a: np.ndarray) -> np.ndarray:
