@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,6 +11,7 @@ from flowrt.engine.graph.passes.attention_fusions import ATTENTION_FUSIONS
 from flowrt.engine.graph.passes.fusions import (
     EPILOGUE_ACTIVATION_KINDS,
     conv_residual,
+    gemm_on_rows,
     matmul_residual,
     offer_fusions,
 )
@@ -90,7 +92,13 @@ class GpuAccBackend:
             view,
             self.layer_support(),
             FUSED_ACTIVATION_KINDS,
-            patterns=(*PATTERN_FUSIONS, conv_residual, matmul_residual, *ATTENTION_FUSIONS),
+            patterns=(
+                *PATTERN_FUSIONS,
+                conv_residual,
+                matmul_residual,
+                functools.partial(gemm_on_rows, activations=activation_codes()),
+                *ATTENTION_FUSIONS,
+            ),
             activations=activation_codes(),
         )
 

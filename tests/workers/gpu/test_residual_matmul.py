@@ -130,3 +130,51 @@ def test_the_fused_layer_round_trips_through_a_flowrt_file(gpu, tmp_path):
 
     first, second = trio.run(main)
     np.testing.assert_array_equal(first, second)
+
+
+def _conv1d_block(then: str) -> bytes:
+    """GPT-2's Conv1D as exported: x (1, seq, width) -> Reshape to rows -> Gemm (W, b) ->
+    Reshape back, then + x (``residual``) or Relu (``relu``)."""
+    rng = np.random.default_rng(4)
+    inits = {
+        "w": rng.standard_normal((WIDTH, WIDTH)).astype(np.float32) * 0.2,
+        "b": rng.standard_normal(WIDTH).astype(np.float32),
+        "rows": np.array([-1, WIDTH], np.int64),
+        "back": np.array([1, SEQ, WIDTH], np.int64),
+    }
+    nodes = [
+        helper.make_node("Reshape", ["x", "rows"], ["r"]),
+        helper.make_node("Gemm", ["r", "w", "b"], ["g"]),
+        helper.make_node("Reshape", ["g", "back"], ["p"]),
+        helper.make_node("Add", ["p", "x"], ["out"])
+        if then == "residual"
+        else helper.make_node("Relu", ["p"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "conv1d",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, SEQ, WIDTH])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, SEQ, WIDTH])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+@pytest.mark.parametrize("then", ["residual", "relu"])
+def test_a_gemm_on_a_sequences_rows_is_one_matmul_bias_with_what_follows_it(gpu, then):
+    model = _conv1d_block(then)
+    opt = flowrt.optimize(flowrt.onnx.load(model), backends=["GpuAcc", "CpuRef"])
+    layers = [layer for layer in opt.graph if layer.backend]
+    assert [layer.kind for layer in layers] == ["MatMulBias"] and layers[0].backend == "GpuAcc"
+    (fused,) = layers
+    assert (len(fused.inputs) > 3 and fused.inputs[3].source is not None) == (then == "residual")
+    assert (fused.activation is not None and fused.activation.kind == "Relu") == (then == "relu")
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+
+    async def main():
+        async with flowrt.Runtime(cpu_workers=1) as rt:
+            loaded = await rt.load(opt, max_in_flight=1)
+            return [(await loaded.run(_feeds(seed)))["out"] for seed in range(2)]
+
+    for seed, got in enumerate(trio.run(main)):
+        np.testing.assert_allclose(got, session.run(None, _feeds(seed))[0], rtol=1e-5, atol=1e-5)

@@ -9,7 +9,9 @@ is handed, each answered as a substitution by one fused layer (Arm NN's backend-
   layer with the activation fused (Conv + bias + Relu is one Conv);
 - Conv + a residual Add (+ an activation) -> one ``FusedConv``, where a backend passes
   :func:`conv_residual` among its patterns (GpuAcc adds Z in its GEMM's epilogue), and MatMul
-  or MatMulBias + a residual Add -> one ``MatMulBias`` with Z (:func:`matmul_residual`);
+  or MatMulBias + a residual Add -> one ``MatMulBias`` with Z (:func:`matmul_residual`), and
+  a Gemm on a sequence's rows between two Reshapes -> one ``MatMulBias`` of the sequence, with
+  the residual Add or activation after it (:func:`gemm_on_rows`);
 - the ``patterns`` a backend passes, tried first (CpuAcc's ``PATTERN_FUSIONS``: SiLU, GELU,
   HardSwish, LayerNormalization and RMSNormalization written out of small ops -> one layer).
 
@@ -195,6 +197,59 @@ def matmul_residual(
     fused, z, activation = found
     bias = layer.inputs[2].source if layer.kind == "MatMulBias" else None
     sources = (layer.inputs[0].source, layer.inputs[1].source, bias, z)
+    return fused, ReplacementLayer("MatMulBias", NoDescriptor(), sources, activation, layer.name)
+
+
+def _rows_view(reshape: Layer | None, members: set[str]) -> tuple[int, ...] | None:
+    """The static shape of a Reshape's input where it only folds the leading dims into one
+    (``(d0, .., dk, K) -> (d0 * .. * dk, K)``) and only the next layer reads it, else None."""
+    if reshape is None or reshape.kind != "Reshape" or reshape.name not in members:
+        return None
+    before, after = reshape.input_infos[0], reshape.outputs[0].info
+    if before is None or after is None or not before.is_static or not after.is_static:
+        return None
+    shape, rows = static_dims(before.shape), static_dims(after.shape)
+    if len(shape) < 3 or len(rows) != 2 or rows != (int(np.prod(shape[:-1])), shape[-1]):
+        return None
+    return shape if len(reshape.outputs[0].connections) == 1 else None
+
+
+def gemm_on_rows(
+    layer: Layer, members: set[str], activations: Collection[str] | None = None
+) -> Fusion | None:
+    """Reshape of a sequence to rows -> Gemm by a matrix (+ a bias vector) -> Reshape back to
+    the sequence's leading dims -> one MatMulBias of the sequence (GPT-2's Conv1D layers,
+    exported from ``addmm`` on a view), with the residual Add and the activation after it
+    (``_with_residual``), or the activation alone, fused too. A backend offers it by passing
+    this among its ``patterns``."""
+    if layer.kind != "Gemm" or layer.activation is not None or len(layer.inputs) < 2:
+        return None
+    desc = layer.descriptor
+    if desc.transA or desc.transB or desc.alpha != 1 or desc.broadcast:
+        return None
+    inner = layer.inputs[0].source.layer if layer.inputs[0].source is not None else None
+    shape = _rows_view(inner, members)
+    w, c = layer.input_infos[1], layer.input_infos[2] if len(layer.inputs) > 2 else None
+    if shape is None or w is None or w.shape is None or len(w.shape) != 2:
+        return None
+    bias = layer.inputs[2].source if c is not None else None
+    if c is not None and (desc.beta != 1 or c.shape != (w.shape[1],)):
+        return None  # MatMulBias takes a vector along the columns
+    outer = _only_reader(layer, members)
+    out = outer.outputs[0].info if outer is not None and outer.kind == "Reshape" else None
+    if out is None or not out.is_static or static_dims(out.shape) != (*shape[:-1], w.shape[1]):
+        return None
+    assert inner is not None and outer is not None  # checked by _rows_view and above
+    fused: list[Layer] = [inner, layer, outer]
+    z = None
+    activation = _activation_of(_only_reader(outer, members), activations)
+    found = _with_residual(outer, members, activations)
+    if found is not None:
+        more, z, activation = found
+        fused += more[1:]
+    elif activation is not None:
+        fused.append(_only_reader(outer, members))  # type: ignore[arg-type]  # the activation found
+    sources = (inner.inputs[0].source, layer.inputs[1].source, bias, z)
     return fused, ReplacementLayer("MatMulBias", NoDescriptor(), sources, activation, layer.name)
 
 
