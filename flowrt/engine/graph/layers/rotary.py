@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import attrs
 
-from flowrt.engine.graph.layer_kind import layer_kind
+from flowrt.engine.graph.layer_kind import as_tuple, layer_kind
 from flowrt.engine.graph.layers.detection import expect_dims
 from flowrt.engine.graph.layers.elementwise import expect_dtype
+from flowrt.engine.graph.layers.gemm import permuted
 from flowrt.engine.graph.shapes import broadcasts_to
 from flowrt.errors import DataTypeError, ShapeError
 from flowrt.types import DataType, Dim, TensorInfo
@@ -84,9 +85,18 @@ def infer_rotary_embedding(desc: RotaryEmbeddingDescriptor, inputs, consts):
     return [x]
 
 
-@layer_kind("ApplyRotary", min_inputs=3, max_inputs=3)
+@attrs.frozen
+class ApplyRotaryDescriptor:
+    """ApplyRotary: X is read transposed by ``perm`` (None: as it is), as Transpose's ``perm``
+    would give it."""
+
+    perm: tuple[int, ...] | None = attrs.field(default=None, converter=as_tuple)
+
+
+@layer_kind("ApplyRotary", ApplyRotaryDescriptor, min_inputs=3, max_inputs=3)
 def infer_apply_rotary(desc, inputs, consts):
-    """flowrt's own: ``X * cos + rotate_half(X) * sin``, ``rotate_half(X)`` being
+    """flowrt's own: ``X * cos + rotate_half(X) * sin`` of X transposed by ``perm``,
+    ``rotate_half(X)`` being
     ``concat(-X[..., D/2:], X[..., :D/2])`` along X's last axis of D values (even), cos and
     sin broadcast to X's shape: rotary position embedding as Hugging Face's LLaMA applies it,
     which exporters write as Slice, Neg, Concat, Mul, Mul and Add (what the optimizer fuses
@@ -94,6 +104,7 @@ def infer_apply_rotary(desc, inputs, consts):
     x, cos, sin = inputs
     where = "ApplyRotary"
     expect_dtype(x, frozenset({DataType.FLOAT32, DataType.FLOAT16}), where)
+    x = permuted(x, desc.perm, "ApplyRotary's perm")
     shape = x.shape
     if shape is not None and (not shape or (isinstance(shape[-1], int) and shape[-1] % 2)):
         raise ShapeError(f"{where} expects X whose last dim is even, got {x.format_shape()}")

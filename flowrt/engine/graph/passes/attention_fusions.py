@@ -14,15 +14,16 @@
   give; no transpose pass) and applies the scales as its alpha;
 - its rotary position embedding as exported from Hugging Face's LLaMA, ``X * cos +
   concat(-X[..., D/2:], X[..., :D/2]) * sin`` (Slice, Slice, Neg, Concat, Mul, Mul, Add, in
-  any operand order) -> ``ApplyRotary(X, cos, sin)``.
+  any operand order) -> ``ApplyRotary(X, cos, sin)``, reading X through the Transpose
+  before it (the heads-first split) where only the rotation reads it.
 """
 
 from __future__ import annotations
 
 from flowrt.engine.graph.graph import Layer, OutputSlot, constant_value
-from flowrt.engine.graph.layer_kind import NoDescriptor
 from flowrt.engine.graph.layers.gemm import TransposedMatMulDescriptor
 from flowrt.engine.graph.layers.reshape import const_ints
+from flowrt.engine.graph.layers.rotary import ApplyRotaryDescriptor
 from flowrt.engine.graph.layers.slice import slice_params
 from flowrt.engine.graph.layers.softmax import AttentionSoftmaxDescriptor
 from flowrt.engine.graph.layers.transpose import transpose_perm
@@ -205,11 +206,34 @@ def apply_rotary(layer: Layer, members: set[str]) -> Fusion | None:
             if found is None or cos is None or sin is None:
                 continue
             x, layers = found
-            replacement = ReplacementLayer("ApplyRotary", NoDescriptor(), (x, cos, sin), None, layer.name)
+            replacement = ReplacementLayer(
+                "ApplyRotary", ApplyRotaryDescriptor(), (x, cos, sin), None, layer.name
+            )
             fusion = accept([*layers, plain, mixed, layer], layer, replacement, members)
             if fusion is not None:
-                return fusion
+                return _through_transpose(fusion, x, members)
     return None
+
+
+def _through_transpose(fusion: Fusion, x: OutputSlot, members: set[str]) -> Fusion:
+    """``fusion`` reading X's Transpose's input with its perm where only the fused layers read
+    X and the Transpose keeps the last axis last (LLaMA transposes Q and K to heads first
+    right before their rotation); else as it is."""
+    layers, replacement = fusion
+    transpose = producer(x, members, "Transpose")
+    info = transpose.input_infos[0] if transpose is not None else None
+    names = {layer.name for layer in layers}
+    if transpose is None or info is None or info.shape is None or transpose.activation is not None:
+        return fusion
+    perm = tuple(transpose_perm(transpose.descriptor.perm, len(info.shape)))
+    if perm[-1] != len(perm) - 1 or any(d.layer.name not in names for d in x.connections):
+        return fusion
+    source = transpose.inputs[0].source
+    inputs = (source, *replacement.inputs[1:])
+    moved = ReplacementLayer(
+        replacement.kind, ApplyRotaryDescriptor(perm), inputs, replacement.activation, replacement.name
+    )
+    return [transpose, *layers], moved
 
 
 # Every finder of this module, for a backend's ``offer_fusions`` patterns.

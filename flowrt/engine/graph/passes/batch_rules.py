@@ -177,18 +177,19 @@ def broadcasting(layer: Layer, axes: list[Axis]) -> Axis:
     return broadcast_axis(layer, axes)
 
 
-def broadcast_axis(layer: Layer, axes: list[Axis]) -> int:
-    """The batch axis of ``layer``'s output under numpy broadcasting (``broadcasting``)."""
+def broadcast_axis(layer: Layer, axes: list[Axis], read: Sequence[tuple[Dim, ...]] | None = None) -> int:
+    """The batch axis of ``layer``'s output under numpy broadcasting (``broadcasting``);
+    ``read``: the inputs' shapes as the layer reads them, where not as given."""
     if getattr(layer.descriptor, "legacy", False) and getattr(layer.descriptor, "broadcast", 0):
         raise Refused("pre-opset-7 broadcasting along an axis is not re-batched")
     present = [i for i, slot in enumerate(layer.inputs) if slot.source is not None]
-    shapes = {i: input_shape(layer, i) for i in present}
+    shapes = {i: read[i] if read else input_shape(layer, i) for i in present}
     rank = max(len(s) for s in shapes.values())
     aligned = {given + rank - len(shapes[i]) for i in present if (given := axes[i]) is not None}
     if len(aligned) != 1:
         raise Refused(f"its inputs carry the batch on different axes ({sorted(aligned)}, right-aligned)")
     axis = aligned.pop()
-    same_fold(layer, [(i, given) for i in present if (given := axes[i]) is not None])
+    same_fold(layer, [(i, given) for i in present if (given := axes[i]) is not None], read)
     for i in present:
         k = axis - (rank - len(shapes[i]))
         if axes[i] is None and k >= 0 and shapes[i][k] != 1:
@@ -217,7 +218,15 @@ def along_last_axis_broadcasting(layer: Layer, axes: list[Axis]) -> Axis:
     the samples (numpy's rule, as an Add's)."""
     if axes[0] is None:
         raise Refused("its input X must carry the batch; another input alone carrying it would grow X")
-    axis = broadcast_axis(layer, axes)
+    perm = getattr(layer.descriptor, "perm", None)  # ApplyRotary's: X read transposed
+    if perm is None:
+        axis = broadcast_axis(layer, axes)
+    else:
+        if isinstance(axes[0], Interleaved):
+            raise Refused(f"input 0 carries the batch interleaved with other rows on axis {axes[0].axis}")
+        x = input_shape(layer, 0)
+        read = [tuple(x[p] for p in perm), *(input_shape(layer, i) for i in range(1, len(layer.inputs)))]
+        axis = broadcast_axis(layer, [list(perm).index(axes[0]), *axes[1:]], read)
     not_along(axis, len(input_shape(layer, 0)) - 1, "along")
     return axis
 

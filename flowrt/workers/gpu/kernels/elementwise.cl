@@ -80,14 +80,15 @@ __kernel void from_half(__global const half* x, int x_off, __global float* y, in
 
 // ApplyRotary: y = x * cos + rotate_half(x) * sin along rows of `length` (even) values,
 // rotate_half(x) = (-x[half:], x[:half]); cos and sin read through the table's strides
-// (sets 1 and 2: 0 where they broadcast).
+// (sets 1 and 2: 0 where they broadcast), x through set 3 (a transposed x: its last axis
+// stays last, so a row's values are contiguous).
 __kernel void apply_rotary(__global const DATA* x, int x_off, __global const DATA* c, int c_off,
                            __global const DATA* s, int s_off, __global DATA* y, int y_off,
                            __constant const int* table, int length, int n) {
     x += x_off; c += c_off; s += s_off; y += y_off;
     int i = get_global_id(0);
     if (i >= n) return;
-    int mid = length / 2, d = i % length;
-    float rotated = d < mid ? -LOAD(x, i + mid) : LOAD(x, i - mid);
-    STORE(y, i, mad(LOAD(x, i), LOAD(c, strided_offset(i, table, 1)), rotated * LOAD(s, strided_offset(i, table, 2))));
+    int mid = length / 2, d = i % length, at = strided_offset(i, table, 3);
+    float rotated = d < mid ? -LOAD(x, at + mid) : LOAD(x, at - mid);
+    STORE(y, i, mad(LOAD(x, at), LOAD(c, strided_offset(i, table, 1)), rotated * LOAD(s, strided_offset(i, table, 2))));
 }

@@ -16,6 +16,7 @@ from flowrt.workers.gpu.kernels import (
     RANK,
     GpuKernel,
     activation_args,
+    contiguous_strides,
     gpu_kernel,
     static_shape,
 )
@@ -100,15 +101,26 @@ class ApplyRotaryKernel(GpuKernel):
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
-        if len(static_shape(info.inputs[0])) > RANK:
+        rank, perm = len(static_shape(info.inputs[0])), info.descriptor.perm
+        if rank > RANK:
             return Support.no(f"GpuAcc applies rotary embeddings to tensors of rank {RANK} or less")
+        if perm is not None and perm[-1] != rank - 1:
+            return Support.no(
+                f"GpuAcc's ApplyRotary reads X transposed with its last axis last; got perm {perm}"
+            )
         return Support.yes()
 
     def prepare(self) -> None:
         self.kernel = self.context.kernel("elementwise", "apply_rotary", self.storage)
-        out = static_shape(self.info.inputs[0])
+        x, perm = static_shape(self.info.inputs[0]), self.info.descriptor.perm
+        strides = contiguous_strides(x)
+        out = tuple(x[p] for p in perm) if perm is not None else x
+        read = [strides[p] for p in perm] if perm is not None else strides
         cos, sin = (static_shape(i) for i in self.info.inputs[1:3])
-        self.table = stride_table(self.context, out, broadcast_strides(cos, out), broadcast_strides(sin, out))
+        padded = [0] * (RANK - len(out)) + read
+        self.table = stride_table(
+            self.context, out, broadcast_strides(cos, out), broadcast_strides(sin, out), padded
+        )
         self.length = np.int32(out[-1])
 
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:

@@ -53,7 +53,10 @@ def rotary_embedding(desc, x, cos_cache, sin_cache, position_ids=None):
 
 @ref_kernel("ApplyRotary")
 def apply_rotary(desc, x, cos, sin):
-    """X * cos + rotate_half(X) * sin, rotate_half(X) = concat(-X[..., D/2:], X[..., :D/2])."""
+    """X * cos + rotate_half(X) * sin, rotate_half(X) = concat(-X[..., D/2:], X[..., :D/2]),
+    X transposed by the descriptor's perm first."""
+    if desc is not None and desc.perm is not None:
+        x = np.transpose(x, desc.perm)
     half = x.shape[-1] // 2
     rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return (x * cos + rotated * sin).astype(x.dtype, copy=False)
