@@ -194,6 +194,9 @@ class Gemm:
     convolution's column matrix read from the image itself (gemm.cl's IMPLICIT build): B's
     operand is the image, its ``step`` one group's channels, its strides unused.
 
+    With ``head_steps``, operands' batches may step at two levels (``Operand.heads``; gemm.cl's
+    HEAD_STEPS build); without, their ``heads`` must be 1.
+
     A layer stored as half on a device with tensor cores (``DeviceContext.tensor_cores``)
     plans among MMA_TILINGS, gemm.cl's MMA builds, and tunes under its own name."""
 
@@ -203,8 +206,10 @@ class Gemm:
         shape: tuple[int, int, int],
         batches: int = 1,
         image: tuple[int, ...] | None = None,
+        head_steps: bool = False,
     ) -> None:
         self.owner = owner
+        self.head_steps = head_steps  # operands' batches at two levels (gemm.cl's HEAD_STEPS)
         self.shape = shape
         self.batches = batches
         self.image = ints(*(image or (0,) * 11))
@@ -236,7 +241,7 @@ class Gemm:
 
     def _kernels(self, plan: GemmPlan) -> tuple[Any, Any]:
         storage = self.owner.storage
-        defines = plan.tiling.defines + storage
+        defines = plan.tiling.defines + storage + (" -DHEAD_STEPS" if self.head_steps else "")
         if self.implicit:  # the kernel window built in (image holds H, W, KH, KW, ...)
             defines += f" -DIMPLICIT -DWINDOW_H={self.image[2]} -DWINDOW_W={self.image[3]}"
         if self.mma and not self.cpu:  # a CPU device computes the warps' products without them

@@ -159,7 +159,8 @@ class TransposedMatMulKernel(GpuKernel):
         )
         assert not isinstance(layout, str)  # supports() declines the others
         (m, n, k, batches, self.groups), self.a_read, self.b_read = layout
-        self.gemm = Gemm(self, (m, n, k), batches)
+        two_levels = self.a_read[3] > 1 or self.b_read[3] > 1
+        self.gemm = Gemm(self, (m, n, k), batches, head_steps=two_levels)
 
     def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
         a, b = inputs[:2]
