@@ -5,7 +5,7 @@ optimizer and the public API against ONNX Runtime, batched and saved."""
 import numpy as np
 import onnxruntime as ort
 import pytest
-import trio
+from fusedruns import alone_and_batched, lone_runs
 from onnx import TensorProto, helper, numpy_helper
 
 import flowrt
@@ -111,15 +111,6 @@ def _feeds(seed: int, transposed: bool = False) -> dict[str, np.ndarray]:
     return {"q": q, "cos": np.cos(angles), "sin": np.sin(angles)}
 
 
-def _run(opt, feeds):
-    async def main():
-        async with flowrt.Runtime(cpu_workers=1) as rt:
-            loaded = await rt.load(opt, max_in_flight=1)
-            return [(await loaded.run(f))["out"] for f in feeds]
-
-    return trio.run(main)
-
-
 @pytest.mark.parametrize("swapped", [False, True])
 def test_the_exported_rotation_is_one_gpuacc_layer_that_matches_onnxruntime(gpu, swapped):
     model = _rotary(swapped=swapped)
@@ -128,7 +119,7 @@ def test_the_exported_rotation_is_one_gpuacc_layer_that_matches_onnxruntime(gpu,
     assert kinds == ["ApplyRotary"] and {layer.backend for layer in opt.graph if layer.backend} == {"GpuAcc"}
     session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     feeds = [_feeds(seed) for seed in range(2)]
-    for f, got in zip(feeds, _run(opt, feeds), strict=True):
+    for f, got in zip(feeds, lone_runs(opt, feeds), strict=True):
         np.testing.assert_allclose(got, session.run(None, f)[0], rtol=1e-5, atol=1e-6)
 
 
@@ -138,7 +129,7 @@ def test_a_split_other_than_the_half_is_left_as_it_is(gpu):
     kinds = {layer.kind for layer in opt.graph if layer.backend}
     assert "ApplyRotary" not in kinds and {"Neg", "Concat"} <= kinds, kinds
     session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-    (got,) = _run(opt, [_feeds(0)])
+    (got,) = lone_runs(opt, [_feeds(0)])
     np.testing.assert_allclose(got, session.run(None, _feeds(0))[0], rtol=1e-5, atol=1e-6)
 
 
@@ -149,7 +140,7 @@ def test_the_heads_first_transpose_before_it_is_read_through_and_matches_onnxrun
     assert fused.kind == "ApplyRotary" and fused.descriptor.perm == (0, 2, 1, 3)
     session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     feeds = [_feeds(seed, transposed=True) for seed in range(2)]
-    for f, got in zip(feeds, _run(opt, feeds), strict=True):
+    for f, got in zip(feeds, lone_runs(opt, feeds), strict=True):
         np.testing.assert_allclose(got, session.run(None, f)[0], rtol=1e-5, atol=1e-6)
 
 
@@ -162,23 +153,8 @@ def test_a_batching_stream_rotates_each_sample_by_its_own_angles_and_a_file_keep
     ]
     feeds = [_feeds(seed, transposed=True) for seed in range(4)]
 
-    async def main():
-        async with flowrt.Runtime(cpu_workers=1) as rt:
-            loaded = await rt.load(again)
-            alone = [(await loaded.run(f))["out"] for f in feeds]
-            got: list = [None] * 4
-            async with loaded.stream(max_batch=4, max_delay=0.5) as stream:
-                async with trio.open_nursery() as nursery:
-                    for i, f in enumerate(feeds):
-
-                        async def one(i=i, f=f):
-                            got[i] = (await stream.submit(f))["out"]
-
-                        nursery.start_soon(one)
-            return alone, got, stream.batch_counts
-
-    alone, batched, counts = trio.run(main)
+    alone, batched, counts = alone_and_batched(again, feeds)
     assert counts[4] == 1  # the four ran as one batch of the re-batched network
     for a, b in zip(alone, batched, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(alone[0], _run(opt, [feeds[0]])[0], rtol=0, atol=0)
+    np.testing.assert_allclose(alone[0], lone_runs(opt, [feeds[0]])[0], rtol=0, atol=0)

@@ -6,6 +6,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import trio
+from fusedruns import alone_and_batched, lone_runs
 from onnx import TensorProto, helper, numpy_helper
 
 import flowrt
@@ -143,12 +144,7 @@ def test_scale_mask_and_softmax_are_one_gpuacc_layer_that_matches_onnxruntime(gp
     assert not [layer for layer in opt.graph if layer.kind in ("Mul", "Div", "Add", "Softmax")]
     session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
 
-    async def main():
-        async with flowrt.Runtime(cpu_workers=1) as rt:
-            loaded = await rt.load(opt, max_in_flight=1)
-            return [(await loaded.run(_feeds(seed, mask)))["out"] for seed in range(3)]
-
-    for seed, got in enumerate(trio.run(main)):
+    for seed, got in enumerate(lone_runs(opt, [_feeds(seed, mask) for seed in range(3)])):
         np.testing.assert_allclose(got, session.run(None, _feeds(seed, mask))[0], rtol=1e-5, atol=1e-6)
 
 
@@ -169,22 +165,7 @@ def test_a_batching_stream_batches_the_fused_layer_each_sample_its_own_mask(gpu)
     opt = flowrt.optimize(flowrt.onnx.load(_attention("Mul", "padding")), backends=["GpuAcc", "CpuRef"])
     feeds = [_feeds(seed, "padding") for seed in range(4)]
 
-    async def main():
-        async with flowrt.Runtime(cpu_workers=1) as rt:
-            loaded = await rt.load(opt)
-            alone = [(await loaded.run(f))["out"] for f in feeds]
-            got: list = [None] * 4
-            async with loaded.stream(max_batch=4, max_delay=0.5) as stream:
-                async with trio.open_nursery() as nursery:
-                    for i, f in enumerate(feeds):
-
-                        async def one(i=i, f=f):
-                            got[i] = (await stream.submit(f))["out"]
-
-                        nursery.start_soon(one)
-            return alone, got, stream.batch_counts
-
-    alone, batched, counts = trio.run(main)
+    alone, batched, counts = alone_and_batched(opt, feeds)
     assert counts[4] == 1  # the four ran as one batch of the re-batched network
     for a, b in zip(alone, batched, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)

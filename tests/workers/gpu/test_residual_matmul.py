@@ -6,7 +6,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import trio
-from onnx import TensorProto, helper, numpy_helper
+from fusedruns import alone_and_batched, lone_runs, sequence_model
+from onnx import helper
 
 import flowrt
 from flowrt.errors import ShapeError
@@ -36,14 +37,7 @@ def _block(with_bias: bool, then_norm: bool) -> bytes:
         nodes.append(helper.make_node("LayerNormalization", ["r", "g"], ["y"], axis=-1))
         out = "y"
     nodes.append(helper.make_node("Identity", [out], ["out"]))
-    graph = helper.make_graph(
-        nodes,
-        "block",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, SEQ, WIDTH])],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, SEQ, WIDTH])],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    return sequence_model(nodes, inits, SEQ, WIDTH, "block")
 
 
 def _feeds(seed: int) -> dict[str, np.ndarray]:
@@ -60,12 +54,7 @@ def test_residual_add_is_one_matmul_bias_on_gpuacc_and_matches_onnxruntime(gpu, 
     assert not [layer for layer in opt.graph if layer.kind == "Add"]  # bias and residual both inside
     session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
 
-    async def main():
-        async with flowrt.Runtime(cpu_workers=1) as rt:
-            loaded = await rt.load(opt, max_in_flight=1)
-            return [(await loaded.run(_feeds(seed)))["out"] for seed in range(3)]
-
-    for seed, got in enumerate(trio.run(main)):
+    for seed, got in enumerate(lone_runs(opt, [_feeds(seed) for seed in range(3)])):
         np.testing.assert_allclose(got, session.run(None, _feeds(seed))[0], rtol=1e-5, atol=1e-5)
 
 
@@ -73,22 +62,7 @@ def test_a_batching_stream_batches_the_fused_layer_each_sample_its_own_residual(
     opt = flowrt.optimize(flowrt.onnx.load(_block(True, True)), backends=["GpuAcc", "CpuRef"])
     feeds = [_feeds(seed) for seed in range(4)]
 
-    async def main():
-        async with flowrt.Runtime(cpu_workers=1) as rt:
-            loaded = await rt.load(opt)
-            alone = [(await loaded.run(f))["out"] for f in feeds]
-            async with loaded.stream(max_batch=4, max_delay=0.5) as stream:
-                async with trio.open_nursery() as nursery:
-                    got: list = [None] * 4
-                    for i, f in enumerate(feeds):
-
-                        async def one(i=i, f=f):
-                            got[i] = (await stream.submit(f))["out"]
-
-                        nursery.start_soon(one)
-            return alone, got, stream.batch_counts
-
-    alone, batched, counts = trio.run(main)
+    alone, batched, counts = alone_and_batched(opt, feeds)
     assert counts[4] == 1  # the four ran as one batch of the re-batched network
     for a, b in zip(alone, batched, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
@@ -150,14 +124,7 @@ def _conv1d_block(then: str) -> bytes:
         if then == "residual"
         else helper.make_node("Relu", ["p"], ["out"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "conv1d",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, SEQ, WIDTH])],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, SEQ, WIDTH])],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    return sequence_model(nodes, inits, SEQ, WIDTH, "conv1d")
 
 
 @pytest.mark.parametrize("then", ["residual", "relu"])
@@ -171,10 +138,5 @@ def test_a_gemm_on_a_sequences_rows_is_one_matmul_bias_with_what_follows_it(gpu,
     assert (fused.activation is not None and fused.activation.kind == "Relu") == (then == "relu")
     session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
 
-    async def main():
-        async with flowrt.Runtime(cpu_workers=1) as rt:
-            loaded = await rt.load(opt, max_in_flight=1)
-            return [(await loaded.run(_feeds(seed)))["out"] for seed in range(2)]
-
-    for seed, got in enumerate(trio.run(main)):
+    for seed, got in enumerate(lone_runs(opt, [_feeds(seed) for seed in range(2)])):
         np.testing.assert_allclose(got, session.run(None, _feeds(seed))[0], rtol=1e-5, atol=1e-5)

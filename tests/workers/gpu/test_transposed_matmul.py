@@ -7,6 +7,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import trio
+from fusedruns import alone_and_batched, lone_runs, sequence_model
 from onnx import TensorProto, helper, numpy_helper
 
 import flowrt
@@ -111,14 +112,7 @@ def _attention() -> bytes:
         helper.make_node("Transpose", ["c"], ["ct"], perm=[0, 2, 1, 3]),
         helper.make_node("Reshape", ["ct", "merged"], ["out"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "attention",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, SEQ, WIDTH])],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, SEQ, WIDTH])],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    return sequence_model(nodes, inits, SEQ, WIDTH, "attention")
 
 
 def _feeds(seed: int) -> dict[str, np.ndarray]:
@@ -136,12 +130,7 @@ def test_head_splits_feed_the_products_with_no_transpose_and_match_onnxruntime(g
     assert merge.descriptor.perm == (0, 2, 1, 3)
     session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
 
-    async def main():
-        async with flowrt.Runtime(cpu_workers=1) as rt:
-            loaded = await rt.load(opt, max_in_flight=1)
-            return [(await loaded.run(_feeds(seed)))["out"] for seed in range(3)]
-
-    for seed, got in enumerate(trio.run(main)):
+    for seed, got in enumerate(lone_runs(opt, [_feeds(seed) for seed in range(3)])):
         np.testing.assert_allclose(got, session.run(None, _feeds(seed))[0], rtol=1e-5, atol=1e-5)
 
 
@@ -149,22 +138,7 @@ def test_a_batching_stream_reads_each_samples_heads_in_two_levels_of_steps(gpu):
     opt = flowrt.optimize(flowrt.onnx.load(_attention()), backends=["GpuAcc", "CpuRef"])
     feeds = [_feeds(seed) for seed in range(4)]
 
-    async def main():
-        async with flowrt.Runtime(cpu_workers=1) as rt:
-            loaded = await rt.load(opt)
-            alone = [(await loaded.run(f))["out"] for f in feeds]
-            got: list = [None] * 4
-            async with loaded.stream(max_batch=4, max_delay=0.5) as stream:
-                async with trio.open_nursery() as nursery:
-                    for i, f in enumerate(feeds):
-
-                        async def one(i=i, f=f):
-                            got[i] = (await stream.submit(f))["out"]
-
-                        nursery.start_soon(one)
-            return alone, got, stream.batch_counts
-
-    alone, batched, counts = trio.run(main)
+    alone, batched, counts = alone_and_batched(opt, feeds)
     assert counts[4] == 1  # the four ran as one batch of the re-batched network
     for a, b in zip(alone, batched, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
