@@ -102,13 +102,21 @@ def _fusion(
 def _scaled(slot: OutputSlot, members: set[str]) -> tuple[float, OutputSlot, list[Layer]]:
     """``slot`` read as ``scale * X`` (Muls and Divs by constants that only the next reads),
     as (scale, X, those layers); (1, slot, []) where it is not one."""
-    read = monomial(slot, members)
-    if read.layers and len(read.num) == 1 and not read.den and read.num[0] is not None:
-        if len(slot.connections) == 1 and all(
-            len(layer.outputs[0].connections) == 1 for layer in read.layers
-        ):
+    read = _scores(slot, members)
+    if read is not None and read.layers and len(slot.connections) == 1:
+        if all(len(layer.outputs[0].connections) == 1 for layer in read.layers):
             return read.scale, read.num[0], list(read.layers)
     return 1.0, slot, []
+
+
+def _transpose_under(slot: OutputSlot, members: set[str]) -> tuple[Layer, tuple[int, ...]] | None:
+    """(the Transpose making ``slot``, its permutation) where one in the view does and its
+    input's rank is known, else None."""
+    transpose = producer(slot, members, "Transpose")
+    info = transpose.input_infos[0] if transpose is not None else None
+    if transpose is None or info is None or info.shape is None or transpose.activation is not None:
+        return None
+    return transpose, tuple(transpose_perm(transpose.descriptor.perm, len(info.shape)))
 
 
 def transposed_matmul(layer: Layer, members: set[str]) -> Fusion | None:
@@ -129,13 +137,13 @@ def transposed_matmul(layer: Layer, members: set[str]) -> Fusion | None:
         scale, slot, scaling = _scaled(slot, members)
         alpha *= scale
         fused += scaling
-        transpose = producer(slot, members, "Transpose")
-        info = transpose.input_infos[0] if transpose is not None else None
-        if transpose is None or len(slot.connections) != 1 or info is None or info.shape is None:
+        under = _transpose_under(slot, members)
+        if under is None or len(slot.connections) != 1:
             perms.append(None)
             reads.append(slot)
             continue
-        perms.append(tuple(transpose_perm(transpose.descriptor.perm, len(info.shape))))
+        transpose, perm = under
+        perms.append(perm)
         reads.append(transpose.inputs[0].source)
         fused.append(transpose)
     out = layer.outputs[0].info
@@ -220,12 +228,11 @@ def _through_transpose(fusion: Fusion, x: OutputSlot, members: set[str]) -> Fusi
     X and the Transpose keeps the last axis last (LLaMA transposes Q and K to heads first
     right before their rotation); else as it is."""
     layers, replacement = fusion
-    transpose = producer(x, members, "Transpose")
-    info = transpose.input_infos[0] if transpose is not None else None
+    under = _transpose_under(x, members)
     names = {layer.name for layer in layers}
-    if transpose is None or info is None or info.shape is None or transpose.activation is not None:
+    if under is None:
         return fusion
-    perm = tuple(transpose_perm(transpose.descriptor.perm, len(info.shape)))
+    transpose, perm = under
     if perm[-1] != len(perm) - 1 or any(d.layer.name not in names for d in x.connections):
         return fusion
     source = transpose.inputs[0].source

@@ -26,15 +26,13 @@ from flowrt.workers.gpu.tensor import GpuTensor
 OPS = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Pow": 4, "Sum": 0}
 
 
-def broadcast_strides(shape: Sequence[int], out: Sequence[int]) -> list[int]:
+def broadcast_strides(shape: Sequence[int], out: Sequence[int], rank: int = RANK) -> list[int]:
     """Element strides of a C-contiguous ``shape`` read at the positions of ``out`` (rank
-    ``RANK``, leading dims padded): 0 along every dim that broadcasts."""
-    padded = [1] * (RANK - len(shape)) + list(shape)
-    strides, step = [0] * RANK, 1
-    for d in range(RANK - 1, -1, -1):
-        strides[d] = step if padded[d] != 1 else 0
-        step *= padded[d]
-    return strides
+    ``rank``, leading dims padded): 0 along every dim that broadcasts."""
+    padded = [1] * (rank - len(shape)) + list(shape)
+    return [
+        0 if size == 1 else stride for size, stride in zip(padded, contiguous_strides(padded), strict=True)
+    ]
 
 
 def stride_table(context: Any, out: Sequence[int], *stride_sets: Sequence[int]) -> Any:

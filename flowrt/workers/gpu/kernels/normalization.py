@@ -13,13 +13,13 @@ from flowrt.workers.gpu.kernels import (
     ROW_GROUP_MIN,
     GpuKernel,
     activation_args,
-    contiguous_strides,
     fold_dims,
     gpu_kernel,
     ints,
     row_group,
     static_shape,
 )
+from flowrt.workers.gpu.kernels.elementwise import broadcast_strides
 from flowrt.workers.gpu.tensor import GpuTensor
 
 
@@ -115,10 +115,7 @@ def mask_layout(x_shape: Sequence[int], mask_shape: Sequence[int]) -> tuple[list
     """How a mask broadcast to ``x_shape`` is read row by row: (the sizes and the mask's
     element strides of three leading dims, whose product is x's rows; the stride along a row,
     0 or 1); None where its leading dims do not collapse to three. A broadcast dim has stride 0."""
-    padded = (1,) * (len(x_shape) - len(mask_shape)) + tuple(mask_shape)
-    strides = [
-        0 if size == 1 else stride for size, stride in zip(padded, contiguous_strides(padded), strict=True)
-    ]
+    strides = broadcast_strides(mask_shape, x_shape, rank=len(x_shape))
     runs = fold_dims(x_shape[:-1], strides[:-1])
     if len(runs) > 3:
         return None
