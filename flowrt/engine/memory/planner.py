@@ -16,6 +16,13 @@ from flowrt.types import TensorInfo
 VIEW_KINDS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 
 
+def is_view(node: Any) -> bool:
+    """Whether a dataflow's workload node writes a view of its first input: a layer of
+    :data:`VIEW_KINDS`, or one whose workload says it is a view at the shapes it was made for
+    (``is_view``: GpuAcc's Transpose that moves only axes of size 1)."""
+    return node.kind in VIEW_KINDS or bool(getattr(node.workload, "is_view", False))
+
+
 @attrs.frozen
 class BackendMemory:
     """One backend's figures: its arena and what it would take without reuse."""
@@ -43,16 +50,18 @@ class PlannedNode:
     backend: str
     reads: tuple[int, ...]
     writes: tuple[int, ...]
+    view: bool = False  # its output is a view of its first input (see is_view)
 
     @classmethod
     def of(cls, node: Any) -> PlannedNode:
-        """What the planner needs of a dataflow's workload node (its ``kind``, ``backend``, and
-        ``inputs`` and ``outputs``: tensor ids, None for absent or unread)."""
+        """What the planner needs of a dataflow's workload node (its ``kind``, ``backend``,
+        ``workload``, and ``inputs`` and ``outputs``: tensor ids, None for absent or unread)."""
         return cls(
             node.kind,
             node.backend,
             tuple(t for t in node.inputs if t is not None),
             tuple(t for t in node.outputs if t is not None),
+            is_view(node),
         )
 
 
@@ -123,7 +132,7 @@ def plan_memory(
     owner: dict[int, str] = {}
     produced = {t for n in order for t in n.writes}
     for node in order:
-        if node.kind in VIEW_KINDS and node.reads and node.reads[0] in produced:
+        if (node.view or node.kind in VIEW_KINDS) and node.reads and node.reads[0] in produced:
             aliases.update({t: node.reads[0] for t in node.writes})
         else:
             owner.update({t: node.backend for t in node.writes})

@@ -26,7 +26,7 @@ from typing import Any
 
 import attrs
 
-from flowrt.engine.memory.planner import VIEW_KINDS
+from flowrt.engine.memory.planner import is_view
 from flowrt.engine.memory.pool import MemoryPool
 from flowrt.engine.scheduler.dataflow import Segment, WorkloadNode, host_slots
 from flowrt.errors import RunError
@@ -248,12 +248,7 @@ class DeviceSegments:
         self._store(node, results, self.device_values)
         # A view with no planned bytes of its own (the planner's alias) of memory that is the
         # same each run (a view copied into planned bytes is a copy, every run).
-        if (
-            targets is None
-            and node.kind in VIEW_KINDS
-            and node.inputs
-            and self._same_each_run(node.inputs[0])
-        ):
+        if targets is None and is_view(node) and node.inputs and self._same_each_run(node.inputs[0]):
             outputs = [t for t in node.outputs if t is not None]
             self.views.update(outputs)
             if recorded is not None:

@@ -47,6 +47,12 @@ class GpuWorkload:
     def host_inputs(self) -> frozenset[int]:
         return self.kernel.host_inputs
 
+    @property
+    def is_view(self) -> bool:
+        """Whether the layer's output is a view of its first input (no command; the memory
+        planner gives it no bytes of its own)."""
+        return self.kernel.is_view
+
     def prepare(self) -> None:
         self.kernel.prepare()
         for i, value in enumerate(self.info.constants):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 
 from flowrt.engine.graph.layer_kind import as_tuple, layer_kind
@@ -24,6 +26,14 @@ def transpose_perm(perm: tuple[int, ...] | None, rank: int) -> list[int]:
     if sorted(norm) != list(range(rank)):
         raise ShapeError(f"Transpose: perm must be a permutation of 0..{rank - 1}, got {list(perm)}")
     return norm
+
+
+def moves_data(shape: Sequence[int], perm: Sequence[int]) -> bool:
+    """Whether transposing a tensor of ``shape`` by ``perm`` (normalized) moves any element:
+    not when the axes longer than 1 keep their order (only axes of size 1 move), where the
+    output is the input's bytes under another shape."""
+    kept = [p for p in perm if shape[p] != 1]
+    return kept != sorted(kept)
 
 
 @layer_kind("Transpose", TransposeDescriptor)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from flowrt.engine.graph.layers.transpose import transpose_perm
+from flowrt.engine.graph.layers.transpose import moves_data, transpose_perm
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.workers.gpu.kernels import (
     RANK,
@@ -76,9 +76,18 @@ class ConcatKernel(GpuKernel):
 
 @gpu_kernel("Transpose")
 class TransposeKernel(GpuKernel):
-    """A gather through the permuted input strides."""
+    """A gather through the permuted input strides; a view, no command, where only axes of
+    size 1 move (a batch of 1 swapped with the sequence: ``(1, S, D) -> (S, 1, D)``)."""
 
     half_storage = True
+
+    @property
+    def is_view(self) -> bool:  # type: ignore[override]  # per shape, not per class
+        shape = static_shape(self.info.inputs[0])
+        return not moves_data(shape, transpose_perm(self.info.descriptor.perm, len(shape)))
+
+    def view(self, inputs: Sequence[Any]) -> list[GpuTensor]:
+        return [inputs[0].reshape(self.output_shapes[0])]
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
@@ -109,6 +118,7 @@ class ExpandKernel(TransposeKernel):
     shape is read at load (the output's static shape)."""
 
     host_inputs = frozenset({1})  # the target shape
+    is_view = False  # a gather at every shape
 
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
