@@ -40,7 +40,7 @@ FLOWRT_KINDS = {
     "MatMulBias": "flowrt's own: MatMul + bias Add, made by substitution",
     "ApplyRotary": "flowrt's own: a rotary embedding as exported (x * cos + rotate_half(x) * sin), made by substitution",
     "AttentionSoftmax": "flowrt's own: Softmax of scaled scores plus a mask, made by substitution",
-    "TransposedMatMul": "flowrt's own: MatMul of transposed operands, made by substitution",
+    "TransposedMatMul": "flowrt's own: MatMul of transposed operands, its result transposed, made by substitution",
     "FusedConv": "flowrt's own: Conv + residual Add, as ONNX Runtime's com.microsoft FusedConv with Z; made by substitution",
 }
 CHECK = "✓"

@@ -86,7 +86,8 @@ class GpuAccBackend:
         activations of common.cl's ``activate``), and the activations and normalizations
         written out of small ops that GpuAcc runs as one layer (``PATTERN_FUSIONS``: Gelu,
         Swish, LayerNormalization, RMSNormalization), attention's scale, mask and Softmax as
-        one AttentionSoftmax, its head splits read in place by a TransposedMatMul and its rotary
+        one AttentionSoftmax, its head splits read (and its heads' merge written) in place by a
+        TransposedMatMul and its rotary
         embedding as one ApplyRotary (``ATTENTION_FUSIONS``): see ``offer_fusions``."""
         return offer_fusions(
             view,

@@ -170,10 +170,11 @@ def force_gemm_plan(monkeypatch):
     planned = []
 
     def force(tiling: str, splits: int) -> list:
-        def forced(shape, batches, units, cpu=False, tilings=gemm_module.TILINGS):
+        def forced(shape, batches, units, cpu=False, tilings=gemm_module.TILINGS, whole_k=False):
             planned.append(tilings)
-            k_split = -(-shape[2] // splits // gemm_module.TK) * gemm_module.TK
-            return gemm_module.GemmPlan(tilings[tiling], splits, k_split)
+            parts = 1 if whole_k else splits
+            k_split = -(-shape[2] // parts // gemm_module.TK) * gemm_module.TK
+            return gemm_module.GemmPlan(tilings[tiling], parts, k_split)
 
         monkeypatch.setattr(gemm_module, "plan_gemm", forced)
         return planned

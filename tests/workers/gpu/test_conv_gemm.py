@@ -139,7 +139,7 @@ def test_fused_conv_adds_its_residual_before_the_activation(run_both, monkeypatc
     planned = gemm_module.plan_gemm
     monkeypatch.setattr(
         gemm_module, "plan_gemm",
-        lambda shape, batches, units, cpu=False, tilings=TILINGS: attrs.evolve(
+        lambda shape, batches, units, cpu=False, tilings=TILINGS, whole_k=False: attrs.evolve(
             planned(shape, batches, units), splits=splits, k_split=-(-shape[2] // splits // TK) * TK
         ),
     )  # fmt: skip

@@ -186,7 +186,7 @@ async def test_kernel_temporaries_come_from_their_pools_scratch_set_that_later_r
     planned = gemm_module.plan_gemm
 
     # partial sums in scratch, as on a large device
-    def split_k(shape, batches, units, cpu=False, tilings=gemm_module.TILINGS):
+    def split_k(shape, batches, units, cpu=False, tilings=gemm_module.TILINGS, whole_k=False):
         plan = planned(shape, batches, units)
         k_split = -(-shape[2] // 2 // gemm_module.TK) * gemm_module.TK
         return attrs.evolve(plan, splits=-(-shape[2] // k_split), k_split=k_split)

@@ -98,16 +98,17 @@ def test_encoder_block_runs_entirely_on_gpuacc_in_fused_layers_and_matches_cpure
     """Each Linear (MatMul + Add) is one MatMulBias, the feed-forward's Gelu (written out
     with Erf) is applied in the first one's epilogue, the LayerNormalization written out of
     ReduceMean, Pow and Sqrt is one layer, the attention's scale (a Div) and Softmax are one
-    AttentionSoftmax, its products read the head splits in place (TransposedMatMul); in
-    float16 too (reduce_fp32_to_fp16)."""
+    AttentionSoftmax, its products read the head splits in place and P V writes the heads'
+    merge (TransposedMatMul); in float16 too (reduce_fp32_to_fp16)."""
     model = encoder_block()
     x = np.random.default_rng(1).standard_normal((1, SEQ, HIDDEN)).astype(np.float32)
     opt, got = trio.run(_run, model, ["GpuAcc", "CpuRef"], x, half)
     layers = [layer for layer in opt.graph if layer.backend]
     kinds = {layer.kind for layer in layers}
-    assert {"MatMulBias", "TransposedMatMul", "AttentionSoftmax", "Transpose", "LayerNormalization"} <= kinds
-    assert not kinds & {"Erf", "ReduceMean", "Pow", "Sqrt", "Div", "Softmax", "MatMul"}, kinds
-    assert len([layer for layer in layers if layer.kind == "Transpose"]) == 1  # the heads' merge
+    assert {"MatMulBias", "TransposedMatMul", "AttentionSoftmax", "LayerNormalization"} <= kinds
+    assert not kinds & {"Erf", "ReduceMean", "Pow", "Sqrt", "Div", "Softmax", "MatMul", "Transpose"}, kinds
+    merged = [layer for layer in layers if layer.kind == "TransposedMatMul" and layer.descriptor.perm_y]
+    assert [layer.descriptor.perm_y for layer in merged] == [(0, 2, 1, 3)]  # the heads' merge
     linears = [layer for layer in layers if layer.kind == "MatMulBias"]
     assert len(linears) == 6 and [layer.activation.kind for layer in linears if layer.activation] == ["Gelu"]
     assert set(opt.assignments().values()) == {"GpuAcc"}, opt.assignments()

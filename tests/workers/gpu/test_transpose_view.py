@@ -4,11 +4,11 @@ moves the elements again, and a batching stream still gets each sample's own res
 
 import numpy as np
 import trio
+from fusedruns import alone_and_batched
 
 import flowrt
 from flowrt.engine.graph.layers.transpose import moves_data
 from flowrt.types import TensorInfo
-from tests.fusedruns import alone_and_batched
 
 SEQ, WIDTH = 6, 8
 

@@ -1,7 +1,8 @@
 """Attention's head splits read in place: a MatMul of Transposes as one TransposedMatMul on
-GpuAcc, its operands read through permuted strides in two levels of batch steps. The layout,
-the kernel against CpuRef, and the fusion through the public API against ONNX Runtime,
-batched and saved."""
+GpuAcc, its operands read through permuted strides in two levels of batch steps, and the
+Transpose after it (the heads' merge) written by it through the strides of the result. The
+layouts, the kernel against CpuRef, and the fusion through the public API against ONNX
+Runtime, batched and saved."""
 
 import numpy as np
 import onnxruntime as ort
@@ -14,11 +15,12 @@ import flowrt
 from flowrt.errors import ShapeError
 from flowrt.types import TensorInfo
 from flowrt.workers.cpu.ref.kernels import load_all as ref_kernels
-from flowrt.workers.gpu.kernels.matmul import transposed_layout
+from flowrt.workers.gpu.kernels.matmul import transposed_layout, written_layout
 
 SEQ, HEADS, DEPTH = 10, 3, 4
 WIDTH = HEADS * DEPTH
 SPLIT, KEYS = (0, 2, 1, 3), (0, 2, 3, 1)  # (batch, seq, heads, depth) -> heads first; K^T
+MERGE = SPLIT  # (batch, heads, seq, depth) -> (batch, seq, heads, depth): its own inverse
 
 
 def test_the_layout_reads_head_splits_in_two_levels_of_batch_steps():
@@ -43,18 +45,37 @@ def test_the_layout_reads_head_splits_in_two_levels_of_batch_steps():
     assert isinstance(why, str) and "at most two runs" in why
 
 
+def test_the_layout_writes_the_merged_heads_in_two_levels_of_batch_steps():
+    # P V of two samples, (2, HEADS, SEQ, DEPTH), written as (2, SEQ, HEADS, DEPTH): rows WIDTH
+    # apart, the samples' run SEQ * WIDTH apart outside the heads' run DEPTH apart.
+    shapes = ((2, HEADS, SEQ, SEQ), None, (2, SEQ, HEADS, DEPTH), SPLIT)
+    assert written_layout(*shapes, MERGE) == (WIDTH, 1, SEQ * WIDTH, HEADS, DEPTH)
+    # One batch, A's rows folded: (4, 5) @ (5, 6) written transposed, columns 4 apart.
+    assert written_layout((4, 5), None, (5, 6), None, (1, 0)) == (1, 4, 0, 1, 0)
+    # A's batch folded into its rows, written with the batch last: the rows make two runs.
+    why = written_layout((2, 3, 4), None, (4, 5), None, (1, 2, 0))
+    assert why == "the product's batch dims and rows [2, 3] in one run of strides, written with [1, 10]"
+    why = written_layout((2, 3, 4, 5, 6), None, (2, 3, 4, 6, 5), None, (1, 3, 0, 4, 2))
+    assert isinstance(why, str) and "at most two runs" in why
+
+
 def test_cpuref_multiplies_the_operands_as_transposed():
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((2, SEQ, HEADS, DEPTH)), rng.standard_normal((2, SEQ, HEADS, DEPTH))
     desc = flowrt.descriptors.TransposedMatMul(perm_a=SPLIT, perm_b=KEYS, alpha=0.5)
     got = ref_kernels()["TransposedMatMul"](desc, a, b)
     np.testing.assert_allclose(got, 0.5 * np.transpose(a, SPLIT) @ np.transpose(b, KEYS), rtol=1e-12)
+    desc = flowrt.descriptors.TransposedMatMul(perm_a=SPLIT, perm_b=KEYS, perm_y=MERGE)
+    got = ref_kernels()["TransposedMatMul"](desc, a, b)
+    want = np.transpose(np.transpose(a, SPLIT) @ np.transpose(b, KEYS), MERGE)
+    assert got.flags.c_contiguous and got.shape == (2, SEQ, HEADS, SEQ)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
-def _run_layer(run, a_shape, perm_a, b_shape, perm_b, seed=0):
+def _run_layer(run, a_shape, perm_a, b_shape, perm_b, perm_y=None, seed=0):
     rng = np.random.default_rng(seed)
     a, b = (rng.standard_normal(s).astype(np.float32) for s in (a_shape, b_shape))
-    desc = flowrt.descriptors.TransposedMatMul(perm_a=perm_a, perm_b=perm_b)
+    desc = flowrt.descriptors.TransposedMatMul(perm_a=perm_a, perm_b=perm_b, perm_y=perm_y)
     (got,), (expected,) = run("TransposedMatMul", desc, [a, b])
     return got, expected
 
@@ -66,6 +87,10 @@ CASES = {
     "a_only": ((SEQ, 2, DEPTH), (1, 0, 2), (2, DEPTH, 5), None),
     "rows_folded": ((4, 5, 6), None, (6, 7), (0, 1)),
     "b_transposed": ((SEQ, 6), None, (7, 6), (1, 0)),
+    "context_merged": ((1, HEADS, SEQ, SEQ), None, (1, SEQ, HEADS, DEPTH), SPLIT, MERGE),
+    "context_merged_batch2": ((2, HEADS, SEQ, SEQ), None, (2, SEQ, HEADS, DEPTH), SPLIT, MERGE),
+    "rows_folded_transposed": ((4, 5, 6), None, (6, 7), None, (2, 0, 1)),
+    "plain_product_transposed": ((3, SEQ, 6), None, (3, 6, 7), None, (2, 1, 0)),
 }
 
 
@@ -75,8 +100,9 @@ def test_the_kernel_matches_cpuref(run_both, case):
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_the_kernel_stores_half(run_half):
-    got, expected = _run_layer(run_half, *CASES["scores_batch3"], seed=1)
+@pytest.mark.parametrize("case", ["scores_batch3", "context_merged_batch2"])
+def test_the_kernel_stores_half(run_half, case):
+    got, expected = _run_layer(run_half, *CASES[case], seed=1)
     np.testing.assert_allclose(got, expected, rtol=1e-2, atol=2e-2)
 
 
@@ -86,6 +112,12 @@ def test_a_perm_that_is_not_one_is_a_shape_error():
     desc = flowrt.descriptors.TransposedMatMul(perm_a=(0, 0, 1))
     net.add_output("y", net.add_layer("TransposedMatMul", desc, [a, b]))
     with pytest.raises(ShapeError, match=r"perm_a expects a permutation of 0\.\.2, got \[0, 0, 1\]"):
+        flowrt.optimize(net, backends=["CpuRef"])
+    net = flowrt.Network()
+    a, b = net.add_input("a", TensorInfo((2, 3, 4))), net.add_input("b", TensorInfo((2, 4, 5)))
+    desc = flowrt.descriptors.TransposedMatMul(perm_y=(0, 1))
+    net.add_output("y", net.add_layer("TransposedMatMul", desc, [a, b]))
+    with pytest.raises(ShapeError, match=r"perm_y expects a permutation of 0\.\.2, got \[0, 1\]"):
         flowrt.optimize(net, backends=["CpuRef"])
 
 
@@ -119,15 +151,15 @@ def _feeds(seed: int) -> dict[str, np.ndarray]:
     return {"x": np.random.default_rng(seed).standard_normal((1, SEQ, WIDTH)).astype(np.float32)}
 
 
-def test_head_splits_feed_the_products_with_no_transpose_and_match_onnxruntime(gpu):
+def test_head_splits_and_merge_take_no_transpose_and_match_onnxruntime(gpu):
     model = _attention()
     opt = flowrt.optimize(flowrt.onnx.load(model), backends=["GpuAcc", "CpuRef"])
     products = [layer for layer in opt.graph if layer.kind == "TransposedMatMul"]
-    assert [(p.descriptor.perm_a, p.descriptor.perm_b) for p in products] == [(SPLIT, KEYS), (None, SPLIT)]
+    perms = [(p.descriptor.perm_a, p.descriptor.perm_b, p.descriptor.perm_y) for p in products]
+    assert perms == [(SPLIT, KEYS, None), (None, SPLIT, MERGE)]
     assert {p.backend for p in products} == {"GpuAcc"}
-    # The merge Transpose after P V stays (its reader is a Reshape); the projections stay MatMuls.
-    (merge,) = [layer for layer in opt.graph if layer.kind == "Transpose"]
-    assert merge.descriptor.perm == (0, 2, 1, 3)
+    # P V writes the merged heads itself; the projections stay MatMuls.
+    assert not [layer for layer in opt.graph if layer.kind == "Transpose"]
     session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
 
     for seed, got in enumerate(lone_runs(opt, [_feeds(seed) for seed in range(3)])):
@@ -149,7 +181,7 @@ def test_the_fused_layer_round_trips_through_a_flowrt_file(gpu, tmp_path):
     flowrt.save(opt, tmp_path / "attention.flowrt")
     again = flowrt.load(tmp_path / "attention.flowrt")
     products = [layer for layer in again.graph if layer.kind == "TransposedMatMul"]
-    assert [p.descriptor.perm_b for p in products] == [KEYS, SPLIT]
+    assert [(p.descriptor.perm_b, p.descriptor.perm_y) for p in products] == [(KEYS, None), (SPLIT, MERGE)]
 
     async def main():
         async with flowrt.Runtime(cpu_workers=1) as rt:

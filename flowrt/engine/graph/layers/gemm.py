@@ -159,11 +159,13 @@ def infer_matmul_bias(desc, inputs, consts):
 @attrs.frozen
 class TransposedMatMulDescriptor:
     """TransposedMatMul: A and B are read transposed by ``perm_a`` and ``perm_b`` (None: as
-    they are), as Transpose's ``perm`` would give them, and their product scaled by ``alpha``."""
+    they are), as Transpose's ``perm`` would give them, their product scaled by ``alpha`` and
+    written transposed by ``perm_y`` (None: as it is)."""
 
     perm_a: tuple[int, ...] | None = attrs.field(default=None, converter=as_tuple)
     perm_b: tuple[int, ...] | None = attrs.field(default=None, converter=as_tuple)
     alpha: float = 1.0
+    perm_y: tuple[int, ...] | None = attrs.field(default=None, converter=as_tuple)
 
 
 def permuted(info: TensorInfo, perm: tuple[int, ...] | None, what: str) -> TensorInfo:
@@ -178,16 +180,18 @@ def permuted(info: TensorInfo, perm: tuple[int, ...] | None, what: str) -> Tenso
 
 @layer_kind("TransposedMatMul", TransposedMatMulDescriptor, min_inputs=2, max_inputs=2)
 def infer_transposed_matmul(desc, inputs, consts):
-    """flowrt's own: ``alpha * Transpose(A, perm_a) @ Transpose(B, perm_b)`` with numpy's matmul
-    rules, the operands read through permuted strides where a backend offers that fusion
-    (GpuAcc: attention's head splits feed its GEMMs with no transpose pass)."""
+    """flowrt's own: ``Transpose(alpha * Transpose(A, perm_a) @ Transpose(B, perm_b), perm_y)``
+    with numpy's matmul rules, the operands read and the result written through permuted
+    strides where a backend offers that fusion (GpuAcc: attention's head splits feed its GEMMs,
+    and its heads' merge takes their result, with no transpose pass)."""
     a, b = inputs
     expect_types([a, b], frozenset({D.FLOAT32, D.FLOAT16}), "TransposedMatMul")
     a, b = (
         permuted(a, desc.perm_a, "TransposedMatMul's perm_a"),
         permuted(b, desc.perm_b, "TransposedMatMul's perm_b"),
     )
-    return [TensorInfo(matmul_shape(a, b, "TransposedMatMul"), a.dtype)]
+    y = TensorInfo(matmul_shape(a, b, "TransposedMatMul"), a.dtype)
+    return [permuted(y, desc.perm_y, "TransposedMatMul's perm_y")]
 
 
 @layer_kind("MatMulInteger", NoDescriptor, min_inputs=2, max_inputs=4)

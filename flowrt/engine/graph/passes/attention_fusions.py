@@ -119,10 +119,26 @@ def _transpose_under(slot: OutputSlot, members: set[str]) -> tuple[Layer, tuple[
     return transpose, tuple(transpose_perm(transpose.descriptor.perm, len(info.shape)))
 
 
+def _transpose_over(layer: Layer, members: set[str]) -> tuple[Layer, tuple[int, ...]] | None:
+    """(the Transpose that alone reads ``layer``'s output, its permutation) where one in the
+    view does and the output's rank is known, else None."""
+    out = layer.outputs[0]
+    info = out.info
+    if len(out.connections) != 1 or info is None or info.shape is None:
+        return None
+    reader = out.connections[0].layer
+    if reader.kind != "Transpose" or reader.name not in members or reader.activation is not None:
+        return None
+    return reader, tuple(transpose_perm(reader.descriptor.perm, len(info.shape)))
+
+
 def transposed_matmul(layer: Layer, members: set[str]) -> Fusion | None:
     """MatMul of tensors, each maybe scaled by a constant and maybe made by a Transpose, where
-    only it reads them -> one TransposedMatMul reading the Transposes' inputs with their
-    permutations, the scales its alpha (ViT's attention scales Q and K before their product)."""
+    only it reads them, and maybe read by a Transpose alone -> one TransposedMatMul reading the
+    Transposes' inputs with their permutations and writing its product permuted as the
+    Transpose after it would, the scales its alpha (ViT's attention scales Q and K before their
+    product; every exporter's P V is transposed back to (batch, seq, heads, depth) before the
+    heads merge)."""
     if layer.kind != "MatMul" or layer.activation is not None or len(layer.inputs) != 2:
         return None
     slots = sources(layer)
@@ -146,16 +162,19 @@ def transposed_matmul(layer: Layer, members: set[str]) -> Fusion | None:
         perms.append(perm)
         reads.append(transpose.inputs[0].source)
         fused.append(transpose)
+    over = _transpose_over(layer, members)
     out = layer.outputs[0].info
-    if not fused or out is None or out.dtype is not DataType.FLOAT32:
+    if (not fused and over is None) or out is None or out.dtype is not DataType.FLOAT32:
         return None
-    infos = [f.outputs[0].info for f in fused]
+    after = [over[0]] if over is not None else []
+    infos = [f.outputs[0].info for f in (*fused, *after)]
     if any(f.activation is not None for f in fused) or any(
         i is None or i.dtype is not DataType.FLOAT32 for i in infos
     ):
         return None
-    descriptor = TransposedMatMulDescriptor(perms[0], perms[1], alpha)
-    return [*fused, layer], ReplacementLayer("TransposedMatMul", descriptor, tuple(reads), None, layer.name)
+    descriptor = TransposedMatMulDescriptor(perms[0], perms[1], alpha, over[1] if over is not None else None)
+    replacement = ReplacementLayer("TransposedMatMul", descriptor, tuple(reads), None, layer.name)
+    return [*fused, layer, *after], replacement
 
 
 def _slice_range(layer: Layer, rank: int, length: int) -> tuple[int, int] | None:

@@ -355,7 +355,7 @@ def matmul_bias(layer: Layer, axes: list[Axis]) -> Axis:
 @batch_rule("TransposedMatMul")
 def transposed_matmul(layer: Layer, axes: list[Axis]) -> Axis:
     """MatMul's rule on the operands as read: each one's batch axis where its permutation
-    moves it."""
+    moves it; the result's where ``perm_y`` moves it."""
     only_batched(axes, 0, 1)
     moved: list[Axis] = []
     shapes = []
@@ -365,7 +365,9 @@ def transposed_matmul(layer: Layer, axes: list[Axis]) -> Axis:
             raise Refused(f"input {i} carries the batch interleaved with other rows on axis {given.axis}")
         moved.append(given if perm is None or given is None else list(perm).index(given))
         shapes.append(shape if perm is None else tuple(shape[p] for p in perm))
-    return _matmul(layer, moved, shapes)
+    axis = _matmul(layer, moved, shapes)
+    perm_y = layer.descriptor.perm_y
+    return axis if perm_y is None or axis is None else list(perm_y).index(axis)
 
 
 # -- layout -------------------------------------------------------------------------------

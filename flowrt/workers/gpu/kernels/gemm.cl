@@ -18,6 +18,11 @@
 // A's group g lies at (g / a_heads) * a_group + (g % a_heads) * a_head (B's batch alike), so
 // that attention's heads are read where a head split left them, (batch, seq, heads, depth),
 // with no transpose; one level (heads 1) for every other GEMM.
+// Built with C_STRIDES, C is written through strides as A and B are read: element (row, col)
+// of batch z at (z / c_heads) * c_batch + (z % c_heads) * c_head + row * c_rs + col * c_cs,
+// so that a product lands transposed (attention's heads merged back into the sequence's rows
+// as they are computed). Such a build takes K whole (splits 1) and no residual. Without it C
+// is packed, (M, N) a batch, c_batch apart.
 // Each matrix is a buffer and the offset of its first element in it (see common.cl).
 //
 // Built with IMPLICIT, B is the column matrix of a 2-D convolution, read from the NCHW image
@@ -107,7 +112,7 @@
     __global const DATA* A, int A_off, int a_group, int a_heads, int a_head, int a_rs, int a_cs,             \
     __global const DATA* B, int B_off, int b_batch, int b_heads, int b_head, int b_rs, int b_cs,             \
     int H, int W, int KH, int KW, int OW, int SH, int SW, int PH, int PW, int DH, int DW,                    \
-    __global OUT* C, int C_off, int c_batch,                                                                 \
+    __global OUT* C, int C_off, int c_batch, int c_heads, int c_head, int c_rs, int c_cs,                    \
     __global const DATA* bias, int bias_off, int has_bias, int bias_group, int bias_rs, int bias_cs,         \
     __global const DATA* R, int R_off, int has_res,                                                          \
     float alpha, float beta, int code, float act_alpha, float act_beta
@@ -121,6 +126,15 @@
 #define BATCH_OFFSET(i, heads, outer, inner) ((i) * (outer))
 #endif
 
+// Where C's batch z starts, and its element (row, col) from there.
+#ifdef C_STRIDES
+#define C_BATCH(z) (((z) / c_heads) * c_batch + ((z) % c_heads) * c_head)
+#define C_AT(row, col) ((row) * c_rs + (col) * c_cs)
+#else
+#define C_BATCH(z) ((z) * c_batch)
+#define C_AT(row, col) ((row) * N + (col))
+#endif
+
 // Where a work-group's operands and result lie: batch z / splits, K slice z % splits.
 #define GEMM_START                                                                       \
     const int z = get_global_id(2), batch = z / splits, group = batch % groups;          \
@@ -128,7 +142,7 @@
     const int a_k_fast = a_cs == 1 || a_rs != 1, b_k_fast = b_rs == 1 && b_cs != 1;      \
     A += A_off + BATCH_OFFSET(group, a_heads, a_group, a_head);                          \
     B += B_off + BATCH_OFFSET(batch, b_heads, b_batch, b_head);                          \
-    C += C_off + z * c_batch;                                                            \
+    C += C_off + C_BATCH(z);                                                             \
     R += R_off + z * c_batch; /* read only when splits == 1, where z is the batch */     \
     bias += bias_off;
 
@@ -142,7 +156,7 @@
             if (has_res) v += LOAD(R, (row) * N + (col));                                \
             v = activate(v, code, act_alpha, act_beta);                                  \
         }                                                                                \
-        STORE_OUT(C, (row) * N + (col), v);                                              \
+        STORE_OUT(C, C_AT(row, col), v);                                                 \
     } while (0)
 
 // Element e of a TK-deep slice, as (index along the tile, index along K): walking K first

@@ -137,16 +137,21 @@ def _cost(m: int, n: int, k: int, batches: int, units: int, tiling: Tiling, spli
 
 
 def ranked_plans(
-    shape: tuple[int, int, int], batches: int, units: int, tilings: dict[str, Tiling] = TILINGS
+    shape: tuple[int, int, int],
+    batches: int,
+    units: int,
+    tilings: dict[str, Tiling] = TILINGS,
+    whole_k: bool = False,
 ) -> list[GemmPlan]:
     """Every tiling and K split of an (M, N, K) GEMM of ``batches`` batches, cheapest first on
     a device of ``units`` compute units by :func:`_cost`: large tiles where there are enough
     of them to fill the device, smaller ones or a split K where there are not (a batch-1
-    convolution of a deep layer has a few dozen pixels and thousands of K)."""
+    convolution of a deep layer has a few dozen pixels and thousands of K). ``whole_k``: no
+    split (a C written through strides)."""
     m, n, k = shape
     candidates = []
     for index, tiling in enumerate(tilings.values()):
-        for splits in _SPLITS:
+        for splits in (1,) if whole_k else _SPLITS:
             plan = _plan(tiling, splits, k)
             if plan is not None and (splits == 1 or k >= splits * 8 * TK):
                 candidates.append((_cost(m, n, k, batches, units, tiling, splits), index, plan))
@@ -170,6 +175,7 @@ def plan_gemm(
     units: int,
     cpu: bool = False,
     tilings: dict[str, Tiling] = TILINGS,
+    whole_k: bool = False,
 ) -> GemmPlan:
     """The plan :func:`ranked_plans` ranks first among ``tilings``; on a CPU device, its
     CPU_TILING with K whole."""
@@ -177,7 +183,7 @@ def plan_gemm(
         whole = _plan(tilings[CPU_TILING], 1, shape[2])
         assert whole is not None  # one split always fits
         return whole
-    return ranked_plans(shape, batches, units, tilings)[0]
+    return ranked_plans(shape, batches, units, tilings, whole_k)[0]
 
 
 class Gemm:
@@ -197,6 +203,9 @@ class Gemm:
     With ``head_steps``, operands' batches may step at two levels (``Operand.heads``; gemm.cl's
     HEAD_STEPS build); without, their ``heads`` must be 1.
 
+    With ``strided_c``, ``enqueue`` writes C through the strides of an ``Operand`` (gemm.cl's
+    C_STRIDES build; K whole, no residual); without, C is packed.
+
     A layer stored as half on a device with tensor cores (``DeviceContext.tensor_cores``)
     plans among MMA_TILINGS, gemm.cl's MMA builds, and tunes under its own name."""
 
@@ -207,9 +216,11 @@ class Gemm:
         batches: int = 1,
         image: tuple[int, ...] | None = None,
         head_steps: bool = False,
+        strided_c: bool = False,
     ) -> None:
         self.owner = owner
         self.head_steps = head_steps  # operands' batches at two levels (gemm.cl's HEAD_STEPS)
+        self.strided_c = strided_c  # C written through strides (gemm.cl's C_STRIDES)
         self.shape = shape
         self.batches = batches
         self.image = ints(*(image or (0,) * 11))
@@ -218,13 +229,19 @@ class Gemm:
         self.mma = bool(owner.storage) and owner.context.tensor_cores
         self.tilings = MMA_TILINGS if self.mma else TILINGS
         self.name = ("gemm_implicit" if image else "gemm") + ("_mma" if self.mma else "")
+        self.name += "_strided_c" if strided_c else ""
         self.device = owner.context.device
         tuned = owner.tuner.plan(self.device, self.name, (*shape, batches))
         plan = self._tuned_plan(tuned) if tuned is not None else None
         self.tuned = plan is not None
         self.cpu = bool(self.device.type & cl.device_type.CPU)
         self.plan = plan or plan_gemm(
-            shape, batches, int(self.device.max_compute_units), self.cpu, tilings=self.tilings
+            shape,
+            batches,
+            int(self.device.max_compute_units),
+            self.cpu,
+            tilings=self.tilings,
+            whole_k=strided_c,
         )
         self.kernel, self.reduce = self._kernels(self.plan)
 
@@ -232,7 +249,9 @@ class Gemm:
         """The tuning file's (tile rows, tile columns, splits) as a plan; None, logged, when
         it names no tiling of this version or a split K does not take."""
         tiling = self.tilings.get(f"{tuned[0]}x{tuned[1]}") if len(tuned) == 3 else None
-        plan = _plan(tiling, tuned[2], self.shape[2]) if tiling is not None and tuned[2] >= 1 else None
+        # (rows, cols, splits), K whole for a strided C
+        splits_ok = tiling is not None and (tuned[2] == 1 or (tuned[2] > 1 and not self.strided_c))
+        plan = _plan(tiling, tuned[2], self.shape[2]) if tiling is not None and splits_ok else None
         if plan is None:
             logger.warning(
                 "ignoring the tuned plan %s of %s %s: no such tiling and split", tuned, self.name, self.shape
@@ -242,6 +261,7 @@ class Gemm:
     def _kernels(self, plan: GemmPlan) -> tuple[Any, Any]:
         storage = self.owner.storage
         defines = plan.tiling.defines + storage + (" -DHEAD_STEPS" if self.head_steps else "")
+        defines += " -DC_STRIDES" if self.strided_c else ""
         if self.implicit:  # the kernel window built in (image holds H, W, KH, KW, ...)
             defines += f" -DIMPLICIT -DWINDOW_H={self.image[2]} -DWINDOW_W={self.image[3]}"
         if self.mma and not self.cpu:  # a CPU device computes the warps' products without them
@@ -265,9 +285,12 @@ class Gemm:
         beta: float = 1.0,
         activation: FusedActivation | None = None,
         residual: GpuTensor | None = None,
+        c_write: Operand | None = None,
     ) -> Any:
         """Enqueue the GEMM on ``queue``; returns the event of its last command. A
-        ``residual`` (laid out as C) is added before the activation."""
+        ``residual`` (laid out as C) is added before the activation. ``c_write`` (its tensor
+        ``c``): where a ``strided_c`` GEMM writes each element of C, else C is packed."""
+        assert (c_write is not None) == self.strided_c and (residual is None or not self.strided_c)
         has_bias = bias is not None
         bias = bias or Operand(c, 0, 0)  # a placeholder the kernel never reads
         epilogue = (
@@ -275,7 +298,7 @@ class Gemm:
             *(residual or c).kernel_args, np.int32(residual is not None),
             np.float32(alpha), np.float32(beta), *activation_args(activation),
         )  # fmt: skip
-        operands = (a, b, c, groups, epilogue)
+        operands = (a, b, c, groups, epilogue, c_write)
         if not self.tuned and self.owner.tuner.tunes_on(queue):
             self._tune(queue, operands)
         return self._enqueue(self.plan, self.kernel, self.reduce, queue, *operands)[-1]
@@ -293,7 +316,9 @@ class Gemm:
 
             return run
 
-        ranked = ranked_plans(self.shape, self.batches, int(self.device.max_compute_units), self.tilings)
+        ranked = ranked_plans(
+            self.shape, self.batches, int(self.device.max_compute_units), self.tilings, self.strided_c
+        )
         if self.cpu:  # one tiling there (see CPU_TILING): its splits only
             ranked = [p for p in ranked if p.tiling.name == CPU_TILING]
         by_key: dict[tuple[int, ...], GemmPlan] = {
@@ -310,20 +335,21 @@ class Gemm:
 
     def _enqueue(
         self, plan: GemmPlan, kernel: Any, reduce: Any, queue: Any, a: Operand, b: Operand, c: GpuTensor,
-        groups: int, epilogue: tuple,
+        groups: int, epilogue: tuple, c_write: Operand | None,
     ) -> list[Any]:  # fmt: skip
         m, n, k = self.shape
         tiling, splits = plan.tiling, plan.splits
         rn, rm, _ = tiling.local_size
         size = (-(-n // tiling.cols) * rn, -(-m // tiling.rows) * rm, self.batches * splits)
         partial = c if splits == 1 else self.owner.context.scratch((self.batches * splits * m * n,))
+        write = c_write or Operand(partial, n, 1, m * n)  # packed, (M, N) a batch
         events = [
             kernel(
                 queue, size, tiling.local_size,
                 *ints(m, n, k, groups, splits, plan.k_split),
                 *a.tensor.kernel_args, *ints(a.step, a.heads, a.head_step, a.rows, a.cols),
                 *b.tensor.kernel_args, *ints(b.step, b.heads, b.head_step, b.rows, b.cols), *self.image,
-                *partial.kernel_args, np.int32(m * n),
+                *partial.kernel_args, *ints(write.step, write.heads, write.head_step, write.rows, write.cols),
                 *epilogue,
             )
         ]  # fmt: skip

@@ -91,6 +91,28 @@ def _as_read(shape: Sequence[int], perm: Sequence[int] | None) -> tuple[list[int
     return [shape[p] for p in order], [strides[p] for p in order]
 
 
+def _batch_steps(shape: Sequence[int], strides: Sequence[int], whose: str, how: str) -> tuple[int, ...] | str:
+    """A batched matrix's (rows, cols, step, heads, head_step) as gemm.cl steps over it: the
+    batch dims in at most two runs of strides (the outer run's step, then the inner run's
+    count and step); else why not."""
+    runs = fold_dims(shape[:-2], strides[:-2])
+    if len(runs) > 2:
+        return f"{whose} batch dims {list(shape[:-2])} in at most two runs of strides, {how} with {list(strides[:-2])}"
+    if len(runs) == 2:
+        (_, step), (heads, head_step) = runs
+        return (strides[-2], strides[-1], step, heads, head_step)
+    return (strides[-2], strides[-1], runs[0][1] if runs else 0, 1, 0)
+
+
+def _rows_steps(shape: Sequence[int], strides: Sequence[int], whose: str, how: str) -> tuple[int, ...] | str:
+    """One matrix whose batch dims fold into its rows: (rows, cols, 0, 1, 0); else why not
+    (they must make one run of strides with the rows)."""
+    rows = fold_dims(shape[:-1], strides[:-1])
+    if len(rows) > 1:
+        return f"{whose} batch dims and rows {list(shape[:-1])} in one run of strides, {how} with {list(strides[:-1])}"
+    return (rows[0][1] if rows else 0, strides[-1], 0, 1, 0)
+
+
 def transposed_layout(
     a_shape: Sequence[int], perm_a: Sequence[int] | None, b_shape: Sequence[int], perm_b: Sequence[int] | None
 ) -> tuple[tuple[int, int, int, int, int], tuple[int, ...], tuple[int, ...]] | str:
@@ -105,27 +127,12 @@ def transposed_layout(
     if plan is None:
         return f"equal batch dims or batch dims on one side only, read as {a} and {b}"
     m, n, k, batches, a_batches, _ = plan
-
-    def batched(shape: list[int], strides: list[int], what: str) -> tuple[int, ...] | str:
-        runs = fold_dims(shape[:-2], strides[:-2])
-        if len(runs) > 2:
-            return (
-                f"{what}'s batch dims {shape[:-2]} in at most two runs of strides, read with {strides[:-2]}"
-            )
-        if len(runs) == 2:  # the outer run's step, then the inner run's count and step
-            (_, step), (heads, head_step) = runs
-            return (strides[-2], strides[-1], step, heads, head_step)
-        return (strides[-2], strides[-1], runs[0][1] if runs else 0, 1, 0)
-
     if batches == 1:  # A's batch dims, if any, fold into its rows
-        rows = fold_dims(a[:-1], ta[:-1])
-        if len(rows) > 1:
-            return f"A's batch dims and rows {a[:-1]} in one run of strides, read with {ta[:-1]}"
-        a_read: tuple[int, ...] | str = (rows[0][1] if rows else 0, ta[-1], 0, 1, 0)
+        a_read: tuple[int, ...] | str = _rows_steps(a, ta, "A's", "read")
         b_read: tuple[int, ...] | str = (tb[-2], tb[-1], 0, 1, 0)
     else:
-        a_read = batched(a, ta, "A") if a_batches > 1 else (ta[-2], ta[-1], 0, 1, 0)
-        b_read = batched(b, tb, "B")
+        a_read = _batch_steps(a, ta, "A's", "read") if a_batches > 1 else (ta[-2], ta[-1], 0, 1, 0)
+        b_read = _batch_steps(b, tb, "B's", "read")
     for read in (a_read, b_read):
         if isinstance(read, str):
             return read
@@ -133,11 +140,40 @@ def transposed_layout(
     return (m, n, k, batches, groups), a_read, b_read  # type: ignore[return-value]  # both tuples by now
 
 
+def written_layout(
+    a_shape: Sequence[int], perm_a: Sequence[int] | None, b_shape: Sequence[int], perm_b: Sequence[int] | None,
+    perm_y: Sequence[int],
+) -> tuple[int, ...] | str:  # fmt: skip
+    """Where gemm.cl's C_STRIDES build writes ``Transpose(A' @ B', perm_y)`` (A' and B' the
+    operands as read): C's strides (rows, cols, step, heads, head_step) in the transposed
+    result; else why it cannot (the batch dims must fold into two levels of steps, or, where
+    A's batch folds into its rows, into the rows' one run)."""
+    (a, _), (b, _) = _as_read(a_shape, perm_a), _as_read(b_shape, perm_b)
+    plan = matmul_plan(a, b)
+    if len(a) < 2 or len(b) < 2 or plan is None:
+        return f"operands of rank 2 or more, read as {a} and {b}"
+    product = [*(max(x, y) for x, y in zip(_padded(a[:-2], b[:-2]), _padded(b[:-2], a[:-2]))), a[-2], b[-1]]
+    if sorted(perm_y) != list(range(len(product))):
+        return f"a permutation of the product's {len(product)} dims, got {list(perm_y)}"
+    ys = contiguous_strides([product[p] for p in perm_y])
+    strides = [ys[list(perm_y).index(i)] for i in range(len(product))]
+    if plan[3] == 1:  # one batch: A's batch dims, if any, fold into the rows
+        return _rows_steps(product, strides, "the product's", "written")
+    return _batch_steps(product, strides, "the product's", "written")
+
+
+def _padded(dims: Sequence[int], other: Sequence[int]) -> list[int]:
+    """``dims`` with leading 1s to the length of ``other`` (numpy's broadcast alignment)."""
+    return [1] * max(0, len(other) - len(dims)) + list(dims)
+
+
 @gpu_kernel("TransposedMatMul")
 class TransposedMatMulKernel(GpuKernel):
-    """alpha * Transpose(A, perm_a) @ Transpose(B, perm_b) in one GEMM launch, A and B read through
-    their permuted strides (:func:`transposed_layout`): attention's Q K^T and P V straight
-    from the head splits' (batch, seq, heads, depth) tensors."""
+    """Transpose(alpha * Transpose(A, perm_a) @ Transpose(B, perm_b), perm_y) in one GEMM launch,
+    A and B read through their permuted strides (:func:`transposed_layout`) and the product
+    written through the permuted strides of the result (:func:`written_layout`): attention's
+    Q K^T and P V straight from the head splits' (batch, seq, heads, depth) tensors, and P V's
+    heads merged back into the sequence's rows as they are computed."""
 
     fuses_activation = True
     half_storage = True
@@ -145,26 +181,33 @@ class TransposedMatMulKernel(GpuKernel):
     @classmethod
     def supports(cls, info: WorkloadInfo) -> Support:
         desc = info.descriptor
-        layout = transposed_layout(
-            static_shape(info.inputs[0]), desc.perm_a, static_shape(info.inputs[1]), desc.perm_b
-        )
+        a, b = static_shape(info.inputs[0]), static_shape(info.inputs[1])
+        layout = transposed_layout(a, desc.perm_a, b, desc.perm_b)
         if isinstance(layout, str):
             return Support.no(f"GpuAcc's TransposedMatMul reads {layout}")
+        if desc.perm_y is not None:
+            write = written_layout(a, desc.perm_a, b, desc.perm_b, desc.perm_y)
+            if isinstance(write, str):
+                return Support.no(f"GpuAcc's TransposedMatMul writes {write}")
         return Support.yes()
 
     def prepare(self) -> None:
         desc = self.info.descriptor
-        layout = transposed_layout(
-            static_shape(self.info.inputs[0]), desc.perm_a, static_shape(self.info.inputs[1]), desc.perm_b
-        )
+        a, b = static_shape(self.info.inputs[0]), static_shape(self.info.inputs[1])
+        layout = transposed_layout(a, desc.perm_a, b, desc.perm_b)
         assert not isinstance(layout, str)  # supports() declines the others
         (m, n, k, batches, self.groups), self.a_read, self.b_read = layout
+        write = None if desc.perm_y is None else written_layout(a, desc.perm_a, b, desc.perm_b, desc.perm_y)
+        assert not isinstance(write, str)  # supports() declines the others
+        self.c_write = write
         two_levels = self.a_read[3] > 1 or self.b_read[3] > 1
-        self.gemm = Gemm(self, (m, n, k), batches, head_steps=two_levels)
+        self.gemm = Gemm(self, (m, n, k), batches, head_steps=two_levels, strided_c=write is not None)
 
     def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
         a, b = inputs[:2]
+        y = outputs[0]
         return self.gemm.enqueue(
-            queue, Operand(a, *self.a_read), Operand(b, *self.b_read), outputs[0],
+            queue, Operand(a, *self.a_read), Operand(b, *self.b_read), y,
             groups=self.groups, alpha=self.info.descriptor.alpha, activation=self.info.activation,
+            c_write=None if self.c_write is None else Operand(y, *self.c_write),
         )  # fmt: skip

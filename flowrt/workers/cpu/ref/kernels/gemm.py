@@ -44,11 +44,12 @@ def matmul_bias(desc, a, b, bias=None, z=None):
 
 @ref_kernel("TransposedMatMul")
 def transposed_matmul(desc, a, b):
-    """alpha * Transpose(A, perm_a) @ Transpose(B, perm_b)."""
+    """Transpose(alpha * Transpose(A, perm_a) @ Transpose(B, perm_b), perm_y)."""
     work = compute_dtype(a.dtype)
     a, b = (x if perm is None else np.transpose(x, perm) for x, perm in ((a, desc.perm_a), (b, desc.perm_b)))
     y = np.matmul(a.astype(work, copy=False), b.astype(work, copy=False))
-    return (y * work.type(desc.alpha) if desc.alpha != 1 else y).astype(a.dtype, copy=False)
+    y = (y * work.type(desc.alpha) if desc.alpha != 1 else y).astype(a.dtype, copy=False)
+    return y if desc.perm_y is None else np.ascontiguousarray(np.transpose(y, desc.perm_y))
 
 
 def _per_row(values: np.ndarray, a: np.ndarray) -> np.ndarray:
