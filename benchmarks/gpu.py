@@ -2,7 +2,7 @@
 
     python benchmarks/gpu.py [--models resnet50,densenet121,vit_small,bert_small] [--batches 1,8]
                              [--iterations 50] [--concurrency 1,2] [--record-launches on,off]
-                             [--feeds host,pinned]
+                             [--feeds host,pinned,device]
                              [--load-times]
 
 Each model (``--models``) is built with random weights (seed 0): an architecture of the model
@@ -22,7 +22,9 @@ flowrt's ``run`` is timed. ``--concurrency C`` keeps C flowrt runs in flight (C 
 pools), which overlaps one run's host work with another's device work. ``--feeds host,pinned``
 runs flowrt also with its feeds and outputs in page-locked arrays (``model.pinned_array``:
 copied to and from the device with no staging copy on the host; the feeds are copied there
-once, before the timing). ``--storage fp32,fp16``
+once, before the timing); ``device`` runs it with its feeds already on the device
+(``model.device_array``, made once) and its outputs left there (``run(...,
+device_outputs=True)``): what "torch ms" times of PyTorch. ``--storage fp32,fp16``
 (the default) runs flowrt as exported and with ``OptimizerOptions(reduce_fp32_to_fp16=True)``,
 where GpuAcc stores tensors and weights as half and computes in float ("fp16/fp32 flowrt":
 the second's throughput over the first's).
@@ -197,7 +199,7 @@ async def _flowrt_latencies(
     concurrency: int,
     counter: _LaunchCounter,
     half: bool = False,
-    pinned: bool = False,
+    io: str = "host",
 ):
     start = time.perf_counter()
     options = flowrt.OptimizerOptions(reduce_fp32_to_fp16=half)
@@ -207,10 +209,13 @@ async def _flowrt_latencies(
         model = await rt.load(opt, max_in_flight=concurrency)
         load_s = time.perf_counter() - start
         bound: list[dict[str, np.ndarray] | None] = [None] * concurrency
-        if pinned:  # the feeds copied into page-locked arrays once; each client's outputs its own
+        if io == "pinned":  # the feeds copied into page-locked arrays once; each client's outputs its own
             feeds = {n: _pinned_copy(model, v) for n, v in feeds.items()}
             shapes = {n: (i.shape, i.dtype.numpy) for n, i in model.outputs.items() if i is not None}
             bound = [{n: model.pinned_array(*s) for n, s in shapes.items()} for _ in range(concurrency)]
+        on_device = io == "device"  # the feeds copied to the device once; the outputs left there
+        if on_device:
+            feeds = {n: model.device_array(v) for n, v in feeds.items()}
         for _ in range(3):  # every pool's first runs (its programs are made on them), outside the timing
             async with trio.open_nursery() as nursery:
                 for _ in range(concurrency):
@@ -221,7 +226,7 @@ async def _flowrt_latencies(
         async def client(count: int, outputs: dict[str, np.ndarray] | None) -> None:
             for _ in range(count):
                 t0 = time.perf_counter()
-                await model.run(feeds, outputs=outputs)
+                await model.run(feeds, outputs=outputs, device_outputs=on_device)
                 times.append(time.perf_counter() - t0)
 
         wall = time.perf_counter()
@@ -294,7 +299,7 @@ def benchmark(
                 concurrency,
                 counter,
                 precision == "fp16",
-                io == "pinned",
+                io,
             )
             per_s = batch * len(times) / wall
             diff = float(np.max(np.abs(got - expected)) / max(1e-12, float(np.max(np.abs(expected)))))
@@ -368,7 +373,10 @@ def main() -> None:
         "--storage", default="fp32,fp16", help="fp32 and/or fp16 (reduce_fp32_to_fp16: GpuAcc stores half)"
     )
     parser.add_argument(
-        "--feeds", default="host", help="host and/or pinned (feeds and outputs in LoadedNetwork.pinned_array)"
+        "--feeds",
+        default="host",
+        help="host, pinned (feeds and outputs in LoadedNetwork.pinned_array) and/or device (feeds "
+        "made by LoadedNetwork.device_array once, outputs kept on the device: as PyTorch is timed)",
     )
     parser.add_argument("--load-only", metavar="MODEL", help=argparse.SUPPRESS)
     parser.add_argument("--torch-only", nargs=4, help=argparse.SUPPRESS)
@@ -394,7 +402,7 @@ def main() -> None:
         concurrencies = [int(c) for c in args.concurrency.split(",")]
         recording = [r for r in args.record_launches.split(",") if r in ("on", "off")]
         precisions = [p for p in args.storage.split(",") if p in ("fp32", "fp16")] or ["fp32"]
-        ios = [f for f in args.feeds.split(",") if f in ("host", "pinned")] or ["host"]
+        ios = [f for f in args.feeds.split(",") if f in ("host", "pinned", "device")] or ["host"]
         benchmark(
             models, batches, args.iterations, concurrencies, folder, recording or ["on"], precisions, ios
         )

@@ -36,6 +36,7 @@ from flowrt.workers.cpu.ref.backend import DEFAULT_RANK as _REF_RANK
 from flowrt.workers.gpu.backend_default import DEFAULT_RANK as _GPU_RANK
 
 if TYPE_CHECKING:
+    from flowrt.engine.scheduler.device_array import DeviceArray
     from flowrt.loaded_network import LoadedNetwork
     from flowrt.ort_compat import (
         ExecutionMode,
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
 # Public names imported on first use (PEP 562), by module: see the module doc.
 _ON_FIRST_USE = {
     "LoadedNetwork": "flowrt.loaded_network",
+    "DeviceArray": "flowrt.engine.scheduler.device_array",
     "Pipeline": "flowrt.pipeline",
     "Runtime": "flowrt.runtime",
     "InferenceSession": "flowrt.session",
@@ -125,6 +127,7 @@ __all__ = [
     "BackendId",
     "BackendRegistry",
     "DataType",
+    "DeviceArray",
     "ExecutionMode",
     "ExecutionOrder",
     "GpuAccBackend",

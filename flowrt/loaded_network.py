@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import logging
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -19,11 +19,12 @@ from flowrt.engine.graph.optimizer import OptimizedNetwork
 from flowrt.engine.memory.planner import MemoryLayout
 from flowrt.engine.memory.pool import PoolManager
 from flowrt.engine.memory.weights import WeightsRecord
-from flowrt.engine.scheduler.dataflow import Dataflow
+from flowrt.engine.scheduler.dataflow import Dataflow, host_reads
+from flowrt.engine.scheduler.device_array import DeviceArray
 from flowrt.engine.scheduler.executor import Binding, DeviceRunner, HostRunner, execute
 from flowrt.engine.scheduler.feeds import check_feeds, check_output_buffers
 from flowrt.engine.scheduler.outputs import large_outputs
-from flowrt.errors import BackendError, FlowrtError, ShapeError
+from flowrt.errors import BackendError, FlowrtError, InputError, ShapeError
 from flowrt.hints import Costs, check_hint
 from flowrt.profiling import ProfileRecord
 from flowrt.stream import BatchingStream, HintedStream, Stream, request_rows
@@ -76,6 +77,7 @@ class LoadedNetwork:
         self._devices = dict(devices or {})
         self._bindings = _bindings(dataflow, layout)
         self._large_outputs = large_outputs(dataflow, self._bindings)
+        self._reads_on_host: frozenset[int] | None = None
         self.profiling = profiling
         self._records: list[ProfileRecord] = []
         self._runs = itertools.count()
@@ -113,10 +115,16 @@ class LoadedNetwork:
         priority: Priority = Priority.MEDIUM,
         outputs: Mapping[str, np.ndarray] | None = None,
         profile: bool | None = None,
-    ) -> dict[str, np.ndarray]:
+        device_outputs: bool | Collection[str] = False,
+    ) -> dict[str, Any]:
         """Run once; returns ``{output name: array}`` — arrays the caller owns, never pool memory.
 
-        Feeds are checked first (InputError, DataTypeError, ShapeError) and read in place.
+        Feeds are checked first (InputError, DataTypeError, ShapeError) and read in place; a
+        feed may be a :class:`DeviceArray` of this network's device (:meth:`device_array`),
+        which its device layers read where it is (no upload). ``device_outputs`` (True: every
+        output; or output names) keeps those outputs on the device: each one a device layer
+        makes comes back as a new DeviceArray (a copy within the device, no download); one
+        made on the host stays a numpy array.
         ``outputs`` binds caller arrays (ONNX Runtime's IOBinding): those outputs are written
         into them, and they are what is returned. An output no layer reads, bound to a
         C-contiguous array that shares no memory with a feed, is written there by the layer
@@ -135,6 +143,13 @@ class LoadedNetwork:
             raise FlowrtError(f"network {self.network_id} was unloaded; load it again to run it")
         arrays = check_feeds(self.dataflow.input_infos, feeds)
         bound = check_output_buffers(self.dataflow.output_infos, outputs)
+        kept = self._device_outputs(device_outputs, bound)
+        for name, array in arrays.items():
+            if isinstance(array, DeviceArray) and not any(r.holds(array) for r in self._device_runners()):
+                raise InputError(
+                    f"input {name!r} is a DeviceArray of a device network {self.network_id} does not run "
+                    f"on; feed a numpy array, or one of this network's device_array()"
+                )
         record = (
             self._recorder(next(self._runs)) if (self.profiling if profile is None else profile) else None
         )
@@ -152,12 +167,73 @@ class LoadedNetwork:
                     priority=int(priority),
                     outputs=bound,
                     large=self._large_outputs,
+                    device_outputs=kept,
+                    reads_on_host=self._host_reads(),
                 )
         finally:
             self._in_flight -= 1
             if self._in_flight == 0 and self._drained is not None:
                 self._drained.set()
         return results
+
+    def _device_outputs(self, asked: Any, bound: Mapping[str, np.ndarray]) -> frozenset[int]:
+        """The tensor ids of the outputs ``run(device_outputs=asked)`` keeps on the device."""
+        where = "LoadedNetwork.run"
+        if isinstance(asked, bool):
+            names = list(self.dataflow.outputs) if asked else []
+        elif isinstance(asked, Collection) and not isinstance(asked, str | bytes):
+            names = list(asked)
+            unknown = [n for n in names if n not in self.dataflow.outputs]
+            if unknown:
+                raise InputError(
+                    f"device_outputs names unknown output {unknown[0]!r}; the network's outputs are: "
+                    f"{', '.join(self.dataflow.outputs)}"
+                )
+        else:
+            raise argument_error("device_outputs", "a bool or a collection of output names", asked, where)
+        if names and not self._device_runners():
+            raise BackendError(
+                f"{where}: device_outputs, but network {self.network_id} runs no layer on a device; its "
+                f"layers run on {', '.join(sorted(set(self.optimized.assignments().values())))}"
+            )
+        both = [n for n in names if n in bound and asked is not True]
+        if both:
+            raise argument_error(
+                "device_outputs", "outputs not also bound to arrays with outputs=", both[0], where
+            )
+        return frozenset(self.dataflow.outputs[n] for n in names if n not in bound)
+
+    def _device_runners(self) -> list[Any]:
+        """The device runners that hold DeviceArrays (GpuAcc's)."""
+        return [r for r in self._devices.values() if hasattr(r, "holds")]
+
+    def _host_reads(self) -> frozenset[int]:
+        """The tensors the host reads in a run (worked out once)."""
+        if self._reads_on_host is None:
+            self._reads_on_host = host_reads(self.dataflow)
+        return self._reads_on_host
+
+    def device_array(self, array: Any) -> DeviceArray:
+        """A copy of ``array`` in the memory of the device this network's GpuAcc layers run on,
+        to feed runs with no upload (ONNX Runtime's IOBinding of a device input, a tensor
+        PyTorch keeps on its GPU). It stands for ``array``'s dtype and shape as a feed is
+        checked; ``numpy()`` copies it back. Blocks until the copy is done.
+
+        BackendError where none of the network's layers runs on such a device; ArgumentError
+        for something numpy cannot make an array of.
+        """
+        where = "LoadedNetwork.device_array"
+        try:
+            host = np.asarray(array)
+        except (TypeError, ValueError) as e:
+            raise argument_error("array", "an array", array, where) from e
+        runners = self._device_runners()
+        if not runners:
+            raise BackendError(
+                f"{where}: network {self.network_id} runs no layer on a device with memory of its own "
+                f"(GpuAcc); its layers run on {', '.join(sorted(set(self.optimized.assignments().values())))}"
+            )
+        return runners[0].device_array(host)
 
     def pinned_array(self, shape: Any, dtype: Any = np.float32) -> np.ndarray:
         """A new array (uninitialized, C-contiguous) in page-locked host memory of the device

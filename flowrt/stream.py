@@ -42,8 +42,9 @@ import numpy as np
 import trio
 
 from flowrt.engine.graph.passes.batch import rebatch
+from flowrt.engine.scheduler.device_array import DeviceArray
 from flowrt.engine.scheduler.feeds import check_feeds
-from flowrt.errors import FlowrtError, ShapeError
+from flowrt.errors import FlowrtError, InputError, ShapeError
 from flowrt.hints import StreamChoice, choose
 from flowrt.ordered_stream import OrderedStream, Request
 from flowrt.types import Priority, TensorInfo
@@ -195,6 +196,12 @@ class BatchingStream(OrderedStream):
     def _launch(self, request: Request) -> None:
         try:
             request.feeds = check_feeds(self._inputs, request.feeds)
+            for name, feed in request.feeds.items():
+                if isinstance(feed, DeviceArray):
+                    raise InputError(
+                        f"input {name!r} is a DeviceArray: a batching stream joins its requests' "
+                        "host arrays into batches; feed numpy arrays, or run it with model.run"
+                    )
         except FlowrtError as e:
             request.error = e
             request.done.set()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -53,10 +53,18 @@ class AioLoadedNetwork(LoadedNetwork):
         priority: Priority = Priority.MEDIUM,
         outputs: Mapping[str, np.ndarray] | None = None,
         profile: bool | None = None,
-    ) -> dict[str, np.ndarray]:
+        device_outputs: bool | Collection[str] = False,
+    ) -> dict[str, Any]:
         """``LoadedNetwork.run`` in the runtime's trio thread; cancelling the calling task
         cancels the run, which gives its memory pool back before the CancelledError goes on."""
-        run = functools.partial(self._target.run, feeds, priority=priority, outputs=outputs, profile=profile)
+        run = functools.partial(
+            self._target.run,
+            feeds,
+            priority=priority,
+            outputs=outputs,
+            profile=profile,
+            device_outputs=device_outputs,
+        )
         return await self._bridge.call(run)
 
     def stream(self, **options: Any) -> AioStream:  # type: ignore[override]  # the asyncio face of a Stream

@@ -97,3 +97,14 @@ class Dataflow:
 def host_slots(node: WorkloadNode) -> frozenset[int]:
     """The input slots a device workload reads on the host (a reshape's target shape, say)."""
     return frozenset(getattr(node.workload, "host_inputs", ()))
+
+
+def host_reads(dataflow: Dataflow) -> frozenset[int]:
+    """The tensors the host reads: inputs of host segments' workloads, and the host slots of
+    device workloads (``host_slots``)."""
+    reads: set[int] = set()
+    for segment in dataflow.segments:
+        for node in segment.nodes:
+            slots = host_slots(node) if segment.device else range(len(node.inputs))
+            reads.update(t for i, t in enumerate(node.inputs) if i in slots and t is not None)
+    return frozenset(reads)

@@ -81,6 +81,10 @@ class DeviceSegments:
     device_values: dict[int, Any]
     uploaded: set[int]
     views: set[int]
+    # Network outputs the caller asked to keep on the device, and those the run made there.
+    on_device: frozenset[int]
+    device_outputs: dict[int, Any]
+    host_reads: frozenset[int]  # tensors the host reads (host workloads, host slots)
     constants: Mapping[int, Any]
     bindings: Mapping[int, Any]
     direct: Mapping[int, Any]
@@ -96,8 +100,13 @@ class DeviceSegments:
         """Enqueue a device segment on ``queue`` (from its queue actor, in the trio thread):
         its uploads, its workloads, its downloads, yielding after each command but the
         downloads. Nothing waits; the transfers' events go to ``keep``, which the caller holds
-        until the device has finished."""
+        until the device has finished. A DeviceArray feed is not uploaded (its tensor is in
+        ``device_values`` already); an output of ``on_device`` is copied within the device
+        into a new DeviceArray (``device_outputs``), and downloaded only where the host
+        reads it too."""
         for tid in segment.uploads:
+            if tid in self.device_values:  # a DeviceArray feed: read where it is
+                continue
             self.device_values[tid], event = runner.upload(queue, self.values[tid])
             keep.append((self.device_values[tid], event))  # both alive until the device is done
             self.uploaded.add(tid)
@@ -112,6 +121,11 @@ class DeviceSegments:
                 self._run_node(node, queue, bound, recorded, launched)
                 yield
         for tid in segment.downloads:
+            if tid in self.on_device:  # a copy within the device: the pool's bytes are reused
+                self.device_outputs[tid], event = runner.copy_out(queue, self.device_values[tid])
+                keep.append(event)
+                if tid not in self.host_reads:
+                    continue
             into = self.direct.get(tid)
             if into is None:
                 self.values[tid], event = runner.download(queue, self.device_values[tid])

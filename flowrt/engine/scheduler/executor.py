@@ -46,7 +46,8 @@ import trio
 
 from flowrt.engine.memory.pool import MemoryPool
 from flowrt.engine.scheduler.binding import BoundStep, bind_segment
-from flowrt.engine.scheduler.dataflow import Dataflow, Segment, WorkloadNode
+from flowrt.engine.scheduler.dataflow import Dataflow, Segment, WorkloadNode, host_reads
+from flowrt.engine.scheduler.device_array import DeviceArray
 from flowrt.engine.scheduler.device_segments import DeviceSegments, RunStop
 from flowrt.engine.scheduler.job import JobContext
 from flowrt.engine.scheduler.outputs import LargeOutput, direct_outputs, own_outputs
@@ -82,8 +83,10 @@ class DeviceRunner(Protocol):
     ``download(queue, tensor)`` enqueue a copy without waiting and return the copy and an
     object to keep until the work is done (the copy's event); ``download_into(queue, tensor,
     array)`` enqueues the copy into a C-contiguous host array of the tensor's shape and dtype
-    and returns that object. A runner may also have ``launched()``, a count of the kernel
-    launches it has enqueued: a profiled run records each workload's.
+    and returns that object; ``copy_out(queue, tensor)`` enqueues a copy into new device
+    memory and returns it as a DeviceArray of this runner, with that object. A runner may
+    also have ``launched()``, a count of the kernel launches it has enqueued: a profiled run
+    records each workload's.
     """
 
     async def submit(self, priority: int, enqueue: Callable[[Any], Any], owner: Any = None) -> None: ...
@@ -93,6 +96,8 @@ class DeviceRunner(Protocol):
     def download(self, queue: Any, tensor: Any) -> tuple[np.ndarray, Any]: ...
 
     def download_into(self, queue: Any, tensor: Any, array: np.ndarray) -> Any: ...
+
+    def copy_out(self, queue: Any, tensor: Any) -> tuple[DeviceArray, Any]: ...
 
 
 class HostRunner(Protocol):
@@ -131,6 +136,8 @@ class _RunState(DeviceSegments):
         pool: MemoryPool | None,
         bindings: Mapping[int, Binding],
         direct: Mapping[int, np.ndarray] | None = None,
+        on_device: frozenset[int] = frozenset(),
+        reads_on_host: frozenset[int] | None = None,
     ) -> None:
         self.pool = pool
         # Network outputs written straight into the caller's arrays, by tensor id.
@@ -142,9 +149,20 @@ class _RunState(DeviceSegments):
         )
         self.constants = dataflow.constants
         self.values: dict[int, np.ndarray] = dict(dataflow.constants)
-        for name, tid in dataflow.inputs.items():
-            self.values[tid] = feeds[name]
         self.device_values: dict[int, Any] = {}
+        device_feeds = any(isinstance(f, DeviceArray) for f in feeds.values())
+        self.host_reads = frozenset()
+        if on_device or device_feeds:
+            self.host_reads = host_reads(dataflow) if reads_on_host is None else reads_on_host
+        for name, tid in dataflow.inputs.items():
+            feed = feeds[name]
+            if isinstance(feed, DeviceArray):
+                # Read where it is by device workloads; a host copy only where the host reads it.
+                self.device_values[tid] = feed.tensor
+                feed = feed.numpy() if tid in self.host_reads else feed
+            self.values[tid] = feed
+        self.on_device = on_device
+        self.device_outputs: dict[int, DeviceArray] = {}
         self.uploaded: set[int] = set()  # tensors this run uploaded (new device buffers each run)
         self.views: set[int] = set()  # views this run made of memory that is the same each run
         self.readers = dict(dataflow.readers)
@@ -320,7 +338,9 @@ async def execute(
     priority: int = 1,
     outputs: Mapping[str, np.ndarray] | None = None,
     large: Sequence[LargeOutput] = (),
-) -> dict[str, np.ndarray]:
+    device_outputs: frozenset[int] = frozenset(),
+    reads_on_host: frozenset[int] | None = None,
+) -> dict[str, Any]:
     """Run the dataflow once on checked feeds; return fresh output arrays by name, or for the
     names in ``outputs`` (checked caller arrays of their dtype and shape) those arrays, which
     the run wrote (see :func:`direct_outputs`).
@@ -335,11 +355,16 @@ async def execute(
     ``record``,
     when given, is called from the worker after each workload with
     ``(node, worker name, start_ns, end_ns)``.
+
+    Feeds may be DeviceArrays of a device runner: read where they are (see
+    ``DeviceSegments.enqueue_segment``). Outputs of ``device_outputs`` (tensor ids) made on a
+    device come back as new DeviceArrays; ``reads_on_host`` is ``host_reads(dataflow)``,
+    where the caller keeps it.
     """
     bound = outputs or {}
     direct = direct_outputs(dataflow, bindings or {}, feeds, bound) if bound else {}
     own = own_outputs(large, bound) if pool is not None else {}
-    state = _RunState(dataflow, feeds, pool, bindings or {}, {**direct, **own})
+    state = _RunState(dataflow, feeds, pool, bindings or {}, {**direct, **own}, device_outputs, reads_on_host)
     state.record = record
     state.between = host.between_workloads
     done = [trio.Event() for _ in dataflow.segments]
@@ -405,8 +430,11 @@ async def execute(
     # Downloads are new arrays already; everything else may be pool memory, a feed or a
     # caller's array.
     fresh = dataflow.downloads - state.direct.keys()
-    results = {}
+    results: dict[str, Any] = {}
     for name, tid in dataflow.outputs.items():
+        if tid in state.device_outputs:
+            results[name] = state.device_outputs[tid]
+            continue
         value, target = state.values[tid], bound.get(name)
         if target is None:
             written = tid in fresh or (tid in own and value is own[tid])

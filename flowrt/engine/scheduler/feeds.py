@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from flowrt.engine.scheduler.device_array import DeviceArray
 from flowrt.errors import DataTypeError, InputError, ShapeError
 from flowrt.types import DataType, TensorInfo
 
@@ -15,8 +16,11 @@ def _describe(infos: Mapping[str, TensorInfo]) -> str:
     return ", ".join(f"{name} {info}" for name, info in infos.items()) or "none"
 
 
-def _as_array(name: str, info: TensorInfo, value: Any) -> np.ndarray:
-    """The feed as an array; InputError when numpy cannot make one (ragged nested lists)."""
+def _as_array(name: str, info: TensorInfo, value: Any) -> Any:
+    """The feed as an array (a DeviceArray as it is); InputError when numpy cannot make one
+    (ragged nested lists)."""
+    if isinstance(value, DeviceArray):
+        return value
     try:
         return np.asarray(value)
     except (ValueError, TypeError) as e:
@@ -34,8 +38,9 @@ def _data_type(dtype: np.dtype) -> DataType | None:
         return None
 
 
-def check_feeds(infos: Mapping[str, TensorInfo], feeds: Any) -> dict[str, np.ndarray]:
-    """Return the feeds as arrays, or raise naming the input and what was expected and found.
+def check_feeds(infos: Mapping[str, TensorInfo], feeds: Any) -> dict[str, Any]:
+    """Return the feeds as arrays (DeviceArrays as they are), or raise naming the input and
+    what was expected and found.
 
     A dimension the model leaves symbolic (or unknown) accepts any size.
     """

@@ -66,7 +66,8 @@ def direct_outputs(
         made = tid not in feed_ids and tid not in dataflow.constants  # by a workload
         if tid in direct or not made or dataflow.readers.get(tid, 0):
             continue
-        if not array.flags.c_contiguous or any(np.may_share_memory(array, f) for f in feeds.values()):
+        host_feeds = (f for f in feeds.values() if isinstance(f, np.ndarray))  # not DeviceArrays
+        if not array.flags.c_contiguous or any(np.may_share_memory(array, f) for f in host_feeds):
             continue
         binding = bindings.get(tid)
         if tid in downloads:

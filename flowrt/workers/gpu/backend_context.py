@@ -12,9 +12,11 @@ from typing import Any
 import numpy as np
 import trio
 
+from flowrt.engine.scheduler.device_array import DeviceArray
 from flowrt.errors import FlowrtError
 from flowrt.types import Priority
 from flowrt.workers.gpu.context import DeviceContext
+from flowrt.workers.gpu.device import cl
 from flowrt.workers.gpu.launches import LAUNCHED
 from flowrt.workers.gpu.queues import Enqueue, QueueActors, open_queue_actors
 from flowrt.workers.gpu.tensor import GpuTensor
@@ -71,6 +73,27 @@ class GpuBackendContext:
 
     def download_into(self, queue: Any, tensor: GpuTensor, array: np.ndarray) -> Any:
         return self.device.enqueue_download(queue, tensor, into=array)[1]
+
+    def device_array(self, array: np.ndarray) -> DeviceArray:
+        """A copy of ``array`` in the device's memory, as a run would upload it as a feed
+        (float16 stays half, other types go as float32), standing for ``array``'s dtype;
+        blocks until the copy is done."""
+        return DeviceArray(self.device.upload(array), self.device, array.dtype)
+
+    def holds(self, value: DeviceArray) -> bool:
+        """Whether ``value`` lies in this context's device memory."""
+        return value.owner is self.device
+
+    def copy_out(self, queue: Any, tensor: GpuTensor) -> tuple[DeviceArray, Any]:
+        """A copy of ``tensor`` into new device memory, enqueued on ``queue`` (the DeviceArray
+        holds it once the returned event has completed)."""
+        out = self.device.empty(tensor.shape, tensor.dtype)
+        if not tensor.size:
+            return DeviceArray(out, self.device), None
+        event = cl.enqueue_copy(
+            queue, out.buffer, tensor.buffer, byte_count=tensor.nbytes, src_offset=tensor.offset, dst_offset=0
+        )
+        return DeviceArray(out, self.device), event
 
     def pinned_array(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """A new array of the device's page-locked host memory (``DeviceContext.pinned_array``)."""
