@@ -205,10 +205,13 @@ class InferenceSession:
         input_feed: Any,
         run_options: RunOptions | None,
         outputs: Mapping[str, np.ndarray] | None = None,
-    ) -> dict[str, np.ndarray]:
+        on_device: frozenset[str] = frozenset(),
+    ) -> dict[str, Any]:
         feeds = _arrays(input_feed)
         model = self._model_for(feeds)
-        run = functools.partial(model.run, outputs=outputs) if outputs else model.run
+        run = model.run
+        if outputs or on_device:
+            run = functools.partial(model.run, outputs=outputs, device_outputs=on_device)
         assert self._thread is not None  # started by __init__
         if not _check_run_options(run_options):
             return self._thread.run(run, feeds)
@@ -254,9 +257,11 @@ class InferenceSession:
                 "run_with_iobinding",
             )
 
-        def run(feeds: Any, names: list[str], targets: dict[str, np.ndarray]) -> list[np.ndarray]:
+        def run(
+            feeds: Any, names: list[str], targets: dict[str, np.ndarray], on_device: frozenset[str]
+        ) -> list[Any]:
             names = self._output_names(names)
-            results = self._run(feeds, run_options, targets)
+            results = self._run(feeds, run_options, targets, on_device)
             return [results[n] for n in names]
 
         iobinding.run(run)
@@ -381,9 +386,9 @@ def _shape(shape: tuple | None) -> list | None:
 
 
 def _arrays(input_feed: Any) -> Any:
-    """The feeds with each OrtValue as its array (the run checks the rest)."""
+    """The feeds with each OrtValue as its array or DeviceArray (the run checks the rest)."""
     if isinstance(input_feed, Mapping) and any(isinstance(v, OrtValue) for v in input_feed.values()):
-        return {k: v.numpy() if isinstance(v, OrtValue) else v for k, v in input_feed.items()}
+        return {k: v.data() if isinstance(v, OrtValue) else v for k, v in input_feed.items()}
     return input_feed
 
 

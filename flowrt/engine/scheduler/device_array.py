@@ -23,7 +23,7 @@ class DeviceArray:
     a run takes a DeviceArray only on that device.
     """
 
-    __slots__ = ("dtype", "owner", "shape", "tensor")
+    __slots__ = ("__weakref__", "dtype", "owner", "shape", "tensor")
 
     def __init__(self, tensor: Any, owner: Any, dtype: Any = None) -> None:
         self.tensor = tensor
@@ -39,6 +39,11 @@ class DeviceArray:
     @property
     def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes it stands for (``size`` elements of ``dtype``)."""
+        return self.size * self.dtype.itemsize
 
     def numpy(self) -> np.ndarray:
         """A host copy, of ``dtype``; blocks until the copy is done."""

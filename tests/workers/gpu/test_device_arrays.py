@@ -123,3 +123,56 @@ def test_bad_uses_are_clear_errors(gpu):
                 await host_only.run({"x": _feed(0)}, device_outputs=True)
 
     trio.run(main)
+
+
+def _onnx_model() -> bytes:
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Relu", ["p"], ["y"])],
+        "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(W, "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_onnxruntimes_iobinding_keeps_values_on_the_opencl_device(gpu, transfers):
+    """As ONNX Runtime's users bind CUDA memory: an OrtValue made on the device, bound by its
+    data_ptr (or as an OrtValue), an output bound to the device by name."""
+    session = flowrt.InferenceSession(
+        _onnx_model(), providers=["OpenCLExecutionProvider", "CPUExecutionProvider"]
+    )
+    try:
+        x = flowrt.OrtValue.ortvalue_from_numpy(_feed(3), "opencl", 0)
+        assert x.device_name() == "opencl" and x.shape() == [1, 8]
+        np.testing.assert_array_equal(x.numpy(), _feed(3))
+        binding = session.io_binding()
+        binding.bind_input("x", x.device_name(), 0, np.float32, x.shape(), x.data_ptr())
+        binding.bind_output("y", "opencl")
+        session.run_with_iobinding(binding)  # the pool's first runs
+        transfers.update(upload=0, download=0, copy_out=0)
+        session.run_with_iobinding(binding)
+        (y,) = binding.get_outputs()
+        assert y.device_name() == "opencl"
+        assert transfers == {"upload": 0, "download": 0, "copy_out": 1}
+        np.testing.assert_allclose(
+            binding.copy_outputs_to_cpu()[0], _expected(_feed(3))["y"], rtol=1e-5, atol=1e-6
+        )
+        x.update_inplace(_feed(4))  # written on the device, bound as an OrtValue now
+        binding.bind_ortvalue_input("x", x)
+        session.run_with_iobinding(binding)
+        np.testing.assert_allclose(
+            binding.get_outputs()[0].numpy(), _expected(_feed(4))["y"], rtol=1e-5, atol=1e-6
+        )
+        with pytest.raises(ArgumentError, match="buffer_ptr must be the data_ptr"):
+            binding.bind_input("x", "opencl", 0, np.float32, [1, 8], x.data_ptr() + 4)
+        with pytest.raises(ArgumentError, match="element_type and shape"):
+            binding.bind_input("x", "opencl", 0, np.float32, [2, 4], x.data_ptr())
+        with pytest.raises(ArgumentError, match="buffer_ptr must be None"):
+            binding.bind_output("y", "opencl", 0, np.float32, [1, 4], 12345)
+        with pytest.raises(ArgumentError, match="bind a device output by name"):
+            binding.bind_ortvalue_output("y", x)
+    finally:
+        session.close()
