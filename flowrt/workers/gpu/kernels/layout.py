@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,7 +82,7 @@ class TransposeKernel(GpuKernel):
 
     half_storage = True
 
-    @property
+    @functools.cached_property
     def is_view(self) -> bool:  # type: ignore[override]  # per shape, not per class
         shape = static_shape(self.info.inputs[0])
         return not moves_data(shape, transpose_perm(self.info.descriptor.perm, len(shape)))
