@@ -2,11 +2,13 @@
 
 import numpy as np
 import pytest
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import flowrt
+from flowrt.types import TensorInfo
 
 
 @st.composite
@@ -163,3 +165,47 @@ async def test_a_gather_index_out_of_range_fails_the_run_with_a_clear_error(gpu)
             await model.run({"x": x_val, "i": np.array(7, np.int64)})
         y = (await model.run({"x": x_val, "i": np.array(2, np.int64)}))["y"]  # and runs on
         np.testing.assert_array_equal(y, x_val[2])
+
+
+def _split_network(parts: int) -> flowrt.Network:
+    """x (1, 6, 4 * parts) -> MatMul -> Split along the last axis -> each part scaled by its
+    own factor -> an output each: every layer on GpuAcc, the parts in the pool's buffer."""
+    rng = np.random.default_rng(5)
+    width = 4 * parts
+    net = flowrt.Network()
+    x = net.add_input("x", TensorInfo((1, 6, width)))
+    w = rng.standard_normal((width, width)).astype(np.float32)
+    product = net.add_layer("MatMul", inputs=[x, w], name="mm")
+    split = net.add_layer(
+        "Split",
+        flowrt.descriptors.Split(axis=-1, num_outputs=parts),
+        [product],
+        name="split",
+        num_outputs=parts,
+    )
+    for i in range(parts):
+        net.add_output(
+            f"y{i}", net.add_layer("Mul", inputs=[split.outputs[i], np.float32(i + 1)], name=f"mul{i}")
+        )
+    return net
+
+
+@pytest.mark.parametrize("parts", [3, 17])
+def test_a_split_of_pool_tensors_is_one_launch_up_to_sixteen_outputs(gpu, parts):
+    """GPT-2's Q, K and V out of one projection: one launch; more outputs than one launch
+    takes, one each. Either way CpuRef's results."""
+    feeds = {"x": np.random.default_rng(6).standard_normal((1, 6, 4 * parts)).astype(np.float32)}
+
+    async def main(backends):
+        async with flowrt.Runtime(cpu_workers=1) as rt:
+            model = await rt.load(flowrt.optimize(_split_network(parts), backends=backends), max_in_flight=1)
+            for _ in range(2):
+                await model.run(feeds)
+            out = await model.run(feeds, profile=True)
+            return out, {r.layer: r.launches for r in model.profile()}
+
+    got, launches = trio.run(main, ["GpuAcc", "CpuRef"])
+    expected, _ = trio.run(main, ["CpuRef"])
+    assert launches["split"] == (1 if parts <= 16 else parts)
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-5)

@@ -1,6 +1,8 @@
 """Slice and Split: the output read through the input's strides (times the steps) from the
 first element it takes, by layout.cl's ``transpose`` gather with the input's offset moved
-there, one launch an output; Gather: layout.cl's ``gather_rows``, one launch."""
+there, one launch an output (a Split's outputs that lie in one buffer: layout.cl's
+``split_many``, one launch); Gather: layout.cl's ``gather_rows``, one
+launch."""
 
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ from flowrt.engine.graph.layers.slice import slice_params
 from flowrt.engine.graph.shapes import normalize_axis
 from flowrt.errors import ShapeError
 from flowrt.registry import Support, WorkloadInfo
-from flowrt.workers.gpu.kernels import RANK, GpuKernel, gpu_kernel, static_shape
+from flowrt.workers.gpu.kernels import RANK, GpuKernel, gpu_kernel, ints, static_shape
 from flowrt.workers.gpu.kernels.elementwise import stride_table
+from flowrt.workers.gpu.kernels.layout import CONCAT_INPUTS
 from flowrt.workers.gpu.launches import refuse
 from flowrt.workers.gpu.tensor import GpuTensor
 
@@ -106,12 +109,15 @@ class SliceKernel(_Gather):
 @gpu_kernel("Split")
 class SplitKernel(_Gather):
     """Each output is the next run of the axis (their lengths are the outputs' static shapes,
-    so the split input is not read)."""
+    so the split input is not read). Up to CONCAT_INPUTS outputs that lie in one buffer (a
+    memory pool's tensors do: GPT-2's Q, K and V out of its fused projection) are written in
+    one launch that reads the input once, in order; others one launch each."""
 
     host_inputs = frozenset({1})
 
     def prepare(self) -> None:
         self.kernel = self.context.kernel("layout", "transpose", self.storage)
+        self.many = self.context.kernel("layout", "split_many", self.storage)
         shape = static_shape(self.info.inputs[0])
         axis = normalize_axis(self.info.descriptor.axis, len(shape), "Split")
         strides = _strides(shape)
@@ -120,11 +126,23 @@ class SplitKernel(_Gather):
         for out in self.output_shapes:
             self.parts.append((start * strides[axis], stride_table(self.context, out, _padded(strides))))
             start += out[axis]
+        # Each output's values per slab of the input (the split axis and the dims after it).
+        self.blocks = [out[axis] * strides[axis] for out in self.output_shapes]
+        self.total = shape[axis] * strides[axis]
 
     def enqueue(self, queue: Any, inputs: Sequence[Any], outputs: Sequence[GpuTensor]) -> Any:
+        x, ys = inputs[0], list(outputs)
+        if 1 < len(ys) <= CONCAT_INPUTS and x.size and all(y.buffer is ys[0].buffer for y in ys):
+            # One launch reading the input in order, each value to its output's place.
+            table = [
+                v for y, block in zip(ys, self.blocks, strict=True) for v in (int(y.kernel_args[1]), block, 0)
+            ]
+            table += [0] * (3 * CONCAT_INPUTS - len(table))
+            return self.launch(self.many, queue, x.size, *x.kernel_args, ys[0].buffer,
+                               *ints(self.total, x.size, len(ys), *table))  # fmt: skip
         event = None
-        for (first, table), y in zip(self.parts, outputs, strict=True):
-            event = self.gather(queue, inputs[0], y, first, table)
+        for (first, table), y in zip(self.parts, ys, strict=True):
+            event = self.gather(queue, x, y, first, table)
         return event
 
 
