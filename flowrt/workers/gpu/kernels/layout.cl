@@ -29,17 +29,23 @@ __kernel void concat_slab(__global const DATA* x, int x_off, __global DATA* y, i
         if (r < block##j) { src = src##j; block = block##j; start = start##j; found = 1; } \
         else r -= block##j;                                                              \
     }
+// Every part's (src, block, start), and which one holds value i: o = i / total is the slab,
+// r = i % total the value in it, then the part's (src, block, start) and r within it.
+#define CONCAT_ALL_PARAMS                                                                \
+    CONCAT_PARAMS(0), CONCAT_PARAMS(1), CONCAT_PARAMS(2), CONCAT_PARAMS(3), CONCAT_PARAMS(4),   \
+    CONCAT_PARAMS(5), CONCAT_PARAMS(6), CONCAT_PARAMS(7), CONCAT_PARAMS(8), CONCAT_PARAMS(9),   \
+    CONCAT_PARAMS(10), CONCAT_PARAMS(11), CONCAT_PARAMS(12), CONCAT_PARAMS(13), CONCAT_PARAMS(14), \
+    CONCAT_PARAMS(15)
+#define CONCAT_LOOKUP(i)                                                                 \
+    int o = (i) / total, r = (i) % total, src = 0, block = 0, start = 0, found = 0;      \
+    CONCAT_FIND(0) CONCAT_FIND(1) CONCAT_FIND(2) CONCAT_FIND(3) CONCAT_FIND(4) CONCAT_FIND(5) \
+    CONCAT_FIND(6) CONCAT_FIND(7) CONCAT_FIND(8) CONCAT_FIND(9) CONCAT_FIND(10) CONCAT_FIND(11) \
+    CONCAT_FIND(12) CONCAT_FIND(13) CONCAT_FIND(14) CONCAT_FIND(15)
 __kernel void concat_many(__global const DATA* x, __global DATA* y, int y_off, int pitch, int total, int n,
-                          int count, CONCAT_PARAMS(0), CONCAT_PARAMS(1), CONCAT_PARAMS(2), CONCAT_PARAMS(3),
-                          CONCAT_PARAMS(4), CONCAT_PARAMS(5), CONCAT_PARAMS(6), CONCAT_PARAMS(7),
-                          CONCAT_PARAMS(8), CONCAT_PARAMS(9), CONCAT_PARAMS(10), CONCAT_PARAMS(11),
-                          CONCAT_PARAMS(12), CONCAT_PARAMS(13), CONCAT_PARAMS(14), CONCAT_PARAMS(15)) {
+                          int count, CONCAT_ALL_PARAMS) {
     int i = get_global_id(0);
     if (i >= n) return;
-    int o = i / total, r = i % total, src = 0, block = 0, start = 0, found = 0;
-    CONCAT_FIND(0) CONCAT_FIND(1) CONCAT_FIND(2) CONCAT_FIND(3) CONCAT_FIND(4) CONCAT_FIND(5)
-    CONCAT_FIND(6) CONCAT_FIND(7) CONCAT_FIND(8) CONCAT_FIND(9) CONCAT_FIND(10) CONCAT_FIND(11)
-    CONCAT_FIND(12) CONCAT_FIND(13) CONCAT_FIND(14) CONCAT_FIND(15)
+    CONCAT_LOOKUP(i)
     STORE(y, y_off + o * pitch + start + r, LOAD(x, src + o * block + r));
 }
 
@@ -48,16 +54,10 @@ __kernel void concat_many(__global const DATA* x, __global DATA* y, int y_off, i
 // output j takes block_j values of each slab, its first element at y + src_j (start_j unused),
 // slab o at o * block_j. Work-item i copies x's value i: x is read in order.
 __kernel void split_many(__global const DATA* x, int x_off, __global DATA* y, int total, int n,
-                         int count, CONCAT_PARAMS(0), CONCAT_PARAMS(1), CONCAT_PARAMS(2), CONCAT_PARAMS(3),
-                         CONCAT_PARAMS(4), CONCAT_PARAMS(5), CONCAT_PARAMS(6), CONCAT_PARAMS(7),
-                         CONCAT_PARAMS(8), CONCAT_PARAMS(9), CONCAT_PARAMS(10), CONCAT_PARAMS(11),
-                         CONCAT_PARAMS(12), CONCAT_PARAMS(13), CONCAT_PARAMS(14), CONCAT_PARAMS(15)) {
+                         int count, CONCAT_ALL_PARAMS) {
     int i = get_global_id(0);
     if (i >= n) return;
-    int o = i / total, r = i % total, src = 0, block = 0, start = 0, found = 0;
-    CONCAT_FIND(0) CONCAT_FIND(1) CONCAT_FIND(2) CONCAT_FIND(3) CONCAT_FIND(4) CONCAT_FIND(5)
-    CONCAT_FIND(6) CONCAT_FIND(7) CONCAT_FIND(8) CONCAT_FIND(9) CONCAT_FIND(10) CONCAT_FIND(11)
-    CONCAT_FIND(12) CONCAT_FIND(13) CONCAT_FIND(14) CONCAT_FIND(15)
+    CONCAT_LOOKUP(i)
     (void)start;
     STORE(y, src + o * block + r, LOAD(x, x_off + i));
 }
