@@ -132,7 +132,7 @@ def plan_memory(
     owner: dict[int, str] = {}
     produced = {t for n in order for t in n.writes}
     for node in order:
-        if (node.view or node.kind in VIEW_KINDS) and node.reads and node.reads[0] in produced:
+        if node.view and node.reads and node.reads[0] in produced:
             aliases.update({t: node.reads[0] for t in node.writes})
         else:
             owner.update({t: node.backend for t in node.writes})

@@ -12,6 +12,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from flowrt.registry import Support, WorkloadInfo
 from flowrt.workers.gpu.kernels import GpuKernel, contiguous_strides, fold_dims, gpu_kernel, static_shape
 from flowrt.workers.gpu.kernels.gemm import Gemm, Operand
@@ -152,19 +154,12 @@ def written_layout(
     plan = matmul_plan(a, b)
     if len(a) < 2 or len(b) < 2 or plan is None:
         return f"operands of rank 2 or more, read as {a} and {b}"
-    product = [*(max(x, y) for x, y in zip(_padded(a[:-2], b[:-2]), _padded(b[:-2], a[:-2]))), a[-2], b[-1]]
-    if sorted(perm_y) != list(range(len(product))):
-        return f"a permutation of the product's {len(product)} dims, got {list(perm_y)}"
+    product = [*np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2])), a[-2], b[-1]]
     ys = contiguous_strides([product[p] for p in perm_y])
     strides = [ys[list(perm_y).index(i)] for i in range(len(product))]
     if plan[3] == 1:  # one batch: A's batch dims, if any, fold into the rows
         return _rows_steps(product, strides, "the product's", "written")
     return _batch_steps(product, strides, "the product's", "written")
-
-
-def _padded(dims: Sequence[int], other: Sequence[int]) -> list[int]:
-    """``dims`` with leading 1s to the length of ``other`` (numpy's broadcast alignment)."""
-    return [1] * max(0, len(other) - len(dims)) + list(dims)
 
 
 @gpu_kernel("TransposedMatMul")
