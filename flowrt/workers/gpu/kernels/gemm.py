@@ -132,7 +132,7 @@ def _cost(m: int, n: int, k: int, batches: int, units: int, tiling: Tiling, spli
     depth = -(-k // splits)
     cycles = waves * tiling.resident * tiling.rows * tiling.cols * depth / (128 * tiling.efficiency)
     if splits > 1:
-        cycles += _REDUCE_LAUNCH + _REDUCE_PER_FLOAT * splits * m * n * batches / units
+        cycles += transfer_cost(splits * m * n * batches, units)
     return cycles
 
 
@@ -148,6 +148,26 @@ def ranked_plans(
     of them to fill the device, smaller ones or a split K where there are not (a batch-1
     convolution of a deep layer has a few dozen pixels and thousands of K). ``whole_k``: no
     split (a C written through strides)."""
+    return [c[2] for c in sorted(_candidates(shape, batches, units, tilings, whole_k), key=lambda c: c[:2])]
+
+
+def least_cost(
+    shape: tuple[int, int, int], batches: int, units: int, tilings: dict[str, Tiling] = TILINGS
+) -> float:
+    """What :func:`_cost` says the cheapest plan of such a GEMM takes (to weigh algorithms)."""
+    return min(c[0] for c in _candidates(shape, batches, units, tilings, False))
+
+
+def transfer_cost(floats: int, units: int, per_float: float = _REDUCE_PER_FLOAT) -> float:
+    """What a kernel that moves ``floats`` values costs, in :func:`_cost`'s unit: its launch
+    and ``per_float`` a value per unit (a split K's reduction's price by default)."""
+    return _REDUCE_LAUNCH + per_float * floats / units
+
+
+def _candidates(
+    shape: tuple[int, int, int], batches: int, units: int, tilings: dict[str, Tiling], whole_k: bool
+) -> list[tuple[float, int, GemmPlan]]:
+    """(cost, tiling's rank, plan) of every tiling and split that fits."""
     m, n, k = shape
     candidates = []
     for index, tiling in enumerate(tilings.values()):
@@ -155,7 +175,7 @@ def ranked_plans(
             plan = _plan(tiling, splits, k)
             if plan is not None and (splits == 1 or k >= splits * 8 * TK):
                 candidates.append((_cost(m, n, k, batches, units, tiling, splits), index, plan))
-    return [c[2] for c in sorted(candidates, key=lambda c: c[:2])]
+    return candidates
 
 
 def _plan(tiling: Tiling, splits: int, k: int) -> GemmPlan | None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from flowrt.engine.graph.winograd import winograd_weights
 from flowrt.engine.memory.weights import MANAGER
 from flowrt.workers.cpu.acc.blas import read_only
-from flowrt.workers.cpu.acc.conv.winograd import winograd_weights
 from flowrt.workers.cpu.acc.conv.winograd4 import winograd4_weights
 from flowrt.workers.cpu.acc.conv.winograd_conv import winograd_panels
 from flowrt.workers.cpu.acc.half import to_half

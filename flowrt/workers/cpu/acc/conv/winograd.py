@@ -30,8 +30,6 @@ from flowrt.workers.cpu.acc.calls import NATIVE
 from flowrt.workers.cpu.acc.kernels.pool_vectors import copy_floats, interleave2_vector
 from flowrt.workers.cpu.acc.tile_ir import LANES
 
-# Winograd F(2x2, 3x3): G (4x3) maps a 3-tap filter to its transform.
-_G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
 # A block of tile rows aims at this many tiles (GEMM columns).
 BLOCK_TILES = 256
 # Images with fewer tiles than this are transformed a few at a time (:func:`winograd_blocks`).
@@ -70,21 +68,6 @@ class WinogradRule:
         ):
             return 0
         return 4 if fast_math and min(out_hw) >= self.f4_min_side else 2
-
-
-def filter_transforms(g: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Filters (M, C, 3, 3) as their transforms ``g f gt`` (``g``: the tile's (t, 3) matrix),
-    one (M, C) matrix per tile element: (t * t, M, C), computed in float64. Element (a, b) is
-    the sum of ``g[a, i] g[b, j] f[i, j]``: one matrix product by ``kron(g, g)`` (t * t, 9)
-    over all the filters at once, 4-6x faster than the same sums by einsum (at load)."""
-    m, c = w.shape[:2]
-    u = np.kron(g, g) @ np.asarray(w, np.float64).reshape(m * c, 9).T
-    return u.astype(np.float32).reshape(-1, m, c)
-
-
-def winograd_weights(w: np.ndarray) -> np.ndarray:
-    """Filters (M, C, 3, 3) as their transforms, one (M, C) matrix per tile element: (16, M, C)."""
-    return filter_transforms(_G, w)
 
 
 def winograd_blocks(

@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from flowrt.engine.graph.winograd import filter_transforms
 from flowrt.workers.cpu.acc.calls import NATIVE
-from flowrt.workers.cpu.acc.conv.winograd import filter_transforms
 from flowrt.workers.cpu.acc.kernels.pool_vectors import interleave4_vector
 from flowrt.workers.cpu.acc.tile_ir import LANES
 
