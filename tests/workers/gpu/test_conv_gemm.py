@@ -126,7 +126,7 @@ def test_gemm_plan_splits_deep_narrow_products_and_tiles_wide_ones_whole():
     assert deep.splits > 1
     assert deep.k_split % TK == 0 and deep.splits * deep.k_split >= 4608 > (deep.splits - 1) * deep.k_split
     wide = plan_gemm((256, 3136, 64), 8, units=132)
-    assert (wide.tiling, wide.splits) == (max(TILINGS.values(), key=lambda t: t.rows * t.cols), 1)
+    assert wide.splits == 1 and wide.tiling.rows * wide.tiling.cols >= 64 * 64  # large tiles, K whole
     # a device of two compute units is filled by a few tiles: nothing to gain from splitting
     assert plan_gemm((512, 784, 128), 1, units=2).splits == 1
     # a CPU device runs one tiling, whole

@@ -16,11 +16,12 @@ H200_UNITS = 132
 
 
 def test_the_cost_model_takes_it_for_large_gemms_not_for_launch_bound_ones():
-    # resnet50's 3x3 convolutions of 256 channels at 14x14: batch 8 multiplies enough to pay
-    # for two more launches, batch 1 does not.
+    # resnet50's 3x3 convolutions of 128 channels at 28x28 and 256 at 14x14: batch 8
+    # multiplies enough to pay for two more launches, batch 1 does not.
     assert winograd_pays((8, 256, 14, 14), 256, (14, 14), H200_UNITS)
-    assert winograd_pays((8, 512, 7, 7), 512, (7, 7), H200_UNITS)
+    assert winograd_pays((8, 128, 28, 28), 128, (28, 28), H200_UNITS)
     assert not winograd_pays((1, 256, 14, 14), 256, (14, 14), H200_UNITS)
+    assert not winograd_pays((1, 128, 28, 28), 128, (28, 28), H200_UNITS)
     assert not winograd_pays((1, 8, 8, 8), 8, (8, 8), H200_UNITS)
 
 

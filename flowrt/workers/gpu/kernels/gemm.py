@@ -73,19 +73,20 @@ class Tiling:
         return (self.cols // self.item_cols, self.rows // self.item_rows, 1)
 
 
-# gemm.cl's builds, every one 16 x 16 work-items. Their residency and efficiency are fitted to
-# device timings of 48 GEMM shapes (the convolutions and matrix products of resnet50,
-# densenet121 and a BERT-base layer, batch 1 and 8) on an H100: the plan they give is within
-# 1% of the best of every tiling and split there, in all, and 3x faster than one 64 x 64
-# tiling alone at batch 1. Blocked reads made the 64 x 64 and 32 x 32 tilings 18-19% faster
-# and the 128 x 64 one 3% slower; 64 x 128 and 128 x 128 tilings were never the best. Slices
-# 8 deep made the 64 x 64 tiling 10% faster again at batch 8 (3% at batch 1); 32 deep, or
-# 8 deep for the 128 x 64 one, were slower.
+# gemm.cl's builds. Their residency and efficiency are fitted to device timings of 48 GEMM
+# shapes (the convolutions and matrix products of resnet50, densenet121 and a BERT-base layer,
+# batch 1 and 8) on an H100: the plan they give is within 1% of the best of every tiling and
+# split there, in all, and 3x faster than one 64 x 64 tiling alone at batch 1. Blocked reads
+# made the 64 x 64 and 32 x 32 tilings 18-19% faster and the 128 x 64 one 3% slower; 64 x 128
+# and 128 x 128 tilings were never the best. The 64 x 64 tiling's 128 work-items of 8 x 4
+# (16 deep slices) took over from 256 of 4 x 4 (8 deep) on an H200: every resnet50 conv of
+# batch 8 took 3.76 ms of device time in the plans the model gives against 3.99 (the best of
+# either set: 3.73 and 3.86), batch 1 1.27 against 1.26; 8 x 8 blocks, and 4 x 8, were slower.
 TILINGS = {
     t.name: t
     for t in (
         Tiling(128, 64, 8, 4, resident=2, efficiency=0.93),
-        Tiling(64, 64, 4, 4, resident=2, efficiency=0.6, blocked=True, depth=8),
+        Tiling(64, 64, 8, 4, resident=4, efficiency=1.1, blocked=True),
         Tiling(32, 32, 2, 2, resident=4, efficiency=0.44, blocked=True),
     )
 }

@@ -28,9 +28,11 @@ from flowrt.workers.gpu.tensor import GpuTensor
 # sums take slot 0 meanwhile; see ``scratch``).
 V_SLOT, M_SLOT = 3, 4
 ELEMENTS = 16  # a 4x4 transformed tile
-# A transform's cost per value read or written, in the GEMM cost model's unit (a compute
-# unit's cycle): resnet50's on an H200 at batch 8 move 8 million values in 32-35 us.
-TRANSFORM_PER_FLOAT = 0.5
+# A transform's cost per value read or written and compute unit, in the GEMM cost model's unit
+# (about a thousand to a microsecond of an H200's device time, where resnet50's convolutions
+# run): resnet50's transforms at batch 8 take 5 us a launch and 0.75 us more per million
+# values. A launch is priced as a split K's reduction is, at what the host pays to enqueue it.
+TRANSFORM_PER_FLOAT = 0.1
 
 
 def tiles(out_hw: Sequence[int]) -> tuple[int, int]:
