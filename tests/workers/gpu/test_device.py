@@ -40,8 +40,8 @@ def test_program_binaries_are_cached_on_disk(gpu, tmp_path, monkeypatch, caplog)
     (binary,) = (tmp_path / "opencl").glob("layout--*.bin")
     warm = ProgramCache(gpu.context, gpu.device, store_binaries=True)
     assert (
-        warm.get("layout").get_info(flowrt.workers.gpu.device.cl.program_info.NUM_KERNELS) == 5
-    )  # transpose, concat_slab, concat_many, split_many, gather_rows
+        warm.get("layout").get_info(flowrt.workers.gpu.device.cl.program_info.NUM_KERNELS) == 6
+    )  # transpose, transpose_runs, concat_slab, concat_many, split_many, gather_rows
     assert warm.builds == {"layout": "binary"}
     binary.write_bytes(b"not a program")
     with caplog.at_level(logging.INFO, logger="flowrt.workers.gpu.program"):

@@ -88,3 +88,19 @@ def test_concat_copies_the_inputs_of_one_buffer_sixteen_a_launch(gpu, monkeypatc
     for got in trio.run(run):
         np.testing.assert_array_equal(got, expected)
     assert calls[:2] == [16, 5]
+
+
+def test_a_transpose_keeping_the_last_axis_copies_runs_of_it(gpu, run_both, run_half):
+    """(S, B, D) -> (B, S, D), as ViT's attention swaps its batch and sequence: the last
+    axis is read in order, several values a work-item (8, 4 or 2 as D allows)."""
+    for d in (24, 12, 6, 5):
+        x = np.arange(7 * 3 * d, dtype=np.float32).reshape(7, 3, d)
+        desc = flowrt.descriptors.Transpose(perm=(1, 0, 2))
+        (got,), (expected,) = run_both("Transpose", desc, [x])
+        np.testing.assert_array_equal(got, expected)
+        (got,), (expected,) = run_half("Transpose", desc, [x / 64])
+        np.testing.assert_array_equal(got, expected)
+    # an Expand that repeats rows reads each row in order too
+    x = np.arange(16, dtype=np.float32).reshape(1, 16)
+    (got,), (expected,) = run_both("Expand", None, [x, np.array([3, 16], np.int64)], (1,))
+    np.testing.assert_array_equal(got, expected)

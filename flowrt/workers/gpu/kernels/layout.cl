@@ -8,6 +8,27 @@ __kernel void transpose(__global const DATA* x, int x_off, __global DATA* y, int
     if (i < n) STORE(y, i, LOAD(x, strided_offset(i, table, 1)));
 }
 
+// The same gather `run` (8, 4 or 2) values of the output's last dim a work-item, where that dim
+// is read in order (its input stride 1) and `run` divides it: the index arithmetic (a division
+// and a remainder per dim) once per run, and the run's values read as one vector before any
+// is written (x and y may alias as far as the compiler knows: a loop would wait on each load).
+#ifdef HALF_STORAGE
+#define LOAD_RUN(n, p) vload_half##n(0, p)
+#define STORE_RUN(n, v, p) vstore_half##n##_rte(v, 0, p)
+#else
+#define LOAD_RUN(n, p) vload##n(0, p)
+#define STORE_RUN(n, v, p) vstore##n(v, 0, p)
+#endif
+__kernel void transpose_runs(__global const DATA* x, int x_off, __global DATA* y, int y_off, __constant const int* table, int run, int n) {
+    int i = get_global_id(0);
+    if (i >= n) return;
+    x += x_off + strided_offset(i * run, table, 1);
+    y += y_off + i * run;
+    if (run == 8) STORE_RUN(8, LOAD_RUN(8, x), y);
+    else if (run == 4) STORE_RUN(4, LOAD_RUN(4, x), y);
+    else STORE_RUN(2, LOAD_RUN(2, x), y);
+}
+
 // One input of a concat: x is `outer` slabs of `block` values; slab o lands at
 // y[o * pitch + start]. (A kernel rather than clEnqueueCopyBufferRect: one launch, whatever
 // the number of slabs, and PoCL 3.0 crashed on rectangular copies between sub-buffers.)

@@ -97,19 +97,30 @@ class TransposeKernel(GpuKernel):
         return Support.yes()
 
     def prepare(self) -> None:
-        self.kernel = self.context.kernel("layout", "transpose", self.storage)
         shape = static_shape(self.info.inputs[0])
         perm = transpose_perm(self.info.descriptor.perm, len(shape))
         strides = broadcast_strides(shape, shape)[RANK - len(shape) :]
         # Dims of size 1 got stride 0 above, which is right for them too.
         permuted = [0] * (RANK - len(shape)) + [strides[p] for p in perm]
-        self.table = stride_table(self.context, self.output_shapes[0], permuted)
+        self._gather(permuted)
+
+    def _gather(self, strides: Sequence[int]) -> None:
+        """The kernel reading the output's elements through the input's ``strides`` (rank
+        RANK, in output order): runs along the last dim where it is read in order."""
+        out = self.output_shapes[0]
+        self.table = stride_table(self.context, out, strides)
+        last = out[-1] if out else 1
+        self.run = next((r for r in (8, 4, 2) if strides[-1] == 1 and last % r == 0), 1)
+        name = "transpose_runs" if self.run > 1 else "transpose"
+        self.kernel = self.context.kernel("layout", name, self.storage)
 
     def enqueue(self, queue: Any, inputs: Sequence[GpuTensor], outputs: Sequence[GpuTensor]) -> Any:
         x, y = inputs[0], outputs[0]
+        runs = (np.int32(self.run),) if self.run > 1 else ()
         return self.launch(
-            self.kernel, queue, y.size, *x.kernel_args, *y.kernel_args, self.table, np.int32(y.size)
-        )
+            self.kernel, queue, y.size // self.run, *x.kernel_args, *y.kernel_args, self.table, *runs,
+            np.int32(y.size // self.run),
+        )  # fmt: skip
 
 
 @gpu_kernel("Expand")
@@ -128,10 +139,7 @@ class ExpandKernel(TransposeKernel):
         return Support.yes()
 
     def prepare(self) -> None:
-        self.kernel = self.context.kernel("layout", "transpose", self.storage)
-        out = self.output_shapes[0]
-        strides = broadcast_strides(static_shape(self.info.inputs[0]), out)
-        self.table = stride_table(self.context, out, strides)
+        self._gather(broadcast_strides(static_shape(self.info.inputs[0]), self.output_shapes[0]))
 
 
 @gpu_kernel("Reshape", "Flatten", "Squeeze", "Unsqueeze")
