@@ -22,6 +22,28 @@ def lone_runs(opt: flowrt.OptimizedNetwork, feeds: Sequence[dict], output: str =
     return trio.run(main)
 
 
+def steady_launches(
+    opt: flowrt.OptimizedNetwork, feeds: dict, output: str = "out"
+) -> tuple[dict[str, int], np.ndarray]:
+    """Kernel launches by layer of a profiled run after the one that records them (the
+    pool's second), and its ``output``."""
+
+    async def main():
+        async with flowrt.Runtime(cpu_workers=1) as rt:
+            model = await rt.load(opt, max_in_flight=1)
+            for _ in range(2):
+                await model.run(feeds)
+            out = (await model.run(feeds, profile=True))[output]
+            return {r.layer: r.launches for r in model.profile()}, out
+
+    return trio.run(main)
+
+
+def cpuref_output(net: flowrt.Network, feeds: dict, output: str = "out") -> np.ndarray:
+    """``output`` of ``net`` run on CpuRef alone."""
+    return lone_runs(flowrt.optimize(net, backends=["CpuRef"]), [feeds], output)[0]
+
+
 def alone_and_batched(
     opt: flowrt.OptimizedNetwork, feeds: Sequence[dict], output: str = "out"
 ) -> tuple[list[np.ndarray], list[np.ndarray], dict[int, int]]:

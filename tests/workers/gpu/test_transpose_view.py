@@ -3,8 +3,7 @@ torchvision's attention turns (1, S, D) into (S, 1, D) and back at batch 1. A ba
 moves the elements again, and a batching stream still gets each sample's own result."""
 
 import numpy as np
-import trio
-from fusedruns import alone_and_batched
+from fusedruns import alone_and_batched, cpuref_output, steady_launches
 
 import flowrt
 from flowrt.engine.graph.layers.transpose import moves_data
@@ -39,41 +38,22 @@ def _sequence_network(batch: int = 1) -> flowrt.Network:
     return net
 
 
-async def _steady_launches(opt: flowrt.OptimizedNetwork, feeds: dict) -> tuple[dict[str, int], np.ndarray]:
-    """Launches per layer of a run after the recording one (profiled), and its output."""
-    async with flowrt.Runtime(cpu_workers=1) as rt:
-        model = await rt.load(opt, max_in_flight=1)
-        for _ in range(2):
-            await model.run(feeds)
-        out = (await model.run(feeds, profile=True))["out"]
-        return {r.layer: r.launches for r in model.profile()}, out
-
-
-def _reference(net: flowrt.Network, feeds: dict) -> np.ndarray:
-    async def main():
-        async with flowrt.Runtime(cpu_workers=1) as rt:
-            model = await rt.load(flowrt.optimize(net, backends=["CpuRef"]))
-            return (await model.run(feeds))["out"]
-
-    return trio.run(main)
-
-
 def test_transposes_of_the_batch_axis_at_batch_1_launch_nothing(gpu):
     feeds = {"x": np.random.default_rng(0).standard_normal((1, SEQ, WIDTH)).astype(np.float32)}
     opt = flowrt.optimize(_sequence_network(), backends=["GpuAcc", "CpuRef"])
     assert set(opt.assignments().values()) == {"GpuAcc"}
-    launches, out = trio.run(_steady_launches, opt, feeds)
+    launches, out = steady_launches(opt, feeds)
     assert launches["turn"] == launches["back"] == 0
     assert launches["first"] >= 1 and launches["scale"] >= 1 and launches["last"] >= 1
-    np.testing.assert_allclose(out, _reference(_sequence_network(), feeds), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, cpuref_output(_sequence_network(), feeds), rtol=1e-5, atol=1e-5)
 
 
 def test_at_batch_2_the_transposes_move_the_elements(gpu):
     feeds = {"x": np.random.default_rng(1).standard_normal((2, SEQ, WIDTH)).astype(np.float32)}
     opt = flowrt.optimize(_sequence_network(2), backends=["GpuAcc", "CpuRef"])
-    launches, out = trio.run(_steady_launches, opt, feeds)
+    launches, out = steady_launches(opt, feeds)
     assert launches["turn"] == launches["back"] == 1
-    np.testing.assert_allclose(out, _reference(_sequence_network(2), feeds), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, cpuref_output(_sequence_network(2), feeds), rtol=1e-5, atol=1e-5)
 
 
 def test_a_batching_stream_gets_each_samples_own_result(gpu):
@@ -85,5 +65,5 @@ def test_a_batching_stream_gets_each_samples_own_result(gpu):
     alone, batched, counts = alone_and_batched(opt, feeds)
     assert counts.get(4) == 1
     for feed, one, many in zip(feeds, alone, batched):
-        np.testing.assert_allclose(one, _reference(_sequence_network(), feed), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(one, cpuref_output(_sequence_network(), feed), rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(many, one, rtol=1e-5, atol=1e-6)

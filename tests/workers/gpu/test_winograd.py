@@ -3,8 +3,7 @@ results against CpuRef (the layer alone, in a network, in a batching stream)."""
 
 import numpy as np
 import pytest
-import trio
-from fusedruns import alone_and_batched
+from fusedruns import alone_and_batched, cpuref_output, steady_launches
 
 import flowrt
 from flowrt.registry import FusedActivation
@@ -78,45 +77,23 @@ def _network(batch: int = 1) -> flowrt.Network:
     return net
 
 
-async def _launches_and_output(
-    opt: flowrt.OptimizedNetwork, feeds: dict
-) -> tuple[dict[str, int], np.ndarray]:
-    async with flowrt.Runtime(cpu_workers=1) as rt:
-        model = await rt.load(opt, max_in_flight=1)
-        for _ in range(2):  # the second run records the launches: the third replays them
-            await model.run(feeds)
-        out = (await model.run(feeds, profile=True))["out"]
-        return {r.layer: r.launches for r in model.profile()}, out
-
-
-def _reference(net: flowrt.Network, feeds: dict) -> np.ndarray:
-    async def main():
-        async with flowrt.Runtime(cpu_workers=1) as rt:
-            model = await rt.load(flowrt.optimize(net, backends=["CpuRef"]))
-            return (await model.run(feeds))["out"]
-
-    return trio.run(main)
-
-
 def test_a_network_runs_its_3x3_stride_1_conv_in_three_launches(gpu, winograd_everywhere):
     feeds = {"x": _normal(np.random.default_rng(0), 1, 8, 10, 10)}
     opt = flowrt.optimize(_network(), backends=["GpuAcc", "CpuRef"])
     assert set(opt.assignments().values()) == {"GpuAcc"}
-    launches, out = trio.run(_launches_and_output, opt, feeds)
+    launches, out = steady_launches(opt, feeds)
     same = next(name for name in launches if name.startswith("same"))
     assert launches[same] == 3  # tiles in, the 16 GEMMs, tiles out (with the bias and Relu)
     assert launches["strided"] == 1  # stride 2: the implicit GEMM
-    np.testing.assert_allclose(out, _reference(_network(), feeds), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out, cpuref_output(_network(), feeds), rtol=1e-4, atol=1e-4)
 
 
 def test_without_it_the_same_network_launches_one_gemm_a_conv(gpu, monkeypatch):
     monkeypatch.setattr(conv_module, "winograd_pays", lambda *args: False)
     feeds = {"x": _normal(np.random.default_rng(0), 1, 8, 10, 10)}
-    launches, out = trio.run(
-        _launches_and_output, flowrt.optimize(_network(), backends=["GpuAcc", "CpuRef"]), feeds
-    )
+    launches, out = steady_launches(flowrt.optimize(_network(), backends=["GpuAcc", "CpuRef"]), feeds)
     assert sorted(launches.values()) == [1, 1]
-    np.testing.assert_allclose(out, _reference(_network(), feeds), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out, cpuref_output(_network(), feeds), rtol=1e-4, atol=1e-4)
 
 
 def test_a_batching_stream_gets_each_samples_own_result(gpu, winograd_everywhere):
@@ -129,4 +106,4 @@ def test_a_batching_stream_gets_each_samples_own_result(gpu, winograd_everywhere
     assert max(counts) > 1
     for one, together, f in zip(alone, batched, feeds):
         np.testing.assert_allclose(together, one, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(one, _reference(_network(), f), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(one, cpuref_output(_network(), f), rtol=1e-4, atol=1e-4)
