@@ -37,11 +37,21 @@ class Support:
 _fusable_activation_kinds: Callable[[], Collection[str]] = tuple
 
 
-def set_fusable_activation_kinds(kinds: Callable[[], Collection[str]]) -> None:
-    """Make ``kinds()`` the kinds a :class:`FusedActivation` may name (called once, by the
-    activation table)."""
-    global _fusable_activation_kinds
-    _fusable_activation_kinds = kinds
+# The forms a kind has besides its plain one (Gelu's "tanh"), handed over the same way.
+def _no_forms(kind: str) -> Collection[str]:
+    return ()
+
+
+_activation_forms: Callable[[str], Collection[str]] = _no_forms
+
+
+def set_fusable_activation_kinds(
+    kinds: Callable[[], Collection[str]], forms: Callable[[str], Collection[str]]
+) -> None:
+    """Make ``kinds()`` the kinds a :class:`FusedActivation` may name, and ``forms(kind)`` the
+    forms it may take besides the plain one (called once, by the activation table)."""
+    global _fusable_activation_kinds, _activation_forms
+    _fusable_activation_kinds, _activation_forms = kinds, forms
 
 
 def _fusable_kind(instance: Any, attribute: attrs.Attribute, value: str) -> None:
@@ -50,18 +60,28 @@ def _fusable_kind(instance: Any, attribute: attrs.Attribute, value: str) -> None
         raise ValueError(f"{attribute.name!r} must be in {tuple(kinds)!r} (got {value!r})")
 
 
+def _activation_form(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+    forms = _activation_forms(instance.kind)
+    if value and value not in forms:
+        raise ValueError(
+            f"{attribute.name!r} of {instance.kind} must be '' or in {tuple(forms)!r} (got {value!r})"
+        )
+
+
 @attrs.frozen
 class FusedActivation:
     """An activation a workload applies to its own output before writing it.
 
     ``kind`` is an activation kind that may be fused (its ``ActivationFact`` in the activation
     table says so); ``alpha`` and ``beta`` are what that fact's ``params`` read from the layer
-    (LeakyRelu's slope, Clip's bounds, ...).
+    (LeakyRelu's slope, Clip's bounds, ...); ``form`` names one of the kind's other forms, each
+    a code of its own (Gelu's "tanh"), or is empty.
     """
 
     kind: str = attrs.field(validator=_fusable_kind)
     alpha: float = 0.0
     beta: float = 0.0
+    form: str = attrs.field(default="", validator=_activation_form)
 
 
 @attrs.frozen

@@ -22,7 +22,7 @@ import attrs
 import numpy as np
 
 from flowrt.errors import GraphError
-from flowrt.registry.protocols import set_fusable_activation_kinds
+from flowrt.registry.protocols import FusedActivation, set_fusable_activation_kinds
 from flowrt.types import TensorInfo
 
 # infer(descriptor, input infos, constant input values) -> output infos.
@@ -37,7 +37,7 @@ class NoDescriptor:
 
 
 # (descriptor, constant input values) -> (alpha, beta) for activate(); None where this layer
-# cannot be a fused activation (Clip's bounds not constants, Gelu's tanh form).
+# cannot be a fused activation (Clip's bounds not constants).
 ActivationParams = Callable[[Any, Sequence[Any]], tuple[float, float] | None]
 # Who fuses an activation into the layer before it: every backend that fuses activations
 # (capability ``fused_activation``; the engine's pass fuses these), only a backend that offers
@@ -53,6 +53,11 @@ def no_params(descriptor: Any, constants: Sequence[Any]) -> tuple[float, float]:
     return 0.0, 0.0
 
 
+def plain_form(descriptor: Any) -> str:
+    """The form of an activation that has one: the plain one, ``""``."""
+    return ""
+
+
 @attrs.frozen
 class ActivationFact:
     """What an activation kind is to the kernels that apply it as they store a value.
@@ -62,8 +67,8 @@ class ActivationFact:
     kernels (numba's cache, OpenCL binaries): a code once given is never changed, and a new
     activation takes the next free one. ``params`` gives its ``alpha`` and ``beta`` from a
     layer's descriptor and constant inputs; ``fused`` says who fuses it (see ``Fused``).
-    ``variants`` are codes of forms of the kind that are never fused, by name (Gelu's "tanh"),
-    held here so that no other activation takes them.
+    ``variants`` are the codes of the kind's other forms, by name (Gelu's "tanh"), and ``form``
+    names a layer's form from its descriptor (``""``: the plain one, ``code``).
     """
 
     code: int = attrs.field(validator=attrs.validators.ge(1))
@@ -72,6 +77,11 @@ class ActivationFact:
         default="everywhere", validator=attrs.validators.in_(("everywhere", "curve", "never"))
     )
     variants: Mapping[str, int] = attrs.field(factory=dict, hash=False)
+    form: Callable[[Any], str] = plain_form
+
+    def code_of(self, form: str) -> int:
+        """The code of the kind's form ``form`` (``""``: the plain one)."""
+        return self.variants[form] if form else self.code
 
 
 @attrs.frozen
@@ -166,8 +176,16 @@ def activation_kinds(*fused: Fused) -> tuple[str, ...]:
     return tuple(kind for kind, fact in activation_facts().items() if fact.fused in fused)
 
 
-# FusedActivation (in the registry, which may not import this room) names these kinds only.
-set_fusable_activation_kinds(lambda: activation_kinds("everywhere", "curve"))
+def activation_code(activation: FusedActivation) -> int:
+    """The code of ``activation`` in every backend's ``activate()``: its kind's, or its form's."""
+    return activation_facts()[activation.kind].code_of(activation.form)
+
+
+# FusedActivation (in the registry, which may not import this room) names these kinds and
+# forms only.
+set_fusable_activation_kinds(
+    lambda: activation_kinds("everywhere", "curve"), lambda kind: tuple(activation_facts()[kind].variants)
+)
 
 
 def _register_all() -> None:

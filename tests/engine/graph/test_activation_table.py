@@ -74,7 +74,7 @@ def test_fused_activation_names_exactly_the_kinds_that_are_fused():
         ("Elu", flowrt.descriptors.Elu(alpha=0.7), (), FusedActivation("Elu", 0.7)),
         ("Swish", flowrt.descriptors.Swish(alpha=1.5), (), FusedActivation("Swish", 1.5)),
         ("Gelu", flowrt.descriptors.Gelu("none"), (), FusedActivation("Gelu")),
-        ("Gelu", flowrt.descriptors.Gelu("tanh"), (), None),
+        ("Gelu", flowrt.descriptors.Gelu("tanh"), (), FusedActivation("Gelu", form="tanh")),
         ("Clip", flowrt.descriptors.Clip(min=-1.0, max=6.0, opset=6), (), FusedActivation("Clip", -1.0, 6.0)),
         (
             "Clip",

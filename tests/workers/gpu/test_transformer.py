@@ -4,11 +4,13 @@ import numpy as np
 import onnx
 import pytest
 import trio
+from fusedruns import cpuref_output, lone_runs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import flowrt
+from flowrt.registry import FusedActivation
 
 SEQ, HIDDEN, HEADS, FFN = 16, 64, 4, 128
 HEAD = HIDDEN // HEADS
@@ -162,3 +164,23 @@ def test_matmul_with_crossed_batch_broadcasting_is_declined(gpu, a, b):
         "MatMul", flowrt.descriptors.MatMul(), [TensorInfo(a), TensorInfo(b)], [out]
     )
     assert not answer.supported and "batch dims" in answer.reason
+
+
+def test_gpt2s_tanh_gelu_is_applied_in_the_feed_forwards_gemm(gpu):
+    """GPT-2's feed-forward: MatMul + bias Add + Gelu in its tanh form is one MatMulBias that
+    applies that form as it writes (common.cl's ACT_GELU_TANH), matching CpuRef."""
+    rng = np.random.default_rng(6)
+    net = flowrt.Network()
+    x = net.add_input("x", flowrt.types.TensorInfo((2, SEQ, HIDDEN)))
+    w = rng.standard_normal((HIDDEN, 4 * HIDDEN)).astype(np.float32) * 0.3
+    b = rng.standard_normal(4 * HIDDEN).astype(np.float32)
+    product = net.add_layer("MatMul", inputs=[x, w], name="fc")
+    biased = net.add_layer("Add", inputs=[product, b], name="bias")
+    net.add_output("out", net.add_layer("Gelu", flowrt.descriptors.Gelu("tanh"), [biased], name="gelu"))
+    opt = flowrt.optimize(net, backends=["GpuAcc", "CpuRef"])
+    (linear,) = [layer for layer in opt.graph if layer.backend]
+    assert linear.kind == "MatMulBias" and linear.backend == "GpuAcc"
+    assert linear.activation == FusedActivation("Gelu", form="tanh")
+    feeds = {"x": rng.standard_normal((2, SEQ, HIDDEN)).astype(np.float32)}
+    (got,) = lone_runs(opt, [feeds])
+    np.testing.assert_allclose(got, cpuref_output(net, feeds), rtol=1e-4, atol=1e-4)

@@ -50,9 +50,9 @@ def _alpha_beta(descriptor: Any, constants: Sequence[Any]) -> tuple[float, float
     return float(descriptor.alpha), float(descriptor.beta)
 
 
-def _gelu(descriptor: Any, constants: Sequence[Any]) -> tuple[float, float] | None:
-    """The erf form is fused; the tanh form (its variant code) is not."""
-    return (0.0, 0.0) if descriptor.approximate == "none" else None
+def _gelu_form(descriptor: Any) -> str:
+    """Gelu's exact (erf) form is the plain one; "tanh" its approximation, a code of its own."""
+    return "" if descriptor.approximate == "none" else descriptor.approximate
 
 
 _float_infer = same_info_infer(FLOAT_TYPES)
@@ -135,7 +135,7 @@ _ACTIVATIONS_WITH_ATTRIBUTES: list[tuple[str, type, ActivationFact | None]] = [
     ("ThresholdedRelu", ThresholdedReluDescriptor, None),
     ("HardSigmoid", HardSigmoidDescriptor, ActivationFact(6, _alpha_beta, fused="curve")),
     ("Selu", SeluDescriptor, None),
-    ("Gelu", GeluDescriptor, ActivationFact(10, _gelu, fused="curve", variants={"tanh": 11})),
+    ("Gelu", GeluDescriptor, ActivationFact(10, fused="curve", variants={"tanh": 11}, form=_gelu_form)),
 ]
 for _kind, _desc, _fact in _ACTIVATIONS_WITH_ATTRIBUTES:
     layer_kind(_kind, _desc, activation=_fact)(_float_infer)

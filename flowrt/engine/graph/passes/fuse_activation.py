@@ -22,11 +22,13 @@ from flowrt.types import DataType
 def as_fused_activation(kind: str, descriptor: Any, constants: Sequence[Any] = ()) -> FusedActivation | None:
     """The activation layer ``kind`` as a ``FusedActivation``, its parameters as its fact in the
     activation table reads them from ``descriptor`` and the layer's ``constants`` (one value or
-    None per input); None when it cannot be one (no activation that is fused, a Clip whose
-    bounds are not constants, a Gelu in its tanh form)."""
+    None per input), in its form (Gelu's tanh one); None when it cannot be one (no activation
+    that is fused, a Clip whose bounds are not constants)."""
     fact = activation_facts().get(kind)
-    params = None if fact is None or fact.fused == "never" else fact.params(descriptor, constants)
-    return None if params is None else FusedActivation(kind, *params)
+    if fact is None or fact.fused == "never":
+        return None
+    params = fact.params(descriptor, constants)
+    return None if params is None else FusedActivation(kind, *params, form=fact.form(descriptor))
 
 
 def _fusable(layer: Layer, producer: Layer, capabilities: Mapping[str, Mapping[str, Any]]) -> bool:

@@ -123,7 +123,9 @@ def substitute(
         tuple(layer.kind for layer in view),
         replacement.name or view.layers[0].name,
         replacement.kind,
-        replacement.activation.kind if replacement.activation else None,
+        " ".join(filter(None, (replacement.activation.kind, replacement.activation.form)))
+        if replacement.activation
+        else None,
     )
     for layer in view:
         graph.remove_layer(layer)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from flowrt.engine.graph.layer_kind import NO_ACTIVATION, activation_facts, activation_kinds
+from flowrt.engine.graph.layer_kind import NO_ACTIVATION, activation_code, activation_facts, activation_kinds
 from flowrt.errors import BackendError, ShapeError
 from flowrt.registry import FusedActivation, Support, WorkloadInfo
 from flowrt.registry.kernel_modules import import_kernel_modules
@@ -38,8 +38,8 @@ RANK = 6  # the largest rank strided_offset handles
 
 
 # The activation table's curves (fused only by the backends that offer them) that GpuAcc
-# applies too: MobileNetV3's, the transformers' Gelu (its exact, erf form), and Swish (SiLU
-# with alpha 1: LLaMA's feed-forward gate).
+# applies too: MobileNetV3's, the transformers' Gelu (its exact, erf form and GPT-2's tanh
+# one), and Swish (SiLU with alpha 1: LLaMA's feed-forward gate).
 GPU_CURVES = frozenset({"HardSigmoid", "HardSwish", "Gelu", "Swish"})
 
 
@@ -66,7 +66,7 @@ def activation_args(activation: FusedActivation | None) -> tuple[np.int32, np.fl
             f"GpuAcc applies the fused activations {', '.join(codes)} only; got {activation.kind}"
         )
     return (
-        np.int32(codes[activation.kind]),
+        np.int32(activation_code(activation)),
         np.float32(activation.alpha),
         np.float32(activation.beta),
     )

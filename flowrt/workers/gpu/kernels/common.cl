@@ -32,6 +32,7 @@
 #define ACT_HARD_SIGMOID 6
 #define ACT_HARD_SWISH 7
 #define ACT_GELU 10
+#define ACT_GELU_TANH 11
 #define ACT_SWISH 12
 
 float activate(float v, int code, float alpha, float beta) {
@@ -48,6 +49,7 @@ float activate(float v, int code, float alpha, float beta) {
     case ACT_HARD_SIGMOID: return clamp(v * alpha + beta, 0.0f, 1.0f);
     case ACT_HARD_SWISH: return v * clamp(v * (1.0f / 6.0f) + 0.5f, 0.0f, 1.0f);
     case ACT_GELU: return 0.5f * v * (1.0f + erf(v * 0.70710678118654752f));  // the exact (erf) form
+    case ACT_GELU_TANH: return 0.5f * v * (1.0f + tanh(0.79788456080286536f * (v + 0.044715f * v * v * v)));
     case ACT_SWISH: {  // v * sigmoid(alpha * v), exp seeing only -|alpha * v|
         float u = alpha * v, e = exp(-fabs(u));
         return v * (u >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e));

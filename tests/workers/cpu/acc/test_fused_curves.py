@@ -9,6 +9,7 @@ import trio
 from onnx import TensorProto, helper, numpy_helper
 
 import flowrt
+from flowrt.registry import FusedActivation
 
 RNG = np.random.default_rng(11)
 W = (RNG.standard_normal((8, 4, 3, 3)) * 0.5).astype(np.float32)
@@ -65,12 +66,18 @@ def test_a_curve_after_a_conv_is_applied_by_the_conv_as_onnxruntime_computes_it(
     np.testing.assert_allclose(_run(opt, x), expected, rtol=1e-4, atol=1e-5)
 
 
-def test_a_gelu_in_its_tanh_form_stays_a_layer_of_its_own():
+def test_a_gelu_in_its_tanh_form_is_applied_by_the_conv_in_that_form():
     model = _conv_then("Gelu", approximate="tanh")
     opt = flowrt.optimize(flowrt.onnx.load(model), backends=["CpuAcc", "CpuRef"])
-    assert [layer.kind for layer in opt.graph if layer.kind in ("Conv", "Gelu")] == ["Conv", "Gelu"]
     (conv,) = [layer for layer in opt.graph if layer.kind == "Conv"]
-    assert conv.activation is None
+    assert [layer.kind for layer in opt.graph if layer.kind not in ("Input", "Output", "Constant")] == [
+        "Conv"
+    ]
+    assert conv.activation == FusedActivation("Gelu", form="tanh")
+    assert f"-> Conv {conv.name!r} (+Gelu tanh)" in opt.report()
+    x = (RNG.standard_normal((1, 4, 9, 9)) * 2).astype(np.float32)
+    expected = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(_run(opt, x), expected, rtol=1e-4, atol=1e-5)
 
 
 def test_the_engine_fuses_only_the_common_activations_for_other_backends():

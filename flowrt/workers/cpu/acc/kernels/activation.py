@@ -68,12 +68,10 @@ def activation_arguments(info: WorkloadInfo) -> tuple[int, float, float]:
     if info.kind == "Clip":
         low, high = (0.0 if b is None else b for b in clip_bounds(info))
         return ep.CLIP, low, high
-    if info.kind == "Gelu" and info.descriptor.approximate == "tanh":
-        return ep.GELU_TANH, 0.0, 0.0
     fact = activation_facts()[info.kind]
     params = fact.params(info.descriptor, info.constants)
-    assert params is not None  # only Clip's and Gelu's can be None, answered above
-    return fact.code, params[0], params[1]
+    assert params is not None  # only Clip's can be None, answered above
+    return fact.code_of(fact.form(info.descriptor)), params[0], params[1]
 
 
 class FlatKernel:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, types
 
-from flowrt.engine.graph.layer_kind import NO_ACTIVATION, activation_facts
+from flowrt.engine.graph.layer_kind import NO_ACTIVATION, activation_code, activation_facts
 from flowrt.registry import FusedActivation
 from flowrt.workers.cpu.acc.calls import LateFunction, call_late
 from flowrt.workers.cpu.acc.kernels import fastmath as fm
@@ -47,7 +47,7 @@ def activation_args(activation: FusedActivation | None) -> tuple[int, np.float32
     An activation that the kernels apply by :func:`activate_late` is compiled now (at load)."""
     if activation is None:
         return NONE, np.float32(0), np.float32(0)
-    code = CODES[activation.kind]
+    code = activation_code(activation)
     if code not in (RELU, CLIP):
         ACTIVATE_SLICE.address()
     return code, np.float32(activation.alpha), np.float32(activation.beta)
