@@ -50,8 +50,8 @@ float unary_op(float v, int op, float alpha, float beta) {
     case 9: return erf(v);
     case 10: return sin(v);
     case 11: return cos(v);
-    case 12: return 0.5f * v * (1.0f + erf(v * M_SQRT1_2_F));
-    case 13: return 0.5f * v * (1.0f + tanh(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    case 12: return activate(v, ACT_GELU, 0.0f, 0.0f);  // common.cl's curves, one formula each
+    case 13: return activate(v, ACT_GELU_TANH, 0.0f, 0.0f);
     case 14: return v > 0.0f ? v : alpha * expm1(v);
     case 15: return fmax(v, 0.0f) + log1p(exp(-fabs(v)));  // softplus without overflow
     case 16: return v / (1.0f + fabs(v));
